@@ -1,0 +1,95 @@
+"""Greedy generation throughput of the skistune runtime vs Hugging Face transformers, side by side.
+
+Both load the same SmolLM2-135M-Instruct GGUF (dequantised to fp32), get the same prompts (equal token
+length, so transformers needs no padding) and generate the same number of tokens greedily, ignoring
+EOS. Prints tokens/s of each, their ratio and whether the greedy tokens are identical.
+
+    python benchmarks/runtime_throughput.py [--batch-sizes 1 8 32] [--prompt-tokens 32] [--new-tokens 64] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+import torch
+
+from skistune.config import KVConfig
+from skistune.runtime.llm import Runtime
+from skistune.runtime.request import Request
+from skistune.runtime.weights import find_smollm2_gguf
+
+
+def prompt_token_ids(tokenizer, n: int, length: int) -> list[list[int]]:
+    """n prompts of exactly `length` tokens, cut at different offsets of the stdlib's English docs."""
+    import argparse as a, collections as c, json as j, logging as lg, unittest as u
+    text = "\n".join(m.__doc__ for m in (a, c, j, lg, u))
+    ids = tokenizer.encode(text)
+    stride = max(1, (len(ids) - length) // max(1, n))
+    return [ids[i * stride:i * stride + length] for i in range(n)]
+
+
+def run_skistune(rt: Runtime, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+    engine = rt.new_engine()
+    records = [engine.add_request(Request(f"p{i}", p, new_tokens)) for i, p in enumerate(prompts)]
+    t0 = time.perf_counter()
+    engine.run_until_done()
+    return time.perf_counter() - t0, [r.output_token_ids for r in records]
+
+
+def run_transformers(model, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+    ids = torch.tensor(prompts)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return time.perf_counter() - t0, out[:, ids.shape[1]:].tolist()
+
+
+def load_transformers():
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    path = find_smollm2_gguf()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
+    return model.eval()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+
+    cfg = KVConfig().with_knobs({"offload.device_kv_bytes": 512 << 20})
+    rt = Runtime.from_preset("smollm2-135m", cfg)
+    hf = load_transformers()
+    warm = prompt_token_ids(rt.tokenizer, 2, args.prompt_tokens)
+    run_skistune(rt, warm, 4), run_transformers(hf, warm, 4)
+
+    rows = []
+    print(f"torch threads: {torch.get_num_threads()}, prompt {args.prompt_tokens} tokens, "
+          f"{args.new_tokens} new tokens, greedy, fp32")
+    print(f"{'batch':>5} {'skistune tok/s':>15} {'transformers tok/s':>19} {'ratio':>6} {'identical':>10}")
+    for b in args.batch_sizes:
+        prompts = prompt_token_ids(rt.tokenizer, b, args.prompt_tokens)
+        t_ours, ours = run_skistune(rt, prompts, args.new_tokens)
+        t_hf, theirs = run_transformers(hf, prompts, args.new_tokens)
+        same = sum(a == t for a, t in zip(ours, theirs)) / b
+        row = dict(batch=b, skistune_tok_per_s=b * args.new_tokens / t_ours,
+                   transformers_tok_per_s=b * args.new_tokens / t_hf, ratio=t_hf / t_ours,
+                   identical_fraction=same)
+        rows.append(row)
+        print(f"{b:>5} {row['skistune_tok_per_s']:>15.1f} {row['transformers_tok_per_s']:>19.1f} "
+              f"{row['ratio']:>6.2f} {same:>10.0%}")
+    if args.json:
+        print(json.dumps({"benchmark": "runtime_throughput", "torch_threads": torch.get_num_threads(),
+                          "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

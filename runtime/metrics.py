@@ -1,0 +1,95 @@
+"""One `Metrics` type for a served (or simulated) workload, computed from per-request records.
+
+TTFT = first token - arrival; TBT = gap between consecutive tokens of a request; E2E = finish - arrival;
+TPOT = (E2E - TTFT) / (output tokens - 1) per request. Percentiles interpolate linearly (numpy default).
+Torch-free: the simulator fills the same type.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from .request import RequestRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    mean: float
+    count: int
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> "Percentiles":
+        arr = np.asarray(list(values), dtype=np.float64)
+        if arr.size == 0:
+            nan = float("nan")
+            return cls(nan, nan, nan, nan, nan, 0)
+        p50, p90, p99 = np.percentile(arr, PERCENTILES)
+        return cls(float(p50), float(p90), float(p99), float(arr.max()), float(arr.mean()), int(arr.size))
+
+    def at(self, percentile: str) -> float:
+        """Value by name: ``p50``, ``p90``, ``p99``, ``max`` or ``mean``."""
+        if percentile not in ("p50", "p90", "p99", "max", "mean"):
+            raise ValueError(f"percentile {percentile!r}: use p50, p90, p99, max or mean")
+        return getattr(self, percentile)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """What a run of a workload achieved. Times in seconds, memory in bytes."""
+
+    ttft_s: Percentiles
+    tbt_s: Percentiles
+    e2e_s: Percentiles
+    tpot_s: Percentiles
+    duration_s: float
+    num_requests: int
+    num_finished: int
+    num_rejected: int
+    output_tokens: int
+    throughput_tok_per_s: float
+    throughput_req_per_s: float
+    kv_peak_bytes: int
+    kv_capacity_bytes: int
+    preemptions: int
+    prefix_hit_tokens: int
+    prompt_tokens: int
+    rejections: dict[str, str] = field(default_factory=dict)  # request id -> reason
+    notes: tuple[str, ...] = ()  # e.g. "random weights: timing only"
+
+    def latency(self, metric: str) -> Percentiles:
+        """Percentiles of ``ttft``, ``tbt``, ``e2e`` or ``tpot``."""
+        if metric not in ("ttft", "tbt", "e2e", "tpot"):
+            raise ValueError(f"metric {metric!r}: use ttft, tbt, e2e or tpot")
+        return getattr(self, f"{metric}_s")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_bytes: int,
+                    kv_capacity_bytes: int, preemptions: int, notes: tuple[str, ...] = ()) -> Metrics:
+    done = [r for r in records if r.finish_s is not None]
+    ttft = [r.token_times_s[0] - r.arrival_s for r in done]
+    e2e = [r.finish_s - r.arrival_s for r in done]
+    tbt = [b - a for r in done for a, b in zip(r.token_times_s, r.token_times_s[1:])]
+    tpot = [(r.finish_s - r.token_times_s[0]) / (len(r.token_times_s) - 1) for r in done if len(r.token_times_s) > 1]
+    output_tokens = sum(len(r.token_times_s) for r in done)
+    rate = (lambda x: x / duration_s if duration_s > 0 else 0.0)
+    return Metrics(
+        ttft_s=Percentiles.of(ttft), tbt_s=Percentiles.of(tbt), e2e_s=Percentiles.of(e2e),
+        tpot_s=Percentiles.of(tpot), duration_s=duration_s, num_requests=len(records),
+        num_finished=len(done), num_rejected=sum(r.rejected_reason is not None for r in records),
+        output_tokens=output_tokens, throughput_tok_per_s=rate(output_tokens),
+        throughput_req_per_s=rate(len(done)), kv_peak_bytes=kv_peak_bytes, kv_capacity_bytes=kv_capacity_bytes,
+        preemptions=preemptions, prefix_hit_tokens=sum(r.prefix_hit_tokens for r in records),
+        prompt_tokens=sum(r.prompt_len for r in records),
+        rejections={r.request_id: r.rejected_reason for r in records if r.rejected_reason is not None},
+        notes=notes)

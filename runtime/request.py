@@ -1,0 +1,58 @@
+"""What a client sends (`Request`) and what the runtime records about it (`RequestRecord`). Torch-free."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request as a workload describes it.
+
+    ``prompt_token_ids`` may be any integer sequence (list, tuple or a numpy int array: workloads of
+    many thousand requests keep prompts as arrays). Generation is greedy and stops after exactly
+    ``max_new_tokens`` tokens unless ``stop_at_eos`` is set. ``deadline_s`` is the absolute time by
+    which the first token is due; the ``edf`` scheduling policy orders by it (default: the arrival).
+    """
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    max_new_tokens: int
+    arrival_s: float = 0.0
+    deadline_s: float | None = None
+    stop_at_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_token_ids) == 0:
+            raise ValueError(f"request {self.request_id}: empty prompt")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"request {self.request_id}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.arrival_s < 0:
+            raise ValueError(f"request {self.request_id}: negative arrival time {self.arrival_s}")
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def priority_deadline_s(self) -> float:
+        return self.arrival_s if self.deadline_s is None else self.deadline_s
+
+
+@dataclass
+class RequestRecord:
+    """Timestamps (seconds since the start of the run) and outcome of one request."""
+
+    request_id: str
+    arrival_s: float
+    prompt_len: int
+    token_times_s: list[float] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    finish_s: float | None = None
+    rejected_reason: str | None = None
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def first_token_s(self) -> float | None:
+        return self.token_times_s[0] if self.token_times_s else None

@@ -1,0 +1,3 @@
+from skistune.cli import main
+
+main()

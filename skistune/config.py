@@ -1,0 +1,312 @@
+"""The joint KV-cache settings: one frozen, validated config type that every layer reads.
+
+`KVConfig` groups six knob families. Each knob is a dataclass field whose metadata holds its unit,
+its allowed values (``choices``) or range (``low``/``high``) and a one-line help. Validation, the
+YAML/JSON file format, the search space (``searchspace/``) and the exporters all read that metadata:
+adding a knob means adding one field here.
+
+    eviction      which tokens' KV is kept (policy, budget, sinks, recent window, per-layer schedule)
+    bitwidth      how KV is represented (key/value bits, group size, full-precision window, per layer)
+    offload       where KV lives (device/host/disk capacities, what moves down first, write policy)
+    prefetch      bringing KV back up before it is needed
+    batching      continuous batching (sequence and token caps, chunked prefill, policy, preemption)
+    prefix_reuse  sharing KV of equal prompt prefixes (on/off, block size)
+
+Invalid values raise ``ValueError`` naming the field, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+import yaml
+
+
+def knob(default: Any, help: str, *, unit: str = "", choices: tuple | None = None,
+         low: float | None = None, high: float | None = None, nullable: bool = False) -> Any:
+    """A config field with the metadata that validation, search spaces and exporters read."""
+    meta = {"help": help, "unit": unit, "choices": choices, "low": low, "high": high, "nullable": nullable}
+    if isinstance(default, (list, tuple)):
+        return field(default=tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _check_value(owner: str, f: dataclasses.Field, value: Any) -> None:
+    name = f"{owner}.{f.name}"
+    meta = f.metadata
+    if value is None:
+        if not meta.get("nullable"):
+            raise ValueError(f"{name}: null is not allowed")
+        return
+    default = f.default
+    if isinstance(default, bool) or meta.get("choices") and all(isinstance(c, bool) for c in meta["choices"]):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}: {value!r} is not a boolean (true/false)")
+    if meta.get("choices") is not None and value not in meta["choices"]:
+        allowed = ", ".join(str(c) for c in meta["choices"])
+        raise ValueError(f"{name}: {value!r} is not one of {allowed}")
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None or high is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name}: {value!r} is not a number")
+        if isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int):
+            raise ValueError(f"{name}: {value!r} is not an integer")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"{name}: {value!r} is outside [{low}, {high}]{' ' + meta['unit'] if meta['unit'] else ''}")
+
+
+class _Family:
+    """Shared behaviour of the knob families: field-wise validation and dict conversion."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            _check_value(self.section, f, getattr(self, f.name))
+        self._check_joint()
+
+    section = ""
+
+    def _check_joint(self) -> None:
+        """Constraints between fields of one family (overridden where there are any)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            out[f.name] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "_Family":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{cls.section}: expected a mapping of knobs, got {type(data).__name__}")
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"{cls.section}.{unknown[0]}: unknown knob (known: {', '.join(sorted(names))})")
+        kwargs = {k: (_to_tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+        return cls(**kwargs)
+
+
+class _KnobDumper(yaml.SafeDumper):
+    """Block style for families, flow style for short lists of scalars (``layer_bits: [[4, 4], ...]``
+    stays one line per layer pair instead of three)."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flow = all(not isinstance(x, (list, dict)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_KnobDumper.add_representer(list, _represent_list)
+
+
+def _to_tuple(v: list) -> tuple:
+    return tuple(_to_tuple(x) if isinstance(x, list) else x for x in v)
+
+
+EVICTION_POLICIES = ("none", "streaming", "h2o", "snapkv", "tova")
+KV_BITS = (16, 8, 4, 2)
+SCHEDULING_POLICIES = ("fcfs", "prefix", "edf")
+
+
+@dataclass(frozen=True)
+class EvictionConfig(_Family):
+    """Which tokens' KV stays in the cache.
+
+    The budget is either a token count (``budget_tokens``) or a fraction of each sequence's context
+    (``budget_fraction``); exactly one is set when the policy is not ``none``, neither when it is.
+    """
+
+    section = "eviction"
+    policy: str = knob("none", "eviction policy", choices=EVICTION_POLICIES)
+    budget_tokens: int | None = knob(None, "KV tokens kept per sequence and KV head", unit="tokens",
+                                     low=1, high=1 << 20, nullable=True)
+    budget_fraction: float | None = knob(None, "fraction of the context kept", low=0.01, high=1.0, nullable=True)
+    sink_tokens: int = knob(4, "first tokens always kept (attention sinks)", unit="tokens", low=0, high=1024)
+    recent_window: int = knob(64, "most recent tokens always kept", unit="tokens", low=0, high=1 << 20)
+    layer_schedule: str = knob("uniform", "budget across layers", choices=("uniform", "pyramid"))
+
+    def _check_joint(self) -> None:
+        has_budget = (self.budget_tokens is not None) + (self.budget_fraction is not None)
+        if self.policy == "none" and has_budget:
+            raise ValueError("eviction.budget_*: a budget needs a policy other than 'none'")
+        if self.policy != "none" and has_budget != 1:
+            raise ValueError(f"eviction.budget_*: policy {self.policy!r} needs exactly one of "
+                             "budget_tokens or budget_fraction")
+
+
+@dataclass(frozen=True)
+class BitwidthConfig(_Family):
+    """How KV is represented: asymmetric integer quantization with per-group scales and zero points,
+    keys grouped per channel and values per token (KIVI), the newest ``full_precision_window`` tokens
+    kept at 16 bits. ``layer_bits`` optionally overrides the bits per layer as ``[[key, value], ...]``.
+    """
+
+    section = "bitwidth"
+    key_bits: int = knob(16, "bits per key element", unit="bits", choices=KV_BITS)
+    value_bits: int = knob(16, "bits per value element", unit="bits", choices=KV_BITS)
+    group_size: int = knob(32, "elements sharing one scale and zero point", unit="elements",
+                           choices=(16, 32, 64, 128))
+    full_precision_window: int = knob(0, "newest tokens kept at 16 bits", unit="tokens", low=0, high=4096)
+    layer_bits: tuple | None = knob(None, "per-layer [key_bits, value_bits] overrides", nullable=True)
+
+    def _check_joint(self) -> None:
+        if self.layer_bits is None:
+            return
+        if len(self.layer_bits) == 0:
+            raise ValueError("bitwidth.layer_bits: empty list (use null for no per-layer override)")
+        for i, pair in enumerate(self.layer_bits):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(b in KV_BITS for b in pair)):
+                raise ValueError(f"bitwidth.layer_bits[{i}]: {list(pair) if isinstance(pair, tuple) else pair!r} is not a [key_bits, value_bits] pair "
+                                 f"of {KV_BITS}")
+
+    def bits_for_layer(self, layer: int) -> tuple[int, int]:
+        if self.layer_bits is None:
+            return self.key_bits, self.value_bits
+        return self.layer_bits[layer]
+
+
+@dataclass(frozen=True)
+class OffloadConfig(_Family):
+    """Where KV lives. The device pool is ``device_kv_bytes`` when set, else ``device_memory_fraction``
+    of the device memory left after the weights. Host and disk pools of 0 bytes are off."""
+
+    section = "offload"
+    device_memory_fraction: float = knob(0.9, "fraction of free device memory for KV", low=0.01, high=1.0)
+    device_kv_bytes: int | None = knob(None, "device KV pool size (overrides the fraction)", unit="bytes",
+                                       low=1, high=1 << 50, nullable=True)
+    host_kv_bytes: int = knob(0, "host-memory KV pool", unit="bytes", low=0, high=1 << 50)
+    disk_kv_bytes: int = knob(0, "disk KV pool", unit="bytes", low=0, high=1 << 50)
+    demote_first: str = knob("cached_prefix", "what moves down a tier first when the device is full",
+                             choices=("cached_prefix", "preempted"))
+    write_policy: str = knob("write_back", "blocks copied down only when evicted (write_back) or as soon as "
+                             "they are full (write_through)", choices=("write_back", "write_through"))
+
+
+@dataclass(frozen=True)
+class PrefetchConfig(_Family):
+    """Bringing offloaded KV back before it is needed, overlapped with compute."""
+
+    section = "prefetch"
+    enabled: bool = knob(False, "prefetch offloaded KV ahead of use", choices=(False, True))
+    depth: int = knob(2, "how far ahead transfers start", low=1, high=64)
+    unit: str = knob("blocks", "what depth counts", choices=("layers", "blocks"))
+
+
+@dataclass(frozen=True)
+class BatchingConfig(_Family):
+    """Continuous batching under one token budget per step (prefill and decode tokens alike)."""
+
+    section = "batching"
+    max_num_seqs: int = knob(256, "running sequences per step", unit="sequences", low=1, high=65536)
+    max_num_batched_tokens: int = knob(2048, "tokens computed per step", unit="tokens", low=1, high=1 << 20)
+    chunked_prefill: bool = knob(True, "split long prompts over several steps", choices=(False, True))
+    chunk_size: int = knob(512, "largest prefill chunk of one sequence per step", unit="tokens",
+                           low=1, high=1 << 20)
+    policy: str = knob("fcfs", "admission order: arrival, longest cached prefix, earliest deadline",
+                       choices=SCHEDULING_POLICIES)
+    preemption: str = knob("recompute", "what a preempted sequence loses", choices=("recompute", "swap"))
+
+
+@dataclass(frozen=True)
+class PrefixReuseConfig(_Family):
+    """Paged KV in fixed-size blocks; full blocks of equal prompt prefixes are shared."""
+
+    section = "prefix_reuse"
+    enabled: bool = knob(True, "share KV blocks of equal prefixes", choices=(False, True))
+    block_size: int = knob(16, "tokens per KV block", unit="tokens", choices=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+
+
+FAMILIES: dict[str, type[_Family]] = {
+    "eviction": EvictionConfig,
+    "bitwidth": BitwidthConfig,
+    "offload": OffloadConfig,
+    "prefetch": PrefetchConfig,
+    "batching": BatchingConfig,
+    "prefix_reuse": PrefixReuseConfig,
+}
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """All KV-cache knobs of one serving deployment (see the module docstring for the families)."""
+
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
+    bitwidth: BitwidthConfig = field(default_factory=BitwidthConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    prefix_reuse: PrefixReuseConfig = field(default_factory=PrefixReuseConfig)
+
+    def __post_init__(self) -> None:
+        if self.batching.chunk_size > self.batching.max_num_batched_tokens:
+            raise ValueError(f"batching.chunk_size: {self.batching.chunk_size} exceeds "
+                             f"batching.max_num_batched_tokens ({self.batching.max_num_batched_tokens})")
+
+    # ---- conversion -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: getattr(self, name).to_dict() for name in FAMILIES}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "KVConfig":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"config: expected a mapping of knob families, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(FAMILIES))
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown knob family (known: {', '.join(FAMILIES)})")
+        return cls(**{name: FAMILIES[name].from_dict(data[name] or {}) for name in data})
+
+    def to_yaml(self) -> str:
+        return yaml.dump(self.to_dict(), Dumper=_KnobDumper, sort_keys=False, default_flow_style=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "KVConfig":
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config: not valid YAML ({str(exc).splitlines()[0]})") from None
+        return cls.from_dict(data or {})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "KVConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config: not valid JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    def with_knobs(self, updates: Mapping[str, Any]) -> "KVConfig":
+        """A copy with dotted knobs replaced, e.g. ``{"eviction.policy": "h2o"}``."""
+        by_family: dict[str, dict[str, Any]] = {}
+        for dotted, value in updates.items():
+            family, _, name = dotted.partition(".")
+            if family not in FAMILIES or not name:
+                raise ValueError(f"{dotted}: not a knob (write family.knob, families: {', '.join(FAMILIES)})")
+            by_family.setdefault(family, {})[name] = value
+        data = self.to_dict()
+        for family, values in by_family.items():
+            data[family].update(values)
+        return KVConfig.from_dict(data)
+
+
+def knob_fields() -> dict[str, dataclasses.Field]:
+    """Every knob by dotted name (``family.knob``), with the metadata search spaces validate against."""
+    return {f"{fam}.{f.name}": f for fam, cls in FAMILIES.items() for f in fields(cls)}
+
+
+def load_config(path: str) -> KVConfig:
+    """Read a config file (.yaml/.yml or .json), raising ``ValueError`` that names the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read config ({exc.strerror})") from None
+    try:
+        return KVConfig.from_json(text) if path.endswith(".json") else KVConfig.from_yaml(text)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
