@@ -1,6 +1,7 @@
 """`Runtime`: the model, its paged KV store and an engine, put together from a preset and a `KVConfig`."""
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -38,12 +39,22 @@ class Runtime:
         self.tokenizer = tokenizer
         self.notes = notes
         self.model = LlamaModel(spec, weights)
+        self.store = self._new_store()
+
+    def _new_store(self) -> PagedKVStore:
         block_size = self.config.prefix_reuse.block_size
-        block_bytes = kv_block_bytes(spec, block_size, self.model.dtype)
+        block_bytes = kv_block_bytes(self.spec, block_size, self.model.dtype)
         num_blocks = kv_pool_bytes(self.config, self.model.device) // block_bytes
         if num_blocks < 1:
             raise ValueError(f"offload.device_kv_bytes: smaller than one KV block ({block_bytes} bytes)")
-        self.store = PagedKVStore(spec, num_blocks, block_size, self.model.dtype, self.model.device)
+        return PagedKVStore(self.spec, num_blocks, block_size, self.model.dtype, self.model.device)
+
+    def with_config(self, config: KVConfig) -> "Runtime":
+        """The same model (no reload) with other knobs and a KV store sized for them."""
+        other = copy.copy(self)
+        other.config = config
+        other.store = other._new_store()
+        return other
 
     @classmethod
     def from_preset(cls, model: str = "smollm2-135m", config: KVConfig | None = None, *, device: str = "cpu",

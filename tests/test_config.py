@@ -1,0 +1,75 @@
+"""The one definition of the knobs: validation, file round trips, dotted updates."""
+import json
+
+import pytest
+
+from skistune.config import FAMILIES, KVConfig, knob_fields, load_config
+
+
+def test_defaults_are_valid_and_cover_every_family():
+    cfg = KVConfig()
+    assert set(cfg.to_dict()) == set(FAMILIES) == {"eviction", "bitwidth", "offload", "prefetch", "batching",
+                                                    "prefix_reuse"}
+    assert cfg.bitwidth.key_bits == 16 and cfg.eviction.policy == "none" and cfg.prefix_reuse.enabled
+
+
+def test_yaml_and_json_round_trip_byte_stably():
+    cfg = KVConfig().with_knobs({"eviction.policy": "snapkv", "eviction.budget_fraction": 0.25,
+                                 "bitwidth.layer_bits": [[4, 4], [8, 2]], "batching.policy": "edf",
+                                 "offload.host_kv_bytes": 1 << 30})
+    text = cfg.to_yaml()
+    again = KVConfig.from_yaml(text)
+    assert again == cfg and again.to_yaml() == text
+    assert KVConfig.from_json(cfg.to_json()) == cfg and KVConfig.from_json(cfg.to_json()).to_json() == cfg.to_json()
+    assert cfg.bitwidth.bits_for_layer(1) == (8, 2)
+
+
+def test_partial_files_take_defaults(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("batching:\n  max_num_seqs: 8\n")
+    cfg = load_config(str(p))
+    assert cfg.batching.max_num_seqs == 8 and cfg.batching.chunk_size == 512
+    j = tmp_path / "c.json"
+    j.write_text(json.dumps({"prefix_reuse": {"enabled": False}}))
+    assert load_config(str(j)).prefix_reuse.enabled is False
+
+
+@pytest.mark.parametrize("updates, message", [
+    ({"bitwidth.key_bits": 3}, "bitwidth.key_bits: 3 is not one of 16, 8, 4, 2"),
+    ({"batching.max_num_seqs": 0}, "batching.max_num_seqs: 0 is outside [1, 65536]"),
+    ({"batching.chunked_prefill": "yes"}, "batching.chunked_prefill: 'yes' is not a boolean"),
+    ({"prefetch.depth": 2.5}, "prefetch.depth: 2.5 is not an integer"),
+    ({"eviction.policy": "h2o"}, "policy 'h2o' needs exactly one of budget_tokens or budget_fraction"),
+    ({"eviction.budget_tokens": 64}, "a budget needs a policy other than 'none'"),
+    ({"eviction.policy": "lru"}, "eviction.policy: 'lru' is not one of none, streaming, h2o, snapkv, tova"),
+    ({"eviction.budget_fraction": 1.5, "eviction.policy": "h2o"}, "eviction.budget_fraction: 1.5 is outside"),
+    ({"bitwidth.layer_bits": [[4, 3]]}, "bitwidth.layer_bits[0]: [4, 3] is not a [key_bits, value_bits] pair"),
+    ({"batching.chunk_size": 4096}, "batching.chunk_size: 4096 exceeds batching.max_num_batched_tokens"),
+    ({"offload.device_kv_bytes": None, "offload.host_kv_bytes": -1}, "offload.host_kv_bytes: -1 is outside"),
+    ({"batching.nonsense": 1}, "batching.nonsense: unknown knob"),
+    ({"nonsense": 1}, "nonsense: not a knob"),
+])
+def test_invalid_values_name_the_field_value_and_range(updates, message):
+    with pytest.raises(ValueError) as err:
+        KVConfig().with_knobs(updates)
+    assert message in str(err.value)
+
+
+def test_bad_files_name_the_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("batching: [1, 2\n")
+    with pytest.raises(ValueError, match="bad.yaml: config: not valid YAML"):
+        load_config(str(p))
+    p.write_text("eviction: 3\n")
+    with pytest.raises(ValueError, match="bad.yaml: eviction: expected a mapping"):
+        load_config(str(p))
+    with pytest.raises(ValueError, match="missing.yaml: cannot read config"):
+        load_config(str(tmp_path / "missing.yaml"))
+
+
+def test_every_knob_documents_itself():
+    fields = knob_fields()
+    assert "eviction.budget_fraction" in fields and "batching.preemption" in fields
+    for name, f in fields.items():
+        assert f.metadata["help"], name
+        assert f.metadata["choices"] is not None or f.metadata["low"] is not None or name == "bitwidth.layer_bits", name
