@@ -1,0 +1,117 @@
+"""`skistune workload ...`: inspect a workload (a preset or a trace) after the same transformations that
+every command's ``--workload`` options apply. The options are `Annotated` aliases for reuse."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from skistune.workloads.load import load_workload
+from skistune.workloads.model import Workload
+from skistune.workloads.readers import FORMATS
+from skistune.workloads.stats import WorkloadStats, workload_stats
+from skistune.workloads.synthetic import PRESETS
+
+# Defined before importing skistune.cli: that module imports this one at its end to add the sub-app.
+workload_app = typer.Typer(no_args_is_help=True, help="Inspect workloads: trace files and synthetic presets.")
+
+from skistune.cli import cli_errors, console, err_console, print_json  # noqa: E402
+
+WorkloadArg = Annotated[str, typer.Argument(
+    help=f"a preset ({', '.join(PRESETS)}) or a trace file ({', '.join(FORMATS)}; detected by content)")]
+WorkloadOpt = Annotated[str, typer.Option(
+    "--workload", help=f"a preset ({', '.join(PRESETS)}) or a trace file ({', '.join(FORMATS)}; detected by content)")]
+FormatOpt = Annotated[Optional[str], typer.Option("--format", help=f"force the trace format: {', '.join(FORMATS)}")]
+SkipBadRowsOpt = Annotated[bool, typer.Option("--skip-bad-rows", help="skip malformed rows and report how many")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0,
+                                      help="seed for presets, generated arrivals, --sample and --jitter")]
+RequestsOpt = Annotated[Optional[int], typer.Option("--requests", min=1, help="requests in a preset (default 2000)")]
+RateOpt = Annotated[Optional[float], typer.Option(
+    "--rate", help="mean arrival rate (req/s) before --rate-scale: generated arrivals, or a trace rescaled to it")]
+BurstinessOpt = Annotated[Optional[float], typer.Option(
+    "--burstiness", help="CV of inter-arrival times for generated arrivals (1 = Poisson, >1 bursty)")]
+BlockTokensOpt = Annotated[Optional[int], typer.Option(
+    "--block-tokens", min=1, help="prefix block size: a Mooncake trace's hash blocks (512), sessions' blocks (16)")]
+JitterOpt = Annotated[Optional[float], typer.Option(
+    "--jitter", help="spread arrivals recorded in steps of this many seconds over each step (Mooncake: 3)")]
+WindowOpt = Annotated[Optional[str], typer.Option("--window", help="keep arrivals in START:END seconds of the trace")]
+FirstOpt = Annotated[Optional[int], typer.Option("--first", min=1, help="keep the first N requests")]
+SampleOpt = Annotated[Optional[int], typer.Option("--sample", min=1, help="keep N random requests (seeded)")]
+LengthScaleOpt = Annotated[float, typer.Option("--length-scale", help="multiply input and output lengths")]
+MaxInputOpt = Annotated[Optional[int], typer.Option("--max-input", min=1, help="cap prompts at this many tokens")]
+MaxOutputOpt = Annotated[Optional[int], typer.Option("--max-output", min=1, help="cap outputs at this many tokens")]
+RateScaleOpt = Annotated[float, typer.Option("--rate-scale", help="multiply the arrival rate (arrivals x k)")]
+PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="write histograms of lengths and arrivals (PNG)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the figures as one JSON object")]
+
+
+def parse_window(window: str | None) -> tuple[float, float] | None:
+    if window is None:
+        return None
+    try:
+        start_s, end_s = (float(part) for part in window.split(":"))
+    except ValueError:
+        raise ValueError(f"--window {window!r}: expected START:END in seconds, e.g. 0:600") from None
+    return start_s, end_s
+
+
+def print_notes(workload: Workload) -> None:
+    """What the reader changed or noticed, on stderr so that --json output stays one object."""
+    for note in workload.notes:
+        err_console.print(f"[yellow]note:[/] {workload.name}: {note}", highlight=False, soft_wrap=True)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def _three(mean: float, p50: float, p99: float) -> str:
+    return " / ".join(_fmt(value, 0) for value in (mean, p50, p99))
+
+
+def stats_table(stats: WorkloadStats, workload: Workload) -> Table:
+    table = Table(title=f"workload {stats.name}", show_header=False)
+    table.add_column("figure", style="bold")
+    table.add_column("value", justify="right")
+    rows = [
+        ("requests", f"{stats.requests:,}"), ("duration (s)", _fmt(stats.duration_s)),
+        ("rate (req/s)", _fmt(stats.rate_rps, 3)), ("burstiness (CV of inter-arrival)", _fmt(stats.burstiness, 2)),
+        ("input tokens mean / p50 / p99", _three(stats.input_mean, stats.input_p50, stats.input_p99)),
+        ("output tokens mean / p50 / p99", _three(stats.output_mean, stats.output_p50, stats.output_p99)),
+        (f"prefix reuse ratio ({stats.block_tokens}-token blocks)", _fmt(stats.prefix_reuse_ratio, 3)),
+        ("sessions (multi-turn)", f"{stats.sessions:,} ({stats.multi_turn_sessions:,})"),
+        ("source", workload.source), ("transforms", ", ".join(workload.transforms) or "none"),
+        ("digest", stats.digest),
+    ]
+    for figure, value in rows:
+        table.add_row(figure, value)
+    return table
+
+
+@workload_app.command("show")
+@cli_errors
+def show(workload: WorkloadArg, format: FormatOpt = None, skip_bad_rows: SkipBadRowsOpt = False, seed: SeedOpt = 0,
+         requests: RequestsOpt = None, rate: RateOpt = None, burstiness: BurstinessOpt = None,
+         block_tokens: BlockTokensOpt = None, jitter: JitterOpt = None, window: WindowOpt = None,
+         first: FirstOpt = None, sample: SampleOpt = None, length_scale: LengthScaleOpt = 1.0,
+         max_input: MaxInputOpt = None, max_output: MaxOutputOpt = None, rate_scale: RateScaleOpt = 1.0,
+         plot: PlotOpt = None, json_output: JsonOpt = False) -> None:
+    """Requests, duration, rate, burstiness, input/output mean/p50/p99 and prefix reuse of a workload."""
+    loaded = load_workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests,
+                           rate_rps=rate, burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter,
+                           window_s=parse_window(window), first=first, sample=sample, length_scale=length_scale,
+                           max_input=max_input, max_output=max_output, rate_scale=rate_scale)
+    print_notes(loaded)
+    stats = workload_stats(loaded)
+    if plot is not None:
+        from skistune.workloads.plot import plot_workload  # matplotlib loads only when asked for
+
+        plot_workload(loaded, plot)
+        err_console.print(f"wrote {plot}", highlight=False)
+    if json_output:
+        print_json({**stats.as_dict(), "source": loaded.source, "transforms": list(loaded.transforms),
+                    "notes": list(loaded.notes)})
+    else:
+        console.print(stats_table(stats, loaded))

@@ -1,0 +1,67 @@
+"""`load_workload`: one way to name a workload everywhere (``--workload chat``, ``--workload trace.csv``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from skistune.workloads import transforms
+from skistune.workloads.model import Workload
+from skistune.workloads.readers import ArrivalSpec, read_trace
+from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, PRESETS, synthesize
+
+
+def load_workload(spec: str | Path | Workload, *, format: str | None = None, skip_bad_rows: bool = False,
+                  seed: int = 0, requests: int | None = None, rate_rps: float | None = None,
+                  burstiness: float | None = None, block_tokens: int | None = None, jitter_s: float | None = None,
+                  window_s: tuple[float, float] | None = None, first: int | None = None, sample: int | None = None,
+                  length_scale: float = 1.0, max_input: int | None = None, max_output: int | None = None,
+                  rate_scale: float = 1.0) -> Workload:
+    """A preset name (``chat``, ``code``, ``long-context``, ``agent``), a trace file, or a `Workload`,
+    then the transformations, in this order: jitter, time window, first N, random sample of N (seeded),
+    length scale and caps, rate.
+
+    ``rate_rps`` is the mean arrival rate before ``rate_scale``: a preset's or a length-only trace's
+    generated arrivals, or a timed trace's arrivals rescaled to it. ``burstiness`` (inter-arrival CV) and
+    ``requests`` only apply where arrivals are generated. ``seed`` seeds everything random. A preset name
+    wins over a file of the same name (write ``./chat`` for the file).
+    """
+    workload = _source(spec, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests,
+                       rate_rps=rate_rps, burstiness=burstiness, block_tokens=block_tokens)
+    if jitter_s:
+        workload = transforms.jitter(workload, jitter_s, seed)
+    if window_s is not None:
+        workload = transforms.time_window(workload, *window_s)
+    if first is not None:
+        workload = transforms.first_n(workload, first)
+    if sample is not None:
+        workload = transforms.sample_n(workload, sample, seed)
+    if length_scale != 1.0 or max_input is not None or max_output is not None:
+        workload = transforms.scale_lengths(workload, length_scale, max_input=max_input, max_output=max_output)
+    rate_was_generated = workload.generated_arrivals and not isinstance(spec, Workload)
+    if rate_rps is not None and not rate_was_generated:
+        workload = transforms.set_rate(workload, rate_rps)
+    if rate_scale != 1.0:
+        workload = transforms.scale_rate(workload, rate_scale)
+    return workload
+
+
+def _source(spec: str | Path | Workload, *, format: str | None, skip_bad_rows: bool, seed: int,
+            requests: int | None, rate_rps: float | None, burstiness: float | None,
+            block_tokens: int | None) -> Workload:
+    if isinstance(spec, Workload):
+        return spec
+    if str(spec) in PRESETS and format is None:
+        return synthesize(str(spec), requests=requests, seed=seed, rate_rps=rate_rps, burstiness=burstiness,
+                          block_tokens=block_tokens or SESSION_BLOCK_TOKENS)
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"workload {str(spec)!r}: neither a preset ({', '.join(PRESETS)}) nor an existing file")
+    if requests is not None:
+        raise ValueError("requests applies to presets; take part of a trace with first or sample")
+    arrivals = ArrivalSpec(rate_rps=1.0 if rate_rps is None else rate_rps,
+                           burstiness=1.0 if burstiness is None else burstiness, seed=seed)
+    workload = read_trace(path, format=format, skip_bad_rows=skip_bad_rows, block_tokens=block_tokens,
+                          arrivals=arrivals)
+    if burstiness is not None and not workload.generated_arrivals:
+        raise ValueError(f"{path}: burstiness applies to generated arrivals (presets, length-only traces); "
+                         "this trace has its own timestamps")
+    return workload

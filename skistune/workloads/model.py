@@ -1,0 +1,164 @@
+"""`Workload`: the requests a tuning run serves, as columns of numpy arrays.
+
+Prefix structure uses block hash ids, the convention of Mooncake's traces and of vLLM's prefix cache: a
+prompt is cut into blocks of ``block_tokens`` tokens and each block has an id that names the whole
+prefix up to the end of that block (a chained hash). Equal ids mean equal tokens, so two requests that
+list the same leading ids share that prompt prefix and its KV. A request lists ids for a leading part of
+its prompt (its last listed block may be partial); the tokens after the listed blocks are its own.
+Requests with nothing to share list no blocks at all, which keeps million-row traces small.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+
+def _as_array(values: object, dtype: type) -> np.ndarray:
+    """A read-only view: transformed copies share arrays, so none may be written in place."""
+    view = np.ascontiguousarray(values, dtype=dtype).view()
+    view.flags.writeable = False
+    return view
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """N requests in arrival order. Lengths are in tokens, times in seconds (readers and presets start the
+    clock at the first arrival)."""
+
+    name: str
+    arrival_s: np.ndarray  # [N] float64, non-decreasing, >= 0
+    input_tokens: np.ndarray  # [N] int64 >= 1, prompt lengths
+    output_tokens: np.ndarray  # [N] int64 >= 1, tokens to generate
+    block_offsets: np.ndarray  # [N+1] int64: request i lists block_ids[block_offsets[i]:block_offsets[i+1]]
+    block_ids: np.ndarray  # [M] int64 >= 0, prefix block hash ids of all requests, concatenated
+    session_ids: np.ndarray  # [N] int64: turns of one conversation share an id; a lone request has its own
+    request_ids: np.ndarray  # [N] int64, unique: a request's identity in its source, kept by every transform
+    block_tokens: int = 512
+    source: str = ""  # file path, or "preset:NAME" with the generator's parameters
+    generated_arrivals: bool = False  # arrivals drawn by a generator (presets, length-only traces), not recorded
+    transforms: tuple[str, ...] = ()  # what was applied after reading, in order
+    notes: tuple[str, ...] = ()  # what the reader changed or noticed (rows dropped, timestamps sorted)
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        for name, dtype in (("arrival_s", np.float64), ("input_tokens", np.int64), ("output_tokens", np.int64),
+                            ("block_offsets", np.int64), ("block_ids", np.int64), ("session_ids", np.int64),
+                            ("request_ids", np.int64)):
+            object.__setattr__(self, name, _as_array(getattr(self, name), dtype))
+        self._check(n)
+
+    def _check(self, n: int) -> None:
+        if n == 0:
+            raise ValueError(f"workload {self.name!r}: no requests")
+        for name in ("input_tokens", "output_tokens", "session_ids", "request_ids"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"workload {self.name!r}: {name} has {len(getattr(self, name))} entries, expected {n}")
+        offsets = self.block_offsets
+        if len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != len(self.block_ids):
+            raise ValueError(f"workload {self.name!r}: block_offsets must run from 0 to len(block_ids) in N+1 entries")
+        if np.any(np.diff(self.block_offsets) < 0):
+            raise ValueError(f"workload {self.name!r}: block_offsets must be non-decreasing")
+        if not np.all(np.isfinite(self.arrival_s)) or self.arrival_s[0] < 0 or np.any(np.diff(self.arrival_s) < 0):
+            raise ValueError(f"workload {self.name!r}: arrival_s must be finite, >= 0 and sorted")
+        if self.input_tokens.min() < 1 or self.output_tokens.min() < 1:
+            raise ValueError(f"workload {self.name!r}: every request needs >= 1 input and >= 1 output token")
+        if self.block_tokens < 1:
+            raise ValueError(f"workload {self.name!r}: block_tokens must be >= 1, got {self.block_tokens}")
+        if len(self.block_ids) and self.block_ids.min() < 0:
+            raise ValueError(f"workload {self.name!r}: block ids must be >= 0")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @classmethod
+    def from_lengths(cls, name: str, arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
+                     **kwargs: object) -> "Workload":
+        """A workload without prefix sharing (every prompt is its own) and without sessions."""
+        n = len(arrival_s)
+        ids = np.arange(n, dtype=np.int64)
+        return cls(name=name, arrival_s=arrival_s, input_tokens=input_tokens, output_tokens=output_tokens,
+                   block_offsets=np.zeros(n + 1, dtype=np.int64), block_ids=np.zeros(0, dtype=np.int64),
+                   session_ids=ids, request_ids=ids, **kwargs)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1] - self.arrival_s[0])
+
+    def blocks(self, i: int) -> np.ndarray:
+        """Prefix block ids of request ``i`` (leading blocks of its prompt; may be empty)."""
+        return self.block_ids[self.block_offsets[i]:self.block_offsets[i + 1]]
+
+    def take(self, index: np.ndarray) -> "Workload":
+        """The requests at ``index`` (in that order), block lists and identities kept."""
+        index = np.asarray(index, dtype=np.int64)
+        block_offsets, block_ids = gather_blocks(self.block_offsets, self.block_ids, index)
+        return replace(self, arrival_s=self.arrival_s[index], input_tokens=self.input_tokens[index],
+                       output_tokens=self.output_tokens[index], block_offsets=block_offsets, block_ids=block_ids,
+                       session_ids=self.session_ids[index], request_ids=self.request_ids[index])
+
+    def digest(self) -> str:
+        """Stable content hash (arrivals, lengths, prefix and session structure); not the name or notes."""
+        h = hashlib.sha256(f"skistune-workload-v1 block_tokens={self.block_tokens}".encode())
+        for array in (self.arrival_s, self.input_tokens, self.output_tokens, self.block_offsets, self.block_ids,
+                      self.session_ids):
+            h.update(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+        return h.hexdigest()[:16]
+
+    def with_note(self, note: str) -> "Workload":
+        return replace(self, notes=self.notes + (note,))
+
+    def with_transform(self, description: str, **changes: object) -> "Workload":
+        return replace(self, transforms=self.transforms + (description,), **changes)
+
+
+def gather_blocks(block_offsets: np.ndarray, block_ids: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR gather: the block lists of requests ``index``, concatenated, with their new offsets."""
+    return _leading_slices(block_ids, block_offsets[index], np.diff(block_offsets)[index])
+
+
+def truncate_blocks(block_offsets: np.ndarray, block_ids: np.ndarray,
+                    keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keep at most ``keep[i]`` leading blocks of each request (a shorter prompt keeps its prefix)."""
+    return _leading_slices(block_ids, block_offsets[:-1], np.minimum(np.diff(block_offsets), keep))
+
+
+def _leading_slices(block_ids: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """block_ids[starts[k]:starts[k] + counts[k]] for every k, concatenated (vectorised), and their offsets."""
+    new_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=new_offsets[1:])
+    # each output position = its request's old start + its rank inside the request's list
+    shift = np.repeat(starts - new_offsets[:-1], counts)
+    positions = np.arange(new_offsets[-1], dtype=np.int64) + shift
+    return new_offsets, block_ids[positions]
+
+
+def chain_blocks(input_tokens: np.ndarray, prev_turn: list[int | None],
+                 block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block lists for multi-turn sessions: a turn whose prompt is longer than its previous turn's re-sends
+    that prompt, so it lists the previous turn's full blocks and then new ids (a partial last block holds
+    different tokens once the prompt grows). Turns that extend or are extended get blocks covering their
+    whole prompt; other requests list none (their prompt is their own)."""
+    n = len(input_tokens)
+    extends = [p is not None and input_tokens[i] > input_tokens[p] for i, p in enumerate(prev_turn)]
+    extended = np.zeros(n, dtype=bool)
+    extended[[p for i, p in enumerate(prev_turn) if extends[i]]] = True
+    empty = np.zeros(0, dtype=np.int64)
+    pieces: list[np.ndarray] = []
+    next_id = 0
+    for i in range(n):
+        if not (extends[i] or extended[i]):
+            pieces.append(empty)
+            continue
+        shared = empty
+        if extends[i]:
+            p = prev_turn[i]
+            shared = pieces[p][: int(input_tokens[p]) // block_tokens]
+        n_blocks = -(-int(input_tokens[i]) // block_tokens)
+        fresh = np.arange(next_id, next_id + n_blocks - len(shared), dtype=np.int64)
+        next_id += len(fresh)
+        pieces.append(np.concatenate([shared, fresh]))
+    block_offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter((len(piece) for piece in pieces), dtype=np.int64, count=n), out=block_offsets[1:])
+    return block_offsets, (np.concatenate(pieces) if n else empty)

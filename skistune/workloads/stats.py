@@ -1,0 +1,81 @@
+"""The summary figures of a workload (what `skistune workload show` prints and presets are checked against).
+
+Percentiles use numpy's linear interpolation, as the traces' SOURCE.md statistics do.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from skistune.workloads.model import Workload
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    name: str
+    digest: str
+    requests: int
+    duration_s: float
+    rate_rps: float | None  # requests / duration; None for a single request
+    burstiness: float | None  # coefficient of variation of inter-arrival times (1 for Poisson); None below 2 requests
+    input_mean: float
+    input_p50: float
+    input_p99: float
+    output_mean: float
+    output_p50: float
+    output_p99: float
+    prefix_reuse_ratio: float  # fraction of prompt blocks already seen earlier (unbounded cache)
+    block_tokens: int
+    sessions: int
+    multi_turn_sessions: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def burstiness(arrival_s: np.ndarray) -> float | None:
+    """Coefficient of variation of the inter-arrival times: 1 for Poisson, above 1 for bursty traffic."""
+    gaps_s = np.diff(arrival_s)
+    if len(gaps_s) == 0 or gaps_s.mean() == 0:
+        return None
+    return float(gaps_s.std() / gaps_s.mean())
+
+
+def prefix_reuse_ratio(workload: Workload) -> float:
+    """Fraction of all prompt blocks (``ceil(input / block_tokens)`` per request) whose id appeared earlier
+    in arrival order: the prefix-cache hit ratio with an unbounded cache. Unlisted blocks are unique."""
+    total_blocks = int(np.sum(-(-workload.input_tokens // workload.block_tokens)))
+    if len(workload.block_ids) == 0:
+        return 0.0
+    first_seen = _distinct(workload.block_ids)  # every other reference is a repeat of an earlier one
+    return float((len(workload.block_ids) - first_seen) / total_blocks)
+
+
+def _distinct(ids: np.ndarray) -> int:
+    """Number of distinct ids; a presence mask when ids are dense (generated ones are), else a sort."""
+    if ids.max() < 4 * len(ids) + 1024:
+        seen = np.zeros(int(ids.max()) + 1, dtype=bool)
+        seen[ids] = True
+        return int(np.count_nonzero(seen))
+    return len(np.unique(ids))
+
+
+def _session_counts(session_ids: np.ndarray) -> tuple[int, int]:
+    _, turns = np.unique(session_ids, return_counts=True)
+    return len(turns), int(np.sum(turns > 1))
+
+
+def workload_stats(workload: Workload) -> WorkloadStats:
+    n = len(workload)
+    duration_s = workload.duration_s
+    input_p50, input_p99 = np.percentile(workload.input_tokens, [50, 99])
+    output_p50, output_p99 = np.percentile(workload.output_tokens, [50, 99])
+    sessions, multi_turn = _session_counts(workload.session_ids)
+    return WorkloadStats(
+        name=workload.name, digest=workload.digest(), requests=n, duration_s=duration_s,
+        rate_rps=n / duration_s if duration_s > 0 else None, burstiness=burstiness(workload.arrival_s),
+        input_mean=float(workload.input_tokens.mean()), input_p50=float(input_p50), input_p99=float(input_p99),
+        output_mean=float(workload.output_tokens.mean()), output_p50=float(output_p50), output_p99=float(output_p99),
+        prefix_reuse_ratio=prefix_reuse_ratio(workload), block_tokens=workload.block_tokens,
+        sessions=sessions, multi_turn_sessions=multi_turn)

@@ -1,0 +1,299 @@
+"""Synthetic workloads: seeded arrivals, length distributions, multi-turn sessions, and the named presets.
+
+Every preset number follows a published statistic of a public trace (see the traces' SOURCE.md files and
+the comments below); no trace rows are embedded. Lengths come from `LognormalLengths`, fitted so that the
+published mean, median and p99 all hold; arrivals from a Gamma renewal process whose coefficient of
+variation is the burstiness (1 = Poisson); prefix reuse from multi-turn sessions whose share of follow-up
+turns is calibrated so that the published prefix-reuse ratio holds.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skistune.workloads.model import Workload, chain_blocks
+
+Z90 = 1.2815515655446004  # standard normal quantiles at 0.90 and 0.99
+Z99 = 2.3263478740408408
+SESSION_BLOCK_TOKENS = 16  # sessions share prompts at the KV block size of vLLM and of our runtime's default
+
+
+# ---- arrivals ----
+
+def renewal_arrivals(n: int, rate_rps: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times (s, first at 0) of a Gamma renewal process: inter-arrival CV = ``burstiness``
+    (1 is Poisson, above 1 bursty). Gaps are rescaled so the realised rate is exactly ``rate_rps``
+    (requests / duration), which a heavy-tailed draw would otherwise miss by a wide margin."""
+    if n < 1 or rate_rps <= 0 or burstiness <= 0:
+        raise ValueError(f"arrivals need n >= 1, rate_rps > 0 and burstiness > 0 (got {n}, {rate_rps}, {burstiness})")
+    shape = 1.0 / burstiness**2
+    gaps_s = rng.gamma(shape, 1.0 / shape, size=n - 1)
+    arrival_s = np.zeros(n)
+    np.cumsum(gaps_s, out=arrival_s[1:])
+    if n > 1 and arrival_s[-1] > 0:
+        arrival_s *= (n / rate_rps) / arrival_s[-1]
+    return arrival_s
+
+
+# ---- lengths ----
+
+@functools.cache
+def _normal_grid() -> tuple[np.ndarray, np.ndarray]:
+    z = np.linspace(-8.0, 8.0, 32001)
+    weight = np.exp(-0.5 * z * z)
+    return z, weight / weight.sum()
+
+
+@dataclass(frozen=True)
+class LognormalLengths:
+    """Token lengths through a published median and p99, and optionally a published mean.
+
+    The log-length is piecewise linear in the normal score z: below the median and above p99 with the
+    sigma of the lognormal through p50 and p99; between them through a p90 knee. Without ``mean`` the
+    knee is the lognormal's own p90 (a plain lognormal). Real length distributions are rarely lognormal
+    (Azure conv's output mean is 1.3x the lognormal's), so with ``mean`` the knee is solved so that the
+    mean holds too; p50 and p99 stay exact. Draws are rounded and clipped to [1, max_tokens] (a service's
+    context or output limit)."""
+
+    p50: float
+    p99: float
+    max_tokens: int
+    mean: float | None = None
+    p90: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.p50 < self.p99 <= self.max_tokens:
+            raise ValueError(f"lengths need 1 <= p50 < p99 <= max_tokens, got {self.p50}, {self.p99}, "
+                             f"{self.max_tokens}")
+        sigma = np.log(self.p99 / self.p50) / Z99
+        lognormal_p90 = float(self.p50 * np.exp(sigma * Z90))
+        knee = lognormal_p90 if self.mean is None else _fit_knee(self.p50, self.p99, self.max_tokens, self.mean)
+        object.__setattr__(self, "p90", knee)
+
+    def from_normal(self, z: np.ndarray) -> np.ndarray:
+        """The length at normal score ``z``: the quantile function, monotone in ``z``."""
+        return _knee_quantile(z, self.p50, self.p90, self.p99, self.max_tokens)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.rint(self.from_normal(rng.standard_normal(n))).astype(np.int64)
+
+    def expected_mean(self) -> float:
+        z, weight = _normal_grid()
+        return float(np.sum(self.from_normal(z) * weight))
+
+
+def _knee_quantile(z: np.ndarray, p50: float, p90: float, p99: float, max_tokens: int) -> np.ndarray:
+    mu, knee, top = np.log(p50), np.log(p90), np.log(p99)
+    sigma = (top - mu) / Z99
+    log_tokens = np.where(z <= 0, mu + sigma * z,
+                          np.where(z <= Z90, mu + (knee - mu) * z / Z90,
+                                   np.where(z <= Z99, knee + (top - knee) * (z - Z90) / (Z99 - Z90),
+                                            top + sigma * (z - Z99))))
+    return np.clip(np.exp(log_tokens), 1.0, max_tokens)
+
+
+@functools.lru_cache(maxsize=64)
+def _fit_knee(p50: float, p99: float, max_tokens: int, mean: float) -> float:
+    """Bisection on log(p90) in [log p50, log p99]: a higher knee raises the mean."""
+    z, weight = _normal_grid()
+
+    def mean_at(log_knee: float) -> float:
+        return float(np.sum(_knee_quantile(z, p50, float(np.exp(log_knee)), p99, max_tokens) * weight))
+
+    low, high = np.log(p50), np.log(p99)
+    if not mean_at(low) <= mean <= mean_at(high):
+        raise ValueError(f"no length distribution has mean {mean}, p50 {p50} and p99 {p99} below {max_tokens} "
+                         f"(reachable means: {mean_at(low):.0f} to {mean_at(high):.0f})")
+    for _ in range(48):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if mean_at(middle) < mean else (low, middle)
+    return float(np.exp(0.5 * (low + high)))
+
+
+@dataclass(frozen=True)
+class EmpiricalLengths:
+    """Lengths drawn (with replacement) from observed values, e.g. a length-only trace's column."""
+
+    values: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.values or min(self.values) < 1:
+            raise ValueError("empirical lengths need at least one value, all >= 1")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.choice(np.asarray(self.values, dtype=np.int64), size=n)
+
+
+LengthDist = LognormalLengths | EmpiricalLengths
+
+
+# ---- multi-turn sessions ----
+
+def wire_sessions(arrival_s: np.ndarray, input_tokens: np.ndarray, follow_u: np.ndarray, follow_prob: float,
+                  turn_gap_s: float, idle_s: float) -> list[int | None]:
+    """The previous turn of each request, or None for a session's first turn.
+
+    In arrival order, a request with ``follow_u < follow_prob`` continues the open session whose last
+    prompt is the longest one shorter than its own (a conversation grows turn by turn), among sessions
+    whose last turn came at least ``turn_gap_s`` earlier and at most ``idle_s`` earlier."""
+    waiting: deque[tuple[float, int, int]] = deque()  # (eligible from, prompt tokens, request): FIFO in time
+    open_turns: list[tuple[int, int]] = []  # (prompt tokens, request), sorted
+    prev_turn: list[int | None] = [None] * len(arrival_s)
+    for i, (now_s, tokens) in enumerate(zip(arrival_s.tolist(), input_tokens.tolist(), strict=True)):
+        while waiting and waiting[0][0] <= now_s:
+            _, length, j = waiting.popleft()
+            bisect.insort(open_turns, (length, j))
+        if i % 1024 == 0:  # drop ended sessions now and then, so the list stays short
+            open_turns = [turn for turn in open_turns if arrival_s[turn[1]] >= now_s - idle_s]
+        if follow_u[i] < follow_prob:
+            prev_turn[i] = _pop_longest_below(open_turns, tokens, arrival_s, now_s - idle_s)
+        waiting.append((now_s + turn_gap_s, tokens, i))
+    return prev_turn
+
+
+def _pop_longest_below(open_turns: list[tuple[int, int]], tokens: int, arrival_s: np.ndarray,
+                       ended_before_s: float) -> int | None:
+    k = bisect.bisect_left(open_turns, (tokens, -1)) - 1
+    while k >= 0 and arrival_s[open_turns[k][1]] < ended_before_s:
+        del open_turns[k]
+        k -= 1
+    return open_turns.pop(k)[1] if k >= 0 else None
+
+
+def session_reuse(input_tokens: np.ndarray, prev_turn: list[int | None], block_tokens: int) -> float:
+    """The prefix-reuse ratio that `chain_blocks` will give these sessions (full blocks of the previous turn)."""
+    reused = sum(int(input_tokens[p]) // block_tokens for p in prev_turn if p is not None)
+    return reused / float(np.sum(-(-input_tokens // block_tokens)))
+
+
+def calibrate_follow_prob(arrival_s: np.ndarray, input_tokens: np.ndarray, follow_u: np.ndarray, target: float,
+                          *, turn_gap_s: float, idle_s: float, block_tokens: int, max_requests: int = 8000) -> float:
+    """The share of follow-up turns that gives prefix reuse ``target`` (bisection on the first requests);
+    1.0 where even that falls short (the caller reports the reuse it reached)."""
+    if target <= 0:
+        return 0.0
+    head = slice(0, max_requests)
+    args = (arrival_s[head], input_tokens[head], follow_u[head])
+
+    def reuse_at(prob: float) -> float:
+        return session_reuse(input_tokens[head], wire_sessions(*args, prob, turn_gap_s, idle_s), block_tokens)
+
+    if reuse_at(1.0) <= target:  # few requests, or short sessions: every request that can follow does
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(16):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if reuse_at(middle) < target else (low, middle)
+    return 0.5 * (low + high)
+
+
+def session_numbers(prev_turn: list[int | None]) -> np.ndarray:
+    """Session id per request: a first turn opens a session, a follow-up inherits its previous turn's."""
+    session_ids = np.zeros(len(prev_turn), dtype=np.int64)
+    for i, p in enumerate(prev_turn):
+        session_ids[i] = i if p is None else session_ids[p]
+    return session_ids
+
+
+# ---- presets ----
+
+# Presets as data. Lengths: mean / p50 / p99 as published for each trace (SOURCE.md "Sample stats", which
+# are whole-file figures for the Azure traces), max_tokens the largest value in that file. Burstiness:
+# the coefficient of variation of the trace's inter-arrival times, as `skistune workload show` reports it.
+PRESETS: dict[str, dict] = {
+    "chat": dict(
+        description="chat assistant: Azure OpenAI conversation service, Nov 2023 (Azure LLM inference trace, conv)",
+        rate_rps=5.53,  # Azure conv: 19,366 requests in 3,501.7 s
+        burstiness=1.09,  # Azure conv: CV of inter-arrival times 1.094
+        input=dict(mean=1155, p50=1020, p99=4142, max_tokens=14050),  # Azure conv ContextTokens
+        output=dict(mean=211, p50=129, p99=601, max_tokens=1000),  # Azure conv GeneratedTokens
+        prefix_reuse=0.35,  # Mooncake conversation (Kimi chat): 0.35; Azure publishes no prefix data
+        turn_gap_s=5.0, session_idle_s=600.0,  # modelling choice: a user reads and types between turns
+    ),
+    "code": dict(
+        description="code completion: Azure OpenAI coding service, Nov 2023 (Azure LLM inference trace, code)",
+        rate_rps=2.57,  # Azure code: 8,819 requests in 3,435.9 s
+        burstiness=13.2,  # Azure code: CV of inter-arrival times 13.15 (bursts of completions, then idle minutes)
+        input=dict(mean=2048, p50=1469, p99=7436, max_tokens=7437),  # Azure code ContextTokens
+        output=dict(mean=28, p50=13, p99=251, max_tokens=1899),  # Azure code GeneratedTokens
+        prefix_reuse=0.0,  # Azure code publishes no prefix data: independent completions, the no-reuse baseline
+        turn_gap_s=0.0, session_idle_s=0.0,
+    ),
+    "long-context": dict(
+        description="long-context chat: Kimi production conversations (Mooncake FAST'25 conversation trace)",
+        rate_rps=3.28,  # Mooncake conversation: 7,980 requests in 2,433 s
+        burstiness=1.0,  # Mooncake conversation: 3-s timestamp steps hide finer structure; jittered within steps, 1.01
+        input=dict(mean=12403, p50=7220, p99=89867, max_tokens=124847),  # Mooncake conversation input_length
+        output=dict(mean=347, p50=356, p99=1167, max_tokens=2000),  # Mooncake conversation output_length
+        prefix_reuse=0.35,  # Mooncake conversation: prefix-block reuse 0.3501
+        turn_gap_s=5.0, session_idle_s=600.0,  # modelling choice, as for chat
+    ),
+    "agent": dict(
+        description="agent-like multi-turn traffic re-sending long, growing contexts (Mooncake FAST'25 synthetic)",
+        rate_rps=3.91,  # Mooncake synthetic: 3,993 requests in 1,022 s
+        burstiness=1.0,  # Mooncake synthetic: Poisson-generated arrivals (CV 1.01)
+        input=dict(mean=15325, p50=11587, p99=66456, max_tokens=191378),  # Mooncake synthetic input_length
+        output=dict(mean=149, p50=69, p99=768, max_tokens=893),  # Mooncake synthetic output_length
+        prefix_reuse=0.64,  # Mooncake synthetic: prefix-block reuse 0.6396
+        turn_gap_s=1.0, session_idle_s=120.0,  # modelling choice: tool results come back within seconds
+    ),
+}
+DEFAULT_REQUESTS = 2000
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    rate_rps: float
+    burstiness: float
+    input: LengthDist
+    output: LengthDist
+    prefix_reuse: float
+    turn_gap_s: float
+    session_idle_s: float
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"workload preset {name!r}: unknown (known: {', '.join(PRESETS)})")
+    params = dict(PRESETS[name])
+    return Preset(name=name, **{**params, "input": LognormalLengths(**params["input"]),
+                                "output": LognormalLengths(**params["output"])})
+
+
+def synthesize(preset: str | Preset, *, requests: int | None = None, seed: int = 0, rate_rps: float | None = None,
+               burstiness: float | None = None, block_tokens: int = SESSION_BLOCK_TOKENS) -> Workload:
+    """A seeded synthetic workload. Arrivals, input lengths, output lengths and sessions draw from separate
+    streams, so changing the rate leaves the lengths as they were."""
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    n = DEFAULT_REQUESTS if requests is None else requests
+    rate_rps = preset.rate_rps if rate_rps is None else rate_rps
+    burstiness = preset.burstiness if burstiness is None else burstiness
+    if n < 1:
+        raise ValueError(f"requests must be >= 1, got {n}")
+    streams = np.random.SeedSequence(seed).spawn(4)
+    rng_arrival, rng_input, rng_output, rng_session = (np.random.default_rng(stream) for stream in streams)
+    arrival_s = renewal_arrivals(n, rate_rps, burstiness, rng_arrival)
+    input_tokens = preset.input.sample(rng_input, n)
+    output_tokens = preset.output.sample(rng_output, n)
+    follow_u = rng_session.random(n)
+    session_args = dict(turn_gap_s=preset.turn_gap_s, idle_s=preset.session_idle_s)
+    follow_prob = calibrate_follow_prob(arrival_s, input_tokens, follow_u, preset.prefix_reuse,
+                                        block_tokens=block_tokens, **session_args)
+    prev_turn = wire_sessions(arrival_s, input_tokens, follow_u, follow_prob, **session_args)
+    block_offsets, block_ids = chain_blocks(input_tokens, prev_turn, block_tokens)
+    source = (f"preset:{preset.name} requests={n} seed={seed} rate_rps={rate_rps:g} burstiness={burstiness:g} "
+              f"block_tokens={block_tokens}")
+    reached = session_reuse(input_tokens, prev_turn, block_tokens)
+    notes = () if reached >= preset.prefix_reuse - 0.05 else (
+        f"prefix reuse {reached:.3f} falls short of the preset's {preset.prefix_reuse:g}: too few requests "
+        f"({n}) for sessions to grow; use more",)
+    return Workload(name=preset.name, arrival_s=arrival_s, input_tokens=input_tokens, output_tokens=output_tokens,
+                    block_offsets=block_offsets, block_ids=block_ids, session_ids=session_numbers(prev_turn),
+                    request_ids=np.arange(n), block_tokens=block_tokens, source=source,
+                    generated_arrivals=True, notes=notes)

@@ -1,0 +1,135 @@
+"""Bad input: one clear line naming file, line and column; exit code 2 through the CLI; no traceback."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from skistune.cli import app
+from skistune.workloads import load_workload, read_trace
+from workload_paths import AZURE_HEADER, BURSTGPT_HEADER
+
+GOOD_ROW = "2023-11-16 18:15:46.68,374,44\n"
+MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]}\n'
+
+# file name, content, expected error (after "PATH")
+BAD_FILES = [
+    ("not_int.csv", AZURE_HEADER + GOOD_ROW + "2023-11-16 18:15:47.68,abc,44\n",
+     ":3: column ContextTokens: 'abc' is not an integer"),
+    ("negative.csv", AZURE_HEADER + GOOD_ROW + GOOD_ROW + "2023-11-16 18:15:48.68,12,-5\n",
+     ":4: column GeneratedTokens: negative length -5"),
+    ("short_row.csv", AZURE_HEADER + GOOD_ROW + "2023-11-16 18:15:46.68,374\n",
+     ":3: column GeneratedTokens: missing (row has 2 of 3 fields)"),
+    ("extra_field.csv", AZURE_HEADER + "2023-11-16 18:15:46.68,374,44,9\n" + GOOD_ROW,
+     ":2: column 4: unexpected extra field '9'"),
+    ("bad_time.csv", BURSTGPT_HEADER + "5,ChatGPT,472,18,490,Conversation log\nsoon,ChatGPT,1,1,2,API log\n",
+     ":3: column Timestamp: 'soon' is not a time in seconds"),
+    ("bad_date.csv", AZURE_HEADER + GOOD_ROW + "yesterday,1,1\n",
+     ":3: column TIMESTAMP: 'yesterday' is not a date-time"),
+    ("float_len.csv", "num_prefill_tokens,num_decode_tokens\n10,5\n12.5,3\n",
+     ":3: column num_prefill_tokens: '12.5' is not an integer"),
+    ("broken.jsonl", MOONCAKE_ROW + '{"timestamp": 3000, "input_length": 5, "output_length": 3\n',
+     ":2: column 58: not valid JSON (Expecting ',' delimiter)"),
+    ("negative.jsonl", MOONCAKE_ROW + '{"timestamp": 3000, "input_length": -7, "output_length": 3}\n',
+     ":2: column input_length: negative length -7"),
+    ("missing_key.jsonl", MOONCAKE_ROW + '{"timestamp": 3000, "input_length": 7}\n',
+     ":2: column output_length: missing"),
+    ("too_many_blocks.jsonl",
+     MOONCAKE_ROW + '{"timestamp": 1, "input_length": 7, "output_length": 3, "hash_ids": [0, 1]}\n',
+     ":2: column hash_ids: 2 blocks of 512 tokens are more than input_length 7 holds"),
+]
+EMPTY_FILES = [
+    ("zero_bytes.csv", ""),
+    ("header_only.csv", AZURE_HEADER),
+    ("blank_lines.jsonl", "\n\n"),
+    ("all_failed.csv", BURSTGPT_HEADER + "5,ChatGPT,472,0,472,Conversation log\n"),
+]
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(app, ["workload", "show", *args])
+
+
+def _assert_one_line_error(result, expected: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert expected in lines[0]
+
+
+@pytest.mark.parametrize("name, text, expected", BAD_FILES, ids=[case[0] for case in BAD_FILES])
+def test_malformed_row_names_file_line_and_column(write, name, text, expected):
+    path = write(name, text)
+    with pytest.raises(ValueError) as error:
+        read_trace(path)
+    assert str(error.value) == f"{path}{expected}"
+    _assert_one_line_error(_cli(str(path)), f"{path}{expected}")
+
+
+@pytest.mark.parametrize("name, text, expected", BAD_FILES, ids=[case[0] for case in BAD_FILES])
+def test_skip_bad_rows_skips_and_counts(write, name, text, expected):
+    path = write(name, text)
+    workload = read_trace(path, skip_bad_rows=True)
+    assert len(workload) >= 1
+    assert any(note.startswith("skipped 1 bad row (first: ") and expected in note for note in workload.notes)
+    result = _cli(str(path), "--skip-bad-rows", "--json")
+    assert result.exit_code == 0, result.output
+    assert "skipped 1 bad row" in result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["requests"] == len(workload)
+
+
+def test_skip_bad_rows_counts_every_bad_row(write):
+    rows = [GOOD_ROW, "x,1,1\n", GOOD_ROW.replace("374", "-1"), GOOD_ROW, "2023-11-16 18:15:49,1\n"]
+    workload = read_trace(write("many.csv", AZURE_HEADER + "".join(rows)), skip_bad_rows=True)
+    assert len(workload) == 2
+    assert any(note.startswith("skipped 3 bad rows") for note in workload.notes)
+
+
+@pytest.mark.parametrize("name, text", EMPTY_FILES, ids=[case[0] for case in EMPTY_FILES])
+def test_empty_trace_is_an_error(write, name, text):
+    path = write(name, text)
+    with pytest.raises(ValueError, match="empty trace"):
+        read_trace(path, format="burstgpt" if name == "all_failed.csv" else None)
+    _assert_one_line_error(_cli(str(path)), f"{path}: empty trace")
+
+
+def test_only_bad_rows_is_an_empty_trace(write):
+    path = write("all_bad.csv", AZURE_HEADER + "x,1,1\n")
+    with pytest.raises(ValueError, match=r"empty trace \(no rows; 1 bad skipped\)"):
+        read_trace(path, skip_bad_rows=True)
+
+
+def test_non_monotonic_timestamps_are_sorted_with_a_note(write):
+    path = write("unsorted.csv", BURSTGPT_HEADER + "10,ChatGPT,5,3,8,Conversation log\n4,ChatGPT,6,3,9,API log\n"
+                 "7,GPT-4,7,2,9,API log\n12,GPT-4,8,2,10,API log\n")
+    workload = read_trace(path)
+    assert list(workload.arrival_s) == [0.0, 3.0, 6.0, 8.0]
+    assert list(workload.input_tokens) == [6, 7, 5, 8]
+    assert "timestamps not in order (1 step back in time): sorted by arrival" in workload.notes
+    result = _cli(str(path))
+    assert result.exit_code == 0 and "sorted by arrival" in result.stderr
+
+
+def test_unknown_format_is_an_error(write):
+    path = write("other.csv", "a,b,c\n1,2,3\n")
+    with pytest.raises(ValueError, match=r"other\.csv: unknown trace format \(first line 'a,b,c'\)"):
+        read_trace(path)
+    _assert_one_line_error(_cli(str(path)), "unknown trace format")
+    _assert_one_line_error(_cli(str(path), "--format", "parquet"), "format 'parquet': unknown")
+    json_path = write("other.jsonl", '{"prompt": "hi"}\n')
+    _assert_one_line_error(_cli(str(json_path)), "unknown trace format")
+
+
+def test_unknown_workload_and_misplaced_options(write):
+    _assert_one_line_error(_cli("no-such-preset"),
+                           "neither a preset (chat, code, long-context, agent) nor an existing file")
+    path = write("t.csv", AZURE_HEADER + GOOD_ROW + GOOD_ROW)
+    _assert_one_line_error(_cli(str(path), "--requests", "5"), "requests applies to presets")
+    _assert_one_line_error(_cli(str(path), "--burstiness", "2"), "burstiness applies to generated arrivals")
+    _assert_one_line_error(_cli("chat", "--window", "abc"), "expected START:END")
+    _assert_one_line_error(_cli("chat", "--window", "900:1000"), "no request arrives in 900:1000 s")
+    _assert_one_line_error(_cli("chat", "--rate-scale", "0"), "rate scale must be > 0")
+    with pytest.raises(ValueError, match="length scale must be > 0"):
+        load_workload("chat", requests=10, length_scale=-1)

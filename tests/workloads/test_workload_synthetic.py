@@ -1,0 +1,111 @@
+"""Synthetic presets follow their published targets; generation is seeded and reproducible."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from skistune.workloads import (PRESETS, EmpiricalLengths, LognormalLengths, get_preset, load_workload,
+                                renewal_arrivals, synthesize, workload_stats)
+from skistune.workloads.synthetic import Z99
+
+
+@pytest.fixture(scope="module")
+def preset_stats():
+    return {name: workload_stats(synthesize(name, requests=20000, seed=0)) for name in PRESETS}
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_statistics_hit_their_targets(preset_stats, name):
+    stats, target = preset_stats[name], PRESETS[name]
+    assert stats.requests == 20000
+    assert stats.rate_rps == pytest.approx(target["rate_rps"])
+    # a CV of 13 rests on a few long gaps, so its sample value wanders more
+    assert stats.burstiness == pytest.approx(target["burstiness"], rel=0.3 if target["burstiness"] > 5 else 0.05)
+    for side in ("input", "output"):
+        lengths = target[side]
+        assert getattr(stats, f"{side}_mean") == pytest.approx(lengths["mean"], rel=0.03)
+        assert getattr(stats, f"{side}_p50") == pytest.approx(lengths["p50"], rel=0.03, abs=1)
+        assert getattr(stats, f"{side}_p99") == pytest.approx(lengths["p99"], rel=0.05)
+    assert stats.prefix_reuse_ratio == pytest.approx(target["prefix_reuse"], abs=0.015)
+
+
+def test_presets_with_reuse_have_multi_turn_sessions(preset_stats):
+    assert preset_stats["code"].multi_turn_sessions == 0
+    for name in ("chat", "long-context", "agent"):
+        assert preset_stats[name].multi_turn_sessions > 0
+
+
+def test_follow_up_turns_extend_the_previous_prompt():
+    workload = synthesize("agent", requests=500, seed=3)
+    followed = 0
+    for session in np.unique(workload.session_ids):
+        turns = np.flatnonzero(workload.session_ids == session)
+        for earlier, later in zip(turns[:-1], turns[1:]):
+            assert workload.input_tokens[later] > workload.input_tokens[earlier]
+            assert workload.arrival_s[later] - workload.arrival_s[earlier] >= 1.0  # the preset's turn gap
+            full = workload.input_tokens[earlier] // workload.block_tokens
+            assert np.array_equal(workload.blocks(later)[:full], workload.blocks(earlier)[:full])
+            followed += 1
+    assert followed > 100
+
+
+def test_generation_is_seeded_and_reproducible():
+    first = synthesize("chat", requests=300, seed=7)
+    again = synthesize("chat", requests=300, seed=7)
+    assert first.digest() == again.digest()
+    assert np.array_equal(first.block_ids, again.block_ids)
+    assert synthesize("chat", requests=300, seed=8).digest() != first.digest()
+
+
+def test_rate_and_burstiness_change_arrivals_only():
+    base = synthesize("long-context", requests=400, seed=1)
+    faster = synthesize("long-context", requests=400, seed=1, rate_rps=10.0, burstiness=2.0)
+    assert np.array_equal(base.input_tokens, faster.input_tokens)
+    assert np.array_equal(base.output_tokens, faster.output_tokens)
+    assert workload_stats(faster).rate_rps == pytest.approx(10.0)
+    assert faster.source.startswith("preset:long-context requests=400 seed=1 rate_rps=10 burstiness=2")
+
+
+def test_small_presets_report_a_reuse_shortfall():
+    workload = synthesize("chat", requests=30, seed=0)
+    assert any("falls short" in note for note in workload.notes)
+    assert not synthesize("chat", requests=1000, seed=0).notes
+
+
+@pytest.mark.parametrize("burstiness", [1.0, 3.0])
+def test_renewal_arrivals_have_the_asked_rate_and_cv(burstiness):
+    arrival_s = renewal_arrivals(50000, 4.0, burstiness, np.random.default_rng(0))
+    gaps_s = np.diff(arrival_s)
+    assert arrival_s[0] == 0 and np.all(gaps_s >= 0)
+    assert len(arrival_s) / arrival_s[-1] == pytest.approx(4.0)
+    assert gaps_s.std() / gaps_s.mean() == pytest.approx(burstiness, rel=0.05)
+
+
+def test_lognormal_lengths_hold_median_p99_and_mean_exactly():
+    lengths = LognormalLengths(p50=129, p99=601, max_tokens=1000, mean=211)  # Azure conv output
+    assert lengths.from_normal(np.array([0.0]))[0] == pytest.approx(129)
+    assert lengths.from_normal(np.array([Z99]))[0] == pytest.approx(601)
+    assert lengths.expected_mean() == pytest.approx(211, rel=1e-4)
+    plain = LognormalLengths(p50=100, p99=1000, max_tokens=10**6)
+    sigma = np.log(10) / Z99
+    assert plain.expected_mean() == pytest.approx(100 * np.exp(sigma**2 / 2), rel=1e-3)  # a true lognormal
+
+
+def test_impossible_length_targets_are_refused():
+    with pytest.raises(ValueError, match="no length distribution has mean 900"):
+        LognormalLengths(p50=100, p99=200, max_tokens=300, mean=900)
+    with pytest.raises(ValueError, match="p50 < p99"):
+        LognormalLengths(p50=300, p99=200, max_tokens=1000)
+
+
+def test_empirical_lengths_draw_from_the_values():
+    lengths = EmpiricalLengths((5, 50, 500))
+    drawn = lengths.sample(np.random.default_rng(0), 1000)
+    assert set(drawn.tolist()) == {5, 50, 500}
+
+
+def test_presets_are_named_like_files():
+    assert load_workload("agent", requests=100).name == "agent"
+    assert get_preset("code").output.p50 == 13
+    with pytest.raises(ValueError, match="unknown"):
+        get_preset("video")
