@@ -146,6 +146,8 @@ class KVCacheManager:
         in ``computed_blocks``. Returns the new blocks, or ``None`` (nothing changed) if they don't fit."""
         table = self.tables.get(seq.seq_id, [])
         num_tokens = seq.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        if not computed_blocks and num_tokens <= len(table) * self.block_size:
+            return []  # the common decode step: room left in the last block
         num_new_blocks = max(0, self.blocks_for(num_tokens) - len(table) - len(computed_blocks))
         if num_new_blocks + self.pool.num_free_among(computed_blocks) > self.pool.num_free():
             return None
@@ -162,11 +164,9 @@ class KVCacheManager:
 
     def cache_full_blocks(self, seq: HasTokens) -> None:
         """Register the sequence's blocks that are now full of computed tokens in the prefix cache."""
-        if not self.enable_prefix_reuse:
-            return
         num_full = seq.num_computed_tokens // self.block_size
         done = self.num_cached_blocks.get(seq.seq_id, 0)
-        if num_full <= done:
+        if num_full <= done or not self.enable_prefix_reuse:
             return
         hashes = self._hashes(seq)
         table = self.tables[seq.seq_id]

@@ -22,6 +22,13 @@ class Executor(Protocol):
     def execute(self, out: SchedulerOutput, kv: KVCacheManager) -> dict[str, int]: ...
 
 
+class FastForward(Protocol):
+    """Advances runs of steps in which nothing changes in one event (the simulator's); gets the time of
+    the next arrival (inf if none) and must stop before it."""
+
+    def __call__(self, engine: "Engine", next_arrival_s: float) -> None: ...
+
+
 class Clock(Protocol):
     def now(self) -> float: ...
 
@@ -70,8 +77,9 @@ class Engine:
 
     def __init__(self, config: KVConfig, *, num_blocks: int, block_bytes: int, max_context: int,
                  executor: Executor, clock: Clock, eos_token_id: int | None = None,
-                 notes: tuple[str, ...] = ()) -> None:
+                 notes: tuple[str, ...] = (), fast_forward: FastForward | None = None) -> None:
         self.config = config
+        self.fast_forward = fast_forward
         self.kv = KVCacheManager(num_blocks, config.prefix_reuse.block_size, config.prefix_reuse.enabled)
         self.scheduler = Scheduler(scheduler_limits(config), self.kv)
         self.block_bytes = block_bytes
@@ -128,6 +136,8 @@ class Engine:
                 i += 1
             if self.scheduler.has_work():
                 self.step()
+                if self.fast_forward is not None:
+                    self.fast_forward(self, start + pending[i].arrival_s if i < len(pending) else float("inf"))
             elif i < len(pending):
                 self.clock.wait_until(start + pending[i].arrival_s)
         return self.metrics(duration_s=self.clock.now() - start)

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .kv_layout import kv_block_bytes
 from .presets import ModelSpec
-
-
-def kv_block_bytes(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block over all layers, keys and values."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return spec.n_layers * 2 * block_size * spec.n_kv_heads * spec.head_dim * itemsize
 
 
 class PagedKVStore:
@@ -19,7 +14,7 @@ class PagedKVStore:
                  device: torch.device | str = "cpu") -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.block_bytes = kv_block_bytes(spec, block_size, dtype)
+        self.block_bytes = kv_block_bytes(spec, block_size, dtype.itemsize)
         self.kv = torch.zeros(spec.n_layers, 2, num_blocks + 1, block_size, spec.n_kv_heads, spec.head_dim,
                               dtype=dtype, device=device)
 

@@ -8,25 +8,20 @@ import torch
 
 from ..config import KVConfig
 from .engine import Clock, Engine, WallClock
-from .kv_store import PagedKVStore, kv_block_bytes
+from .kv_layout import CPU_KV_SPACE_BYTES, kv_pool_blocks
+from .kv_store import PagedKVStore
 from .metrics import Metrics
 from .model import LlamaModel
 from .model_runner import ModelRunner
 from .presets import ModelSpec, get_preset
 from .request import Request
 
-# With no explicit device_kv_bytes, the device pool is device_memory_fraction of the free device
-# memory. A CPU has no device memory of its own: like vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE,
-# default 4 GiB), this runtime then sizes the fraction against a fixed 4 GiB of host memory.
-CPU_KV_SPACE_BYTES = 4 << 30
 RANDOM_WEIGHTS_NOTE = "random weights: timing only, generated text is meaningless"
 
 
-def kv_pool_bytes(config: KVConfig, device: torch.device) -> int:
-    if config.offload.device_kv_bytes is not None:
-        return config.offload.device_kv_bytes
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else CPU_KV_SPACE_BYTES
-    return int(config.offload.device_memory_fraction * free)
+def device_free_bytes(device: torch.device) -> int:
+    """Memory the KV pool is sized against (see `kv_layout.CPU_KV_SPACE_BYTES` for CPUs)."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else CPU_KV_SPACE_BYTES
 
 
 class Runtime:
@@ -42,12 +37,10 @@ class Runtime:
         self.store = self._new_store()
 
     def _new_store(self) -> PagedKVStore:
-        block_size = self.config.prefix_reuse.block_size
-        block_bytes = kv_block_bytes(self.spec, block_size, self.model.dtype)
-        num_blocks = kv_pool_bytes(self.config, self.model.device) // block_bytes
-        if num_blocks < 1:
-            raise ValueError(f"offload.device_kv_bytes: smaller than one KV block ({block_bytes} bytes)")
-        return PagedKVStore(self.spec, num_blocks, block_size, self.model.dtype, self.model.device)
+        num_blocks, _ = kv_pool_blocks(self.config, self.spec, self.model.dtype.itemsize,
+                                       device_free_bytes(self.model.device))
+        return PagedKVStore(self.spec, num_blocks, self.config.prefix_reuse.block_size, self.model.dtype,
+                            self.model.device)
 
     def with_config(self, config: KVConfig) -> "Runtime":
         """The same model (no reload) with other knobs and a KV store sized for them."""

@@ -13,6 +13,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from .block_manager import KVCacheManager
 from .request import Request, RequestRecord
@@ -32,7 +33,8 @@ class Sequence:
     def __init__(self, request: Request, record: RequestRecord) -> None:
         self.request = request
         self.seq_id = request.request_id
-        self.token_ids: list[int] = [int(t) for t in request.prompt_token_ids]
+        prompt = request.prompt_token_ids
+        self.token_ids: list[int] = prompt.tolist() if hasattr(prompt, "tolist") else [int(t) for t in prompt]
         self.num_prompt_tokens = len(self.token_ids)
         self.num_computed_tokens = 0
         self.status = SeqStatus.WAITING
@@ -54,18 +56,19 @@ class Sequence:
         return f"Sequence({self.seq_id}, tokens={self.num_tokens}, computed={self.num_computed_tokens})"
 
 
-@dataclass(frozen=True)
-class ScheduledSeq:
-    """``num_new_tokens`` tokens of ``seq`` starting at position ``start`` are computed this step."""
+class ScheduledSeq(NamedTuple):
+    """``num_new_tokens`` tokens of ``seq`` starting at position ``start`` are computed this step;
+    ``samples`` says whether the step reaches the sequence's last token, so a new token is sampled.
+    (A NamedTuple: the scheduler makes one per sequence per step, and the simulator makes millions.)"""
 
     seq: Sequence
     start: int
     num_new_tokens: int
+    samples: bool
 
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the sequence's last token, so a new token is sampled."""
-        return self.start + self.num_new_tokens == self.seq.num_tokens
+    @classmethod
+    def of(cls, seq: Sequence, start: int, num_new_tokens: int) -> "ScheduledSeq":
+        return cls(seq, start, num_new_tokens, start + num_new_tokens == len(seq.token_ids))
 
 
 @dataclass
@@ -173,7 +176,7 @@ class Scheduler:
     def _chunk(self, seq: Sequence, num_computed: int, budget: int) -> int:
         """Tokens of ``seq`` to compute this step: 1 for decode; a prefill chunk capped by the chunk size
         and the budget; 0 if chunking is off and the rest of the prompt does not fit the budget."""
-        remaining = seq.num_tokens - num_computed
+        remaining = len(seq.token_ids) - num_computed
         if remaining <= 1:
             return min(remaining, budget)
         if not self.limits.chunked_prefill:
@@ -215,7 +218,7 @@ class Scheduler:
                 if victim is seq:
                     break
             if seq.status is SeqStatus.RUNNING:
-                out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+                out.scheduled.append(ScheduledSeq.of(seq, seq.num_computed_tokens, n))
                 budget -= n
         return budget
 
@@ -232,7 +235,7 @@ class Scheduler:
             seq.record.prefix_hit_tokens += num_computed
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(ScheduledSeq(seq, num_computed, n))
+            out.scheduled.append(ScheduledSeq.of(seq, num_computed, n))
             budget -= n
 
     def schedule(self) -> SchedulerOutput:
@@ -258,6 +261,42 @@ class Scheduler:
             problems.append("more blocks in use than the pool has")
         if problems:
             raise RuntimeError("scheduler invariant broken: " + "; ".join(problems))
+
+    # ---- runs of identical decode steps (the simulator's fast-forward) -----------------------------
+    def steady_decodes(self) -> list[Sequence] | None:
+        """The running sequences if the next step can only be a pure decode of exactly them (all past
+        prefill, no admission possible), else None."""
+        if not self.running or len(self.running) > self.limits.max_num_batched_tokens:
+            return None
+        if any(s.num_computed_tokens != s.num_tokens - 1 for s in self.running):
+            return None
+        if len(self.waiting) and len(self.running) < self.limits.max_num_seqs and self._might_admit():
+            return None
+        return self.running
+
+    def _might_admit(self) -> bool:
+        """Whether the head of the waiting queue could get its first chunk's blocks now (blocks only get
+        scarcer during a run of decodes, so a 'no' holds for the whole run)."""
+        seq = self.waiting.peek(self.kv)
+        hits = self.kv.get_computed_blocks(seq)
+        n = self._chunk(seq, len(hits) * self.kv.block_size, self.limits.max_num_batched_tokens - len(self.running))
+        if n == 0:
+            return False
+        needed = self.kv.blocks_for(len(hits) * self.kv.block_size + n) - len(hits)
+        return needed + self.kv.pool.num_free_among(hits) <= self.kv.pool.num_free()
+
+    def advance_decodes(self, step_end_s: list[float], new_tokens: list[list[int]]) -> None:
+        """Apply ``len(step_end_s)`` decode steps of every running sequence at once. The caller (the
+        simulator) has checked with `steady_decodes` and the block counts that nothing else would happen:
+        no admission, no finish before the last of these steps, blocks enough."""
+        k = len(step_end_s)
+        for seq, tokens in zip(self.running, new_tokens):
+            if seq.num_output_tokens + k >= seq.request.max_new_tokens or self.kv.allocate_slots(seq, k) is None:
+                raise RuntimeError(f"fast-forward of {k} steps is not steady for {seq}")
+            seq.num_computed_tokens += k
+            seq.token_ids.extend(tokens)
+            self.kv.cache_full_blocks(seq)
+            seq.record.token_times_s.extend(step_end_s)
 
     # ---- after the step ---------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: dict[str, int], now_s: float,

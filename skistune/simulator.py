@@ -1,0 +1,125 @@
+"""The simulator: the runtime's own engine, scheduler and block accounting, with a clock instead of a
+model. Each step's duration comes from the hardware profile's fitted step-cost model.
+
+Runs of decode steps in which the batch cannot change (no arrival, no admission, no finish, no
+preemption, blocks enough) are advanced in one event (`_fast_forward`), so the cost grows with events,
+not tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from skistune.config import KVConfig
+from skistune.profile.cost import StepCostModel, StepShape, step_shape
+from skistune.runtime.engine import Engine, VirtualClock
+from skistune.runtime.kv_layout import kv_pool_blocks
+from skistune.runtime.metrics import Metrics
+from skistune.runtime.presets import ModelSpec
+from skistune.runtime.request import Request
+from skistune.runtime.scheduler import SchedulerOutput, SeqStatus
+
+PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad)
+
+
+@dataclass(frozen=True)
+class SimTarget:
+    """What is simulated: the model's shape and the hardware's step costs and memory."""
+
+    spec: ModelSpec
+    step_cost: StepCostModel
+    kv_itemsize: int  # bytes per stored KV element at 16-bit precision on this device (4 for fp32 on CPU)
+    device_free_bytes: int  # memory the KV pool fraction applies to
+    notes: tuple[str, ...] = ()
+
+
+class ProfileExecutor:
+    """Executes a step by advancing the virtual clock by its predicted duration. Sampled tokens are a
+    deterministic pseudo-random sequence (content is irrelevant to timing; distinct tokens keep output
+    blocks from matching each other in the prefix cache by accident)."""
+
+    def __init__(self, step_cost: StepCostModel, kv_bytes_per_token: int, clock: VirtualClock, vocab: int):
+        self.step_cost = step_cost
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.clock = clock
+        self.vocab = vocab
+        self.num_steps = 0
+        self.num_fast_forwards = 0
+        self._tokens_drawn = 0
+
+    def next_tokens(self, n: int) -> list[int]:
+        """Knuth's multiplicative hash of a counter: spread out, deterministic."""
+        counters = np.arange(self._tokens_drawn + 1, self._tokens_drawn + n + 1, dtype=np.int64)
+        self._tokens_drawn += n
+        return (PSEUDO_TOKEN_BASE + (counters * 2654435761) % (self.vocab - PSEUDO_TOKEN_BASE)).tolist()
+
+    def execute(self, out: SchedulerOutput, kv) -> dict[str, int]:
+        self.num_steps += 1
+        self.clock.advance(self.step_cost.predict_s(step_shape(out, self.kv_bytes_per_token)))
+        sampling = [s.seq.seq_id for s in out.scheduled if s.samples]
+        return dict(zip(sampling, self.next_tokens(len(sampling))))
+
+    def fast_forward(self, engine: Engine, next_arrival_s: float) -> None:
+        """Advance the longest run of pure decode steps of the running batch that starts before the next
+        arrival, finishes no sequence and fits the free blocks, in one event."""
+        seqs = engine.scheduler.steady_decodes()
+        if seqs is None:
+            return
+        k_max = min(s.request.max_new_tokens - s.num_output_tokens for s in seqs) - 1  # the finish is a normal step
+        k_max = _steps_with_blocks(engine, seqs, k_max)
+        if k_max < 2:
+            return
+        step_s = self._decode_step_times(seqs, k_max)
+        end_s = self.clock.now() + np.cumsum(step_s)
+        k = int(np.searchsorted(end_s - step_s, next_arrival_s, side="left"))  # steps starting before it
+        if k < 1:
+            return
+        tokens = self.next_tokens(k * len(seqs))
+        engine.scheduler.advance_decodes(end_s[:k].tolist(), [tokens[i * k:(i + 1) * k] for i in range(len(seqs))])
+        self.clock.wait_until(float(end_s[k - 1]))
+        self.num_steps += k
+        self.num_fast_forwards += 1
+
+    def _decode_step_times(self, seqs: list, k: int) -> np.ndarray:
+        """Durations of the next k decode steps: each reads one more token of KV per sequence, so the
+        predicted time is linear in the step index."""
+        batch, context = len(seqs), sum(s.num_tokens for s in seqs)
+        shapes = [StepShape(batch, batch, (context + j * batch) * self.kv_bytes_per_token, 0, batch) for j in (0, 1)]
+        first, second = (self.step_cost.predict_s(sh) for sh in shapes)
+        return first + (second - first) * np.arange(k, dtype=np.float64)
+
+
+def _steps_with_blocks(engine: Engine, seqs: list, k_max: int) -> int:
+    """The most decode steps (<= k_max) whose new blocks fit in the free pool."""
+    kv = engine.kv
+    computed = np.array([s.num_computed_tokens for s in seqs])
+    held = np.array([len(kv.block_table(s.seq_id)) for s in seqs])
+    free = kv.pool.num_free()
+
+    def fits(k: int) -> bool:
+        return int((-(-(computed + k) // kv.block_size) - held).clip(min=0).sum()) <= free
+
+    lo, hi = 0, max(k_max, 0)
+    while lo < hi:  # largest k in [0, k_max] that fits (fits is monotone in k)
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = True) -> tuple[Engine, ProfileExecutor]:
+    num_blocks, block_bytes = kv_pool_blocks(config, target.spec, target.kv_itemsize, target.device_free_bytes)
+    clock = VirtualClock()
+    executor = ProfileExecutor(target.step_cost, block_bytes // config.prefix_reuse.block_size, clock,
+                               target.spec.vocab_size)
+    engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
+                    executor=executor, clock=clock, notes=target.notes,
+                    fast_forward=executor.fast_forward if fast_forward else None)
+    return engine, executor
+
+
+def simulate(config: KVConfig, requests: Sequence[Request], target: SimTarget) -> Metrics:
+    """Predict the metrics of serving ``requests`` (arrival times relative to 0) with ``config``."""
+    engine, _ = build_engine(config, target)
+    return engine.replay(requests)

@@ -1,0 +1,54 @@
+"""Service-level objectives: ``METRIC:pXX<=VALUE`` (e.g. ``ttft:p99<=500ms``) or the short form
+``pXX=VALUE``, which means TBT (time between tokens) — the convention of Vidur-Search's TBT-P99 SLO.
+Metrics: ttft, tbt, e2e, tpot. Percentiles: p50, p90, p99, max, mean. Units: s, ms, us (default s)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from skistune.runtime.metrics import Metrics
+
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+_FULL = re.compile(r"^(ttft|tbt|e2e|tpot):(p50|p90|p99|max|mean)<=([0-9.]+(?:e-?[0-9]+)?)(s|ms|us)?$")
+_SHORT = re.compile(r"^(p50|p90|p99|max|mean)=([0-9.]+(?:e-?[0-9]+)?)(s|ms|us)?$")
+
+
+@dataclass(frozen=True)
+class SLO:
+    metric: str
+    percentile: str
+    limit_s: float
+
+    def value_s(self, m: Metrics) -> float:
+        return m.latency(self.metric).at(self.percentile)
+
+    def violation(self, m: Metrics) -> float:
+        """Relative excess over the limit: <= 0 means met (Optuna's constraint convention). A run with
+        no finished request has no latency to check and counts as violated."""
+        v = self.value_s(m)
+        return 1.0 if v != v else v / self.limit_s - 1.0
+
+    def met(self, m: Metrics) -> bool:
+        return self.violation(m) <= 0
+
+    def __str__(self) -> str:
+        return f"{self.metric}:{self.percentile}<={self.limit_s * 1e3:g}ms"
+
+
+def parse_slo(text: str) -> SLO:
+    t = text.strip().lower().replace(" ", "")
+    full, short = _FULL.match(t), _SHORT.match(t)
+    if full:
+        metric, pct, value, unit = full.groups()
+    elif short:
+        metric, (pct, value, unit) = "tbt", short.groups()
+    else:
+        raise ValueError(f"SLO {text!r}: write METRIC:pXX<=VALUE (e.g. ttft:p99<=500ms) or pXX=VALUE for TBT "
+                         "(e.g. p99=200ms); metrics ttft, tbt, e2e, tpot")
+    try:
+        limit_s = float(value) * _UNITS[unit or "s"]
+    except ValueError:
+        raise ValueError(f"SLO {text!r}: {value!r} is not a number") from None
+    if limit_s <= 0:
+        raise ValueError(f"SLO {text!r}: the limit must be positive")
+    return SLO(metric, pct, limit_s)
