@@ -123,3 +123,63 @@ def simulate(config: KVConfig, requests: Sequence[Request], target: SimTarget) -
     """Predict the metrics of serving ``requests`` (arrival times relative to 0) with ``config``."""
     engine, _ = build_engine(config, target)
     return engine.replay(requests)
+
+
+def with_rate_scale(requests: Sequence[Request], scale: float) -> list[Request]:
+    """The same requests arriving ``scale`` times as fast (deadlines keep their offset to arrival)."""
+    out = []
+    for r in requests:
+        arrival_s = r.arrival_s / scale
+        deadline_s = None if r.deadline_s is None else arrival_s + (r.deadline_s - r.arrival_s)
+        out.append(Request(r.request_id, r.prompt_token_ids, r.max_new_tokens, arrival_s, deadline_s, r.stop_at_eos))
+    return out
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The highest arrival-rate scale at which every SLO held (0 when none did at the lowest scale tried)."""
+
+    rate_scale: float
+    rate_rps: float
+    metrics: Metrics | None  # at that scale
+    evaluations: int
+
+
+def capacity(config: KVConfig, requests: Sequence[Request], target: SimTarget, slos: Sequence,
+             *, precision: float = 0.02, max_scale: float = 1024.0, min_scale: float = 1 / 1024) -> Capacity:
+    """Binary search on the arrival-rate scale (to ``precision`` relative) for the highest one at which
+    every SLO holds, as Vidur-Search and AIConfigurator report capacity."""
+    base_rps = len(requests) / max(max(r.arrival_s for r in requests), 1e-9)
+    evaluations = 0
+
+    def check(scale: float) -> Metrics | None:
+        nonlocal evaluations
+        evaluations += 1
+        m = simulate(config, with_rate_scale(requests, scale), target)
+        ok = m.num_finished == m.num_requests and all(s.met(m) for s in slos)
+        return m if ok else None
+
+    lo, lo_m = 1.0, check(1.0)
+    hi = 1.0
+    if lo_m is not None:  # grow until an SLO breaks
+        while hi < max_scale:
+            hi = min(hi * 2, max_scale)
+            m = check(hi)
+            if m is None:
+                break
+            lo, lo_m = hi, m
+        else:
+            return Capacity(lo, lo * base_rps, lo_m, evaluations)
+    else:  # shrink until every SLO holds
+        while lo > min_scale:
+            hi, lo = lo, lo / 2
+            lo_m = check(lo)
+            if lo_m is not None:
+                break
+        else:
+            return Capacity(0.0, 0.0, None, evaluations)
+    while hi / lo > 1 + precision:
+        mid = (lo * hi) ** 0.5
+        m = check(mid)
+        lo, lo_m, hi = (mid, m, hi) if m is not None else (lo, lo_m, mid)
+    return Capacity(lo, lo * base_rps, lo_m, evaluations)

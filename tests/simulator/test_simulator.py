@@ -76,3 +76,19 @@ def test_simulation_is_deterministic():
     a, _, _ = run(KVConfig(), reqs, ff=True)
     b, _, _ = run(KVConfig(), reqs, ff=True)
     assert a == b
+
+
+def test_capacity_is_the_highest_rate_scale_meeting_the_slo():
+    from skistune.simulator import capacity, with_rate_scale
+    from skistune.slo import parse_slo
+
+    reqs = azure_requests(120)
+    t = target(cost(fixed=2e-3, seqs=1e-4, tokens=2e-5, kv=1e-12, samples=1e-5), device_bytes=256 << 20)
+    slo = parse_slo("ttft:p99<=500ms")
+    cap = capacity(KVConfig(), reqs, t, [slo])
+    assert cap.rate_scale > 0 and slo.met(cap.metrics)
+    above = simulate(KVConfig(), with_rate_scale(reqs, cap.rate_scale * 1.05), t)
+    assert not slo.met(above)  # 2% precision: 5% faster arrivals break it
+    looser = capacity(KVConfig(), reqs, t, [parse_slo("ttft:p99<=2s")])
+    assert looser.rate_scale > cap.rate_scale
+    assert cap.rate_rps == pytest.approx(cap.rate_scale * len(reqs) / max(r.arrival_s for r in reqs))
