@@ -89,6 +89,7 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.notes = notes
         self.records: list[RequestRecord] = []
+        self.busy_s = 0.0  # clock time spent in steps (the rest of a replay is idle waiting for arrivals)
 
     def _rejection(self, req: Request) -> str | None:
         """Why a request can never be served, or None."""
@@ -118,8 +119,11 @@ class Engine:
         out = self.scheduler.schedule()
         if not out:
             raise RuntimeError("scheduler made no progress with work pending")
+        started_s = self.clock.now()
         sampled = self.executor.execute(out, self.kv)
-        return self.scheduler.update(out, sampled, self.clock.now(), self.eos_token_id)
+        now_s = self.clock.now()
+        self.busy_s += now_s - started_s
+        return self.scheduler.update(out, sampled, now_s, self.eos_token_id)
 
     def run_until_done(self) -> None:
         while self.scheduler.has_work():
@@ -146,4 +150,4 @@ class Engine:
         return compute_metrics(self.records, duration_s=duration_s,
                                kv_peak_bytes=self.kv.peak_used_blocks * self.block_bytes,
                                kv_capacity_bytes=self.kv.pool.num_blocks * self.block_bytes,
-                               preemptions=self.scheduler.num_preemptions, notes=self.notes)
+                               preemptions=self.scheduler.num_preemptions, busy_s=self.busy_s, notes=self.notes)

@@ -7,7 +7,7 @@ Torch-free: the simulator fills the same type.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Sequence
 
 import numpy as np
 
@@ -26,8 +26,8 @@ class Percentiles:
     count: int
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> "Percentiles":
-        arr = np.asarray(list(values), dtype=np.float64)
+    def of(cls, values: "Sequence[float] | np.ndarray") -> "Percentiles":
+        arr = np.asarray(values, dtype=np.float64)
         if arr.size == 0:
             nan = float("nan")
             return cls(nan, nan, nan, nan, nan, 0)
@@ -61,6 +61,7 @@ class Metrics:
     preemptions: int
     prefix_hit_tokens: int
     prompt_tokens: int
+    busy_s: float  # time spent computing steps (duration minus idle waits for arrivals)
     rejections: dict[str, str] = field(default_factory=dict)  # request id -> reason
     notes: tuple[str, ...] = ()  # e.g. "random weights: timing only"
 
@@ -75,11 +76,12 @@ class Metrics:
 
 
 def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_bytes: int,
-                    kv_capacity_bytes: int, preemptions: int, notes: tuple[str, ...] = ()) -> Metrics:
+                    kv_capacity_bytes: int, preemptions: int, busy_s: float = 0.0,
+                    notes: tuple[str, ...] = ()) -> Metrics:
     done = [r for r in records if r.finish_s is not None]
     ttft = [r.token_times_s[0] - r.arrival_s for r in done]
     e2e = [r.finish_s - r.arrival_s for r in done]
-    tbt = [b - a for r in done for a, b in zip(r.token_times_s, r.token_times_s[1:])]
+    tbt = np.concatenate([np.diff(r.token_times_s) for r in done]) if done else []
     tpot = [(r.finish_s - r.token_times_s[0]) / (len(r.token_times_s) - 1) for r in done if len(r.token_times_s) > 1]
     output_tokens = sum(len(r.token_times_s) for r in done)
     rate = (lambda x: x / duration_s if duration_s > 0 else 0.0)
@@ -90,6 +92,6 @@ def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_
         output_tokens=output_tokens, throughput_tok_per_s=rate(output_tokens),
         throughput_req_per_s=rate(len(done)), kv_peak_bytes=kv_peak_bytes, kv_capacity_bytes=kv_capacity_bytes,
         preemptions=preemptions, prefix_hit_tokens=sum(r.prefix_hit_tokens for r in records),
-        prompt_tokens=sum(r.prompt_len for r in records),
+        prompt_tokens=sum(r.prompt_len for r in records), busy_s=busy_s,
         rejections={r.request_id: r.rejected_reason for r in records if r.rejected_reason is not None},
         notes=notes)

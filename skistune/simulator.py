@@ -2,7 +2,7 @@
 model. Each step's duration comes from the hardware profile's fitted step-cost model.
 
 Runs of decode steps in which the batch cannot change (no arrival, no admission, no finish, no
-preemption, blocks enough) are advanced in one event (`_fast_forward`), so the cost grows with events,
+preemption, blocks enough) are advanced in one event (`ProfileExecutor.fast_forward`), so the cost grows with events,
 not tokens.
 """
 from __future__ import annotations
@@ -72,13 +72,15 @@ class ProfileExecutor:
         if k_max < 2:
             return
         step_s = self._decode_step_times(seqs, k_max)
-        end_s = self.clock.now() + np.cumsum(step_s)
+        now_s = self.clock.now()
+        end_s = now_s + np.cumsum(step_s)
         k = int(np.searchsorted(end_s - step_s, next_arrival_s, side="left"))  # steps starting before it
         if k < 1:
             return
         tokens = self.next_tokens(k * len(seqs))
         engine.scheduler.advance_decodes(end_s[:k].tolist(), [tokens[i * k:(i + 1) * k] for i in range(len(seqs))])
         self.clock.wait_until(float(end_s[k - 1]))
+        engine.busy_s += float(end_s[k - 1]) - now_s
         self.num_steps += k
         self.num_fast_forwards += 1
 
