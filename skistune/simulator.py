@@ -35,6 +35,25 @@ class SimTarget:
     notes: tuple[str, ...] = ()
 
 
+def target_from_profile(profile, model: str | None = None) -> SimTarget:
+    """The simulation target a hardware profile describes (its step costs hold for its own model only)."""
+    from skistune.runtime.kv_layout import CPU_KV_SPACE_BYTES
+    from skistune.runtime.presets import get_preset
+
+    if model is not None and model != profile.model:
+        raise ValueError(f"profile {profile.name!r} was measured for {profile.model}, not {model}: measure one with "
+                         f"`skistune profile --model {model}`")
+    spec = get_preset(profile.model)
+    itemsize = profile.kv_bytes_per_token // (spec.kv_bytes_per_token(8, 8))
+    if profile.device == "cpu":
+        device_free = CPU_KV_SPACE_BYTES
+    else:
+        device_free = int(getattr(profile.fingerprint, "gpu_memory_bytes", 0) or 0)
+        if device_free <= 0:
+            raise ValueError(f"profile {profile.name!r}: no device memory recorded for {profile.device}")
+    return SimTarget(spec, profile.step_cost, itemsize, device_free, notes=tuple(profile.notes))
+
+
 class ProfileExecutor:
     """Executes a step by advancing the virtual clock by its predicted duration. Sampled tokens are a
     deterministic pseudo-random sequence (content is irrelevant to timing; distinct tokens keep output

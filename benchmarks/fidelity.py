@@ -1,0 +1,112 @@
+"""Simulator fidelity: predicted vs measured metrics for configs x workloads, side by side.
+
+For each workload and config, the real runtime serves the workload on the real model (SmolLM2-135M on
+this CPU, in real time) and the simulator predicts it from the hardware profile. Prints p50/p99 of TTFT,
+TBT and E2E, throughput and peak KV memory, predicted and measured, with relative errors.
+
+    python benchmarks/fidelity.py [--profile profiles/cpu-smollm2-135m.json] [--requests 16] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from skistune.config import KVConfig
+from skistune.evaluate import sim_target, workload_requests
+from skistune.runtime.llm import Runtime
+from skistune.simulator import simulate
+from skistune.workloads import load_workload
+
+TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+MODEL = "smollm2-135m"
+
+CONFIGS = {
+    "default": {},
+    "seqs4": {"batching.max_num_seqs": 4},
+    "chunk32": {"batching.chunk_size": 32, "batching.max_num_batched_tokens": 64},
+    "no-chunking": {"batching.chunked_prefill": False, "batching.max_num_batched_tokens": 512,
+                    "batching.chunk_size": 512},
+    "no-prefix": {"prefix_reuse.enabled": False},
+    "tight-kv-edf": {"offload.device_kv_bytes": 96 * 16 * 46080, "batching.policy": "edf"},
+}
+
+
+def prefix_sharing(w, n: int):
+    """n requests of the trace that reuse at least half their prefix blocks, with the requests that
+    first had those blocks: Mooncake's own prefix structure, concentrated (in the trace, reuse appears
+    only over long windows)."""
+    first_seen: dict[int, int] = {}
+    keep: set[int] = set()
+    for i in range(len(w)):
+        blocks = w.blocks(i).tolist()
+        lead = next((k for k, b in enumerate(blocks) if b not in first_seen), len(blocks))
+        if blocks and lead >= len(blocks) / 2:
+            keep.update({i, first_seen[blocks[0]], first_seen[blocks[lead - 1]]})
+        for b in blocks:
+            first_seen.setdefault(b, i)
+        if len(keep) >= n:
+            break
+    return w.take(np.array(sorted(keep)[:n]))
+
+
+def workloads(n: int) -> dict:
+    """Scaled to what the small model serves on 2 CPU cores in real time (about a minute per run)."""
+    return {
+        "azure-conv": load_workload(TRACES / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv", first=n,
+                                    length_scale=0.1, max_input=256, max_output=24, rate_rps=0.8),
+        "mooncake-prefix": load_workload(prefix_sharing(load_workload(TRACES / "mooncake_conversation" /
+                                                                      "conversation_trace.head.jsonl"), n),
+                                         length_scale=1 / 32, max_input=384, max_output=24, rate_rps=0.6),
+        "bursty-chat": load_workload("chat", requests=n, burstiness=4.0, length_scale=0.1, max_input=256,
+                                     max_output=24, rate_rps=1.0, seed=1),
+    }
+
+
+METRICS = [("ttft p50", lambda m: m.ttft_s.p50), ("ttft p99", lambda m: m.ttft_s.p99),
+           ("tbt p50", lambda m: m.tbt_s.p50), ("tbt p99", lambda m: m.tbt_s.p99),
+           ("e2e p50", lambda m: m.e2e_s.p50), ("e2e p99", lambda m: m.e2e_s.p99),
+           ("tok/s", lambda m: m.throughput_tok_per_s), ("kv peak", lambda m: m.kv_peak_bytes)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default=str(Path(__file__).resolve().parents[1] / "profiles" / "cpu-smollm2-135m.json"))
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    target = sim_target(MODEL, args.profile)
+    rt = Runtime.from_preset(MODEL, KVConfig())
+    rows = []
+    print(f"{'workload':<16} {'config':<13} " + " ".join(f"{name:>17}" for name, _ in METRICS))
+    for wname, w in workloads(args.requests).items():
+        reqs = workload_requests(w, MODEL)
+        for cname in args.configs:
+            cfg = KVConfig().with_knobs(CONFIGS[cname])
+            predicted = simulate(cfg, reqs, target)
+            measured = rt.with_config(cfg).replay(reqs)
+            errors = {name: (f(predicted) - f(measured)) / f(measured) if f(measured) else 0.0 for name, f in METRICS}
+            rows.append({"workload": wname, "config": cname, "errors": errors,
+                         "predicted": {n: f(predicted) for n, f in METRICS},
+                         "measured": {n: f(measured) for n, f in METRICS},
+                         "preemptions": [predicted.preemptions, measured.preemptions]})
+            print(f"{wname:<16} {cname:<13} " + " ".join(
+                f"{f(predicted):>8.3g}/{f(measured):<6.3g}{errors[n]:>+4.0%}"[-17:].rjust(17) for n, f in METRICS),
+                flush=True)
+    abs_err = [abs(e) for r in rows for n, e in r["errors"].items()]
+    latency_err = [abs(r["errors"][n]) for r in rows for n, _ in METRICS[:6]]
+    summary = {"median_abs_error": statistics.median(abs_err), "max_abs_error": max(abs_err),
+               "latency_within_10pct": sum(e <= 0.10 for e in latency_err) / len(latency_err),
+               "runs": len(rows)}
+    print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
+          f"latency percentiles within 10%: {summary['latency_within_10pct']:.0%} of {len(latency_err)}")
+    if args.json:
+        print(json.dumps({"benchmark": "fidelity", "model": MODEL, "profile": args.profile, **summary, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Evaluate one config on one workload, simulated (hardware profile) or run (real runtime): the same
+`Metrics` either way, so any prediction can be checked."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from skistune.config import KVConfig
+from skistune.runtime.metrics import Metrics
+from skistune.runtime.presets import get_preset
+from skistune.runtime.request import Request
+from skistune.simulator import SimTarget, simulate, target_from_profile
+from skistune.workloads import Workload, to_requests
+
+MODES = ("simulate", "run")
+
+
+def fit_to_context(workload: Workload, max_context: int) -> Workload:
+    """Cap outputs, then prompts, so that every request fits the model's context."""
+    from skistune.workloads import scale_lengths
+
+    too_long = (workload.input_tokens + workload.output_tokens) > max_context
+    if not too_long.any():
+        return workload
+    max_output = min(int(workload.output_tokens.max()), max_context // 4)
+    return scale_lengths(workload, 1.0, max_input=max_context - max_output, max_output=max_output)
+
+
+def workload_requests(workload: Workload, model: str, seed: int = 0) -> list[Request]:
+    spec = get_preset(model)
+    return to_requests(fit_to_context(workload, spec.max_context), vocab_size=spec.vocab_size, seed=seed)
+
+
+def sim_target(model: str, profile=None, device: str = "cpu") -> SimTarget:
+    """The simulation target of a model preset on the profiled machine (the cached quick profile of this
+    machine when ``profile`` is None)."""
+    from skistune.profile import default_profile, load_profile
+
+    prof = default_profile(model, device) if profile is None else (
+        load_profile(profile) if isinstance(profile, str) else profile)
+    return target_from_profile(prof, model)
+
+
+def evaluate(config: KVConfig, requests: Sequence[Request], *, model: str = "smollm2-135m", mode: str = "simulate",
+             profile=None, runtime=None) -> Metrics:
+    """Metrics of serving ``requests`` with ``config``: predicted from the profile, or measured on the real
+    runtime (``runtime`` reuses a loaded model)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: use simulate or run")
+    if mode == "simulate":
+        return simulate(config, requests, sim_target(model, profile))
+    from skistune.runtime.llm import Runtime
+
+    rt = runtime.with_config(config) if runtime is not None else Runtime.from_preset(model, config)
+    return rt.replay(requests)

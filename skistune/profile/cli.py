@@ -1,0 +1,161 @@
+"""`skistune profile`: measure this machine for a model (with a progress bar) and write the profile, or
+``--show`` an existing one. Either way it prints the fitted figures and flags weak fits."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .profile import FingerprintWarning, HardwareProfile, load_profile
+
+MODEL_HELP = "model preset (smollm2-135m has real weights; larger presets run with random weights, for timing)"
+
+
+def _summary(profile: HardwareProfile, path: Path) -> dict:
+    fit = profile.step_fit
+    return {
+        "path": str(path), "name": profile.name, "model": profile.model, "device": profile.device,
+        "quick": profile.quick, "duration_s": profile.duration_s, "threads": profile.threads,
+        "step": {"cost_model": profile.step_cost.to_dict(), "train": fit.train.to_dict(),
+                 "held_out": fit.held_out.to_dict() if fit.held_out else None},
+        "transfers": {link: m.fit.to_dict() for link, m in profile.transfers.items()},
+        "power": profile.power.to_dict(), "flagged": profile.flagged_fits(), "notes": list(profile.notes),
+    }
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def _r2(value: float | None) -> str:
+    return "n/a (too few points)" if value is None else f"{value:.3f}"
+
+
+def _errors(quality) -> str:
+    return f"{_pct(quality.median_rel_error)} / {_pct(quality.max_rel_error)}"
+
+
+def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
+    fit, knee = profile.step_fit, profile.step_cost.knee
+    fixed, seq, token, past, kv, pair, sample = profile.step_cost.coef
+    rows = [("step fit R² (training points)", _r2(fit.train.r2)),
+            ("step error median / max (training)", _errors(fit.train))]
+    if fit.held_out is not None:
+        rows.append((f"step error median / max ({fit.held_out.points} held-out points)", _errors(fit.held_out)))
+    return rows + [
+        ("step: fixed + per sequence", f"{fixed * 1e3:.2f} ms + {seq * 1e6:.0f} µs"),
+        ("step: per token / past the knee", f"{token * 1e6:.0f} µs / {past * 1e6:.0f} µs (knee {knee} tokens)"),
+        ("step: per GB of decode KV read", f"{kv * 1e12:.1f} ms"),
+        ("step: per prefill query-key pair", f"{pair * 1e9:.2f} ns"),
+        ("step: per sampled row", f"{sample * 1e6:.0f} µs"),
+    ]
+
+
+def _transfer_row(link: str, fit) -> tuple[str, str]:
+    figures = f"{fit.latency_s * 1e6:.0f} µs + {fit.bytes_per_s / 1e9:.2f} GB/s (R² {_r2(fit.quality.r2)})"
+    return f"transfer {link.replace('_', ' ')}", figures
+
+
+def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
+    fixed_s, per_seq_s = profile.overhead.fit.coef
+    rows = [("scheduler overhead: per step + per sequence", f"{fixed_s * 1e6:.0f} µs + {per_seq_s * 1e6:.1f} µs"),
+            ("paged attention (one layer) R²", _r2(profile.attention.fit.quality.r2))]
+    rows += [_transfer_row(link, m.fit) for link, m in profile.transfers.items()]
+    power = profile.power
+    tag = " (modeled)" if power.modeled else f" ({power.source})"
+    rows.append((f"power idle / busy{tag}", f"{power.power_w(0.0):.1f} W / {power.power_w(1.0):.1f} W"))
+    energy = profile.energy_j_per_token()
+    if energy:
+        low, high = energy[0], max(energy, key=lambda e: e["batch"])
+        rows.append((f"energy per token, batch {low['batch']} / {high['batch']}{tag}",
+                     f"{low['j_per_token']:.3f} J / {high['j_per_token']:.3f} J"))
+    return rows
+
+
+def profile_table(profile: HardwareProfile, path: Path) -> Table:
+    fp = profile.fingerprint
+    machine = fp.gpu_model or fp.cpu_model
+    table = Table(title=f"{profile.name}: {machine}, {fp.threads} threads, measured {fp.date} "
+                        f"in {profile.duration_s:.0f} s", show_header=False)
+    table.add_column("figure", style="bold")
+    table.add_column("value", justify="right")
+    for label, value in _step_rows(profile) + _other_rows(profile):
+        table.add_row(label, value)
+    table.caption = f"{path}"
+    return table
+
+
+def _measure(model: str, device: str, quick: bool, disk_dir: Optional[Path], console: Console) -> HardwareProfile:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from .measure import profile_model
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(f"loading {model}", total=None)
+
+        def advance(label: str, done: int, total: int) -> None:
+            bar.update(task, description=label, completed=done, total=total)
+
+        return profile_model(model, device=device, quick=quick, disk_dir=disk_dir, progress=advance)
+
+
+def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
+    from skistune.cli import console, err_console, print_json
+
+    console.print(profile_table(profile, path))
+    for flagged in profile.flagged_fits():
+        err_console.print(f"[yellow]flagged:[/] {flagged} is below the R² threshold", highlight=False)
+    for note in profile.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    if json_out:
+        print_json(_summary(profile, path))
+
+
+def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
+             show: Optional[Path], json_out: bool) -> None:
+    from skistune.cli import err_console
+
+    if show is not None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FingerprintWarning)
+            shown = load_profile(show)
+        for warning in caught:
+            err_console.print(f"[yellow]warning:[/] {warning.message}", highlight=False, soft_wrap=True)
+        _report(shown, show, json_out)
+        return
+    profile = _measure(model, device, quick, disk_dir, err_console)
+    path = profile.save(out or Path("profiles") / f"{profile.name}.json")
+    _report(profile, path, json_out)
+
+
+def profile(
+    model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2-135m",
+    device: Annotated[str, typer.Option(help="where the runtime runs: cpu or cuda")] = "cpu",
+    quick: Annotated[bool, typer.Option("--quick", help="a smaller grid, at most a minute on a laptop CPU "
+                                        "(what `skistune optimize` measures when given no profile)")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="profile file to write (default profiles/<device>-<model>"
+                                                "[-quick].json)")] = None,
+    disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help="directory on the disk tier to time "
+                                                     "file I/O in (default: a temporary directory)")] = None,
+    show: Annotated[Optional[Path], typer.Option(help="print an existing profile instead of measuring")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
+) -> None:
+    """Measure this machine for a model: whole runtime steps over batch x context and prefill chunks,
+    the attention kernel, the scheduler's overhead, transfers between tiers and power; fit the cost
+    functions the simulator reads and write them to a profile file."""
+    from skistune.cli import (
+        cli_errors,  # here: skistune.cli imports this module to register the command
+    )
+
+    cli_errors(_profile)(model, device, quick, out, disk_dir, show, json_out)

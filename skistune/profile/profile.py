@@ -1,0 +1,281 @@
+"""`HardwareProfile`: what `skistune profile` measured on one machine for one model, with the fitted cost
+functions every later prediction reads, and the file format (``profiles/<name>.json``). Torch-free to
+load; comparing the fingerprint with this machine's imports torch.
+
+A file that cannot be read back (truncated, corrupted, a field missing or of the wrong type) raises
+``ValueError`` naming the file and the field; one measured on another fingerprint warns and names what
+differs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .cost import StepCostModel
+from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
+from .fit import FitQuality, LinearFit, StepFit, TransferFit
+from .power import POWER_SOURCES, PowerModel
+from .records import LINKS, GridPoint, StepPoint, entry, integer, items, number, text
+
+FORMAT = "skistune.hardware_profile"
+FORMAT_VERSION = 1
+DEVICES = ("cpu", "cuda")
+
+
+class FingerprintWarning(UserWarning):
+    """A profile measured on another machine or software stack than this one."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Timings at grid points, the cost function fitted to them and its prediction at each point."""
+
+    points: tuple[GridPoint, ...]
+    fit: Any  # LinearFit or TransferFit
+    predicted_s: tuple[float, ...]
+
+    def to_dict(self) -> dict:
+        return {"points": [_with_residual(p.to_dict(), p.timing.median_s, predicted_s)
+                           for p, predicted_s in zip(self.points, self.predicted_s)],
+                "fit": self.fit.to_dict()}
+
+
+def _with_residual(point: dict, measured_s: float, predicted_s: float) -> dict:
+    return {**point, "predicted_s": predicted_s, "rel_error": predicted_s / measured_s - 1.0}
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    model: str
+    device: str
+    dtype: str
+    quick: bool
+    kv_bytes_per_token: int  # at the KV store's dtype, over all layers: what `step_shape` needs
+    block_size: int
+    fingerprint: Fingerprint
+    duration_s: float
+    steps: tuple[StepPoint, ...]
+    step_fit: StepFit
+    overhead: Measured  # engine steps with no model: fixed + per sequence
+    attention: Measured  # one layer's paged attention kernel
+    transfers: dict[str, Measured]  # per link: device_to_host, host_to_device, host_to_disk, disk_to_host
+    power: PowerModel
+    notes: tuple[str, ...] = ()
+
+    @property
+    def step_cost(self) -> StepCostModel:
+        return self.step_fit.model
+
+    @property
+    def threads(self) -> int:
+        return self.fingerprint.threads
+
+    def transfer_time_s(self, nbytes: int, link: str) -> float:
+        if link not in self.transfers:
+            raise ValueError(f"transfer link {link!r}: not in this profile (has {', '.join(self.transfers)})")
+        return self.transfers[link].fit.time_s(nbytes)
+
+    def power_w(self, utilisation: float = 1.0) -> float:
+        return self.power.power_w(utilisation)
+
+    def flagged_fits(self) -> list[str]:
+        """Fits whose R² is below the threshold, as ``name (R² value)``."""
+        fits = {"step": self.step_fit.train, "scheduler overhead": self.overhead.fit.quality,
+                "paged attention": self.attention.fit.quality}
+        fits |= {f"transfer {link}": m.fit.quality for link, m in self.transfers.items()}
+        return [f"{name} (R² {q.r2:.3f})" for name, q in fits.items() if q.flagged]
+
+    def energy_j_per_token(self) -> list[dict]:
+        """Energy per generated token at each decode grid point (busy power x step time / batch)."""
+        return [{**p.grid, "j_per_token": self.power.power_w(1.0) * p.timing.median_s / p.grid["batch"]}
+                for p in self.steps if p.kind == "decode"]
+
+    # ---- file format ------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT, "version": FORMAT_VERSION, "name": self.name, "model": self.model,
+            "device": self.device, "dtype": self.dtype, "quick": self.quick,
+            "kv_bytes_per_token": self.kv_bytes_per_token, "block_size": self.block_size,
+            "duration_s": self.duration_s, "fingerprint": self.fingerprint.to_dict(), "notes": list(self.notes),
+            "step": {"points": [_with_residual(p.to_dict(), p.timing.median_s, self.step_cost.predict_s(p.shape))
+                                for p in self.steps], "cost_model": self.step_cost.to_dict(),
+                     "fit": _step_fit_dict(self.step_fit)},
+            "overhead": self.overhead.to_dict(), "kernels": {"paged_attention": self.attention.to_dict()},
+            "transfers": {link: m.to_dict() for link, m in self.transfers.items()},
+            "power": {**self.power.to_dict(), "energy_j_per_token": self.energy_j_per_token()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "HardwareProfile":
+        if text(data, "format", "profile") != FORMAT:
+            raise ValueError(f"format: {data['format']!r} is not {FORMAT!r}")
+        if integer(data, "version", "profile") != FORMAT_VERSION:
+            raise ValueError(f"version: {data['version']} is not {FORMAT_VERSION} (measure it again)")
+        step = entry(data, "step", "profile")
+        return cls(
+            name=text(data, "name", "profile"), model=text(data, "model", "profile"),
+            device=text(data, "device", "profile", choices=DEVICES), dtype=text(data, "dtype", "profile"),
+            quick=_boolean(data, "quick", "profile"),
+            kv_bytes_per_token=integer(data, "kv_bytes_per_token", "profile", minimum=1),
+            block_size=integer(data, "block_size", "profile", minimum=1),
+            fingerprint=Fingerprint.from_dict(entry(data, "fingerprint", "profile")),
+            duration_s=number(data, "duration_s", "profile"),
+            steps=tuple(StepPoint.from_dict(p, f"step.points[{i}]")
+                        for i, p in enumerate(items(step, "points", "step"))),
+            step_fit=_read_step_fit(step), overhead=_read_measured(data, "overhead", _read_linear),
+            attention=_read_measured(entry(data, "kernels", "profile"), "paged_attention", _read_linear, "kernels"),
+            transfers=_read_transfers(data), power=_read_power(entry(data, "power", "profile")),
+            notes=tuple(str(n) for n in items(data, "notes", "profile", nonempty=False)))
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write atomically (a temp file in the same folder, then renamed over ``path``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        # os.open with 0o666 lets the umask decide the mode, as for any file the user writes
+        # (tempfile.mkstemp would leave a shared profile readable by its owner only)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(self.to_dict(), fh, indent=1)
+                fh.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+
+def _boolean(data: Any, key: str, where: str) -> bool:
+    value = entry(data, key, where)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}.{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _step_fit_dict(fit: StepFit) -> dict:
+    return {"knee_loss": {str(k): e for k, e in fit.knee_loss.items()},
+            "train": fit.train.to_dict(), "held_out": None if fit.held_out is None else fit.held_out.to_dict()}
+
+
+def _read_quality(data: Any, where: str) -> FitQuality:
+    r2 = None if entry(data, "r2", where) is None else number(data, "r2", where, minimum=float("-inf"))
+    return FitQuality(r2=r2,
+                      median_rel_error=number(data, "median_rel_error", where),
+                      max_rel_error=number(data, "max_rel_error", where),
+                      points=integer(data, "points", where, minimum=1))
+
+
+def _read_step_fit(step: Any) -> StepFit:
+    try:
+        model = StepCostModel.from_dict(entry(step, "cost_model", "step"))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"step.cost_model: malformed ({type(exc).__name__}: {exc})") from None
+    fit = entry(step, "fit", "step")
+    knees = entry(fit, "knee_loss", "step.fit")
+    if not isinstance(knees, dict):
+        raise ValueError("step.fit.knee_loss: expected an object of knee -> loss")
+    held = entry(fit, "held_out", "step.fit")
+    try:
+        knee_loss = {int(k): number(knees, k, "step.fit.knee_loss") for k in knees}
+    except ValueError as exc:
+        raise ValueError(f"step.fit.knee_loss: {exc}") from None
+    return StepFit(model, _read_quality(entry(fit, "train", "step.fit"), "step.fit.train"),
+                   None if held is None else _read_quality(held, "step.fit.held_out"), knee_loss)
+
+
+def _read_linear(data: Any, where: str) -> LinearFit:
+    names = items(data, "features", where)
+    coef = [number({"c": c}, "c", f"{where}.coef[{i}]") for i, c in enumerate(items(data, "coef", where))]
+    if len(names) != len(coef) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{where}: needs one feature name per coefficient")
+    return LinearFit(tuple(names), tuple(coef), _read_quality(entry(data, "quality", where), f"{where}.quality"))
+
+
+def _read_transfer(data: Any, where: str) -> TransferFit:
+    return TransferFit(number(data, "latency_s", where), number(data, "bytes_per_s", where, minimum=1e-300),
+                       _read_quality(entry(data, "quality", where), f"{where}.quality"))
+
+
+def _read_measured(data: Any, key: str, read_fit, where: str = "profile") -> Measured:
+    section = entry(data, key, where)
+    name = key if where == "profile" else f"{where}.{key}"
+    raw = items(section, "points", name)
+    points = tuple(GridPoint.from_dict(p, f"{name}.points[{i}]") for i, p in enumerate(raw))
+    predicted_s = tuple(number(p, "predicted_s", f"{name}.points[{i}]") for i, p in enumerate(raw))
+    return Measured(points, read_fit(entry(section, "fit", name), f"{name}.fit"), predicted_s)
+
+
+def _read_transfers(data: Any) -> dict[str, Measured]:
+    section = entry(data, "transfers", "profile")
+    if not isinstance(section, dict) or not section:
+        raise ValueError("transfers: expected an object of links")
+    unknown = sorted(set(section) - set(LINKS))
+    if unknown:
+        raise ValueError(f"transfers.{unknown[0]}: unknown link (known: {', '.join(LINKS)})")
+    return {link: _read_measured(section, link, _read_transfer, "transfers") for link in section}
+
+
+def _read_power(data: Any) -> PowerModel:
+    return PowerModel(text(data, "source", "power", choices=POWER_SOURCES), number(data, "idle_w", "power"),
+                      number(data, "dynamic_w", "power"), text(data, "note", "power"))
+
+
+def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True) -> HardwareProfile:
+    """Read and validate a profile file; warn (`FingerprintWarning`) if it was measured elsewhere."""
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read profile ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a profile (not UTF-8 text; corrupted?)") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON at line {exc.lineno} column {exc.colno} "
+                         f"({exc.msg}; truncated or corrupted?)") from None
+    try:
+        profile = HardwareProfile.from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if check_fingerprint:
+        differences = fingerprint_diff(profile.fingerprint, machine_fingerprint(profile.device))
+        if differences:
+            warnings.warn(f"{path}: measured on a different machine or software ({'; '.join(differences)}); "
+                          "its timings may not hold here", FingerprintWarning, stacklevel=2)
+    return profile
+
+
+def cache_dir() -> Path:
+    """Where quick profiles are cached: ``$XDG_CACHE_HOME/skistune/profiles`` (``~/.cache`` by default)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "skistune" / "profiles"
+
+
+def cached_profile_path(model: str, device: str, fingerprint: Fingerprint, folder: Path | None = None) -> Path:
+    return (folder or cache_dir()) / f"quick-{device}-{model}-{fingerprint.key()}.json"
+
+
+def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder: Path | None = None,
+                    progress=None) -> HardwareProfile:
+    """The quick profile of this machine for ``model``: from the cache (one per fingerprint and model),
+    else measured now (`QUICK_GRID`: about 35 s on a 2-core CPU, model load included) and cached."""
+    path = cached_profile_path(model, device, machine_fingerprint(device), folder)
+    if path.is_file():
+        try:
+            return load_profile(path)
+        except ValueError:
+            pass  # a damaged cache entry is measured again and overwritten
+    from .measure import (
+        profile_model,  # torch and the runtime only when something must be measured
+    )
+
+    profile = profile_model(model, device=device, quick=True, progress=progress)
+    profile.save(path)
+    return profile

@@ -1,0 +1,137 @@
+"""The measured records a profile holds, and the checks that read them back from JSON. Torch-free.
+
+Every reader names where a bad value sits (``step.points[3].timing.median_s: expected a number``)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .cost import StepShape
+
+
+def entry(data: Any, key: str, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+    if key not in data:
+        raise ValueError(f"{where}.{key}: missing")
+    return data[key]
+
+
+def number(data: Any, key: str, where: str, *, minimum: float = 0.0) -> float:
+    value = entry(data, key, where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where}.{key}: expected a finite number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{where}.{key}: {value!r} is below {minimum:g}")
+    return float(value)
+
+
+def integer(data: Any, key: str, where: str, *, minimum: int = 0) -> int:
+    value = entry(data, key, where)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}.{key}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{where}.{key}: {value!r} is below {minimum}")
+    return value
+
+
+def text(data: Any, key: str, where: str, *, choices: tuple[str, ...] | None = None) -> str:
+    value = entry(data, key, where)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.{key}: expected a string, got {type(value).__name__}")
+    if choices is not None and value not in choices:
+        raise ValueError(f"{where}.{key}: {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def items(data: Any, key: str, where: str, *, nonempty: bool = True) -> list:
+    value = entry(data, key, where)
+    if not isinstance(value, list):
+        raise ValueError(f"{where}.{key}: expected a list, got {type(value).__name__}")
+    if nonempty and not value:
+        raise ValueError(f"{where}.{key}: empty")
+    return value
+
+
+def int_map(data: Any, key: str, where: str) -> dict[str, int]:
+    value = entry(data, key, where)
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}.{key}: expected an object, got {type(value).__name__}")
+    return {k: integer(value, k, f"{where}.{key}") for k in value}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median over repeats, with the 10th and 90th percentiles to show the spread."""
+
+    median_s: float
+    p10_s: float
+    p90_s: float
+    repeats: int
+
+    @classmethod
+    def of(cls, samples_s: list[float]) -> "Timing":
+        p10, p50, p90 = np.percentile(np.asarray(samples_s, dtype=np.float64), [10, 50, 90])
+        return cls(float(p50), float(p10), float(p90), len(samples_s))
+
+    def to_dict(self) -> dict:
+        return {"median_s": self.median_s, "p10_s": self.p10_s, "p90_s": self.p90_s, "repeats": self.repeats}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "Timing":
+        median_s = number(data, "median_s", where, minimum=1e-12)
+        return cls(median_s, number(data, "p10_s", where), number(data, "p90_s", where),
+                   integer(data, "repeats", where, minimum=1))
+
+
+STEP_KINDS = ("decode", "prefill", "mixed")
+LINKS = ("device_to_host", "host_to_device", "host_to_disk", "disk_to_host")
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One grid point of whole ``Engine.step()`` timings: its coordinates, the step's shape, the time."""
+
+    kind: str
+    grid: dict[str, int]  # decode: batch, context; prefill: chunk, cached; mixed: batch, context, chunk
+    shape: StepShape
+    timing: Timing
+    held_out: bool = False  # kept out of the fit, to check it on points it has not seen
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "grid": dict(self.grid), "shape": dict(vars(self.shape)),
+                "timing": self.timing.to_dict(), "held_out": self.held_out}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "StepPoint":
+        shape = int_map(data, "shape", where)
+        try:
+            step_shape = StepShape(**shape)
+        except TypeError:
+            names = ", ".join(StepShape.__dataclass_fields__)
+            raise ValueError(f"{where}.shape: expected the fields {names}") from None
+        held_out = entry(data, "held_out", where)
+        if not isinstance(held_out, bool):
+            raise ValueError(f"{where}.held_out: expected true or false, got {held_out!r}")
+        return cls(text(data, "kind", where, choices=STEP_KINDS), int_map(data, "grid", where), step_shape,
+                   Timing.from_dict(entry(data, "timing", where), f"{where}.timing"), held_out)
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """A timing at named integer coordinates (kernel calls, scheduler steps, transfer sizes)."""
+
+    kind: str
+    grid: dict[str, int]
+    timing: Timing
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "grid": dict(self.grid), "timing": self.timing.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "GridPoint":
+        return cls(text(data, "kind", where), int_map(data, "grid", where),
+                   Timing.from_dict(entry(data, "timing", where), f"{where}.timing"))

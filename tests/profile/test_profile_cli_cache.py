@@ -1,0 +1,78 @@
+"""`skistune profile` writing a profile (the measurement replaced by the tiny one), and the quick profile
+that `default_profile` caches per fingerprint and model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from skistune.cli import app
+from skistune.profile import (
+    cache_dir,
+    cached_profile_path,
+    default_profile,
+    load_profile,
+    machine_fingerprint,
+    measure,
+)
+
+
+@pytest.fixture
+def fake_measure(monkeypatch, tiny_profile):
+    """Replace the real measurement (a minute for SmolLM2) with the tiny profile; record the calls."""
+    calls = []
+
+    def profile_model(model, *, device="cpu", quick=False, disk_dir=None, progress=None, grid=None):
+        calls.append((model, device, quick, disk_dir))
+        if progress is not None:
+            progress("decode step: batch 1, context 32", 1, 2)
+            progress("power: modeled", 2, 2)
+        return tiny_profile
+
+    monkeypatch.setattr(measure, "profile_model", profile_model)
+    return calls
+
+
+def test_cli_measures_writes_and_prints(tmp_path, fake_measure):
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(app, ["profile", "--quick", "--out", str(out), "--disk-dir", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert fake_measure == [("smollm2-135m", "cpu", True, tmp_path)]
+    assert load_profile(out).name == "cpu-tiny"
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["path"] == str(out) and summary["power"]["source"] == "modeled"
+    assert set(summary["transfers"]) == {"device_to_host", "host_to_device", "host_to_disk", "disk_to_host"}
+    for label in ("step fit R²", "held-out", "scheduler overhead", "transfer host to disk",
+                  "power idle / busy (modeled)"):
+        assert label in result.stdout
+
+
+def test_cli_default_output_is_named_after_device_and_model(tmp_path, fake_measure, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["profile"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "profiles" / "cpu-tiny.json").is_file()
+
+
+def test_default_profile_measures_once_then_reads_the_cache(tmp_path, fake_measure):
+    first = default_profile("smollm2-135m", "cpu", folder=tmp_path)
+    path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"), tmp_path)
+    assert path.is_file() and path.name.startswith("quick-cpu-smollm2-135m-")
+    second = default_profile("smollm2-135m", "cpu", folder=tmp_path)
+    assert second == first and len(fake_measure) == 1
+
+
+def test_a_damaged_cache_entry_is_measured_again(tmp_path, fake_measure):
+    path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"), tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"format": "skistune.hardware_pro')
+    default_profile("smollm2-135m", "cpu", folder=tmp_path)
+    assert len(fake_measure) == 1 and load_profile(path).name == "cpu-tiny"
+
+
+def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "skistune" / "profiles"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir().parts[-3:] == (".cache", "skistune", "profiles")

@@ -1,0 +1,109 @@
+"""A profile measured on a tiny random Llama: every grid point is there with the step shape it asked for,
+the fits have what they need, and the file round-trips exactly."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from profile_tiny import TINY_GRID, TINY_KV_BYTES_PER_TOKEN
+
+from skistune.profile import LINKS, FitQuality, HardwareProfile, load_profile
+from skistune.profile.cost import StepShape
+from skistune.profile.measure import Grid, held_out_mask
+from skistune.profile.records import StepPoint, Timing
+
+
+def test_every_grid_point_is_measured_in_order(tiny_profile: HardwareProfile):
+    grids = [(p.kind, p.grid) for p in tiny_profile.steps]
+    expected = [("decode", {"batch": b, "context": c}) for b, c in TINY_GRID.decode()]
+    expected += [("prefill", {"chunk": n, "cached": k}) for n, k in TINY_GRID.prefill]
+    expected += [("mixed", {"batch": b, "context": c, "chunk": n}) for b, c, n in TINY_GRID.mixed]
+    assert grids == expected
+    assert tiny_profile.kv_bytes_per_token == TINY_KV_BYTES_PER_TOKEN
+    assert tiny_profile.block_size == 16 and tiny_profile.dtype == "float32" and tiny_profile.device == "cpu"
+
+
+def test_measured_steps_have_the_shape_of_their_grid_point(tiny_profile: HardwareProfile):
+    kvb = TINY_KV_BYTES_PER_TOKEN
+    for p in tiny_profile.steps:
+        s, g = p.shape, p.grid
+        if p.kind == "decode":  # context grows by one token a step: at least the prompt plus one
+            assert (s.num_seqs, s.num_tokens, s.num_samples, s.prefill_pairs) == (g["batch"],) * 3 + (0,)
+            assert g["batch"] * (g["context"] + 1) * kvb <= s.decode_kv_bytes <= g["batch"] * (g["context"] + 16) * kvb
+        elif p.kind == "prefill":
+            assert s == StepShape(num_tokens=g["chunk"], num_seqs=1, decode_kv_bytes=0,
+                                  prefill_pairs=g["chunk"] * (g["cached"] + g["chunk"]), num_samples=1)
+        else:
+            batch, chunk = g["batch"], g["chunk"]
+            assert (s.num_seqs, s.num_tokens, s.num_samples) == (batch + 1, batch + chunk, batch + 1)
+            assert s.prefill_pairs == g["chunk"] * g["chunk"]
+
+
+def test_timings_are_medians_of_enough_repeats(tiny_profile: HardwareProfile):
+    for p in tiny_profile.steps:
+        t = p.timing
+        assert TINY_GRID.repeats <= t.repeats <= TINY_GRID.max_repeats
+        assert 0 < t.p10_s <= t.median_s <= t.p90_s
+
+
+def test_held_out_points_are_interior_and_kept_out_of_the_fit(tiny_profile: HardwareProfile):
+    held = [p for p in tiny_profile.steps if p.held_out]
+    # interior: batch 2 or 4 at context 64 (decode); no prefill or mixed point is inside its grid
+    assert [(p.kind, p.grid) for p in held] == [("decode", {"batch": 2, "context": 64})]
+    assert tiny_profile.step_fit.held_out.points == len(held)
+    assert tiny_profile.step_fit.train.points == len(tiny_profile.steps) - len(held)
+
+
+def test_held_out_mask_takes_every_third_interior_point_of_each_kind():
+    def point(kind, **grid):
+        return StepPoint(kind, grid, StepShape(1, 1, 0, 0, 1), Timing(1.0, 1.0, 1.0, 1))
+
+    points = [point("decode", batch=b, context=c) for b in (1, 2, 4, 8, 16, 32, 64) for c in (32, 128, 512)]
+    points += [point("prefill", chunk=n, cached=k) for n in (16, 64, 256) for k in (0, 512, 1024)]
+    held = [(p.kind, p.grid) for p, m in zip(points, held_out_mask(points)) if m]
+    assert held == [("decode", {"batch": 2, "context": 128}), ("decode", {"batch": 16, "context": 128}),
+                    ("prefill", {"chunk": 64, "cached": 512})]
+
+
+def test_other_stages_are_measured(tiny_profile: HardwareProfile):
+    assert [p.grid["batch"] for p in tiny_profile.overhead.points] == list(TINY_GRID.overhead_batches)
+    assert len(tiny_profile.attention.points) == len(TINY_GRID.decode()) + len(TINY_GRID.prefill)
+    assert sorted(tiny_profile.transfers) == sorted(LINKS)
+    for link, measured in tiny_profile.transfers.items():
+        assert measured.fit.bytes_per_s > 0 and measured.fit.latency_s >= 0
+        assert tiny_profile.transfer_time_s(1 << 20, link) < tiny_profile.transfer_time_s(1 << 24, link)
+    assert tiny_profile.power.source == "modeled" and "modeled" in tiny_profile.power.note
+    assert tiny_profile.fingerprint.threads == tiny_profile.threads >= 1
+
+
+def test_unknown_transfer_link_is_an_error(tiny_profile: HardwareProfile):
+    with pytest.raises(ValueError, match="host_to_cloud"):
+        tiny_profile.transfer_time_s(4096, "host_to_cloud")
+
+
+def test_save_and_load_round_trip_exactly(tiny_profile: HardwareProfile, tmp_path):
+    path = tiny_profile.save(tmp_path / "sub" / "p.json")
+    assert load_profile(path) == tiny_profile
+    assert [f.name for f in path.parent.iterdir()] == ["p.json"]  # the temp file was renamed, not left
+
+
+def test_file_records_residuals_fits_and_energy(tiny_profile: HardwareProfile, tmp_path):
+    data = json.loads(tiny_profile.save(tmp_path / "p.json").read_text())
+    point = data["step"]["points"][0]
+    assert point["predicted_s"] == pytest.approx(tiny_profile.step_cost.predict_s(tiny_profile.steps[0].shape))
+    assert point["rel_error"] == pytest.approx(point["predicted_s"] / point["timing"]["median_s"] - 1)
+    assert set(data["step"]["fit"]) == {"knee_loss", "train", "held_out"}
+    assert data["step"]["fit"]["train"]["flagged"] == (data["step"]["fit"]["train"]["r2"] < 0.95)
+    assert len(data["power"]["energy_j_per_token"]) == len(TINY_GRID.decode())
+    assert "rel_error" in data["transfers"]["host_to_disk"]["points"][0]
+
+
+def test_r2_below_the_threshold_is_flagged():
+    assert FitQuality(r2=0.94, median_rel_error=0.1, max_rel_error=0.2, points=10).flagged
+    assert not FitQuality(r2=0.95, median_rel_error=0.1, max_rel_error=0.2, points=10).flagged
+    assert not FitQuality(r2=None, median_rel_error=0.1, max_rel_error=0.2, points=2).flagged
+
+
+def test_prefill_points_must_fall_on_chunk_boundaries():
+    with pytest.raises(ValueError, match="multiple of the chunk"):
+        Grid(**{**TINY_GRID.__dict__, "prefill": ((64, 32),)})

@@ -1,0 +1,103 @@
+"""A profile file that cannot be read back is a one-line error naming the file and the field: from the
+API as ``ValueError``, from the CLI with exit code 2 and no traceback."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from skistune.cli import app
+from skistune.profile import load_profile
+
+
+def _set(path: tuple, value):
+    def edit(data):
+        target = data
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return edit
+
+
+def _drop(path: tuple):
+    def edit(data):
+        target = data
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+    return edit
+
+
+BAD_EDITS = {
+    "wrong type of a timing": (_set(("step", "points", 0, "timing", "median_s"), "fast"),
+                               "step.points[0].timing.median_s: expected a finite number"),
+    "negative time": (_set(("step", "points", 2, "timing", "median_s"), -1.0), "step.points[2].timing.median_s"),
+    "missing power": (_drop(("power",)), "profile.power: missing"),
+    "missing fingerprint field": (_drop(("fingerprint", "torch_version")), "fingerprint.torch_version: missing"),
+    "fingerprint field of the wrong type": (_set(("fingerprint", "cpu_count"), "two"),
+                                            "fingerprint.cpu_count: expected int"),
+    "negative coefficient": (_set(("step", "cost_model", "coef", 1), -1e-3), "non-negative coefficient"),
+    "cost model without its knee": (_drop(("step", "cost_model", "knee_tokens")), "step.cost_model: malformed"),
+    "shape with a stray field": (_set(("step", "points", 0, "shape", "num_blocks"), 3), "step.points[0].shape"),
+    "unknown step kind": (_set(("step", "points", 0, "kind"), "verify"), "step.points[0].kind: 'verify'"),
+    "unknown device": (_set(("device",), "tpu"), "profile.device: 'tpu' is not one of cpu, cuda"),
+    "unknown transfer link": (_set(("transfers", "host_to_cloud"), {}), "transfers.host_to_cloud: unknown link"),
+    "unknown power source": (_set(("power", "source"), "guess"), "power.source: 'guess'"),
+    "no step points": (_set(("step", "points"), []), "step.points: empty"),
+    "another format": (_set(("format",), "vidur-profile"), "format: 'vidur-profile'"),
+    "a newer version": (_set(("version",), 99), "version: 99"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_EDITS))
+def test_bad_field_names_the_file_and_the_field(edited, case):
+    edit, message = BAD_EDITS[case]
+    path = edited(edit)
+    with pytest.raises(ValueError) as info:
+        load_profile(path, check_fingerprint=False)
+    assert str(info.value).startswith(f"{path}: ")
+    assert message in str(info.value)
+
+
+def _bad_files(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
+    text = good.read_text()
+    cases = {"truncated": (text[: len(text) // 2], "not valid JSON"), "empty": ("", "not valid JSON"),
+             "a list": ("[1, 2]", "profile: expected an object"), "not text": (b"\xff\xfe\x00garbage", "not UTF-8")}
+    out = {}
+    for name, (content, message) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.json"
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        out[name] = (path, message)
+    out["missing"] = (tmp_path / "absent.json", "cannot read profile")
+    return out
+
+
+def test_corrupted_files_are_one_line_errors(tmp_path, edited):
+    for name, (path, message) in _bad_files(tmp_path, edited()).items():
+        with pytest.raises(ValueError, match=message) as info:
+            load_profile(path)
+        assert str(info.value).startswith(str(path)) and "\n" not in str(info.value), name
+
+
+def test_cli_show_exits_2_with_one_line_and_no_traceback(tmp_path, edited):
+    bad = _bad_files(tmp_path, edited())
+    bad["wrong type"] = (edited(_set(("kv_bytes_per_token",), 12.5), "typed.json"), "kv_bytes_per_token")
+    for name, (path, message) in bad.items():
+        result = CliRunner().invoke(app, ["profile", "--show", str(path)])
+        assert result.exit_code == 2, (name, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (name, result.stderr)
+        assert "Traceback" not in result.output
+
+
+def test_cli_rejects_unknown_model_and_device():
+    for args, message in ((["--model", "gpt-9"], "unknown preset"), (["--device", "tpu"], "--device 'tpu'")):
+        result = CliRunner().invoke(app, ["profile", *args])
+        assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+def test_a_valid_file_still_loads(edited):
+    assert load_profile(edited(), check_fingerprint=False).name == "cpu-tiny"
+    assert json.loads(edited().read_text())["format"] == "skistune.hardware_profile"
