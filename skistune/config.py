@@ -219,6 +219,8 @@ class PrefixReuseConfig(_Family):
     block_size: int = knob(16, "tokens per KV block", unit="tokens", choices=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 
 
+PROVENANCE_KEY = "provenance"
+
 FAMILIES: dict[str, type[_Family]] = {
     "eviction": EvictionConfig,
     "bitwidth": BitwidthConfig,
@@ -251,15 +253,21 @@ class KVConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "KVConfig":
+        """Knob families by name; a top-level ``provenance`` mapping (written by `skistune optimize`: how the
+        config was found) is metadata and ignored here."""
         if not isinstance(data, Mapping):
             raise ValueError(f"config: expected a mapping of knob families, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(FAMILIES))
+        unknown = sorted(set(data) - set(FAMILIES) - {PROVENANCE_KEY})
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown knob family (known: {', '.join(FAMILIES)})")
-        return cls(**{name: FAMILIES[name].from_dict(data[name] or {}) for name in data})
+        return cls(**{name: FAMILIES[name].from_dict(data[name] or {}) for name in data if name in FAMILIES})
 
-    def to_yaml(self) -> str:
-        return yaml.dump(self.to_dict(), Dumper=_KnobDumper, sort_keys=False, default_flow_style=False)
+    def to_yaml(self, provenance: Mapping[str, Any] | None = None) -> str:
+        """The config as YAML; ``provenance`` (how it was found) goes last, under its own key."""
+        data: dict[str, Any] = self.to_dict()
+        if provenance is not None:
+            data[PROVENANCE_KEY] = dict(provenance)
+        return yaml.dump(data, Dumper=_KnobDumper, sort_keys=False, default_flow_style=False)
 
     @classmethod
     def from_yaml(cls, text: str) -> "KVConfig":

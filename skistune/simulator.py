@@ -21,6 +21,14 @@ from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
 from skistune.runtime.scheduler import SchedulerOutput, SeqStatus
 
+# Knobs whose effect the runtime implements and the simulator models. The other families (eviction,
+# bitwidth, host/disk offload, prefetch) are in the schema but have no behaviour yet: a search leaves them
+# at their base values and says so.
+MODELED_KNOBS = frozenset({
+    "batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill", "batching.chunk_size",
+    "batching.policy", "prefix_reuse.enabled", "prefix_reuse.block_size",
+    "offload.device_memory_fraction", "offload.device_kv_bytes",
+})
 PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad)
 
 
