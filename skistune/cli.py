@@ -127,3 +127,6 @@ app.add_typer(workload_app, name="workload")
 
 from skistune.profile.cli import profile  # noqa: E402
 app.command()(profile)
+
+from skistune.optimize_cli import optimize  # noqa: E402
+app.command()(optimize)

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .cost import FEATURES
 from .profile import FingerprintWarning, HardwareProfile, load_profile
 
 MODEL_HELP = "model preset (smollm2-135m has real weights; larger presets run with random weights, for timing)"
@@ -41,17 +42,20 @@ def _errors(quality) -> str:
 
 def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     fit, knee = profile.step_fit, profile.step_cost.knee
-    fixed, seq, token, past, kv, pair, sample = profile.step_cost.coef
+    c = dict(zip(FEATURES, profile.step_cost.coef))
     rows = [("step fit R² (training points)", _r2(fit.train.r2)),
             ("step error median / max (training)", _errors(fit.train))]
     if fit.held_out is not None:
         rows.append((f"step error median / max ({fit.held_out.points} held-out points)", _errors(fit.held_out)))
     return rows + [
-        ("step: fixed + per sequence", f"{fixed * 1e3:.2f} ms + {seq * 1e6:.0f} µs"),
-        ("step: per token / past the knee", f"{token * 1e6:.0f} µs / {past * 1e6:.0f} µs (knee {knee} tokens)"),
-        ("step: per GB of decode KV read", f"{kv * 1e12:.1f} ms"),
-        ("step: per prefill query-key pair", f"{pair * 1e9:.2f} ns"),
-        ("step: per sampled row", f"{sample * 1e6:.0f} µs"),
+        ("step: fixed + per sequence", f"{c['fixed'] * 1e3:.2f} ms + {c['seqs'] * 1e6:.0f} µs"),
+        ("step: per token / past the knee",
+         f"{c['tokens'] * 1e6:.0f} µs / {c['tokens_past_knee'] * 1e6:.0f} µs (knee {knee} tokens)"),
+        ("step: more than one token (matrix-matrix)", f"{c['multi_token'] * 1e3:.2f} ms"),
+        ("step: per GB of KV read (decode / prefill)",
+         f"{c['decode_kv_bytes'] * 1e12:.1f} / {c['prefill_kv_bytes'] * 1e12:.1f} ms"),
+        ("step: per prefill query-key pair", f"{c['prefill_pairs'] * 1e9:.2f} ns"),
+        ("step: per sampled row", f"{c['samples'] * 1e6:.0f} µs"),
     ]
 
 

@@ -8,7 +8,10 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_seq     * num_seqs         per-sequence bookkeeping (metadata, sampling)
            + c_token   * num_tokens       projections and MLP (weights streamed once, work per token)
            + c_knee    * max(0, num_tokens - knee)   the compute-bound slope past the knee
+           + c_multi   * [num_tokens > 1] matrix-matrix instead of matrix-vector products (on CPUs a
+                                          one-token step is markedly cheaper per token than two)
            + c_kv      * decode_kv_bytes  decode attention reads each cached KV byte once
+           + c_pkv     * prefill_kv_bytes a prefill chunk reads its whole cached context's KV once
            + c_pair    * prefill_pairs    prefill attention does work per query-key pair
            + c_sample  * num_samples      LM head over the vocabulary for each sampled row
 
@@ -24,7 +27,8 @@ import numpy as np
 if TYPE_CHECKING:
     from skistune.runtime.scheduler import SchedulerOutput
 
-FEATURES = ("fixed", "seqs", "tokens", "tokens_past_knee", "decode_kv_bytes", "prefill_pairs", "samples")
+FEATURES = ("fixed", "seqs", "tokens", "tokens_past_knee", "multi_token", "decode_kv_bytes", "prefill_kv_bytes",
+            "prefill_pairs", "samples")
 
 
 @dataclass(frozen=True)
@@ -36,10 +40,12 @@ class StepShape:
     decode_kv_bytes: int  # KV bytes the decode sequences read (context tokens x bytes per token)
     prefill_pairs: int  # sum over prefill chunks of chunk tokens x context tokens
     num_samples: int  # sequences that sample a token this step
+    prefill_kv_bytes: int = 0  # KV bytes the prefill chunks read (their contexts x bytes per token)
 
     def features(self, knee: int) -> np.ndarray:
         return np.array([1.0, self.num_seqs, self.num_tokens, max(0, self.num_tokens - knee),
-                         self.decode_kv_bytes, self.prefill_pairs, self.num_samples], dtype=np.float64)
+                         float(self.num_tokens > 1), self.decode_kv_bytes, self.prefill_kv_bytes,
+                         self.prefill_pairs, self.num_samples], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -71,13 +77,15 @@ def design_matrix(shapes: Sequence[StepShape], knee: int) -> np.ndarray:
 
 def step_shape(out: "SchedulerOutput", kv_bytes_per_token: int) -> StepShape:
     """The shape of a scheduled step (``kv_bytes_per_token`` over all layers at the stored precision)."""
-    decode_tokens = pairs = samples = 0
+    decode_tokens = prefill_tokens = pairs = samples = 0
     for s in out.scheduled:
         context = s.start + s.num_new_tokens
         if s.num_new_tokens == 1:
             decode_tokens += context
         else:
+            prefill_tokens += context
             pairs += s.num_new_tokens * context
         samples += s.samples
     return StepShape(num_tokens=out.num_batched_tokens, num_seqs=len(out.scheduled),
-                     decode_kv_bytes=decode_tokens * kv_bytes_per_token, prefill_pairs=pairs, num_samples=samples)
+                     decode_kv_bytes=decode_tokens * kv_bytes_per_token, prefill_pairs=pairs, num_samples=samples,
+                     prefill_kv_bytes=prefill_tokens * kv_bytes_per_token)

@@ -8,15 +8,15 @@ import pytest
 from skistune.profile.cost import StepCostModel, StepShape
 from skistune.profile.fit import fit_linear, fit_step_cost, fit_transfer
 
-TRUE = StepCostModel(coef=(0.02, 1e-4, 5e-4, 2e-3, 2e-10, 1e-8, 3e-4), knee=256)
+TRUE = StepCostModel(coef=(0.02, 1e-4, 5e-4, 2e-3, 3e-3, 2e-10, 1e-10, 1e-8, 3e-4), knee=256)
 
 
 def _shapes() -> list[StepShape]:
     kvb = 46080
     shapes = [StepShape(b, b, b * c * kvb, 0, b) for b in (1, 2, 4, 8, 16, 32, 64, 128, 512) for c in (32, 512, 2048)]
-    shapes += [StepShape(n, 1, 0, n * (k + n), 1) for n in (16, 64, 256, 512, 1024) for k in (0, 512, 1536)]
-    shapes += [StepShape(n, 1, 0, n * n, 0) for n in (64, 512)]  # chunks ending mid-prompt sample nothing
-    shapes += [StepShape(b + n, b + 1, b * 512 * kvb, n * n, b + 1) for b, n in ((4, 64), (16, 256), (32, 512))]
+    shapes += [StepShape(n, 1, 0, n * (k + n), 1, (k + n) * kvb) for n in (16, 64, 256, 512, 1024) for k in (0, 512, 1536)]
+    shapes += [StepShape(n, 1, 0, n * n, 0, n * kvb) for n in (64, 512)]  # chunks ending mid-prompt sample nothing
+    shapes += [StepShape(b + n, b + 1, b * 512 * kvb, n * n, b + 1, n * kvb) for b, n in ((4, 64), (16, 256), (32, 512))]
     return shapes
 
 

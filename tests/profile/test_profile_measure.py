@@ -32,7 +32,8 @@ def test_measured_steps_have_the_shape_of_their_grid_point(tiny_profile: Hardwar
             assert g["batch"] * (g["context"] + 1) * kvb <= s.decode_kv_bytes <= g["batch"] * (g["context"] + 16) * kvb
         elif p.kind == "prefill":
             assert s == StepShape(num_tokens=g["chunk"], num_seqs=1, decode_kv_bytes=0,
-                                  prefill_pairs=g["chunk"] * (g["cached"] + g["chunk"]), num_samples=1)
+                                  prefill_pairs=g["chunk"] * (g["cached"] + g["chunk"]), num_samples=1,
+                                  prefill_kv_bytes=(g["cached"] + g["chunk"]) * kvb)
         else:
             batch, chunk = g["batch"], g["chunk"]
             assert (s.num_seqs, s.num_tokens, s.num_samples) == (batch + 1, batch + chunk, batch + 1)

@@ -52,7 +52,9 @@ def test_recorded_fit_quality_matches_the_model(shipped: HardwareProfile):
 
 def test_step_fit_explains_the_grid_and_flags_say_so(shipped: HardwareProfile):
     r2 = shipped.step_fit.train.r2
-    assert r2 > 0.9  # a broken fit or measurement lands far below; ~0.95 is where this CPU's steps fit
+    # a broken fit, or a measurement disturbed by another process, lands near or below 0 (seen here);
+    # this CPU's quiet grid fits at 0.88-0.97 (the largest prefill chunks weigh most in R²)
+    assert r2 > 0.8
     assert any(name.startswith("step") for name in shipped.flagged_fits()) == (r2 < 0.95)
 
 

@@ -14,8 +14,8 @@ SPEC = PRESETS["smollm2-135m"]
 
 
 def cost(fixed=0.0, seqs=0.0, tokens=0.0, kv=0.0, pairs=0.0, samples=0.0, knee=512):
-    c = dict(fixed=fixed, seqs=seqs, tokens=tokens, tokens_past_knee=0.0, decode_kv_bytes=kv,
-             prefill_pairs=pairs, samples=samples)
+    c = dict(fixed=fixed, seqs=seqs, tokens=tokens, tokens_past_knee=0.0, multi_token=0.0, decode_kv_bytes=kv,
+             prefill_kv_bytes=0.0, prefill_pairs=pairs, samples=samples)
     return StepCostModel(tuple(c[f] for f in FEATURES), knee)
 
 

@@ -1,0 +1,366 @@
+"""What the optimizer maximises or minimises, and what every config must satisfy.
+
+Objectives (by name, or any callable of the predicted `Metrics` and the config):
+
+    capacity   highest arrival rate (req/s) at which every SLO holds and queues stay bounded   maximize
+    goodput    requests per second whose own latencies meet every SLO, at the workload's rate   maximize
+    energy     joules per generated token (the profile's power model: measured or "modeled")   minimize
+    memory     peak KV-cache bytes                                                              minimize
+    quality    predicted quality loss (relative perplexity increase, mean window)               minimize
+
+Constraints are values where ``<= 0`` is feasible (Optuna's convention): every SLO, the queueing guard,
+an energy budget (``--energy 0.5J/token``), quality floors (``--quality ppl+1%``, ``worst:ppl+3%``,
+``needle>=0.95``), memory capacity (``served``: every request served within the KV pool and the step's
+token budget), and any callables.
+
+Every knob with behaviour today (batching, prefix reuse, device KV size) leaves the model's outputs
+unchanged, so their predicted quality loss is exactly 0. A config that changes a structural knob
+(eviction, KV bits) needs a quality profile to predict its loss; without one, asking for its quality
+raises ``ValueError``.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from skistune.config import KVConfig
+from skistune.runtime.metrics import Metrics
+from skistune.runtime.request import RequestRecord
+from skistune.slo import SLO
+
+MAXIMIZE, MINIMIZE = "maximize", "minimize"
+
+
+# ---- what is known about a config at its operating point ------------------------------------------------
+@dataclass(frozen=True)
+class QualityLoss:
+    """Predicted loss against the full-precision, no-eviction cache: relative perplexity increase over
+    the mean and the worst text window, and the share of long-context retrieval accuracy kept."""
+
+    ppl_mean: float
+    ppl_worst: float
+    needle_retained: float
+
+
+NO_LOSS = QualityLoss(0.0, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A config served at one arrival rate: the predicted (or measured) metrics and what follows from them.
+    ``quality`` is None where no quality profile can predict it; ``queue_reference_s`` is the TTFT p99
+    of the same requests served one at a time (what the queueing guard compares against)."""
+
+    config: KVConfig
+    metrics: Metrics
+    rate_rps: float
+    energy_j_per_token: float
+    goodput_rps: float
+    quality: QualityLoss | None
+    queue_reference_s: float
+
+
+def energy_j_per_token(metrics: Metrics, power) -> float:
+    """Energy of the run (busy at full power, idle at idle power) per generated token."""
+    if metrics.output_tokens == 0:
+        return math.inf
+    idle_s = max(0.0, metrics.duration_s - metrics.busy_s)
+    return power.energy_j(metrics.busy_s, idle_s) / metrics.output_tokens
+
+
+def _request_latency_s(record: RequestRecord, slo: SLO) -> float:
+    """The SLO's metric for one request: its TTFT, E2E, TPOT, or the percentile of its own token gaps."""
+    times = record.token_times_s
+    if slo.metric == "ttft":
+        return times[0] - record.arrival_s
+    if slo.metric == "e2e":
+        return record.finish_s - record.arrival_s
+    if len(times) < 2:
+        return 0.0
+    if slo.metric == "tpot":
+        return (times[-1] - times[0]) / (len(times) - 1)
+    gaps = np.diff(times)
+    if slo.percentile in ("max", "mean"):
+        return float(getattr(gaps, slo.percentile)())
+    return float(np.percentile(gaps, int(slo.percentile[1:])))
+
+
+def goodput_rps(records: Sequence[RequestRecord], duration_s: float, slos: Sequence[SLO]) -> float:
+    """Requests per second that finished with every SLO met by their own latencies (DistServe's goodput;
+    a TBT SLO ``pXX`` is checked against the percentile of each request's own token gaps)."""
+    if duration_s <= 0:
+        return 0.0
+    good = sum(1 for r in records if r.finish_s is not None
+               and all(_request_latency_s(r, s) <= s.limit_s for s in slos))
+    return good / duration_s
+
+
+# ---- quality ---------------------------------------------------------------------------------------------
+def structural_changes(config: KVConfig) -> list[str]:
+    """The knobs of ``config`` that change the model's outputs (eviction, fewer than 16 KV bits)."""
+    changes = []
+    if config.eviction.policy != "none":
+        changes.append(f"eviction.policy={config.eviction.policy}")
+    bits = config.bitwidth
+    if (bits.key_bits, bits.value_bits) != (16, 16):
+        changes.append(f"bitwidth {bits.key_bits}/{bits.value_bits}")
+    if bits.layer_bits is not None and any(tuple(pair) != (16, 16) for pair in bits.layer_bits):
+        changes.append("bitwidth.layer_bits")
+    return changes
+
+
+def predict_quality(config: KVConfig, quality_profile: Any = None) -> QualityLoss | None:
+    """Exactly no loss when no structural knob changes; otherwise the quality profile's prediction, or None
+    when there is no quality profile (quality profiles come with a later release)."""
+    if not structural_changes(config):
+        return NO_LOSS
+    if quality_profile is None:
+        return None
+    return quality_profile.predict(config)
+
+
+def _known_quality(point: Point) -> QualityLoss:
+    if point.quality is None:
+        changes = ", ".join(structural_changes(point.config))
+        raise ValueError(f"quality: {changes} changes the model's outputs and no quality profile exists to "
+                         "predict by how much; keep eviction.policy none and 16-bit KV, or drop --quality")
+    return point.quality
+
+
+@dataclass(frozen=True)
+class QualityFloor:
+    """``ppl+1%`` (mean-window perplexity at most 1% above the full cache), ``worst:ppl+3%`` (worst window),
+    ``needle>=0.95`` (at least 95% of the full cache's long-context retrieval accuracy kept)."""
+
+    metric: str  # "ppl" or "needle"
+    window: str  # "mean" or "worst" (ppl only)
+    limit: float  # ppl: largest relative increase; needle: smallest share kept
+
+    def violation(self, point: Point) -> float:
+        loss = _known_quality(point)
+        if self.metric == "needle":
+            return self.limit - loss.needle_retained
+        return (loss.ppl_worst if self.window == "worst" else loss.ppl_mean) - self.limit
+
+    def __str__(self) -> str:
+        if self.metric == "needle":
+            return f"needle>={self.limit:g}"
+        return f"{'worst:' if self.window == 'worst' else ''}ppl+{self.limit * 100:g}%"
+
+
+_PPL = re.compile(r"^(?:(mean|worst):)?ppl\+([0-9]*\.?[0-9]+)%$")
+_NEEDLE = re.compile(r"^needle>=([0-9]*\.?[0-9]+)(%?)$")
+
+
+def parse_quality(text: str) -> QualityFloor:
+    t = text.strip().lower().replace(" ", "")
+    ppl, needle = _PPL.match(t), _NEEDLE.match(t)
+    if ppl:
+        return QualityFloor("ppl", ppl.group(1) or "mean", float(ppl.group(2)) / 100)
+    if needle:
+        share = float(needle.group(1)) / (100 if needle.group(2) else 1)
+        if not 0 < share <= 1:
+            raise ValueError(f"quality {text!r}: the retrieval accuracy kept must be in (0, 1] (e.g. needle>=0.95)")
+        return QualityFloor("needle", "mean", share)
+    raise ValueError(f"quality {text!r}: write ppl+1% (mean-window perplexity increase), worst:ppl+3% (worst "
+                     "window) or needle>=0.95 (share of retrieval accuracy kept)")
+
+
+# ---- energy ----------------------------------------------------------------------------------------------
+_ENERGY = re.compile(r"^([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)(j|mj|uj)?(?:/(?:token|tok))?$")
+_JOULES = {"j": 1.0, "mj": 1e-3, "uj": 1e-6}
+
+
+@dataclass(frozen=True)
+class EnergyBudget:
+    limit_j_per_token: float
+
+    def violation(self, point: Point) -> float:
+        return point.energy_j_per_token / self.limit_j_per_token - 1.0
+
+    def __str__(self) -> str:
+        return f"energy<={self.limit_j_per_token:g}J/token"
+
+
+def parse_energy(text: str) -> EnergyBudget:
+    m = _ENERGY.match(text.strip().lower().replace(" ", ""))
+    if not m:
+        raise ValueError(f"energy {text!r}: write joules per generated token, e.g. 0.5J/token or 300mJ/token")
+    limit = float(m.group(1)) * _JOULES[m.group(2) or "j"]
+    if limit <= 0:
+        raise ValueError(f"energy {text!r}: the budget must be positive")
+    return EnergyBudget(limit)
+
+
+# ---- constraints -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QueueGuard:
+    """Queues stay bounded: TTFT p99 at most ``limit_s`` above the same requests served one at a time.
+    Without it a TBT-only SLO is met at any rate by serving one sequence at a time while the queue grows
+    without end; Vidur-Search bounds the P99 scheduling delay the same way (5 s by default)."""
+
+    reference_s: float
+    limit_s: float
+
+    def value_s(self, metrics: Metrics) -> float:
+        return metrics.ttft_s.p99 - self.reference_s
+
+    def violation(self, metrics: Metrics) -> float:
+        v = self.value_s(metrics)
+        return 1.0 if v != v else v / self.limit_s - 1.0
+
+    def met(self, metrics: Metrics) -> bool:  # read by `simulator.capacity` like an SLO
+        return self.violation(metrics) <= 0
+
+
+def queue_name(limit_s: float) -> str:
+    return f"queue<={limit_s:g}s"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One named ``<= 0 is feasible`` value of a point."""
+
+    name: str
+    value: Callable[[Point], float]
+
+
+def slo_constraint(slo: SLO) -> Constraint:
+    return Constraint(str(slo), lambda p: slo.violation(p.metrics))
+
+
+def queue_constraint(limit_s: float) -> Constraint:
+    return Constraint(queue_name(limit_s), lambda p: QueueGuard(p.queue_reference_s, limit_s).violation(p.metrics))
+
+
+def served_constraint() -> Constraint:
+    """Memory capacity: every request served, none rejected (too long for the KV pool, or for the step's
+    token budget with chunked prefill off) or left unfinished. The KV peak never exceeds the pool: the
+    block manager allocates only what it holds and preempts otherwise."""
+    return Constraint("served", lambda p: (p.metrics.num_requests - p.metrics.num_finished) / p.metrics.num_requests)
+
+
+def user_constraint(fn: Callable, index: int) -> Constraint:
+    """A callable ``f(metrics)`` or ``f(metrics, config)`` returning a value, or a sequence of values (all
+    must be <= 0: their largest is kept), named after the function."""
+    name = getattr(fn, "__name__", "") or ""
+    name = name if name and name != "<lambda>" else f"constraint{index}"
+    call = _metrics_call(fn)
+    return Constraint(name, lambda p: _one(call(p), name))
+
+
+def _one(value: Any, name: str) -> float:
+    if isinstance(value, (list, tuple)):
+        return max((float(v) for v in value), default=0.0)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"constraint {name}: returned {value!r}, not a number (<= 0 is feasible)") from None
+
+
+def _metrics_call(fn: Callable) -> Callable[[Point], Any]:
+    """``fn(metrics)`` or ``fn(metrics, config)``, by the number of positional parameters it takes."""
+    if not callable(fn):
+        raise ValueError(f"{fn!r}: expected a callable taking Metrics (and the config)")
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return lambda p: fn(p.metrics, p.config)
+    positional = [q for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2 or any(q.kind == q.VAR_POSITIONAL for q in params):
+        return lambda p: fn(p.metrics, p.config)
+    return lambda p: fn(p.metrics)
+
+
+# ---- objectives ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    direction: str
+    unit: str
+    value: Callable[[Point], float]
+
+    @property
+    def maximize(self) -> bool:
+        return self.direction == MAXIMIZE
+
+
+def _quality_value(point: Point) -> float:
+    return _known_quality(point).ppl_mean
+
+
+NAMED: dict[str, Objective] = {
+    "capacity": Objective("capacity", MAXIMIZE, "req/s", lambda p: p.rate_rps),
+    "goodput": Objective("goodput", MAXIMIZE, "req/s", lambda p: p.goodput_rps),
+    "energy": Objective("energy", MINIMIZE, "J/token", lambda p: p.energy_j_per_token),
+    "memory": Objective("memory", MINIMIZE, "bytes", lambda p: float(p.metrics.kv_peak_bytes)),
+    "quality": Objective("quality", MINIMIZE, "ppl loss", _quality_value),
+}
+
+
+def _callable_objective(fn: Callable, directions: Sequence[str]) -> list[Objective]:
+    name = getattr(fn, "__name__", "") or ""
+    name = name if name and name != "<lambda>" else "custom"
+    call = _metrics_call(fn)
+    if len(directions) == 1:
+        return [Objective(name, directions[0], "", lambda p: _single(call(p), name))]
+    return [Objective(f"{name}[{i}]", d, "", lambda p, i=i: _pick(call(p), i, len(directions), name))
+            for i, d in enumerate(directions)]
+
+
+def _single(value: Any, name: str) -> float:
+    if isinstance(value, (list, tuple)):
+        raise ValueError(f"objective {name}: returned {len(value)} values; pass direction=[...] with one "
+                         "direction per value")
+    return float(value)
+
+
+def _pick(value: Any, i: int, n: int, name: str) -> float:
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        raise ValueError(f"objective {name}: expected a tuple of {n} values (one per direction), got {value!r}")
+    return float(value[i])
+
+
+def _check_directions(direction: str | Sequence[str] | None) -> tuple[str, ...]:
+    directions = (direction,) if isinstance(direction, str) else tuple(direction or (MINIMIZE,))
+    for d in directions:
+        if d not in (MAXIMIZE, MINIMIZE):
+            raise ValueError(f"direction {d!r}: use maximize or minimize")
+    return directions
+
+
+def parse_objectives(objective: str | Callable | Sequence[str | Callable],
+                     direction: str | Sequence[str] | None = None) -> tuple[Objective, ...]:
+    """A name, comma-separated names (a Pareto front), a callable, or a sequence of names and callables.
+    Callables minimise unless ``direction`` says otherwise; one returning a tuple needs one direction
+    per value."""
+    items = [s for s in objective.split(",") if s.strip()] if isinstance(objective, str) else (
+        [objective] if callable(objective) else list(objective))
+    if not items:
+        raise ValueError("objective: name at least one of " + ", ".join(NAMED))
+    directions = _check_directions(direction)
+    out: list[Objective] = []
+    for item in items:
+        if callable(item):
+            out += _callable_objective(item, directions if len(items) == 1 else directions[:1])
+        elif isinstance(item, str) and item.strip().lower() in NAMED:
+            out.append(NAMED[item.strip().lower()])
+        else:
+            raise ValueError(f"objective {item!r}: use {', '.join(NAMED)}, a comma-separated tuple of them, or a "
+                             "callable of the metrics")
+    if len({o.name for o in out}) != len(out):
+        raise ValueError(f"objective: {', '.join(o.name for o in out)} names one objective twice")
+    return tuple(out)
+
+
+def objective_value(objective: Objective, point: Point) -> float:
+    value = objective.value(point)
+    if value != value:
+        raise ValueError(f"objective {objective.name}: the value is not a number (NaN)")
+    return value

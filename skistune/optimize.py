@@ -1,0 +1,1085 @@
+"""The optimizer: search the knob space under SLO, energy and quality constraints with the simulator,
+validate the winners on the real runtime, and write the tuned config.
+
+    problem    the workload's requests, the simulation target, objectives and constraints, and the search
+               space cut down to the knobs the simulator models (`simulator.MODELED_KNOBS`; the others stay
+               at the baseline's values and are listed in the result's notes)
+    search     an Optuna study in any storage (a SQLite file in the working directory by default): TPE
+               (multivariate, seeded; constant liar with several workers) for one objective, NSGA-II for
+               several, GP on request; constraints as Optuna constraints (<= 0 feasible). A trial scores
+               one config: its capacity (binary search on the arrival rate, coarse precision) or its metrics
+               at the workload's own rate. Every figure is stored with the trial, so a study resumes
+               (``study_name``) and several worker processes share it (``n_jobs``).
+    refine     the top-k configs and the baseline again at 2% capacity precision, with full metrics
+    validate   the top-k on the real runtime (a short, length-capped slice of the workload, replayed at
+               the rate the simulator chose for it); the winner is chosen by measurement
+
+    optimize(workload, slo=..., objective=..., ...) -> OptimizeResult   everything above, from raw inputs
+    build_problem(...) -> Problem; solve(problem, ...) -> OptimizeResult  the same in two steps (the CLI
+                                                                          checks every input first)
+    result.best / .pareto / .baseline / .validated / .gain() / .to_yaml() / .write(path)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import types
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from skistune.config import FAMILIES, KVConfig, knob_fields
+from skistune.objectives import (Constraint, EnergyBudget, Objective, Point, QualityFloor, QueueGuard,
+                                 energy_j_per_token, goodput_rps, objective_value, parse_energy, parse_objectives,
+                                 parse_quality, predict_quality, queue_constraint, served_constraint, slo_constraint,
+                                 user_constraint)
+from skistune.runtime.metrics import Metrics
+from skistune.runtime.request import Request
+from skistune.searchspace import SearchSpace, load_space, suggest_config
+from skistune.slo import SLO, parse_slo
+
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_WORKLOAD = "chat"
+DEFAULT_REQUESTS = 100  # requests of a preset workload: ~1 s per capacity search here
+DEFAULT_TRIALS = 20
+DEFAULT_TOP_K = 3
+DEFAULT_MAX_QUEUE_S = 5.0  # Vidur-Search's default P99 scheduling-delay SLO
+SEARCH_PRECISION = 0.10  # relative precision of the capacity search inside a trial
+REFINE_PRECISION = 0.02  # ... and of the top-k and the baseline afterwards
+MIN_RATE_SCALE = 1 / 1024  # `simulator.capacity`'s lowest scale: metrics of configs that meet no rate
+ISOLATION_GAP_S = 1e6  # arrivals this far apart: each request is served alone
+VALIDATE_REQUESTS = 6  # the slice of the workload replayed on the real runtime ...
+VALIDATE_MAX_INPUT = 128  # ... with prompts and outputs capped: a replay takes ~5 s of SmolLM2 on 2 CPU cores
+VALIDATE_MAX_OUTPUT = 16
+VALIDATE_MIN_POOL_BYTES = 16 << 20  # the smallest KV pool a validation replay is given
+ENGINE_TARGETS = ("vllm", "sglang")  # engines with a shipped space of what their flags can deploy
+SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random")
+HEARTBEAT_S = 5  # RDB storages: a trial whose worker stopped beating this long x 4 is marked failed
+PROBLEM_ATTR = "skistune.problem"
+
+
+# ---- baseline and search space ----------------------------------------------------------------------------
+def baseline_config() -> KVConfig:
+    """What a vLLM user gets by default (shared/reference/engines-and-algorithms.md §1, vLLM arg_utils.py,
+    config/cache.py, config/scheduler.py): 16-bit KV (--kv-cache-dtype auto), no eviction, no KV offload
+    (--kv-offloading-size None), prefix caching on, --block-size 16, --max-num-seqs 256 and
+    --max-num-batched-tokens 2048 (server defaults on GPUs under 70 GiB), chunked prefill on with
+    --long-prefill-token-threshold 0 (no per-request cap: a chunk may fill the step's token budget), fcfs,
+    --gpu-memory-utilization 0.9 (v0.11, the version our vLLM space targets; the newest default is 0.92)."""
+    return KVConfig().with_knobs({
+        "batching.max_num_seqs": 256, "batching.max_num_batched_tokens": 2048, "batching.chunked_prefill": True,
+        "batching.chunk_size": 2048, "batching.policy": "fcfs", "batching.preemption": "recompute",
+        "prefix_reuse.enabled": True, "prefix_reuse.block_size": 16, "offload.device_memory_fraction": 0.9,
+    })
+
+
+def _refs(p) -> list[str]:
+    return [ref for ref, _ in p.when] + [r for r in (p.at_most, p.same_as) if r is not None]
+
+
+def modeled_space(space: SearchSpace, base: KVConfig,
+                  modeled: frozenset[str] | None = None) -> tuple[SearchSpace, tuple[str, ...]]:
+    """The space cut down to the knobs the simulator models (``simulator.MODELED_KNOBS`` by default, read
+    at call time so the search grows with it); the others keep ``base``'s values. Returns the cut space
+    and the knobs left out (searched or fixed to another value by the space)."""
+    if modeled is None:
+        from skistune import simulator
+
+        modeled = simulator.MODELED_KNOBS
+    keep = {p.name for p in space.params if not p.is_switch and p.name in modeled}
+    changed = True
+    while changed:  # switches that kept knobs (or kept switches) read
+        reads = {r for p in space.params if p.name in keep for r in _refs(p)}
+        changed = bool({p.name for p in space.params if p.is_switch and p.name in reads} - keep)
+        keep |= {p.name for p in space.params if p.is_switch and p.name in reads}
+    params = tuple(p for p in space.params if p.name in keep)
+    fixed = {k: v for k, v in space.fixed.items() if k in modeled}
+    for ref in {r for p in params for r in _refs(p)} - keep - set(fixed):
+        if "." in ref:  # a left-out knob a condition or bound reads: pinned at the base value
+            family, _, name = ref.partition(".")
+            fixed[ref] = getattr(getattr(base, family), name)
+    left_out = {p.name for p in space.params if not p.is_switch and p.name not in modeled}
+    left_out |= {k for k, v in space.fixed.items() if k not in modeled and v != _value(base, k)}
+    return replace(space, params=params, fixed=MappingProxyType(fixed)), tuple(sorted(left_out))
+
+
+def _value(config: KVConfig, dotted: str) -> Any:
+    family, _, name = dotted.partition(".")
+    value = getattr(getattr(config, family), name)
+    return [list(x) for x in value] if isinstance(value, tuple) else value
+
+
+def not_modeled_note(left_out: Sequence[str]) -> str | None:
+    """``not modeled yet, left at defaults: eviction.*, bitwidth.*, offload.host_kv_bytes``: whole families
+    by ``family.*`` when none of their knobs is modeled."""
+    if not left_out:
+        return None
+    from skistune import simulator
+
+    names: list[str] = []
+    for family in FAMILIES:
+        mine = [k for k in left_out if k.startswith(family + ".")]
+        modeled_here = [k for k in knob_fields() if k.startswith(family + ".") and k in simulator.MODELED_KNOBS]
+        names += [f"{family}.*"] if mine and not modeled_here else mine
+    return "not modeled yet, left at defaults: " + ", ".join(names)
+
+
+# ---- the problem ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RequestSet:
+    """Requests at the workload's own rate, and the same requests served one at a time."""
+
+    requests: tuple[Request, ...]
+    isolated: tuple[Request, ...]
+
+    @property
+    def base_rps(self) -> float:
+        return len(self.requests) / max(max(r.arrival_s for r in self.requests), 1e-9)
+
+
+def request_set(requests: Sequence[Request]) -> RequestSet:
+    isolated = tuple(Request(r.request_id, r.prompt_token_ids, r.max_new_tokens, i * ISOLATION_GAP_S,
+                             None if r.deadline_s is None else i * ISOLATION_GAP_S + r.deadline_s - r.arrival_s,
+                             r.stop_at_eos) for i, r in enumerate(requests))
+    return RequestSet(tuple(requests), isolated)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything a trial needs, built once (and inherited by forked workers)."""
+
+    workload: Any  # skistune.workloads.Workload
+    model: str
+    search: RequestSet
+    target: Any  # simulator.SimTarget
+    profile: Any  # skistune.profile.HardwareProfile
+    slos: tuple[SLO, ...]
+    objectives: tuple[Objective, ...]
+    constraints: tuple[Constraint, ...]
+    space: SearchSpace  # cut down to modeled knobs
+    full_space: SearchSpace
+    left_out: tuple[str, ...]
+    base: KVConfig
+    max_queue_s: float | None
+    quality_profile: Any = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def at_capacity(self) -> bool:
+        """Scored at each config's capacity when ``capacity`` is an objective, else at the workload's rate."""
+        return any(o.name == "capacity" for o in self.objectives)
+
+    @property
+    def needs_goodput(self) -> bool:
+        return any(o.name == "goodput" for o in self.objectives)
+
+    @property
+    def directions(self) -> list[str]:
+        return [o.direction for o in self.objectives]
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two studies comparable: stored with the study and checked when it resumes."""
+        return {"objective": [o.name for o in self.objectives], "direction": self.directions,
+                "slo": [str(s) for s in self.slos], "constraints": [c.name for c in self.constraints],
+                "workload": self.workload.digest(), "model": self.model, "profile": self.profile.fingerprint.key(),
+                "step_cost": list(self.target.step_cost.coef), "space": self.space.name,
+                "knobs": [p.name for p in self.space.params]}
+
+
+def _constraints(slos, max_queue_s, energy, quality, custom) -> tuple[Constraint, ...]:
+    out = [slo_constraint(s) for s in slos]
+    if max_queue_s is not None:
+        out.append(queue_constraint(max_queue_s))
+    if energy is not None:
+        out.append(Constraint(str(energy), energy.violation))
+    out += [Constraint(str(q), q.violation) for q in quality]
+    out.append(served_constraint())
+    for i, fn in enumerate(custom, start=1):
+        out.append(user_constraint(fn, i))
+    if len({c.name for c in out}) != len(out):
+        raise ValueError(f"constraints: two share a name ({', '.join(c.name for c in out)}); name your functions")
+    return tuple(out)
+
+
+def _as_list(value: Any) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, (str, SLO, EnergyBudget, QualityFloor)) or callable(value) else list(value)
+
+
+def _parse_specs(slo, energy, quality) -> tuple[tuple[SLO, ...], EnergyBudget | None, tuple[QualityFloor, ...]]:
+    slos = tuple(s if isinstance(s, SLO) else parse_slo(s) for s in _as_list(slo))
+    budget = energy if energy is None or isinstance(energy, EnergyBudget) else parse_energy(str(energy))
+    floors = tuple(q if isinstance(q, QualityFloor) else parse_quality(q) for q in _as_list(quality))
+    return slos, budget, floors
+
+
+def _resolve_space(space, target) -> SearchSpace:
+    if target is not None:
+        if target not in ENGINE_TARGETS:
+            raise ValueError(f"target {target!r}: use {' or '.join(ENGINE_TARGETS)}")
+        if space is not None and load_space(space).name != target:
+            raise ValueError(f"--space and --target {target}: give one (the target loads the space of what "
+                             f"{target} can deploy)")
+        return load_space(target)
+    return load_space(space if space is not None else "default")
+
+
+def _load_profile(profile, model: str) -> tuple[Any, list[str]]:
+    """The profile object and notes (a fingerprint mismatch becomes a note, not a warning)."""
+    from skistune.profile import FingerprintWarning, HardwareProfile, default_profile, load_profile
+
+    if isinstance(profile, HardwareProfile):
+        return profile, []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FingerprintWarning)
+        prof = default_profile(model, "cpu") if profile is None else load_profile(os.fspath(profile))
+    return prof, [str(w.message) for w in caught if issubclass(w.category, FingerprintWarning)]
+
+
+def _load_workload(workload, model: str):
+    from skistune.workloads import PRESETS, Workload, load_workload
+
+    if isinstance(workload, Workload):
+        return workload
+    preset = str(workload) in PRESETS
+    return load_workload(workload, requests=DEFAULT_REQUESTS if preset else None)
+
+
+def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", direction=None, constraints=(),
+                  energy=None, quality=(), model=DEFAULT_MODEL, profile=None, space=None, target=None,
+                  max_queue_s: float | None = DEFAULT_MAX_QUEUE_S) -> Problem:
+    """Parse and load every input (raising ``ValueError`` on the first bad one) before anything runs."""
+    from skistune.evaluate import workload_requests
+    from skistune.simulator import target_from_profile
+
+    slos, budget, floors = _parse_specs(slo, energy, quality)
+    objectives = parse_objectives(objective, direction)
+    if max_queue_s is not None and not max_queue_s > 0:
+        raise ValueError(f"max_queue_s: {max_queue_s!r} must be positive (None turns the queueing guard off)")
+    full_space = _resolve_space(space, target)
+    base = baseline_config()
+    cut, left_out = modeled_space(full_space, base)
+    prof, notes = _load_profile(profile, model)
+    sim_target = target_from_profile(prof, model)
+    w = _load_workload(workload, model)
+    problem = Problem(w, model, request_set(workload_requests(w, model)), sim_target, prof, slos, objectives,
+                      _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
+                      left_out, base, max_queue_s)
+    return replace(problem, notes=tuple(n for n in (not_modeled_note(left_out), _power_note(prof), *notes) if n))
+
+
+def _power_note(profile) -> str | None:
+    if profile.power.modeled:
+        return f"energy is modeled, not measured: {profile.power.note}"
+    return None
+
+
+# ---- scoring one config ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Evaluation:
+    """One config scored at its operating point: objective values, constraint values (<= 0 feasible) and
+    figures (all JSON-ready, so they are stored with the trial); ``metrics`` where kept in memory."""
+
+    config: KVConfig
+    rate_scale: float
+    values: tuple[float, ...]
+    violations: Mapping[str, float]
+    figures: Mapping[str, Any]
+    metrics: Metrics | None = None
+    trial: int | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return all(v <= 0 for v in self.violations.values())
+
+    @property
+    def total_violation(self) -> float:
+        return sum(max(0.0, v) for v in self.violations.values())
+
+    @property
+    def binding(self) -> list[str]:
+        return [name for name, v in self.violations.items() if v > 0]
+
+    def to_attrs(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "rate_scale": self.rate_scale,
+                "violations": dict(self.violations), "figures": dict(self.figures)}
+
+    @classmethod
+    def from_trial(cls, trial) -> Evaluation:
+        a = trial.user_attrs
+        return cls(KVConfig.from_dict(a["config"]), a["rate_scale"], tuple(trial.values), a["violations"],
+                   a["figures"], trial=trial.number)
+
+
+def _replay(config: KVConfig, requests: Sequence[Request], target, scale: float):
+    """Simulate at an arrival-rate scale; the engine keeps per-request records (for goodput)."""
+    from skistune.simulator import build_engine, with_rate_scale
+
+    engine, _ = build_engine(config, target)
+    metrics = engine.replay(with_rate_scale(requests, scale))
+    return metrics, engine.records
+
+
+def _isolated_ttft_p99(problem: Problem, config: KVConfig, requests: RequestSet) -> float:
+    if problem.max_queue_s is None:
+        return 0.0
+    metrics, _ = _replay(config, requests.isolated, problem.target, 1.0)
+    return metrics.ttft_s.p99
+
+
+def _capacity_scale(problem: Problem, config: KVConfig, requests: RequestSet, reference_s: float,
+                    precision: float) -> tuple[float, Metrics | None]:
+    """The highest rate scale meeting every SLO and the queueing guard (0 and None when none does)."""
+    from skistune.simulator import capacity
+
+    guards = [QueueGuard(reference_s, problem.max_queue_s)] if problem.max_queue_s is not None else []
+    cap = capacity(config, requests.requests, problem.target, [*problem.slos, *guards], precision=precision)
+    return cap.rate_scale, cap.metrics
+
+
+def point_of(problem: Problem, config: KVConfig, metrics: Metrics, records, rate_rps: float,
+             reference_s: float) -> Point:
+    """What the objectives and constraints read, from predicted or measured metrics alike."""
+    return Point(config, metrics, rate_rps, energy_j_per_token(metrics, problem.profile.power),
+                 goodput_rps(records, metrics.duration_s, problem.slos) if records is not None else math.nan,
+                 predict_quality(config, problem.quality_profile), reference_s)
+
+
+def figures_of(problem: Problem, point: Point) -> dict[str, Any]:
+    m = point.metrics
+    quality = point.quality.ppl_mean if point.quality is not None else None
+    return {"rate_rps": point.rate_rps, "ttft_p99_s": m.ttft_s.p99, "tbt_p99_s": m.tbt_s.p99,
+            "e2e_p99_s": m.e2e_s.p99, "tpot_p99_s": m.tpot_s.p99, "queue_p99_s": m.ttft_s.p99 - point.queue_reference_s,
+            "slo_s": {str(s): s.value_s(m) for s in problem.slos}, "energy_j_per_token": point.energy_j_per_token,
+            "goodput_rps": None if point.goodput_rps != point.goodput_rps else point.goodput_rps,  # NaN: not computed
+            "kv_peak_bytes": m.kv_peak_bytes,
+            "kv_capacity_bytes": m.kv_capacity_bytes, "preemptions": m.preemptions,
+            "finished": m.num_finished, "requests": m.num_requests, "quality_loss": quality}
+
+
+def _violation(constraint: Constraint, point: Point) -> float:
+    """A constraint's value; not a number (a latency of no finished request) counts as violated."""
+    value = float(constraint.value(point))
+    return math.inf if value != value else value
+
+
+def evaluation_of(problem: Problem, point: Point, scale: float) -> Evaluation:
+    values = tuple(objective_value(o, point) for o in problem.objectives)
+    violations = {c.name: _violation(c, point) for c in problem.constraints}
+    return Evaluation(point.config, scale, values, violations, figures_of(problem, point), point.metrics)
+
+
+def score_at(problem: Problem, config: KVConfig, requests: RequestSet, scale: float, *,
+             reference_s: float | None = None, feasible_rate: bool = True) -> Evaluation:
+    """Predicted metrics at one arrival-rate scale. ``feasible_rate`` False: the config meets no rate, so
+    its capacity is 0 (the metrics, at the lowest scale, say by how much it misses)."""
+    if reference_s is None:
+        reference_s = _isolated_ttft_p99(problem, config, requests)
+    metrics, records = _replay(config, requests.requests, problem.target, scale)
+    rate = scale * requests.base_rps if feasible_rate else 0.0
+    point = point_of(problem, config, metrics, records, rate, reference_s)
+    return evaluation_of(problem, point, scale)
+
+
+def score(problem: Problem, config: KVConfig, requests: RequestSet | None = None, *,
+          precision: float = SEARCH_PRECISION) -> Evaluation:
+    """A config at its operating point: its capacity (to ``precision``) or the workload's own rate."""
+    requests = requests or problem.search
+    reference_s = _isolated_ttft_p99(problem, config, requests)
+    if not problem.at_capacity:
+        return score_at(problem, config, requests, 1.0, reference_s=reference_s)
+    scale, metrics = _capacity_scale(problem, config, requests, reference_s, precision)
+    if scale <= 0:
+        return score_at(problem, config, requests, MIN_RATE_SCALE, reference_s=reference_s, feasible_rate=False)
+    if problem.needs_goodput or metrics is None:
+        return score_at(problem, config, requests, scale, reference_s=reference_s)
+    point = point_of(problem, config, metrics, None, scale * requests.base_rps, reference_s)
+    return evaluation_of(problem, point, scale)
+
+
+# ---- the study --------------------------------------------------------------------------------------------
+def default_study_name(problem: Problem) -> str:
+    """Named after the problem: the same command resumes its study, another problem gets its own."""
+    digest = hashlib.sha256(json.dumps(problem.identity(), sort_keys=True).encode()).hexdigest()[:8]
+    return f"optimize-{digest}"
+
+
+def default_storage(study_name: str) -> str:
+    return f"sqlite:///{Path.cwd() / f'skistune-{study_name}.db'}"
+
+
+def open_storage(storage):
+    """An Optuna storage object: a URL (SQLite, PostgreSQL, MySQL; heartbeats on, so trials of killed
+    workers are failed rather than left running) or any storage object."""
+    import optuna
+    import sqlalchemy.exc
+
+    if not isinstance(storage, str):
+        return storage
+    if "://" not in storage:
+        raise ValueError(f"storage {storage!r}: give an Optuna storage URL, e.g. sqlite:///study.db or "
+                         "postgresql://user@host/db")
+    engine_kwargs = {"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=4 * HEARTBEAT_S)
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError) as exc:
+        raise ValueError(f"storage {storage!r}: cannot open ({str(exc).splitlines()[0]})") from None
+
+
+def _uses_trial_constraints() -> bool:
+    """Optuna 5 reads constraints set on the trial (``trial.set_constraint``); Optuna 4 needs a
+    ``constraints_func`` on the sampler."""
+    import optuna
+
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def make_sampler(name: str, *, seed: int, problem: Problem, parallel: bool, n_trials: int):
+    import optuna
+
+    if name not in SAMPLERS:
+        raise ValueError(f"sampler {name!r}: use {', '.join(SAMPLERS)}")
+    n = len(problem.constraints)
+    constraints = {} if _uses_trial_constraints() else {
+        "constraints_func": lambda t: list(t.user_attrs.get("violations", {}).values()) or [1.0] * n}
+    if name == "auto":
+        name = "tpe" if len(problem.objectives) == 1 else "nsga2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=parallel,
+                                              **constraints)
+        if name == "nsga2":
+            population = max(4, min(50, n_trials // 4))
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=population, **constraints)
+        if name == "gp":
+            # chunk_size's range depends on max_num_batched_tokens: GP samples it independently (at random)
+            return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True, warn_independent_sampling=False,
+                                             **constraints)
+        return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _baseline_params(problem: Problem) -> dict[str, Any]:
+    """The baseline as a trial's parameters (those the space can express): the first trial of a study."""
+    params = {}
+    for p in problem.space.params:
+        if p.is_switch or p.kind in ("same_as", "solver"):
+            continue
+        value = _value(problem.base, p.name)
+        fits = value in p.choices if p.kind == "choices" else (
+            p.low is not None and p.low <= value <= p.high)
+        if fits:
+            params[p.name] = value
+    return params
+
+
+def open_study(problem: Problem, storage, study_name: str, sampler):
+    """Create the study, or resume it when it exists for the same problem."""
+    import optuna
+
+    study = optuna.create_study(storage=storage, study_name=study_name, directions=problem.directions,
+                                sampler=sampler, load_if_exists=True)
+    stored = study.user_attrs.get(PROBLEM_ATTR)
+    identity = json.loads(json.dumps(problem.identity()))
+    if stored is None:
+        study.set_user_attr(PROBLEM_ATTR, identity)
+        study.enqueue_trial(_baseline_params(problem), user_attrs={"enqueued": "baseline"})
+    elif stored != identity:
+        differs = ", ".join(k for k in identity if stored.get(k) != identity[k])
+        raise ValueError(f"study {study_name!r} was created for another problem (differs in: {differs}); pass "
+                         "another --study name, or omit it")
+    return study
+
+
+def _trial_function(problem: Problem, study) -> Callable:
+    """The Optuna objective: suggest a config, score it (once per distinct config: a repeat, here or in
+    the stored study, reuses the stored figures), store the figures with the trial."""
+    import optuna
+
+    cache = {Evaluation.from_trial(t).config: Evaluation.from_trial(t)
+             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+             if "config" in t.user_attrs}
+
+    def run(trial):
+        config = suggest_config(trial, problem.space, problem.base)
+        evaluation = cache.get(config)
+        if evaluation is None:
+            evaluation = cache[config] = score(problem, config)
+        for key, value in evaluation.to_attrs().items():
+            trial.set_user_attr(key, value)
+        if _uses_trial_constraints():
+            for name, value in evaluation.violations.items():
+                trial.set_constraint(name, value)
+        return evaluation.values[0] if len(evaluation.values) == 1 else list(evaluation.values)
+
+    return run
+
+
+# ---- running the search ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Progress:
+    """How far this run's search is: trials finished (of ``total``), feasible ones, the best first
+    objective among them (None until one is feasible)."""
+
+    done: int
+    total: int
+    feasible: int
+    best: float | None
+
+
+def _trial_feasible(trial) -> bool:
+    violations = trial.user_attrs.get("violations")
+    return violations is not None and all(v <= 0 for v in violations.values())
+
+
+def _progress_of(problem: Problem, study, first_trial: int, total: int) -> Progress:
+    import optuna
+
+    trials = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+              if t.number >= first_trial]
+    feasible = [t.values[0] for t in trials if _trial_feasible(t)]
+    pick = max if problem.objectives[0].maximize else min
+    return Progress(len(trials), total, len(feasible), pick(feasible) if feasible else None)
+
+
+def _first_new_trial(study) -> int:
+    """The number of the first trial this run will finish: after every trial already started (a queued
+    one, such as the baseline of a new study, is this run's)."""
+    import optuna
+
+    started = [t.number for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING]
+    return max(started, default=-1) + 1
+
+
+def _run_sequential(problem, study, n_trials, timeout, progress) -> None:
+    first = _first_new_trial(study)
+    callbacks = [lambda s, t: progress(_progress_of(problem, s, first, n_trials))] if progress else []
+    study.optimize(_trial_function(problem, study), n_trials=n_trials, timeout=timeout, callbacks=callbacks)
+
+
+def _worker(problem, storage_url, study_name, sampler_name, seed, n_trials, timeout, errors) -> None:
+    """One worker process: its own storage connection and sampler, the shared study."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        sampler = make_sampler(sampler_name, seed=seed, problem=problem, parallel=True, n_trials=n_trials)
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url), sampler=sampler)
+        study.optimize(_trial_function(problem, study), n_trials=n_trials, timeout=timeout)
+    except (ValueError, OSError, KeyError) as exc:
+        errors.put(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        raise SystemExit(2) from None
+
+
+def _shares(n_trials: int, n_jobs: int) -> list[int]:
+    """Trials per worker: as even as possible, no worker without any."""
+    shares = [n_trials // n_jobs + (i < n_trials % n_jobs) for i in range(n_jobs)]
+    return [n for n in shares if n]
+
+
+def _run_parallel(problem, study, storage_url, sampler_name, seed, n_trials, timeout, n_jobs, progress) -> list[str]:
+    """``n_jobs`` forked worker processes on one storage; this process reports progress from the storage."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    first = _first_new_trial(study)
+    workers = [ctx.Process(target=_worker, args=(problem, storage_url, study.study_name, sampler_name,
+                                                   seed + 7919 * (i + 1), share, timeout, errors))
+               for i, share in enumerate(_shares(n_trials, n_jobs))]
+    for w in workers:
+        w.start()
+    while any(w.is_alive() for w in workers):
+        if progress:
+            progress(_progress_of(problem, study, first, n_trials))
+        time.sleep(0.5)
+    if progress:
+        progress(_progress_of(problem, study, first, n_trials))
+    messages = [errors.get() for _ in range(sum(w.exitcode == 2 for w in workers))]
+    if messages:
+        raise ValueError(messages[0])
+    return [f"worker {i + 1} stopped ({_exit_reason(w.exitcode)}); its finished trials are kept"
+            for i, w in enumerate(workers) if w.exitcode != 0]
+
+
+def _exit_reason(code: int | None) -> str:
+    return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+
+
+# ---- results ------------------------------------------------------------------------------------------------
+def completed(study) -> list[Evaluation]:
+    import optuna
+
+    return [Evaluation.from_trial(t) for t in study.get_trials(deepcopy=False,
+                                                                states=(optuna.trial.TrialState.COMPLETE,))
+            if "config" in t.user_attrs]
+
+
+def _distinct(evaluations: Sequence[Evaluation]) -> list[Evaluation]:
+    seen: dict[KVConfig, Evaluation] = {}
+    for e in evaluations:
+        seen.setdefault(e.config, e)
+    return list(seen.values())
+
+
+def _sort_key(problem: Problem, e: Evaluation) -> tuple:
+    """Best first objective first; ties (capacity comes in steps of the search precision) go to the config
+    with less energy per token, then the earlier trial."""
+    first = -e.values[0] if problem.objectives[0].maximize else e.values[0]
+    return (first, e.figures.get("energy_j_per_token", 0.0), e.trial if e.trial is not None else -1)
+
+
+def ranked(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
+    """Feasible evaluations, distinct configs, best first (by the first objective)."""
+    return sorted(_distinct([e for e in evaluations if e.feasible]), key=lambda e: _sort_key(problem, e))
+
+
+def _dominates(problem: Problem, a: Evaluation, b: Evaluation) -> bool:
+    signs = [1 if o.maximize else -1 for o in problem.objectives]
+    better_or_equal = all(s * x >= s * y for s, x, y in zip(signs, a.values, b.values))
+    return better_or_equal and any(s * x > s * y for s, x, y in zip(signs, a.values, b.values))
+
+
+def pareto_front(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
+    """The feasible, non-dominated configs, best first objective first."""
+    pool = ranked(problem, evaluations)
+    return [e for e in pool if not any(_dominates(problem, o, e) for o in pool)]
+
+
+def infeasibility(evaluations: Sequence[Evaluation], k: int = 3) -> tuple[dict[str, int], list[Evaluation]]:
+    """How many trials each constraint rules out, and the ``k`` configs closest to feasible."""
+    binding = {name: 0 for e in evaluations[:1] for name in e.violations}
+    for e in evaluations:
+        for name in e.binding:
+            binding[name] = binding.get(name, 0) + 1
+    closest = sorted(_distinct(evaluations), key=lambda e: (e.total_violation, e.trial or 0))[:k]
+    return {name: n for name, n in binding.items() if n}, closest
+
+
+# ---- validation on the real runtime ---------------------------------------------------------------------------
+class SkipIdleClock:
+    """Wall-clock time for the engine's steps; a wait for the next arrival is skipped rather than slept (the
+    engine does nothing while idle), so a replay takes its busy time, not the trace's span."""
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+        self._skipped_s = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0 + self._skipped_s
+
+    def wait_until(self, t_s: float) -> None:
+        self._skipped_s += max(0.0, t_s - self.now())
+
+
+@dataclass(frozen=True)
+class Validation:
+    """A config replayed on the real runtime at the rate the simulator chose for the validation slice:
+    the prediction and the measurement at that same rate."""
+
+    config: KVConfig
+    rate_rps: float
+    predicted: Evaluation
+    measured: Evaluation
+    wall_s: float
+    role: str = "candidate"  # or "baseline"
+    pool_cap_bytes: int | None = None  # the KV pool the replay used, when capped (see `replay_config`)
+
+    @property
+    def holds(self) -> bool:
+        return self.measured.feasible
+
+
+def validation_requests(problem: Problem, n: int | None = None, max_input: int | None = None,
+                        max_output: int | None = None) -> RequestSet:
+    """The first requests of the workload with lengths capped (`VALIDATE_REQUESTS`, `VALIDATE_MAX_INPUT`,
+    `VALIDATE_MAX_OUTPUT` unless given)."""
+    from skistune.evaluate import workload_requests
+    from skistune.workloads import load_workload
+
+    sliced = load_workload(problem.workload, first=n or VALIDATE_REQUESTS, max_input=max_input or VALIDATE_MAX_INPUT,
+                           max_output=max_output or VALIDATE_MAX_OUTPUT)
+    return request_set(workload_requests(sliced, problem.model))
+
+
+def _same_behaviour(a: Metrics, b: Metrics) -> bool:
+    keys = ("ttft_s", "tbt_s", "e2e_s", "preemptions", "num_finished", "prefix_hit_tokens", "duration_s")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def replay_config(problem: Problem, predicted: Evaluation, requests: RequestSet) -> KVConfig:
+    """The config the runtime replays: the same, with the KV pool capped at twice the slice's predicted peak
+    when the simulator shows that changes nothing for the slice. The runtime zero-fills its whole pool
+    (4 GiB x the device fraction on a CPU: seconds per config), which would dominate a short validation."""
+    config = predicted.config
+    cap = max(2 * predicted.figures["kv_peak_bytes"], VALIDATE_MIN_POOL_BYTES)
+    if config.offload.device_kv_bytes is not None and config.offload.device_kv_bytes <= cap:
+        return config
+    capped = config.with_knobs({"offload.device_kv_bytes": int(cap)})
+    full, _ = _replay(config, requests.requests, problem.target, predicted.rate_scale)
+    small, _ = _replay(capped, requests.requests, problem.target, predicted.rate_scale)
+    return capped if _same_behaviour(full, small) else config
+
+
+def _measure(problem: Problem, runtime, predicted: Evaluation, requests: RequestSet, role: str) -> Validation:
+    from skistune.simulator import with_rate_scale
+
+    replayed = replay_config(problem, predicted, requests)
+    engine = runtime.with_config(replayed).new_engine(clock=SkipIdleClock())
+    started = time.perf_counter()
+    metrics = engine.replay(with_rate_scale(requests.requests, predicted.rate_scale))
+    wall_s = time.perf_counter() - started
+    rate = predicted.rate_scale * requests.base_rps
+    point = point_of(problem, predicted.config, metrics, engine.records, rate, predicted.figures["ttft_p99_s"]
+                     - predicted.figures["queue_p99_s"])
+    measured = evaluation_of(problem, point, predicted.rate_scale)
+    return Validation(predicted.config, rate, predicted, measured, wall_s, role,
+                      replayed.offload.device_kv_bytes if replayed != predicted.config else None)
+
+
+def _measured_key(problem: Problem, v: Validation) -> tuple:
+    first = v.measured.values[0]
+    return (not v.holds, v.measured.total_violation if not v.holds else 0.0,
+            -first if problem.objectives[0].maximize else first)
+
+
+def load_runtime(problem: Problem):
+    """The real model, with a small KV pool: each replay sizes its own (`Runtime.with_config`)."""
+    from skistune.runtime.llm import Runtime
+
+    return Runtime.from_preset(problem.model, problem.base.with_knobs(
+        {"offload.device_kv_bytes": VALIDATE_MIN_POOL_BYTES}))
+
+
+def load_runtime_in_background(problem: Problem):
+    """A Future of `load_runtime`: the model loads on the second core while the search (single-threaded,
+    simulated time only, so unaffected in its results) runs on the first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skistune-runtime")
+    future = pool.submit(load_runtime, problem)
+    pool.shutdown(wait=False)
+    return future
+
+
+def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, requests: RequestSet | None = None,
+             progress: Callable[[str], None] | None = None) -> list[Validation]:
+    """Replay each config (and then the baseline, at the winner's rate) on the real runtime; the returned
+    list is in measured order (the first held its constraints and is best by measurement), baseline last."""
+    requests = requests or validation_requests(problem)
+    runtime = load_runtime(problem) if runtime is None else runtime
+    if hasattr(runtime, "result"):  # a Future from `load_runtime_in_background`
+        runtime = runtime.result()
+    out = []
+    for i, config in enumerate(configs):
+        if progress:
+            progress(f"{i + 1}/{len(configs)}")
+        out.append(_measure(problem, runtime, score(problem, config, requests, precision=REFINE_PRECISION),
+                            requests, "candidate"))
+    out.sort(key=lambda v: _measured_key(problem, v))
+    if progress:
+        progress("the baseline")
+    base = score_at(problem, problem.base, requests, out[0].predicted.rate_scale)
+    return out + [_measure(problem, runtime, base, requests, "baseline")]
+
+
+# ---- the result ---------------------------------------------------------------------------------------------
+def _ratio(tuned: float, base: float, maximize: bool) -> float | None:
+    """How many times better the tuned value is (> 1 better, either direction)."""
+    if maximize:
+        return tuned / base if base > 0 else (math.inf if tuned > 0 else None)
+    return base / tuned if tuned > 0 else (math.inf if base > 0 else None)
+
+
+@dataclass
+class OptimizeResult:
+    """``best``: the chosen config first (by measurement when validated), then the other top configs;
+    ``pareto``: the feasible non-dominated configs; ``baseline``: vLLM's defaults scored the same way;
+    ``validated``: runtime replays (candidates in measured order, then the baseline)."""
+
+    problem: Problem
+    study: Any
+    storage: str
+    best: list[Evaluation]
+    pareto: list[Evaluation]
+    baseline: Evaluation
+    validated: list[Validation] = field(default_factory=list)
+    binding: dict[str, int] = field(default_factory=dict)
+    closest: list[Evaluation] = field(default_factory=list)
+    trials: int = 0
+    seed: int = 0
+    sampler: str = "auto"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.best)
+
+    @property
+    def config(self) -> KVConfig:
+        if not self.best:
+            raise ValueError("no config met every constraint; see result.binding and result.closest")
+        return self.best[0].config
+
+    def gain(self) -> dict[str, float | None]:
+        """Predicted improvement of the chosen config over the baseline, per objective (x times better)."""
+        if not self.best:
+            return {}
+        return {o.name: _ratio(t, b, o.maximize) for o, t, b in
+                zip(self.problem.objectives, self.best[0].values, self.baseline.values)}
+
+    def measured_gain(self) -> dict[str, Any]:
+        """The winner and the baseline replayed at the same rate: their measured objectives and whether each
+        held every constraint (for capacity the rate is the winner's, so a baseline that breaks a constraint
+        there is measured evidence of the gain)."""
+        if not self.validated or self.validated[-1].role != "baseline":
+            return {}
+        tuned, base = self.validated[0], self.validated[-1]
+        out: dict[str, Any] = {"rate_rps": tuned.rate_rps, "tuned_holds": tuned.holds, "baseline_holds": base.holds,
+                               "baseline_binding": base.measured.binding}
+        for o, t, b in zip(self.problem.objectives, tuned.measured.values, base.measured.values):
+            if o.name != "capacity":
+                out[o.name] = _ratio(t, b, o.maximize)
+        return out
+
+    def provenance(self) -> dict[str, Any]:
+        return provenance(self)
+
+    def to_yaml(self) -> str:
+        return self.config.to_yaml(provenance=self.provenance())
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write the tuned config atomically (a temporary file in the same folder, then renamed)."""
+        return write_atomic(Path(path), self.to_yaml())
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to a new file beside ``path`` (created with the usual permissions, umask applied),
+    flush it to disk, then rename it over ``path``: readers see the old file or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ---- provenance ---------------------------------------------------------------------------------------------
+def _clean(value: Any) -> Any:
+    """Figures for a YAML file: floats to 4 significant digits, nested containers alike."""
+    if isinstance(value, float):
+        return value if not math.isfinite(value) else float(f"{value:.4g}")
+    if isinstance(value, Mapping):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _storage_label(storage) -> str:
+    if not isinstance(storage, str):
+        return type(storage).__name__
+    from sqlalchemy.engine import make_url
+
+    return make_url(storage).render_as_string(hide_password=True)
+
+
+def _scored(problem: Problem, e: Evaluation) -> dict[str, Any]:
+    return {"objectives": {o.name: v for o, v in zip(problem.objectives, e.values)}, **dict(e.figures)}
+
+
+def _measured_provenance(result: OptimizeResult) -> dict[str, Any] | None:
+    if not result.validated:
+        return None
+    p = result.problem
+    runs = [{"role": v.role, "rate_rps": v.rate_rps, "holds": v.holds, "binding": v.measured.binding,
+             "wall_s": v.wall_s, "kv_pool_cap_bytes": v.pool_cap_bytes, "predicted": _scored(p, v.predicted),
+             "measured": _scored(p, v.measured)}
+            for v in result.validated]
+    return {"runtime": f"{p.model} on this machine (waits for arrivals skipped)",
+            "requests": result.validated[0].measured.figures["requests"], "max_input": VALIDATE_MAX_INPUT,
+            "max_output": VALIDATE_MAX_OUTPUT, "runs": runs, "gain_vs_baseline": result.measured_gain()}
+
+
+def provenance(result: OptimizeResult) -> dict[str, Any]:
+    """How the config was found: inputs (workload digest, profile fingerprint, space, seed), the search,
+    and the predicted and measured figures of the winner and the baseline."""
+    from datetime import datetime, timezone
+    from importlib.metadata import PackageNotFoundError, version
+
+    p = result.problem
+    try:
+        tool = f"skistune {version('skistune')}"
+    except PackageNotFoundError:
+        tool = "skistune"
+    w = p.workload
+    return _clean({
+        "tool": tool, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "objective": [o.name for o in p.objectives], "slo": [str(s) for s in p.slos],
+        "constraints": [c.name for c in p.constraints],
+        "workload": {"source": w.source, "digest": w.digest(), "requests": len(w), "transforms": list(w.transforms)},
+        "model": p.model,
+        "profile": {"name": p.profile.name, "fingerprint": p.profile.fingerprint.key(),
+                    "power": p.profile.power.source},
+        "search_space": {"name": p.full_space.name, "source": p.full_space.source,
+                         "searched": [q.name for q in p.space.params if not q.is_switch],
+                         "not_modeled": list(p.left_out)},
+        "search": {"study": result.study.study_name, "storage": result.storage, "sampler": result.sampler,
+                   "seed": result.seed, "trials": result.trials, "capacity_precision": SEARCH_PRECISION},
+        "predicted": _scored(p, result.best[0]),
+        "baseline": {"predicted": _scored(p, result.baseline), "gain": result.gain()},
+        "measured": _measured_provenance(result),
+        "notes": list(result.notes),
+    })
+
+
+# ---- the main job -------------------------------------------------------------------------------------------
+def _check_counts(n_trials: int, n_jobs: int, validate: int, timeout: float | None) -> None:
+    for name, value, low in (("n_trials", n_trials, 1), ("n_jobs", n_jobs, 1), ("validate", validate, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}: {value!r} must be an integer >= {low}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout: {timeout!r} must be a positive number of seconds")
+
+
+def _refine(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
+    """Score again at `REFINE_PRECISION` with full metrics; feasible first, then best first."""
+    fine = [replace(score(problem, e.config, precision=REFINE_PRECISION), trial=e.trial) for e in evaluations]
+    return sorted(fine, key=lambda e: (not e.feasible, _sort_key(problem, e)))
+
+
+def _with_baseline(problem: Problem, refined: list[Evaluation], baseline: Evaluation,
+                   evaluations: Sequence[Evaluation]) -> list[Evaluation]:
+    """The refined top configs, with the baseline among them when it was a trial of this space and, at the
+    finer precision, beats one of them: the result is never predicted worse than the defaults."""
+    trial = next((e.trial for e in evaluations if e.config == baseline.config), None)
+    if trial is None or not baseline.feasible or any(e.config == baseline.config for e in refined):
+        return refined
+    if len(problem.objectives) > 1 or _sort_key(problem, baseline)[0] >= _sort_key(problem, refined[-1])[0]:
+        return refined
+    merged = sorted([*refined, replace(baseline, trial=trial)],
+                    key=lambda e: (not e.feasible, _sort_key(problem, e)))
+    return merged[:len(refined)]
+
+
+def _chosen(refined: list[Evaluation], validated: list[Validation]) -> tuple[list[Evaluation], list[str]]:
+    """The refined top configs, the one chosen by measurement first."""
+    if not validated:
+        return refined, []
+    winner = validated[0]
+    notes = [] if winner.holds else [(f"no validated config held every constraint on the real runtime "
+                                      f"({', '.join(winner.measured.binding)}); chose the one closest to holding")]
+    first = [e for e in refined if e.config == winner.config]
+    return first + [e for e in refined if e.config != winner.config], notes
+
+
+def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
+           on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """After the search: the baseline, the Pareto front, the refined top-k, their validation (``top_k`` 0
+    skips it), or the infeasibility report. Returns the fields of an `OptimizeResult`."""
+    stage = on_stage or (lambda message: None)
+    evaluations = completed(study)
+    stage("refining the top configs")
+    baseline = score(problem, problem.base, precision=REFINE_PRECISION)
+    front = pareto_front(problem, evaluations)
+    if not front:
+        binding, closest = infeasibility(evaluations)
+        return {"best": [], "pareto": [], "baseline": baseline, "binding": binding, "closest": closest,
+                "trials": len(evaluations), "notes": []}
+    pool = front if len(problem.objectives) > 1 else ranked(problem, evaluations)
+    refined = _with_baseline(problem, _refine(problem, pool[:top_k or DEFAULT_TOP_K]), baseline, evaluations)
+    validated = validate(problem, [e.config for e in refined if e.feasible][:top_k] or [refined[0].config],
+                         runtime=runtime, progress=lambda m: stage(f"validating {m} on the real runtime")) \
+        if top_k else []
+    best, notes = _chosen(refined, validated)
+    by_config = {e.config: e for e in refined}
+    pareto = [by_config.get(e.config, e) for e in front]
+    return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
+            "trials": len(evaluations), "notes": notes}
+
+
+def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any = "capacity", direction: Any = None,
+             constraints: Any = (), energy: Any = None, quality: Any = (), model: str = DEFAULT_MODEL,
+             profile: Any = None, space: Any = None, target: str | None = None, n_trials: int = DEFAULT_TRIALS,
+             timeout: float | None = None, storage: Any = None, study_name: str | None = None, n_jobs: int = 1,
+             seed: int = 0, sampler: str = "auto", validate: int = DEFAULT_TOP_K,
+             max_queue_s: float | None = DEFAULT_MAX_QUEUE_S, progress: Callable[[Progress], None] | None = None,
+             on_stage: Callable[[str], None] | None = None, runtime: Any = None) -> OptimizeResult:
+    """Search the knobs for the best config under the SLOs and constraints, validate the top ``validate``
+    configs on the real runtime (0 skips it), and return the result (``result.write(path)`` saves it).
+
+    ``workload``: a preset name (100 requests), a trace file or a `Workload`; ``slo``: one or more
+    ``"p99=200ms"``/``"ttft:p90<=1s"`` strings; ``objective``: capacity (default), goodput, energy, memory,
+    quality, comma-separated names (a Pareto front), or a callable of the `Metrics` (and the config),
+    minimised unless ``direction="maximize"``; ``constraints``: callables of the metrics (and the config)
+    returning values where <= 0 is feasible; ``energy``: a J/token budget (``"0.5J/token"``); ``quality``:
+    floors (``"ppl+1%"``); ``max_queue_s``: the queueing guard (None: off); ``storage``: an Optuna storage URL
+    or object (default: a SQLite file ``skistune-<study>.db`` here); ``study_name``: resume or name the
+    study (default: named after the problem); ``n_jobs``: worker processes; ``runtime``: a loaded
+    `Runtime` to validate with. An infeasible problem is a result (``result.feasible`` False,
+    ``result.binding``, ``result.closest``); bad input raises ``ValueError`` before any trial runs.
+    """
+    _check_counts(n_trials, n_jobs, validate, timeout)
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler {sampler!r}: use {', '.join(SAMPLERS)}")
+    problem = build_problem(workload, slo=slo, objective=objective, direction=direction, constraints=constraints,
+                            energy=energy, quality=quality, model=model, profile=profile, space=space,
+                            target=target, max_queue_s=max_queue_s)
+    return solve(problem, n_trials=n_trials, timeout=timeout, storage=storage, study_name=study_name, n_jobs=n_jobs,
+                 seed=seed, sampler=sampler, validate=validate, progress=progress, on_stage=on_stage, runtime=runtime)
+
+
+def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | None = None, storage: Any = None,
+          study_name: str | None = None, n_jobs: int = 1, seed: int = 0, sampler: str = "auto",
+          validate: int = DEFAULT_TOP_K, progress: Callable[[Progress], None] | None = None,
+          on_stage: Callable[[str], None] | None = None, runtime: Any = None) -> OptimizeResult:
+    """`optimize` for a problem already built (`build_problem`), e.g. after checking every input first."""
+    _check_counts(n_trials, n_jobs, validate, timeout)
+    name = study_name or default_study_name(problem)
+    storage = default_storage(name) if storage is None else storage
+    if n_jobs > 1 and not isinstance(storage, str):
+        raise ValueError("n_jobs > 1 needs a storage URL that every worker process can open (e.g. sqlite:///s.db)")
+    study = open_study(problem, open_storage(storage), name, sampler=None)
+    existing = len(study.get_trials(deepcopy=False))
+    study.sampler = make_sampler(sampler, seed=seed + existing, problem=problem, parallel=n_jobs > 1,
+                                 n_trials=n_trials)
+    notes = list(problem.notes)
+    if validate and runtime is None and n_jobs == 1:
+        runtime = load_runtime_in_background(problem)
+    if n_jobs == 1:
+        _run_sequential(problem, study, n_trials, timeout, progress)
+    else:
+        notes += _run_parallel(problem, study, storage, sampler, seed + existing, n_trials, timeout, n_jobs, progress)
+    fields_ = finish(problem, study, top_k=validate, runtime=runtime, on_stage=on_stage)
+    fields_["notes"] = notes + fields_["notes"]
+    return OptimizeResult(problem, study, _storage_label(storage), seed=seed, sampler=sampler, **fields_)
+
+
+class _CallableModule(types.ModuleType):
+    """``skistune.optimize`` names both this module and its main function. Importing the module (``from
+    skistune.optimize import ...``) binds the package attribute to the module, so the module is callable
+    too: ``skistune.optimize(...)`` runs `optimize` whichever way it was reached first."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> OptimizeResult:
+        return optimize(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,342 @@
+"""`skistune optimize`: search the knobs under SLOs, energy and quality constraints, validate the winners on
+the real runtime, and write the tuned config. A thin command over `skistune.optimize`.
+
+Exit codes: 0 written, 2 bad input (one line on stderr), 3 no config meets the constraints (the binding
+constraints and the configs closest to feasibility are printed; nothing is written).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from skistune.optimize import DEFAULT_MAX_QUEUE_S, DEFAULT_REQUESTS, DEFAULT_TOP_K, DEFAULT_TRIALS
+
+EXIT_INFEASIBLE = 3
+DEFAULT_OUT = "skistune-tuned.yaml"
+_QUEUE = re.compile(r"^([0-9]*\.?[0-9]+)(s|ms)?$")
+
+SloOpt = Annotated[Optional[list[str]], typer.Option(
+    "--slo", help="SLO, repeatable: METRIC:pXX<=VALUE (ttft:p90<=1s; metrics ttft, tbt, e2e, tpot) or the short "
+                  "form pXX=VALUE, which means TBT (p99=200ms: TBT p99 <= 200 ms, Vidur-Search's convention)")]
+EnergyOpt = Annotated[Optional[str], typer.Option(
+    "--energy", help="energy budget per generated token, e.g. 0.5J/token (the profile's power model; modeled "
+                     "where no meter exists)")]
+QualityOpt = Annotated[Optional[list[str]], typer.Option(
+    "--quality", help="quality floor, repeatable: ppl+1% (mean-window perplexity increase), worst:ppl+3%, "
+                      "needle>=0.95 (share of retrieval accuracy kept)")]
+ObjectiveOpt = Annotated[str, typer.Option(
+    "--objective", help="capacity (max request rate under the SLOs), goodput (at the workload's rate), energy "
+                        "(J/token), memory (KV peak), quality, or comma-separated names for a Pareto front")]
+
+
+def parse_max_queue(text: str) -> float | None:
+    t = text.strip().lower()
+    if t == "off":
+        return None
+    m = _QUEUE.match(t)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"--max-queue {text!r}: write a positive time such as 5s or 500ms, or off")
+    return float(m.group(1)) * (1e-3 if m.group(2) == "ms" else 1.0)
+
+
+def _workload(spec: str, requests: int | None, first: int | None, rate_scale: float, length_scale: float,
+              max_input: int | None, max_output: int | None):
+    from skistune.workloads import PRESETS, load_workload
+
+    if requests is None and first is None and spec in PRESETS:
+        requests = DEFAULT_REQUESTS
+    return load_workload(spec, requests=requests, first=first, rate_scale=rate_scale, length_scale=length_scale,
+                         max_input=max_input, max_output=max_output)
+
+
+def _profile(path: str | None, model: str) -> Any:
+    """The given file, or this machine's cached quick profile (measured now, once, when missing)."""
+    if path is not None:
+        return path
+    from skistune.profile import cached_profile_path, default_profile, machine_fingerprint
+
+    if not cached_profile_path(model, "cpu", machine_fingerprint("cpu")).is_file():
+        with err_console.status(f"measuring this machine's profile for {model} (about 35 s, once: it is cached)"):
+            return default_profile(model, "cpu")
+    return default_profile(model, "cpu")
+
+
+def _check_out(out: Path) -> None:
+    if out.is_dir():
+        raise ValueError(f"--out {out}: is a folder; give a file name")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise ValueError(f"--out {out}: folder {out.parent} does not exist")
+
+
+# ---- display ------------------------------------------------------------------------------------------------
+def _fmt(x: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    if x is None or x != x:
+        return "-"
+    return "inf" if x == float("inf") else f"{x * scale:,.{digits}f}"
+
+
+def _value(o, v: float) -> str:
+    if o.name == "capacity" or o.name == "goodput":
+        return f"{v:.4g} req/s"
+    if o.name == "energy":
+        return f"{v:.3g} J/token"
+    if o.name == "memory":
+        return f"{v / 2**20:,.1f} MiB"
+    return f"{v:.4g}"
+
+
+def _diff(config, base, names) -> str:
+    """The searched knobs that differ from the baseline, by short name where no other knob has it."""
+    from skistune.config import knob_fields
+    from skistune.optimize import _value as knob_value
+
+    all_short = [n.partition(".")[2] for n in knob_fields()]
+    out = []
+    for name in names:
+        value = knob_value(config, name)
+        if value != knob_value(base, name):
+            short = name.partition(".")[2]
+            label = short if all_short.count(short) == 1 else name
+            out.append(f"{label}={value:.2f}" if isinstance(value, float) else f"{label}={value}")
+    return ", ".join(out) or "(baseline)"
+
+
+def best_table(result) -> Table:
+    p = result.problem
+    t = Table(title=f"Best configs, predicted on {len(p.workload)} requests of {p.workload.name} "
+                    "(#1 is written)", title_justify="left")
+    for col in ("#", "trial"):
+        t.add_column(col)
+    for o in p.objectives:
+        t.add_column(o.name, justify="right")
+    for s in p.slos:
+        t.add_column(f"{s.metric.upper()} {s.percentile} (ms)", justify="right")
+    t.add_column(f"J/token ({p.profile.power.source})", justify="right")
+    t.add_column("KV peak (MiB)", justify="right")
+    rows = [(f"#{i + 1}", str(e.trial), e) for i, e in enumerate(result.best)] + [("base", "-", result.baseline)]
+    for rank, trial, e in rows:
+        t.add_row(rank, trial, *(_value(o, v) for o, v in zip(p.objectives, e.values)),
+                  *(_fmt(e.figures["slo_s"].get(str(s)), 1e3) for s in p.slos),
+                  _fmt(e.figures["energy_j_per_token"], digits=3), _fmt(e.figures["kv_peak_bytes"], 2**-20))
+    return t
+
+
+def knob_lines(result) -> list[str]:
+    """Each best config as the knobs it changes from the baseline (vLLM's defaults)."""
+    p = result.problem
+    names = [q.name for q in p.space.params if not q.is_switch]
+    lines = [f"#{i + 1}: {_diff(e.config, p.base, names)}" for i, e in enumerate(result.best)]
+    return lines + ["base: vLLM defaults (16-bit KV, no eviction or offload, prefix caching, max_num_seqs 256, "
+                    "max_num_batched_tokens 2048, chunk 2048, fcfs, memory fraction 0.9)"]
+
+
+def validation_table(result) -> Table:
+    p = result.problem
+    first = result.validated[0].measured.figures["requests"]
+    t = Table(title=f"Validated on the real runtime: {first} requests of {p.workload.name}, lengths capped, "
+                    "replayed at the rate the simulator chose (predicted / measured)", title_justify="left")
+    for col in ("config", "rate (req/s)"):
+        t.add_column(col)
+    for s in p.slos:
+        t.add_column(f"{s.metric.upper()} {s.percentile} (ms)", justify="right")
+    t.add_column("J/token", justify="right")
+    t.add_column("holds", justify="center")
+    labels = {b.config: f"#{i + 1}" for i, b in enumerate(result.best)}
+    for v in result.validated:
+        label = "base" if v.role == "baseline" else labels.get(v.config, "?")
+        cells = [f"{_fmt(v.predicted.figures['slo_s'][str(s)], 1e3)} / {_fmt(v.measured.figures['slo_s'][str(s)], 1e3)}"
+                 for s in p.slos]
+        energy = f"{_fmt(v.predicted.figures['energy_j_per_token'], digits=3)} / " \
+                 f"{_fmt(v.measured.figures['energy_j_per_token'], digits=3)}"
+        holds = "[green]yes[/]" if v.holds else f"[red]no[/] ({', '.join(v.measured.binding)})"
+        t.add_row(label, f"{v.rate_rps:.3g}", *cells, energy, holds)
+    return t
+
+
+def gain_lines(result) -> list[str]:
+    lines = []
+    for name, ratio in result.gain().items():
+        lines.append(f"gain over the baseline (vLLM defaults), predicted: {name} x{_fmt(ratio, digits=2)}")
+    measured = result.measured_gain()
+    if measured:
+        base = "holds every constraint too" if measured["baseline_holds"] else \
+            f"breaks {', '.join(measured['baseline_binding'])}"
+        tuned = "holds every constraint" if measured["tuned_holds"] else "breaks a constraint"
+        lines.append(f"measured at {measured['rate_rps']:.3g} req/s: the tuned config {tuned}; the baseline {base}")
+        lines += [f"gain over the baseline, measured: {k} x{_fmt(v, digits=2)}" for k, v in measured.items()
+                  if k not in ("rate_rps", "tuned_holds", "baseline_holds", "baseline_binding")]
+    return lines
+
+
+def infeasible_report(result) -> None:
+    err_console.print(f"[bold red]infeasible:[/] no config met every constraint in {result.trials} trials",
+                      highlight=False)
+    t = Table(title="Constraints that bind", title_justify="left")
+    t.add_column("constraint")
+    t.add_column("trials violating it", justify="right")
+    for name, n in sorted(result.binding.items(), key=lambda kv: -kv[1]):
+        t.add_row(name, f"{n} of {result.trials}")
+    console.print(t)
+    c = Table(title="Closest to feasible (least total violation; <= 0 is met)", title_justify="left")
+    c.add_column("trial")
+    c.add_column("knobs changed from the baseline")
+    names = [q.name for q in result.problem.space.params if not q.is_switch]
+    for name in result.closest[0].violations if result.closest else ():
+        c.add_column(name, justify="right")
+    for e in result.closest:
+        c.add_row(str(e.trial), _diff(e.config, result.problem.base, names),
+                  *(f"{v:+.3g}" for v in e.violations.values()))
+    console.print(c)
+
+
+def _summary(result, out: Path | None) -> dict:
+    def scored(e):
+        return {"config": e.config.to_dict(), "values": list(e.values), "figures": dict(e.figures)}
+
+    return {"feasible": result.feasible, "study": result.study.study_name, "storage": result.storage,
+            "trials": result.trials, "out": str(out) if out else None, "notes": result.notes,
+            "best": scored(result.best[0]) if result.best else None, "baseline": scored(result.baseline),
+            "gain": result.gain(), "measured_gain": result.measured_gain(), "binding": result.binding,
+            "validated": [{"role": v.role, "rate_rps": v.rate_rps, "holds": v.holds,
+                           "predicted": dict(v.predicted.figures), "measured": dict(v.measured.figures)}
+                          for v in result.validated]}
+
+
+def _search_bar() -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=err_console)
+
+
+def _best_text(objective, best: float | None) -> str:
+    return "-" if best is None else _value(objective, best)
+
+
+# ---- the command ------------------------------------------------------------------------------------------
+def _cli_errors(fn):
+    """`skistune.cli.cli_errors`, looked up when the command runs: skistune.cli imports this module to
+    register the command, so this module imports it last (see the end of the file)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return cli_errors(fn)(*args, **kwargs)
+
+    return wrapper
+
+
+RequestsOpt = Annotated[Optional[int], typer.Option(
+    "--requests", min=1, help=f"requests in a preset (default {DEFAULT_REQUESTS} here)")]
+ModelOpt = Annotated[str, typer.Option("--model", help="model preset")]
+ProfileOpt = Annotated[Optional[str], typer.Option(
+    "--profile", help="hardware profile JSON (default: this machine's, measured once and cached)")]
+SpaceOpt = Annotated[Optional[str], typer.Option(
+    "--space", help="search space: a shipped name (default, vllm, sglang, memory-constrained, long-context) or a "
+                    "YAML file")]
+TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="trials this run adds to the study")]
+TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="stop the search after this "
+                                                                                  "many seconds")]
+StorageOpt = Annotated[Optional[str], typer.Option(
+    "--storage", help="Optuna storage URL (default: sqlite:///skistune-<study>.db in this folder)")]
+StudyOpt = Annotated[Optional[str], typer.Option(
+    "--study", help="study name: resumes it if it exists (default: named after the problem, so the same command "
+                    "resumes)")]
+JobsOpt = Annotated[int, typer.Option("--jobs", min=1, help="worker processes sharing the study")]
+SearchSeedOpt = Annotated[int, typer.Option("--seed", min=0, help="seed of the search")]
+ValidateOpt = Annotated[int, typer.Option("--validate", min=0, help="top configs replayed on the real runtime "
+                                                                    "(0 skips)")]
+TargetOpt = Annotated[Optional[str], typer.Option(
+    "--target", help="search only what this engine can deploy: vllm or sglang")]
+OutOpt = Annotated[Path, typer.Option("--out", help="where to write the tuned config")]
+SamplerOpt = Annotated[str, typer.Option(
+    "--sampler", help="auto (TPE; NSGA-II for several objectives), tpe, gp, nsga2, random")]
+MaxQueueOpt = Annotated[str, typer.Option(
+    "--max-queue", help="queueing guard: TTFT p99 at most this much above the same requests served one at a "
+                        "time (off: none)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
+
+
+@_cli_errors
+def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt = None, workload: WorkloadOpt = "chat",
+             requests: RequestsOpt = None, first: FirstOpt = None, rate_scale: RateScaleOpt = 1.0,
+             length_scale: LengthScaleOpt = 1.0, max_input: MaxInputOpt = None, max_output: MaxOutputOpt = None,
+             model: ModelOpt = "smollm2-135m", profile: ProfileOpt = None, space: SpaceOpt = None,
+             objective: ObjectiveOpt = "capacity", trials: TrialsOpt = DEFAULT_TRIALS, timeout: TimeoutOpt = None,
+             storage: StorageOpt = None, study: StudyOpt = None, jobs: JobsOpt = 1, seed: SearchSeedOpt = 0,
+             validate: ValidateOpt = DEFAULT_TOP_K, target: TargetOpt = None, out: OutOpt = Path(DEFAULT_OUT),
+             sampler: SamplerOpt = "auto", max_queue: MaxQueueOpt = f"{DEFAULT_MAX_QUEUE_S:g}s",
+             json_out: JsonOpt = False) -> None:
+    """Find the best KV-cache config for a workload under SLOs, an energy budget and a quality floor:
+    search with the simulator, validate the top configs on the real runtime, write the tuned config."""
+    import optuna
+
+    from skistune.optimize import SAMPLERS, build_problem, default_storage, default_study_name, open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _check_out(out)
+    if sampler not in SAMPLERS:
+        raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
+    w = _workload(workload, requests, first, rate_scale, length_scale, max_input, max_output)
+    problem = build_problem(w, slo=slo or (), objective=objective, energy=energy, quality=quality or (), model=model,
+                            profile=_profile(profile, model), space=space, target=target,
+                            max_queue_s=parse_max_queue(max_queue))
+    name = study or default_study_name(problem)
+    storage = storage or default_storage(name)
+    open_storage(storage)  # a bad URL is bad input: reported before the search starts
+    result = _solve_with_progress(problem, n_trials=trials, timeout=timeout, storage=storage, study_name=name,
+                                  n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
+    _report(result, out, json_out)
+
+
+def _solve_with_progress(problem, *, n_trials: int, **options: Any):
+    """`skistune.optimize.solve` under a progress bar (trials done, feasible count, best so far, then the
+    refinement and validation stages); Ctrl-C keeps the finished trials and says how to resume."""
+    from skistune.optimize import solve
+
+    def on_progress(p) -> None:
+        bar.update(task, completed=p.done, status=f"feasible {p.feasible}  best "
+                                                  f"{_best_text(problem.objectives[0], p.best)}")
+
+    try:
+        with _search_bar() as bar:
+            task = bar.add_task("search", total=n_trials, status="")
+            return solve(problem, n_trials=n_trials, progress=on_progress,
+                         on_stage=lambda m: bar.update(task, description=m), **options)
+    except KeyboardInterrupt:
+        err_console.print("interrupted: finished trials are kept in the study; run the same command (or pass "
+                          "--study) to resume", highlight=False)
+        raise typer.Exit(130) from None
+
+
+def _report(result, out: Path, json_out: bool) -> None:
+    for note in result.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    if not result.feasible:
+        infeasible_report(result)
+        if json_out:
+            print_json(_summary(result, None))
+        raise typer.Exit(EXIT_INFEASIBLE)
+    console.print(best_table(result))
+    for line in knob_lines(result):
+        console.print(line, highlight=False, soft_wrap=True)
+    if result.validated:
+        console.print(validation_table(result))
+    for line in gain_lines(result):
+        console.print(line, highlight=False)
+    path = result.write(out)
+    name = result.study.study_name
+    console.print(f"wrote {path} (study {name} in {result.storage}; the same command, or --study {name}, adds "
+                  "trials)", highlight=False, soft_wrap=True)
+    if json_out:
+        print_json(_summary(result, path))
+
+
+# Last: skistune.cli imports this module at its end to register `optimize` (defined above by now); the
+# option aliases and consoles are read when the command runs (annotations are strings until then).
+from skistune.cli import cli_errors, console, err_console, print_json  # noqa: E402
+from skistune.workloads.cli import (FirstOpt, LengthScaleOpt, MaxInputOpt, MaxOutputOpt,  # noqa: E402
+                                    RateScaleOpt, WorkloadOpt)

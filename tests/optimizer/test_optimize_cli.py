@@ -1,0 +1,97 @@
+"""`skistune optimize`: the tuned file with provenance, exit 3 when infeasible (distinct from 2 for bad
+input), one-line errors that leave an existing output file untouched, engine targets, several workers."""
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from skistune.cli import app
+from skistune.config import load_config
+
+PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json")
+SMALL = ["--requests", "16", "--trials", "3", "--validate", "0", "--profile", PROFILE]
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default storage is a SQLite file in the working directory
+    return tmp_path
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, ["optimize", *args])
+
+
+def test_writes_the_tuned_config_with_provenance_and_a_json_summary(here):
+    r = invoke("--slo", "p99=200ms", *SMALL, "--json")
+    assert r.exit_code == 0, r.output
+    config = load_config(str(here / "skistune-tuned.yaml"))
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["feasible"] and summary["best"]["config"] == config.to_dict()
+    prov = __import__("yaml").safe_load((here / "skistune-tuned.yaml").read_text())["provenance"]
+    assert prov["slo"] == ["tbt:p99<=200ms"] and prov["search"]["trials"] == 3
+    assert prov["workload"]["digest"] and prov["profile"]["fingerprint"] and prov["search_space"]["name"] == "default"
+    db = here / f"skistune-{summary['study']}.db"  # the embedded default storage, named after the study
+    assert db.is_file() and [p.name for p in here.iterdir() if p.name.startswith(".")] == []
+    assert "Best configs" in r.stdout and "gain over the baseline" in r.stdout
+    assert "not modeled yet, left at defaults: eviction.*, bitwidth.*" in r.stderr
+
+
+def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_alone(here):
+    out = here / "keep.yaml"
+    out.write_text("untouched\n")
+    r = invoke("--slo", "p99=1ms", *SMALL, "--out", str(out))
+    assert r.exit_code == 3, r.output
+    assert "no config met every constraint in 3 trials" in r.stderr
+    assert "tbt:p99<=1ms" in r.stdout and "3 of 3" in r.stdout and "Closest to feasible" in r.stdout
+    assert out.read_text() == "untouched\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--slo", "p99<200ms"], "SLO"),
+    (["--slo", "p99=200ms", "--energy", "0.5W"], "energy"),
+    (["--slo", "p99=200ms", "--quality", "ppl-1%"], "quality"),
+    (["--slo", "p99=200ms", "--space", "nosuchspace"], "nosuchspace"),
+    (["--slo", "p99=200ms", "--objective", "throughput"], "objective"),
+    (["--slo", "p99=200ms", "--target", "tgi"], "target"),
+    (["--slo", "p99=200ms", "--profile", "/no/such.json"], "cannot read profile"),
+    (["--slo", "p99=200ms", "--max-queue", "soon"], "max-queue"),
+    (["--slo", "p99=200ms", "--storage", "not-a-url"], "storage"),
+    (["--slo", "p99=200ms", "--space", "default", "--target", "vllm"], "give one"),
+])
+def test_bad_input_is_one_line_exit_2_and_the_output_file_is_untouched(here, args, message):
+    out = here / "keep.yaml"
+    out.write_text("untouched\n")
+    small = SMALL if "--profile" not in args else SMALL[:-2]
+    r = invoke(*small, *args, "--out", str(out))
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert out.read_text() == "untouched\n"
+    assert not list(here.glob("*.db")) or message in ("storage",)  # nothing ran
+
+
+def test_an_unreadable_profile_file_is_bad_input(here):
+    bad = here / "broken.json"
+    bad.write_text("{not json")
+    r = invoke("--slo", "p99=200ms", *SMALL[:-2], "--profile", str(bad))
+    assert r.exit_code == 2 and "not valid JSON" in r.stderr
+
+
+def test_target_searches_what_the_engine_can_deploy(here):
+    r = invoke("--slo", "p99=200ms", *SMALL, "--target", "vllm", "--json")
+    assert r.exit_code == 0, r.output
+    prov = __import__("yaml").safe_load((here / "skistune-tuned.yaml").read_text())["provenance"]
+    assert prov["search_space"]["name"] == "vllm"
+    assert "offload.write_policy" in prov["search_space"]["not_modeled"]
+
+
+def test_two_worker_processes_share_one_study(here):
+    r = invoke("--slo", "p99=200ms", *SMALL[:2], "--trials", "4", "--validate", "0", "--profile", PROFILE,
+               "--jobs", "2", "--study", "pair", "--json")
+    assert r.exit_code == 0, r.output
+    study = optuna.load_study(study_name="pair", storage=f"sqlite:///{here / 'skistune-pair.db'}")
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(done) == 4 and sorted(t.number for t in done) == [0, 1, 2, 3]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["trials"] == 4

@@ -1,0 +1,90 @@
+"""Validation on the real runtime: the clock that skips idle waits, the KV pool cap that changes nothing
+for the slice, and (slow: the real SmolLM2 model) the top config and the baseline replayed at the rate the
+simulator chose, predicted next to measured, the winner chosen by measurement."""
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+import pytest
+
+import skistune
+import skistune.optimize as opt
+from skistune.profile import load_profile
+from skistune.workloads import load_workload
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json"
+
+
+@pytest.fixture(scope="module")
+def profile():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_profile(PROFILE)
+
+
+def test_skip_idle_clock_jumps_over_waits_and_keeps_real_time_otherwise():
+    clock = opt.SkipIdleClock()
+    started = time.perf_counter()
+    clock.wait_until(100.0)
+    assert time.perf_counter() - started < 0.5 and 100.0 <= clock.now() < 100.5
+    clock.wait_until(50.0)  # the past: nothing to skip
+    before = clock.now()
+    time.sleep(0.01)
+    assert clock.now() - before >= 0.01
+
+
+def test_replay_pool_is_capped_only_where_the_simulator_sees_no_difference(profile):
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=profile)
+    requests = opt.validation_requests(problem, 4)
+    predicted = opt.score(problem, opt.baseline_config(), requests, precision=0.1)
+    replayed = opt.replay_config(problem, predicted, requests)
+    assert replayed.offload.device_kv_bytes == max(2 * predicted.figures["kv_peak_bytes"], opt.VALIDATE_MIN_POOL_BYTES)
+    assert replayed.with_knobs({"offload.device_kv_bytes": None}) == predicted.config
+    tight = predicted.config.with_knobs({"offload.device_kv_bytes": 4 << 20})
+    assert opt.replay_config(problem, opt.score(problem, tight, requests), requests) == tight  # already small
+
+
+def _validation(problem, config, rate, violation):
+    def ev(v):
+        return opt.Evaluation(config, 1.0, (rate,), {"tbt:p99<=200ms": v}, {})
+
+    return opt.Validation(config, rate, ev(-0.5), ev(violation), 1.0)
+
+
+def test_the_winner_is_chosen_by_measurement(profile):
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=profile)
+    a, b, c = (opt.baseline_config().with_knobs({"batching.max_num_seqs": n}) for n in (8, 16, 32))
+    ranked = [opt.Evaluation(x, 1.0, (r,), {}, {}) for x, r in ((a, 3.0), (b, 2.0), (c, 1.0))]
+    held = [_validation(problem, a, 3.0, +0.2), _validation(problem, b, 2.0, -0.1), _validation(problem, c, 1.0, -0.3)]
+    order = sorted(held, key=lambda v: opt._measured_key(problem, v))
+    assert [v.config for v in order] == [b, c, a]  # predicted best broke its SLO on the runtime: b wins
+    best, notes = opt._chosen(ranked, order)
+    assert [e.config for e in best] == [b, a, c] and notes == []
+    broken = sorted([_validation(problem, a, 3.0, +0.4), _validation(problem, b, 2.0, +0.1)],
+                    key=lambda v: opt._measured_key(problem, v))
+    best, notes = opt._chosen(ranked[:2], broken)
+    assert best[0].config == b and "closest to holding" in notes[0]
+
+
+@pytest.mark.slow
+def test_top_config_and_baseline_are_measured_on_the_real_runtime(profile, monkeypatch, tmp_path):
+    monkeypatch.setattr(opt, "VALIDATE_REQUESTS", 3)
+    monkeypatch.setattr(opt, "VALIDATE_MAX_INPUT", 48)
+    monkeypatch.setattr(opt, "VALIDATE_MAX_OUTPUT", 6)
+    r = skistune.optimize(load_workload("chat", requests=16), slo="p99=200ms", n_trials=2, validate=1,
+                          storage=optuna.storages.InMemoryStorage(), profile=profile)
+    assert [v.role for v in r.validated] == ["candidate", "baseline"]
+    tuned, base = r.validated
+    assert tuned.config == r.config and base.config == opt.baseline_config()
+    assert base.rate_rps == pytest.approx(tuned.rate_rps)  # the baseline replays at the winner's rate
+    for v in r.validated:
+        m = v.measured.metrics
+        assert m.num_finished == m.num_requests == 3 and m.output_tokens == 3 * 6
+        assert v.measured.figures["requests"] == 3 and set(v.measured.violations) == set(v.predicted.violations)
+        assert v.wall_s < m.duration_s or v.rate_rps > 1  # waits for arrivals were skipped, not slept
+    prov = r.provenance()["measured"]
+    assert prov["requests"] == 3 and len(prov["runs"]) == 2 and prov["runs"][0]["measured"]["tbt_p99_s"] > 0
+    assert set(r.measured_gain()) >= {"rate_rps", "tuned_holds", "baseline_holds"}
+    assert r.write(tmp_path / "t.yaml").is_file()
