@@ -19,7 +19,7 @@ from skistune.runtime.kv_layout import kv_pool_blocks
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
-from skistune.runtime.scheduler import SchedulerOutput, SeqStatus
+from skistune.runtime.scheduler import SchedulerOutput
 
 # Knobs whose effect the runtime implements and the simulator models. The other families (eviction,
 # bitwidth, host/disk offload, prefetch) are in the schema but have no behaviour yet: a search leaves them

@@ -2,8 +2,6 @@
 determinism, the search space cut to modeled knobs, and the tuned file. Small workloads, the shipped
 profile, in-memory storage, no validation (see test_optimize_storage.py and test_optimize_validate.py)."""
 import math
-import warnings
-from pathlib import Path
 
 import optuna
 import pytest
@@ -13,20 +11,11 @@ from skistune.config import KVConfig, load_config
 from skistune.objectives import NO_LOSS, parse_quality, predict_quality
 from skistune.optimize import (DEFAULT_TRIALS, OptimizeResult, baseline_config, build_problem, modeled_space,
                                not_modeled_note, pareto_front, score)
-from skistune.profile import load_profile
 from skistune.searchspace import load_space
 from skistune.simulator import MODELED_KNOBS
 from skistune.workloads import load_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json"
-
-
-@pytest.fixture(scope="module")
-def profile():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_profile(PROFILE)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import optuna
@@ -13,19 +12,11 @@ import pytest
 import sqlalchemy.exc
 
 import skistune
-from skistune.profile import load_profile
 from skistune.workloads import load_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json"
 COMPLETE = optuna.trial.TrialState.COMPLETE
-
-
-@pytest.fixture(scope="module")
-def profile():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_profile(PROFILE)
 
 
 def run(storage, profile, **kw):

@@ -2,26 +2,15 @@
 for the slice, and (slow: the real SmolLM2 model) the top config and the baseline replayed at the rate the
 simulator chose, predicted next to measured, the winner chosen by measurement."""
 import time
-import warnings
-from pathlib import Path
 
 import optuna
 import pytest
 
 import skistune
 import skistune.optimize as opt
-from skistune.profile import load_profile
 from skistune.workloads import load_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json"
-
-
-@pytest.fixture(scope="module")
-def profile():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_profile(PROFILE)
 
 
 def test_skip_idle_clock_jumps_over_waits_and_keeps_real_time_otherwise():
