@@ -8,8 +8,10 @@ written). Decode rows (one query) are attended in one batched call; prefill chun
 causal mask offset by the cached context.
 
 Attention is two matmuls with the query heads grouped under their KV head (GQA without copying KV per
-query head) and an additive mask built once per step. On CPUs this is 1.5-20x faster than
-``scaled_dot_product_attention`` at these shapes (a single decode query, a few heads).
+query head) and an additive mask built once per step. Measured on this project's 2-core CPU against
+``scaled_dot_product_attention`` on the same gathered KV: 5-15% faster for decode batches (8-32
+sequences, 96-512 tokens) and 1.4-2x faster for prefill chunks (16-512 queries); and the attention
+probabilities that the eviction policies need are at hand.
 """
 from __future__ import annotations
 
