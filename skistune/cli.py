@@ -79,45 +79,6 @@ def demo(
         print_json({"completions": completions, "metrics": metrics.to_dict()})
 
 
-@app.command()
-@cli_errors
-def evaluate(
-    config: Annotated[Path, typer.Argument(help="KV config file (YAML/JSON), e.g. one written by optimize")],
-    workload: Annotated[str, typer.Option(help="a preset (chat, code, long-context, agent) or a trace file")] = "chat",
-    mode: Annotated[str, typer.Option(help="simulate (hardware profile) or run (real runtime)")] = "simulate",
-    model: Annotated[str, typer.Option(help="model preset")] = "smollm2-135m",
-    profile: Annotated[Optional[Path], typer.Option(help="hardware profile JSON (default: this machine's, "
-                                                         "measured and cached if missing)")] = None,
-    seed: Annotated[int, typer.Option(min=0, help="seed for presets and prompt tokens")] = 0,
-    requests: Annotated[Optional[int], typer.Option(min=1, help="requests in a preset")] = None,
-    first: Annotated[Optional[int], typer.Option(min=1, help="keep the first N requests")] = None,
-    rate_scale: Annotated[float, typer.Option(help="multiply the arrival rate")] = 1.0,
-    length_scale: Annotated[float, typer.Option(help="multiply input and output lengths")] = 1.0,
-    max_input: Annotated[Optional[int], typer.Option(min=1, help="cap prompts at this many tokens")] = None,
-    max_output: Annotated[Optional[int], typer.Option(min=1, help="cap outputs at this many tokens")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
-) -> None:
-    """Metrics of one config on one workload: predicted by the simulator or measured on the real runtime
-    (same table, same JSON), so that any prediction can be checked."""
-    from skistune.config import load_config
-    from skistune.display import metrics_table, summary_table
-    from skistune.evaluate import evaluate as run_evaluate, workload_requests
-    from skistune.workloads import load_workload
-
-    cfg = load_config(str(config))
-    w = load_workload(workload, seed=seed, requests=requests, first=first, rate_scale=rate_scale,
-                      length_scale=length_scale, max_input=max_input, max_output=max_output)
-    reqs = workload_requests(w, model, seed)
-    label = "predicted (simulator)" if mode == "simulate" else "measured (runtime)"
-    with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
-        metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=str(profile) if profile else None)
-    console.print(metrics_table(metrics, f"{model} on {w.source}: {label}"))
-    console.print(summary_table(metrics))
-    if json_out:
-        print_json({"mode": mode, "model": model, "workload": w.source, "workload_digest": w.digest(),
-                    "metrics": metrics.to_dict()})
-
-
 def main() -> None:
     app()
 
@@ -130,3 +91,6 @@ app.command()(profile)
 
 from skistune.optimize_cli import optimize  # noqa: E402
 app.command()(optimize)
+
+from skistune.evaluate_cli import evaluate  # noqa: E402
+app.command()(evaluate)

@@ -9,15 +9,13 @@ from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import get_preset
 from skistune.runtime.request import Request
 from skistune.simulator import SimTarget, simulate, target_from_profile
-from skistune.workloads import Workload, to_requests
+from skistune.workloads import Workload, scale_lengths, to_requests
 
 MODES = ("simulate", "run")
 
 
 def fit_to_context(workload: Workload, max_context: int) -> Workload:
     """Cap outputs, then prompts, so that every request fits the model's context."""
-    from skistune.workloads import scale_lengths
-
     too_long = (workload.input_tokens + workload.output_tokens) > max_context
     if not too_long.any():
         return workload

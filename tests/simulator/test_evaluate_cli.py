@@ -1,0 +1,27 @@
+"""`skistune evaluate`: the simulated metrics as one JSON object; bad input is one line and exit code 2."""
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from skistune.cli import app
+
+PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json")
+
+
+def test_simulated_metrics_end_with_one_json_object(tmp_path):
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("batching:\n  max_num_batched_tokens: 256\n  chunk_size: 64\n")
+    r = CliRunner().invoke(app, ["evaluate", str(cfg), "--requests", "20", "--profile", PROFILE, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    assert out["mode"] == "simulate" and out["metrics"]["num_requests"] == 20
+    assert out["metrics"]["num_finished"] == 20 and out["metrics"]["ttft_s"]["p99"] > 0
+
+
+def test_bad_config_is_one_line_and_exit_2(tmp_path):
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("batching:\n  max_num_seqs: 0\n")
+    r = CliRunner().invoke(app, ["evaluate", str(cfg), "--profile", PROFILE])
+    assert r.exit_code == 2 and "batching.max_num_seqs: 0 is outside" in r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
