@@ -94,3 +94,6 @@ app.command()(optimize)
 
 from skistune.evaluate_cli import evaluate  # noqa: E402
 app.command()(evaluate)
+
+from skistune.export_cli import export  # noqa: E402
+app.command()(export)

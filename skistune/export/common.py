@@ -1,0 +1,123 @@
+"""Helpers the engine exporters share: KV widths an engine has, sizes in the engines' units, the knobs
+engines fix (eviction, per-group scales), YAML and shell rendering."""
+from __future__ import annotations
+
+import shlex
+from typing import Any, Callable
+
+import yaml
+
+from skistune.export.base import EVICTION_DETAILS, Plan
+from skistune.runtime.presets import ModelSpec
+
+GIB = 1 << 30
+GB = 10**9
+
+# The Hugging Face repositories of the model presets' architectures, for the `MODEL` of a command line.
+# Presets are shapes; these ids are the usual instruct checkpoints of those shapes (edit the command if
+# you serve another checkpoint of the same shape).
+HF_REPOS = {
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
+}
+
+
+def model_id(model: ModelSpec) -> str:
+    return HF_REPOS.get(model.name, model.name)
+
+
+def round_up_width(bits: int, widths: tuple[int, ...]) -> int:
+    """The narrowest width the engine has that is at least ``bits`` (never less precise than asked)."""
+    wider = [w for w in sorted(widths) if w >= bits]
+    return wider[0] if wider else max(widths)
+
+
+def single_kv_bits(plan: Plan, widths: tuple[int, ...], label: Callable[[int], str], others: str = "") -> int:
+    """One KV width for all layers, keys and values alike (the engines here have one KV dtype): the
+    widest the config asks for, rounded up to a width the engine has (never less precise than asked).
+    ``others`` says why the engine's other, narrower dtypes are not used. Accounts for the bit knobs."""
+    bw = plan.config.bitwidth
+    have = "the dtypes written are " + ", ".join(f"{w}-bit {label(w)}" for w in sorted(widths, reverse=True)) + others
+    if bw.layer_bits is not None:
+        got = round_up_width(max(b for pair in bw.layer_bits for b in pair), widths)
+        if any(b != got for pair in bw.layer_bits for b in pair):
+            plan.instead("bitwidth.layer_bits", f"{label(got)} for every layer",
+                         f"{plan.engine} has one KV dtype for all layers and for keys and values ({have}); "
+                         "the widest asked for, rounded up")
+        else:
+            plan.express("bitwidth.layer_bits")
+        return got
+    got = round_up_width(max(bw.key_bits, bw.value_bits), widths)
+    for knob, bits in (("bitwidth.key_bits", bw.key_bits), ("bitwidth.value_bits", bw.value_bits)):
+        if bits == got:
+            plan.express(knob)
+        elif bits in widths:
+            plan.instead(knob, label(got), f"{plan.engine} has one KV dtype for keys and values; the wider one")
+        else:
+            plan.instead(knob, label(got), f"{plan.engine} has no {bits}-bit KV ({have}); the nearest wider")
+    return got
+
+
+def fixed_scaling(plan: Plan, how: str) -> None:
+    """Engines' KV dtypes carry their own scales and keep no full-precision window. ``group_size`` 32 (the
+    default, which the engine search spaces fix) stands for "the engine's own scaling"; any other group
+    size is reported."""
+    plan.fixed("bitwidth.group_size", 32, f"{plan.engine} has no group-size setting ({how})",
+               written=f"the engine's scaling ({how})")
+    plan.fixed("bitwidth.full_precision_window", 0, f"{plan.engine} quantizes every token of the KV cache",
+               written="0 (no full-precision window)")
+
+
+def no_eviction(plan: Plan, why: str) -> None:
+    """For engines that keep every token of a running sequence: policy none is expressed, any other
+    policy (with its budget, sinks, window and schedule) is one warning."""
+    if plan.value("eviction.policy") == "none":
+        plan.express("eviction.policy")
+        return
+    plan.instead("eviction.policy", "no eviction (every token kept)", why, related=EVICTION_DETAILS)
+
+
+def size_in(bytes_: int, unit: int) -> float:
+    """A byte count in GiB/GB with three decimals (at least 0.001, so a small pool stays on)."""
+    return max(round(bytes_ / unit, 3), 0.001)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for mappings, flow style for lists of scalars (a per-layer list stays one line)."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flow = all(not isinstance(x, (list, dict)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def dump_yaml(data: dict[str, Any], header: str) -> str:
+    """Deterministic YAML (insertion order) under a comment header."""
+    return comment(header) + yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                                       width=1 << 16)
+
+
+def comment(text: str) -> str:
+    """``text`` as YAML comment lines."""
+    return "".join(f"# {line}\n" if line else "#\n" for line in text.splitlines())
+
+
+def shell_args(flags: dict[str, Any]) -> list[str]:
+    """``--key value`` pairs as argparse-style engines read them: ``true`` is the bare flag, lists are
+    several values; values are shell-quoted."""
+    out: list[str] = []
+    for key, value in flags.items():
+        if value is False or value is None:
+            continue
+        out.append(f"--{key}")
+        if value is True:
+            continue
+        values = value if isinstance(value, list) else [value]
+        out.extend(shlex.quote(str(v)) for v in values)
+    return out

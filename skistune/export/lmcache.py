@@ -1,0 +1,99 @@
+"""`lmcache`: an LMCache configuration file (`LMCACHE_CONFIG_FILE=<yaml>`), the host and disk tiers of the
+KV cache behind an engine's LMCache connector. Facts from shared/reference/engines-and-algorithms.md §1
+(LMCacheConnectorV1) and §3 (LMCache keys, `lmcache/v1/config.py` @000620e3).
+
+An LMCache file holds the tiers only: batching, eviction, KV width, block size and the device pool are
+the engine's settings, so they are listed as out of scope (export them with ``--to vllm``).
+
+Mapping, knob -> LMCache:
+  offload.host_kv_bytes   local_cpu + max_local_cpu_size. The reference says "GB"; LMCache multiplies by
+                          1024**3 (checked in lmcache/v1/config users, not in the reference), so GiB.
+  offload.disk_kv_bytes   local_disk + max_local_disk_size (GiB, as above). skistune has no path knob: the
+                          file names DISK_PATH, a placeholder to edit.
+  offload.write_policy    write_through: LMCache stores chunks as the engine saves them (save_kv_layer /
+                          wait_for_save), not when the device evicts them.
+  offload.demote_first    cached_prefix: LMCache holds hashed prefix chunks.
+  prefetch.*              use_layerwise: loads pipelined per layer (unit layers, one layer ahead).
+                          enable_async_loading is not used: the reference says its semantics were not
+                          checked in source.
+  prefix_reuse.enabled    LMCache exists to reuse stored prefixes; off cannot be expressed.
+  chunk_size              no skistune knob: LMCache's default, 256 tokens per hashed chunk.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
+from skistune.export.common import GIB, dump_yaml, model_id, size_in
+from skistune.runtime.presets import ModelSpec
+
+DISK_PATH = "file:///var/tmp/skistune-lmcache/"  # placeholder: skistune's config names no disk path
+CHUNK_SIZE = 256  # LMCache's default chunk (reference §3); skistune has no chunk knob
+CONNECTOR = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+
+
+def lmcache_settings(plan: Plan) -> dict[str, Any]:
+    """LMCache's keys for the config's host and disk tiers; accounts for the tier and prefetch knobs
+    (shared with the vLLM exporter, which reaches a disk tier through LMCache)."""
+    off, pf = plan.config.offload, plan.config.prefetch
+    settings: dict[str, Any] = {"chunk_size": CHUNK_SIZE, "local_cpu": off.host_kv_bytes > 0}
+    if off.host_kv_bytes:
+        settings["max_local_cpu_size"] = size_in(off.host_kv_bytes, GIB)
+    settings["local_disk"] = DISK_PATH if off.disk_kv_bytes else None
+    if off.disk_kv_bytes:
+        settings["max_local_disk_size"] = size_in(off.disk_kv_bytes, GIB)
+    settings["use_layerwise"] = bool(pf.enabled and (off.host_kv_bytes or off.disk_kv_bytes))
+    plan.express("offload.host_kv_bytes", "offload.disk_kv_bytes")
+    plan.fixed("offload.write_policy", "write_through", "LMCache stores KV chunks as the engine saves them")
+    plan.fixed("offload.demote_first", "cached_prefix", "LMCache holds hashed prefix chunks; preempted "
+               "sequences are the engine's business")
+    plan.express("prefetch.enabled")
+    plan.fixed("prefetch.unit", "layers", "LMCache's only overlapped loading is layer by layer (use_layerwise)")
+    plan.fixed("prefetch.depth", 1, "use_layerwise loads one layer ahead of compute; LMCache has no depth "
+               "setting")
+    return settings
+
+
+def lmcache_env(settings: dict[str, Any]) -> dict[str, str]:
+    """The same settings as LMCACHE_<KEY> environment variables (reference §3). Booleans as true/false,
+    which LMCache's `_to_bool` reads (checked in its source; the reference names the variables only)."""
+    env = {}
+    for key, value in settings.items():
+        if value is not None:
+            env[f"LMCACHE_{key.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def connector_json(layerwise: bool) -> str:
+    """vLLM's --kv-transfer-config for LMCache; ``use_layerwise`` is one of its documented extra keys."""
+    config: dict[str, Any] = dict(CONNECTOR)
+    if layerwise:
+        config["kv_connector_extra_config"] = {"use_layerwise": True}
+    return json.dumps(config, separators=(",", ":"))
+
+
+class LMCacheExporter(Exporter):
+    name = "lmcache"
+    engine = "LMCache"
+    versions = (EngineVersion("main-000620e3", "lmcache/v1/config.py @000620e3 (_CONFIG_DEFINITIONS); "
+                                               "reference §3"),)
+    default_file = "lmcache.yaml"
+    scope = frozenset({"offload.host_kv_bytes", "offload.disk_kv_bytes", "offload.write_policy",
+                       "offload.demote_first", "prefetch.enabled", "prefetch.unit", "prefetch.depth",
+                       "prefix_reuse.enabled"})
+
+    def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
+        settings = lmcache_settings(plan)
+        plan.fixed("prefix_reuse.enabled", True, "LMCache reuses every stored prefix chunk a prompt matches",
+                   written="prefix reuse on")
+        if settings["local_disk"]:
+            plan.notes.append(f"local_disk {DISK_PATH} is a placeholder (skistune has no disk-path knob): "
+                              "point it at the disk the tier should use")
+        header = (f"LMCache {version.name} configuration, written by skistune export.\n"
+                  "Use: LMCACHE_CONFIG_FILE=<this file> with the engine's LMCache connector "
+                  "(vLLM: LMCacheConnectorV1).")
+        command = (f"LMCACHE_CONFIG_FILE={shlex.quote(file_name)} vllm serve {model_id(model)} --kv-transfer-config "
+                   f"{shlex.quote(connector_json(settings['use_layerwise']))}")
+        return Rendered(dump_yaml(settings, header), command)

@@ -1,0 +1,18 @@
+"""`native`: the skistune YAML itself, every knob as written (the file `skistune optimize` writes and
+`skistune demo --config` / `skistune evaluate` read)."""
+from __future__ import annotations
+
+from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
+from skistune.runtime.presets import ModelSpec
+
+
+class NativeExporter(Exporter):
+    name = "native"
+    engine = "skistune"
+    # The config format has one version so far; a new one would be added here with its converter.
+    versions = (EngineVersion("1", "skistune/config.py (KVConfig)"),)
+    default_file = "skistune-tuned.yaml"
+
+    def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
+        plan.express(*plan.relevant)
+        return Rendered(plan.config.to_yaml(), f"skistune evaluate {file_name} --mode run --model {model.name}")

@@ -1,0 +1,161 @@
+"""`sglang`: an SGLang `--config` YAML and the equivalent `python -m sglang.launch_server` command line.
+
+Facts from shared/reference/engines-and-algorithms.md §2 (`python/sglang/srt/server_args.py` @001067ff,
+the newest). SGLang's YAML keys are used as written in ``--{key}``, so they are dashed; a store_true flag
+is written ``true`` and left out when off. ``--model-path`` (the command's model flag) is not in the
+reference; it is SGLang's usual model flag.
+
+Mapping, knob -> SGLang:
+  bitwidth.key/value_bits   --kv-cache-dtype auto (16) | fp8_e4m3 (8); one dtype for keys and values. 4
+                            and 2 bits are written as fp8_e4m3: the portable set is auto/fp8_e4m3/fp8_e5m2.
+  bitwidth.group_size       fp8 scales are per tensor (--quantization-param-path, else 1.0); 32 stands for it.
+  eviction.*                none: --radix-eviction-policy evicts cached prefixes, not tokens of running
+                            sequences.
+  prefix_reuse.*            radix cache (off: --disable-radix-cache), --page-size.
+  batching.*                --max-running-requests, --max-prefill-tokens (SGLang caps prefill tokens per
+                            batch; decode tokens are not counted), --chunked-prefill-size (-1: off),
+                            --schedule-policy fcfs | lpm (longest prefix match); retraction recomputes.
+  offload.device_*          --mem-fraction-static (SGLang's fraction covers the weights too), or
+                            --max-total-tokens = device_kv_bytes / KV bytes per token of the model.
+  offload.host_kv_bytes     --enable-hierarchical-cache --hicache-size: whole GB (1e9 bytes: SGLang's host
+                            pool is host_size * 1e9 bytes, checked in its source; the reference says "GB per
+                            rank") on one rank; at least twice the device pool, the minimum the HiCache
+                            design doc gives, when the device pool is known.
+  offload.write_policy      --hicache-write-policy write_back | write_through.
+  offload.disk_kv_bytes     --hicache-storage-backend file: storage backends take no size setting.
+  prefetch.*                host-to-device loads are always layer-overlapped (unit layers, one layer ahead);
+                            with a disk tier --hicache-storage-prefetch-policy timeout (prefetch, bounded)
+                            or wait_complete (prefetch off: wait for the whole load).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
+from skistune.export.common import GB, dump_yaml, fixed_scaling, model_id, no_eviction, shell_args, single_kv_bits
+from skistune.runtime.presets import ModelSpec
+
+WIDTHS = (16, 8)
+ROUNDING_TOLERANCE = 0.02  # a host pool within 2% of the asked size is the same setting in whole GB
+HICACHE_MIN_RATIO = 2  # host pool / device pool, per the HiCache design doc (reference §2)
+
+
+def _dtype(width: int) -> str:
+    return "auto" if width == 16 else "fp8_e4m3"
+
+
+class SglangExporter(Exporter):
+    name = "sglang"
+    engine = "SGLang"
+    versions = (EngineVersion("main-001067ff", "python/sglang/srt/server_args.py @001067ff (the newest in the "
+                                               "reference); reference §2"),)
+    default_file = "sglang-config.yaml"
+
+    def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
+        width = single_kv_bits(plan, WIDTHS, _dtype, "; fp4/mxfp8 dtypes are outside SGLang's portable set")
+        fixed_scaling(plan, "fp8 scales are per tensor, from --quantization-param-path or 1.0")
+        no_eviction(plan, "SGLang keeps every token of a running sequence (--radix-eviction-policy evicts cached "
+                    "prefixes only)")
+        flags: dict[str, Any] = {"kv-cache-dtype": _dtype(width)}
+        flags.update(self._cache(plan))
+        flags.update(self._batching(plan))
+        flags.update(self._memory(plan, model, width))
+        flags.update(self._hicache(plan, model, width))
+        header = (f"SGLang {version.name} server arguments: python -m sglang.launch_server --model-path MODEL "
+                  "--config <this file>\nwritten by skistune export; keys are SGLang's flags without the dashes")
+        command = " ".join(["python -m sglang.launch_server --model-path", model_id(model), *shell_args(flags)])
+        return Rendered(dump_yaml(flags, header), command)
+
+    def _cache(self, plan: Plan) -> dict[str, Any]:
+        flags: dict[str, Any] = {"page-size": plan.value("prefix_reuse.block_size")}
+        plan.express("prefix_reuse.block_size")
+        tiers = plan.config.offload.host_kv_bytes or plan.config.offload.disk_kv_bytes
+        if plan.value("prefix_reuse.enabled"):
+            plan.express("prefix_reuse.enabled")
+        elif tiers:
+            plan.instead("prefix_reuse.enabled", "radix cache on", "HiCache (the host and disk tiers) is a "
+                         "hierarchical radix cache and needs the radix cache")
+        else:
+            flags["disable-radix-cache"] = True
+            plan.express("prefix_reuse.enabled")
+        return flags
+
+    def _batching(self, plan: Plan) -> dict[str, Any]:
+        b = plan.config.batching
+        flags = {"max-running-requests": b.max_num_seqs, "max-prefill-tokens": b.max_num_batched_tokens,
+                 "chunked-prefill-size": b.chunk_size if b.chunked_prefill else -1,
+                 "schedule-policy": "lpm" if b.policy == "prefix" else "fcfs"}
+        plan.express("batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill",
+                     "batching.chunk_size")
+        plan.notes.append("batching.max_num_batched_tokens is written as --max-prefill-tokens: SGLang caps the "
+                          "prefill tokens of a batch; decode tokens are not counted against it")
+        if b.policy == "edf":
+            plan.instead("batching.policy", "schedule-policy fcfs", "SGLang's priority policy orders by priorities "
+                         "clients send; it has no deadline order")
+        else:
+            plan.express("batching.policy")
+        plan.fixed("batching.preemption", "recompute", "SGLang retracts a request by freeing its KV and "
+                   "recomputing it; it has no swap")
+        return flags
+
+    def _memory(self, plan: Plan, model: ModelSpec, width: int) -> dict[str, Any]:
+        off = plan.config.offload
+        plan.express("offload.device_kv_bytes", "offload.device_memory_fraction")
+        if off.device_kv_bytes is None:
+            plan.notes.append("offload.device_memory_fraction is written as --mem-fraction-static, which SGLang "
+                              "takes of the whole GPU memory (weights included): its KV pool comes out smaller")
+            return {"mem-fraction-static": off.device_memory_fraction}
+        per_token = model.kv_bytes_per_token(width, width)
+        plan.notes.append(f"--max-total-tokens = offload.device_kv_bytes / {per_token} bytes per token of "
+                          f"{model.name} at {width}-bit KV")
+        return {"max-total-tokens": max(1, off.device_kv_bytes // per_token)}
+
+    def _hicache(self, plan: Plan, model: ModelSpec, width: int) -> dict[str, Any]:
+        off = plan.config.offload
+        plan.express("offload.host_kv_bytes", "offload.disk_kv_bytes")
+        if not (off.host_kv_bytes or off.disk_kv_bytes):
+            return {}
+        flags: dict[str, Any] = {"enable-hierarchical-cache": True}
+        if off.host_kv_bytes:
+            flags["hicache-size"] = self._host_gb(plan)
+        else:
+            plan.instead("offload.host_kv_bytes", "SGLang's default host pool (--hicache-ratio default)",
+                         "HiCache stages the disk tier (L3) through a host pool (L2)")
+        flags["hicache-write-policy"] = off.write_policy
+        plan.express("offload.write_policy")
+        plan.fixed("offload.demote_first", "cached_prefix", "HiCache demotes radix-tree nodes (cached prefixes); "
+                   "retracted requests are recomputed")
+        flags.update(self._disk_and_prefetch(plan))
+        return flags
+
+    def _host_gb(self, plan: Plan) -> int:
+        """--hicache-size: whole GB, at least HICACHE_MIN_RATIO x the device pool where that is known."""
+        off = plan.config.offload
+        size = max(1, round(off.host_kv_bytes / GB))
+        reasons = []
+        if abs(size * GB - off.host_kv_bytes) > ROUNDING_TOLERANCE * off.host_kv_bytes:
+            reasons.append("SGLang sizes the host pool in whole GB (1e9 bytes)")
+        if off.device_kv_bytes is not None and size * GB < HICACHE_MIN_RATIO * off.device_kv_bytes:
+            size = math.ceil(HICACHE_MIN_RATIO * off.device_kv_bytes / GB)
+            reasons.append(f"the HiCache design asks for a host pool of at least {HICACHE_MIN_RATIO}x the device pool")
+        if reasons:
+            plan.instead("offload.host_kv_bytes", f"hicache-size {size}", "; ".join(reasons))
+        plan.notes.append("--hicache-size is per rank: the size assumes one rank (tensor parallel 1)")
+        return size
+
+    def _disk_and_prefetch(self, plan: Plan) -> dict[str, Any]:
+        off, pf = plan.config.offload, plan.config.prefetch
+        flags: dict[str, Any] = {}
+        if off.disk_kv_bytes:
+            flags["hicache-storage-backend"] = "file"
+            flags["hicache-storage-prefetch-policy"] = "timeout" if pf.enabled else "wait_complete"
+            plan.instead("offload.disk_kv_bytes", "hicache-storage-backend file (no size cap)",
+                         "SGLang's storage backends take no size setting")
+            plan.express("prefetch.enabled")
+        else:
+            plan.fixed("prefetch.enabled", True, "SGLang always loads host KV layer by layer, overlapped with "
+                       "compute", written="layer-overlapped loads (always on)")
+        plan.fixed("prefetch.unit", "layers", "SGLang's host-to-device loads go layer by layer")
+        plan.fixed("prefetch.depth", 1, "layer N+1 loads while layer N computes; SGLang has no depth setting")
+        return flags

@@ -1,0 +1,182 @@
+"""`vllm`: a `vllm serve --config` YAML and the equivalent `vllm serve MODEL --flag ...` command line.
+
+Facts from shared/reference/engines-and-algorithms.md §1 (vLLM `arg_utils.py` @99d7eb5d, about v0.11, and
+@002f10e0, the newest). The YAML follows vLLM's loader: a flat dict of flag names without dashes, ``true``
+is the bare flag, and ``false`` is dropped (so the default would win): an off switch is written in its
+``no-`` form (``no-enable-prefix-caching: true``). Dict-valued flags are JSON strings.
+
+Mapping, knob -> vLLM:
+  bitwidth.key/value_bits   --kv-cache-dtype auto (16) | fp8 (8); one dtype for keys and values. 4 and 2
+                            bits are written as fp8: the portable set is auto/fp8/fp8_e4m3/fp8_e5m2, and
+                            the newest literal's int4/nvfp4/turboquant dtypes have no documented behaviour
+                            in the reference.
+  bitwidth.layer_bits       newest: fp8 with --kv-cache-dtype-skip-layers naming the 16-bit layers;
+                            0.11 has no such flag: one dtype, the widest layer's.
+  bitwidth.group_size       fp8 has per-tensor scales (checkpoint or 1.0); 32 stands for that.
+  eviction.*                none: vLLM keeps every token of a running sequence.
+  prefix_reuse.*            --enable-prefix-caching / --no-enable-prefix-caching, --block-size (0.11 accepts
+                            1, 8, 16, 32, 64, 128; the newest any positive int).
+  batching.*                --max-num-seqs, --max-num-batched-tokens, --enable-chunked-prefill /
+                            --no-enable-chunked-prefill, --long-prefill-token-threshold (V1 caps one long
+                            prompt's tokens per step at it), --scheduling-policy fcfs (vLLM's other policy,
+                            priority, orders by client-sent priorities); preemption is always recompute
+                            in the V1 engine (swap was V0 only).
+  offload.device_*          --kv-cache-memory-bytes, else --gpu-memory-utilization.
+  offload.host_kv_bytes     newest: --kv-offloading-size GiB (total across TP ranks) with the native
+                            backend; 0.11: --kv-transfer-config OffloadingConnector with num_cpu_blocks
+                            (cpu_bytes_to_use is required only from about v0.15). Whether
+                            --kv-offloading-size already existed in 0.11 the reference does not say, so
+                            0.11 uses the connector it documents for that version.
+  offload.disk_kv_bytes     through LMCache (LMCacheConnectorV1), configured by LMCACHE_* environment
+                            variables in the command line: vLLM's own offloading has no disk tier except
+                            the newest TieringOffloadingSpec, whose tier keys the reference does not give.
+  offload.write_policy/     the OffloadingConnector writes finished blocks to CPU as they are produced
+  demote_first, prefetch.*  (write_through, cached prefixes) and loads hits back asynchronously (always on;
+                            no depth setting).
+The reference lists no version note for --kv-cache-memory-bytes, --long-prefill-token-threshold,
+--no-enable-chunked-prefill or LMCacheConnectorV1: they are taken as present in both versions.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
+from skistune.export.common import (GIB, dump_yaml, fixed_scaling, model_id, no_eviction, round_up_width,
+                                    shell_args, single_kv_bits, size_in)
+from skistune.export.layers import check_layer_bits
+from skistune.export.lmcache import connector_json, lmcache_env, lmcache_settings
+from skistune.runtime.presets import ModelSpec
+
+WIDTHS = (16, 8)
+OTHER_DTYPES = "; the newest also lists int4/nvfp4/turboquant dtypes, whose behaviour the reference does not give"
+
+
+def _dtype(width: int) -> str:
+    return "auto" if width == 16 else "fp8"
+
+
+class VllmExporter(Exporter):
+    name = "vllm"
+    engine = "vLLM"
+    versions = (
+        EngineVersion("0.11", "vllm/engine/arg_utils.py @99d7eb5d (about v0.11); reference §1",
+                      {"block_sizes": (1, 8, 16, 32, 64, 128), "skip_layers": False, "offload": "connector"}),
+        EngineVersion("main-002f10e0", "vllm/engine/arg_utils.py, config/cache.py @002f10e0 (the newest in the "
+                                       "reference, about v0.2x-0.30, 2026); reference §1",
+                      {"block_sizes": None, "skip_layers": True, "offload": "size"}),
+    )
+    default_file = "vllm-config.yaml"
+
+    def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
+        flags, width = self._kv_dtype(plan, version, model)
+        fixed_scaling(plan, "fp8 scales are per tensor, from the checkpoint or 1.0")
+        no_eviction(plan, "vLLM has no KV eviction or compression: a running sequence keeps every token")
+        flags.update(self._blocks(plan, version))
+        flags.update(self._batching(plan))
+        flags.update(self._memory(plan))
+        offload, env = self._offload(plan, version, model, width, flags["block-size"])
+        flags.update(offload)
+        header = [f"vLLM {version.name} engine arguments: vllm serve MODEL --config <this file>",
+                  "written by skistune export; keys are vLLM's flags without the leading dashes"]
+        if env:
+            header.append("LMCache (LMCacheConnectorV1) reads its settings from the environment:")
+            header.append("  " + " ".join(f"{k}={v}" for k, v in env.items()))
+        prefix = "".join(f"{k}={v} " for k, v in env.items())
+        command = " ".join([f"{prefix}vllm serve {model_id(model)}", *shell_args(flags)])
+        return Rendered(dump_yaml(flags, "\n".join(header)), command)
+
+    def _kv_dtype(self, plan: Plan, version: EngineVersion, model: ModelSpec) -> tuple[dict[str, Any], int]:
+        """--kv-cache-dtype (and, per layer, --kv-cache-dtype-skip-layers); the width used for sizes."""
+        layer_bits = plan.config.bitwidth.layer_bits
+        if layer_bits is None or not version["skip_layers"]:
+            width = single_kv_bits(plan, WIDTHS, _dtype, OTHER_DTYPES)
+            return {"kv-cache-dtype": _dtype(width)}, width
+        check_layer_bits(plan.config, model)
+        widths = [round_up_width(max(pair), WIDTHS) for pair in layer_bits]
+        skip = [layer for layer, w in enumerate(widths) if w == 16] if 8 in widths else []
+        flags: dict[str, Any] = {"kv-cache-dtype": "fp8" if 8 in widths else "auto"}
+        if skip:
+            flags["kv-cache-dtype-skip-layers"] = skip
+        if any(b != w for pair, w in zip(layer_bits, widths) for b in pair):
+            written = f"kv-cache-dtype {flags['kv-cache-dtype']}" + (f", 16-bit layers {skip}" if skip else "")
+            plan.instead("bitwidth.layer_bits", written, "vLLM has 16-bit or fp8 KV per layer, one dtype for keys "
+                         "and values; each layer's wider width, rounded up" + OTHER_DTYPES)
+        else:
+            plan.express("bitwidth.layer_bits")
+        return flags, max(widths)
+
+    def _blocks(self, plan: Plan, version: EngineVersion) -> dict[str, Any]:
+        size, allowed = plan.value("prefix_reuse.block_size"), version["block_sizes"]
+        if allowed is not None and size not in allowed:
+            nearest = min(allowed, key=lambda s: (abs(s - size), -s))
+            plan.instead("prefix_reuse.block_size", f"block-size {nearest}",
+                         f"vLLM {version.name} accepts block sizes {', '.join(map(str, allowed))}; the nearest")
+            size = nearest
+        else:
+            plan.express("prefix_reuse.block_size")
+        plan.express("prefix_reuse.enabled")
+        caching = "enable-prefix-caching" if plan.value("prefix_reuse.enabled") else "no-enable-prefix-caching"
+        return {"block-size": size, caching: True}
+
+    def _batching(self, plan: Plan) -> dict[str, Any]:
+        b = plan.config.batching
+        flags: dict[str, Any] = {"max-num-seqs": b.max_num_seqs, "max-num-batched-tokens": b.max_num_batched_tokens}
+        if b.chunked_prefill:
+            flags.update({"enable-chunked-prefill": True, "long-prefill-token-threshold": b.chunk_size})
+        else:
+            flags["no-enable-chunked-prefill"] = True
+        flags["scheduling-policy"] = "fcfs"
+        plan.express("batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill",
+                     "batching.chunk_size")
+        plan.fixed("batching.policy", "fcfs", "vLLM orders by arrival (fcfs) or by priorities clients send "
+                   "(priority); it has no longest-prefix-first or deadline order", written="scheduling-policy fcfs")
+        plan.fixed("batching.preemption", "recompute", "vLLM's V1 engine always preempts by recompute (swap was "
+                   "V0 only)")
+        return flags
+
+    def _memory(self, plan: Plan) -> dict[str, Any]:
+        off = plan.config.offload
+        plan.express("offload.device_kv_bytes", "offload.device_memory_fraction")
+        if off.device_kv_bytes is not None:
+            return {"kv-cache-memory-bytes": off.device_kv_bytes}
+        plan.notes.append("offload.device_memory_fraction is written as --gpu-memory-utilization, which vLLM takes "
+                          "of the whole GPU memory (weights and activations included), while skistune's fraction "
+                          "is of the memory left after the weights: vLLM's KV pool comes out smaller; set "
+                          "offload.device_kv_bytes for an exact pool (--kv-cache-memory-bytes)")
+        return {"gpu-memory-utilization": off.device_memory_fraction}
+
+    def _offload(self, plan: Plan, version: EngineVersion, model: ModelSpec, width: int,
+                 block_size: int) -> tuple[dict[str, Any], dict[str, str]]:
+        """The offload flags and the environment they need (LMCache's, for a disk tier)."""
+        off = plan.config.offload
+        if off.disk_kv_bytes:
+            settings = lmcache_settings(plan)
+            plan.notes.append("disk tier through LMCache: the command sets LMCACHE_* variables (or export --to "
+                              "lmcache and set LMCACHE_CONFIG_FILE); LMCACHE_LOCAL_DISK is a placeholder path")
+            return {"kv-transfer-config": connector_json(settings["use_layerwise"])}, lmcache_env(settings)
+        plan.express("offload.host_kv_bytes", "offload.disk_kv_bytes")
+        if not off.host_kv_bytes:
+            return {}, {}
+        self._native_offload_behaviour(plan)
+        if version["offload"] == "size":
+            return {"kv-offloading-size": size_in(off.host_kv_bytes, GIB), "kv-offloading-backend": "native"}, {}
+        block_bytes = model.kv_bytes_per_token(width, width) * block_size
+        blocks = max(1, off.host_kv_bytes // block_bytes)
+        plan.notes.append(f"num_cpu_blocks {blocks} = host_kv_bytes / {block_bytes} bytes per {block_size}-token "
+                          f"block of {model.name} at {width}-bit KV, on one rank (tensor parallel 1)")
+        extra = {"block_size": block_size, "num_cpu_blocks": blocks}
+        connector = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
+        return {"kv-transfer-config": json.dumps(connector, separators=(",", ":"))}, {}
+
+    @staticmethod
+    def _native_offload_behaviour(plan: Plan) -> None:
+        """What vLLM's OffloadingConnector always does (reference §1), against the tier knobs."""
+        plan.fixed("offload.write_policy", "write_through", "vLLM's OffloadingConnector writes finished blocks to "
+                   "CPU as they are produced")
+        plan.fixed("offload.demote_first", "cached_prefix", "the CPU copies serve prefix-cache hits; preempted "
+                   "sequences are recomputed, not moved")
+        plan.fixed("prefetch.enabled", True, "the OffloadingConnector always loads CPU hits back asynchronously "
+                   "(DMA overlapped with compute)", written="asynchronous loads (always on)")
+        plan.fixed("prefetch.unit", "blocks", "the OffloadingConnector moves whole blocks")
+        plan.fixed("prefetch.depth", 1, "vLLM has no prefetch-depth setting", written="no depth setting (1)")

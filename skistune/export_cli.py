@@ -1,0 +1,95 @@
+"""`skistune export`: a tuned config in an engine's own file format and flags (`skistune.export`).
+
+Standard output carries the file text only (so ``skistune export kv.yaml --to vllm > vllm.yaml`` works),
+or nothing when ``--out`` writes it; the command line, warnings and notes go to standard error. With
+``--json`` the last line of standard output is one JSON object. Exit codes: 0 exported, 2 bad input
+(missing or invalid config, unknown target, model or version, or a warning under ``--strict``).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.syntax import Syntax
+
+from skistune.cli import cli_errors, console, err_console, print_json
+from skistune.export import DEFAULT_MODEL, ExportResult, exporter_names
+from skistune.optimize_cli import JsonOpt, ModelOpt
+
+ToOpt = Annotated[str, typer.Option("--to", help=f"export target: {', '.join(exporter_names())}")]
+EngineVersionOpt = Annotated[Optional[str], typer.Option(
+    "--engine-version", help="engine version to write for (default: the newest the exporter knows; an unknown "
+                             "one lists those supported)")]
+ExportOutOpt = Annotated[Optional[Path], typer.Option(
+    "--out", help="write the file here (atomically) instead of printing it")]
+StrictOpt = Annotated[bool, typer.Option(
+    "--strict", help="fail (exit 2) if any knob cannot be expressed in the target instead of warning")]
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"--out {path}: folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; the file gets a normal file's mode
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _print_result(result: ExportResult, out: Optional[Path]) -> None:
+    if out is None and console.is_terminal:
+        console.print(Syntax(result.text, "yaml", background_color="default"))
+    elif out is None:
+        typer.echo(result.text, nl=False)
+    else:
+        err_console.print(f"wrote {out} ({result.target} {result.engine_version})", highlight=False)
+    if result.command:
+        err_console.print(f"[bold]command:[/] {result.command}", highlight=False, soft_wrap=True)
+    for w in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+    for note in result.notes:
+        err_console.print(f"[dim]note:[/] {note}", highlight=False, soft_wrap=True)
+    if result.out_of_scope:
+        err_console.print(f"[dim]not part of a {result.target} file (export them to an engine):[/] "
+                          f"{', '.join(result.out_of_scope)}", highlight=False, soft_wrap=True)
+
+
+@cli_errors
+def export(
+    config: Annotated[Path, typer.Argument(help="KV config file (YAML/JSON), e.g. one written by optimize")],
+    to: ToOpt,
+    engine_version: EngineVersionOpt = None,
+    model: ModelOpt = DEFAULT_MODEL,
+    out: ExportOutOpt = None,
+    strict: StrictOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write a config in an engine's own format (vLLM, SGLang, LMCache, TensorRT-LLM, per-layer, native)
+    with the equivalent command line; knobs the engine cannot express are listed with what was written
+    instead (--strict makes that an error)."""
+    from skistune.export import export as run_export
+
+    result = run_export(config, to, engine_version, strict, model=model, file_name=str(out) if out else None)
+    if out is not None:
+        write_atomic(out, result.text)
+    _print_result(result, out)
+    if json_out:
+        print_json({"target": result.target, "engine_version": result.engine_version,
+                    "out": str(out) if out else None, "warnings": [w.to_dict() for w in result.warnings],
+                    "command": result.command, "notes": list(result.notes),
+                    "out_of_scope": list(result.out_of_scope)})

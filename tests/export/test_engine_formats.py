@@ -1,0 +1,187 @@
+"""Each engine's own file rules (shared/reference/engines-and-algorithms.md §1-3), and the file and the
+command line saying the same thing."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import yaml
+
+from export_cases import DISK, GIB, GOLDEN_CONFIGS, H2O, HOST, HOST_PREFETCH, config_of, golden_config
+from skistune.export import export, layer_budgets
+
+LMCACHE_KEYS = {"chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "max_local_disk_size", "use_layerwise"}
+KV_CACHE_CONFIG_FIELDS = {"enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length",
+                          "free_gpu_memory_fraction", "host_cache_size", "onboard_blocks", "dtype", "tokens_per_block"}
+
+
+def flags_from_yaml(data: dict, false_kept: bool) -> list[str]:
+    """argv as the engines' YAML loaders build it: true -> bare flag, false -> dropped (vLLM; SGLang skips a
+    store_true flag's false), list -> several values, anything else -> its string."""
+    argv: list[str] = []
+    for key, value in data.items():
+        if value is False and not false_kept:
+            continue
+        argv.append(f"--{key}")
+        if value is not True:
+            argv.extend(str(v) for v in (value if isinstance(value, list) else [value]))
+    return argv
+
+
+@pytest.mark.parametrize("version", ["0.11", "main-002f10e0"])
+@pytest.mark.parametrize("name", GOLDEN_CONFIGS)
+def test_vllm_yaml_is_flat_dashed_without_false_and_matches_the_command(version, name):
+    result = export(golden_config(name), "vllm", version)
+    data = yaml.safe_load(result.text)
+    assert all("_" not in k and v is not False and not isinstance(v, dict) for k, v in data.items())
+    argv = shlex.split(result.command)
+    start = argv.index("serve") + 2  # vllm serve MODEL --flags...
+    assert argv[start:] == flags_from_yaml(data, false_kept=False)
+    if "kv-transfer-config" in data:
+        assert json.loads(data["kv-transfer-config"])["kv_role"] == "kv_both"
+
+
+def test_vllm_writes_off_switches_in_their_no_form():
+    data = yaml.safe_load(export(config_of({"prefix_reuse.enabled": False, "batching.chunked_prefill": False}),
+                                 "vllm").text)
+    assert data["no-enable-prefix-caching"] is True and "enable-prefix-caching" not in data
+    assert data["no-enable-chunked-prefill"] is True and "long-prefill-token-threshold" not in data
+
+
+def test_vllm_host_offload_per_version():
+    old = yaml.safe_load(export(config_of(HOST_PREFETCH), "vllm", "0.11").text)
+    connector = json.loads(old["kv-transfer-config"])
+    assert connector["kv_connector"] == "OffloadingConnector"
+    # smollm2-135m: 30 layers x 3 KV heads x 64 dims x 2 (K and V) x 2 bytes = 23040 bytes/token, 16-token blocks
+    assert connector["kv_connector_extra_config"] == {"block_size": 16, "num_cpu_blocks": 8 * GIB // (23040 * 16)}
+    new = yaml.safe_load(export(config_of(HOST_PREFETCH), "vllm", "main-002f10e0").text)
+    assert new["kv-offloading-size"] == 8.0 and new["kv-offloading-backend"] == "native"
+    assert "kv-transfer-config" not in new
+
+
+def test_vllm_disk_tier_goes_through_lmcache_with_its_environment():
+    result = export(config_of({**HOST_PREFETCH, **DISK, "prefetch.unit": "layers", "prefetch.depth": 1,
+                               "offload.write_policy": "write_through"}), "vllm")
+    data = yaml.safe_load(result.text)
+    assert json.loads(data["kv-transfer-config"])["kv_connector"] == "LMCacheConnectorV1"
+    assert result.command.startswith("LMCACHE_CHUNK_SIZE=256 LMCACHE_LOCAL_CPU=true LMCACHE_MAX_LOCAL_CPU_SIZE=8.0")
+    assert "LMCACHE_MAX_LOCAL_DISK_SIZE=100.0" in result.command and not result.warnings
+
+
+def test_vllm_h2o_and_2bit_warn_with_the_nearest_setting():
+    result = export(config_of({**H2O, "bitwidth.key_bits": 2, "bitwidth.value_bits": 2}), "vllm")
+    written = {w.knob: w.written for w in result.warnings}
+    assert written == {"eviction.policy": "no eviction (every token kept)", "bitwidth.key_bits": "fp8",
+                       "bitwidth.value_bits": "fp8"}
+    assert yaml.safe_load(result.text)["kv-cache-dtype"] == "fp8"
+
+
+def test_vllm_per_layer_bits_use_skip_layers_only_where_the_version_has_them():
+    config = config_of({"bitwidth.layer_bits": [[8, 8]] * 28 + [[16, 16]] * 2})
+    new = export(config, "vllm", "main-002f10e0")
+    assert yaml.safe_load(new.text)["kv-cache-dtype-skip-layers"] == [28, 29] and not new.warnings
+    old = export(config, "vllm", "0.11")
+    assert yaml.safe_load(old.text)["kv-cache-dtype"] == "auto"
+    assert [w.knob for w in old.warnings] == ["bitwidth.layer_bits"]
+
+
+@pytest.mark.parametrize("name", GOLDEN_CONFIGS)
+def test_sglang_yaml_is_dashed_and_matches_the_command(name):
+    result = export(golden_config(name), "sglang")
+    data = yaml.safe_load(result.text)
+    assert all("_" not in k and v is not False for k, v in data.items())
+    argv = shlex.split(result.command)
+    assert argv[:5] == ["python", "-m", "sglang.launch_server", "--model-path", "HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert argv[5:] == flags_from_yaml(data, false_kept=False)
+
+
+def test_sglang_mappings():
+    data = yaml.safe_load(export(config_of({"prefix_reuse.enabled": False, "batching.chunked_prefill": False,
+                                            "batching.policy": "prefix"}), "sglang").text)
+    assert data["disable-radix-cache"] is True and data["chunked-prefill-size"] == -1
+    assert data["schedule-policy"] == "lpm"
+    hicache = export(config_of({**HOST, "offload.host_kv_bytes": 32 * 10**9}), "sglang")
+    data = yaml.safe_load(hicache.text)
+    assert data["enable-hierarchical-cache"] is True and data["hicache-size"] == 32
+    assert data["hicache-write-policy"] == "write_back"
+
+
+def test_sglang_raises_the_host_pool_to_twice_the_device_pool():
+    result = export(config_of({"offload.device_kv_bytes": 10 * 10**9, "offload.host_kv_bytes": 10 * 10**9,
+                               "prefetch.enabled": True, "prefetch.unit": "layers", "prefetch.depth": 1}), "sglang")
+    assert yaml.safe_load(result.text)["hicache-size"] == 20
+    assert [(w.knob, w.written) for w in result.warnings] == [("offload.host_kv_bytes", "hicache-size 20")]
+
+
+def test_lmcache_keys_and_units():
+    data = yaml.safe_load(export(config_of({**HOST_PREFETCH, **DISK}), "lmcache").text)
+    assert set(data) <= LMCACHE_KEYS
+    assert data["local_cpu"] is True and data["max_local_cpu_size"] == 8.0 and data["max_local_disk_size"] == 100.0
+    assert data["local_disk"].startswith("file:///") and data["use_layerwise"] is True
+    off = yaml.safe_load(export(config_of({}), "lmcache").text)
+    assert off["local_cpu"] is False and off["local_disk"] is None
+
+
+@pytest.mark.parametrize("version", ["pre-pr12449", "post-pr12449"])
+def test_trtllm_blocks_and_onboarding_per_version(version):
+    data = yaml.safe_load(export(config_of(HOST), "trtllm", version).text)
+    assert set(data) == {"max_batch_size", "max_num_tokens", "enable_chunked_prefill", "kv_cache_config",
+                         "scheduler_config"}
+    assert set(data["kv_cache_config"]) <= KV_CACHE_CONFIG_FIELDS
+    assert data["kv_cache_config"]["host_cache_size"] == 8 * GIB
+    assert ("onboard_blocks" in data["kv_cache_config"]) == (version == "pre-pr12449")
+
+
+def test_trtllm_streaming_is_a_window_with_sinks():
+    config = config_of({"eviction.policy": "streaming", "eviction.budget_tokens": 1000, "eviction.sink_tokens": 4,
+                        "eviction.layer_schedule": "pyramid"})
+    kv = yaml.safe_load(export(config, "trtllm").text)["kv_cache_config"]
+    assert kv["max_attention_window"] == layer_budgets(config, 30) and kv["sink_token_length"] == 4
+    uniform = yaml.safe_load(export(config.with_knobs({"eviction.layer_schedule": "uniform"}), "trtllm").text)
+    assert uniform["kv_cache_config"]["max_attention_window"] == [1000]  # one entry, repeated across layers
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "llama-3-8b", "llama-3.1-70b"])
+def test_layers_has_one_entry_per_layer_of_the_model(model):
+    from skistune.runtime.presets import get_preset
+    config = config_of({**H2O, "eviction.layer_schedule": "pyramid", "bitwidth.key_bits": 4})
+    data = yaml.safe_load(export(config, "layers", model=model).text)
+    n = get_preset(model).n_layers
+    assert list(data) == list(range(n))
+    assert data[0] == {"nbits_key": 4, "nbits_value": 16, "budget": 384}
+    assert data[n - 1] == {"nbits_key": 4, "nbits_value": 16, "budget": 128}
+
+
+def test_layers_rejects_per_layer_bits_of_another_model():
+    with pytest.raises(ValueError, match="12 .* pairs, but model smollm2-135m has 30 layers"):
+        export(config_of({"bitwidth.layer_bits": [[4, 4]] * 12}), "layers")
+
+
+def test_layer_budgets_schedules():
+    uniform = config_of(H2O)
+    assert layer_budgets(uniform, 4) == [256] * 4
+    pyramid = config_of({**H2O, "eviction.layer_schedule": "pyramid"})
+    budgets = layer_budgets(pyramid, 5)
+    assert budgets == [384, 320, 256, 192, 128] and sum(budgets) == 5 * 256
+    assert layer_budgets(pyramid, 1) == [256]
+    fraction = config_of({"eviction.policy": "snapkv", "eviction.budget_fraction": 0.8,
+                          "eviction.layer_schedule": "pyramid"})
+    assert layer_budgets(fraction, 3) == [1.0, 0.8, 0.4]  # 1.2 capped at the whole context
+    assert layer_budgets(config_of({}), 3) == [None, None, None]
+
+
+@pytest.mark.parametrize("version", ["0.11", "main-002f10e0"])
+def test_configs_of_the_vllm_search_space_export_to_vllm_without_warnings(version):
+    """`skistune optimize --target vllm` searches searchspace/vllm.yaml: whatever it finds must deploy as tuned."""
+    import optuna
+
+    from skistune.searchspace import load_space, suggest_config
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = load_space("vllm")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(40):
+        trial = study.ask()
+        assert export(suggest_config(trial, space), "vllm", version, strict=True).warnings == ()
+        study.tell(trial, 0.0)

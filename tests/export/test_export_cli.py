@@ -1,0 +1,112 @@
+"""`skistune export`: the file on stdout (or atomically at --out), --json on the last line, exit code 2 and
+one line for bad input and for warnings under --strict."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from export_cases import CONFIGS
+from skistune.cli import app
+from skistune.export import export
+
+DEFAULT = str(CONFIGS / "default.yaml")
+H2O_4BIT = str(CONFIGS / "h2o-4bit.yaml")
+INT8 = str(CONFIGS / "int8-prefix-off.yaml")
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, ["export", *args])
+
+
+def one_line_error(result, text: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.stderr.strip().count("\n") == 0 and text in result.stderr
+
+
+def test_prints_the_file_and_the_command():
+    r = run(INT8, "--to", "vllm")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == export(INT8, "vllm").text
+    assert "command: vllm serve" in r.stderr and "--no-enable-prefix-caching" in r.stderr
+
+
+def test_json_is_the_last_line():
+    r = run(H2O_4BIT, "--to", "sglang", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["target"] == "sglang" and out["engine_version"] == "main-001067ff" and out["out"] is None
+    assert out["command"].startswith("python -m sglang.launch_server")
+    assert {w["knob"] for w in out["warnings"]} >= {"eviction.policy", "bitwidth.key_bits"}
+    assert all(w["written"] and w["message"] for w in out["warnings"])
+
+
+def test_warnings_name_knob_value_and_what_was_written():
+    r = run(H2O_4BIT, "--to", "vllm", "--engine-version", "0.11")
+    assert r.exit_code == 0
+    assert "warning: eviction.policy=h2o:" in r.stderr and "wrote no eviction" in r.stderr
+    assert "warning: bitwidth.key_bits=4:" in r.stderr and "wrote fp8" in r.stderr
+
+
+def test_out_is_written_atomically(tmp_path):
+    target = tmp_path / "vllm.yaml"
+    target.write_text("old\n")
+    r = run(INT8, "--to", "vllm", "--out", str(target), "--json")
+    assert r.exit_code == 0, r.output
+    assert target.read_text() == export(INT8, "vllm").text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm.yaml"]  # no temporary file left behind
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["out"] == str(target) and out["command"].startswith("vllm serve")
+    assert r.stdout.strip().count("\n") == 0  # the file went to --out, not to stdout
+
+
+def test_out_command_names_the_file_for_trtllm(tmp_path):
+    target = tmp_path / "trt.yaml"
+    r = run(DEFAULT, "--to", "trtllm", "--out", str(target), "--json")
+    assert json.loads(r.stdout.strip().splitlines()[-1])["command"].endswith(f"--config {target}")
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "vllm.yaml"
+    target.write_text("old\n")
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    r = run(INT8, "--to", "vllm", "--out", str(target))
+    one_line_error(r, "No space left on device")
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["vllm.yaml"]
+
+
+def test_strict_exits_2_and_writes_nothing(tmp_path):
+    target = tmp_path / "vllm.yaml"
+    r = run(H2O_4BIT, "--to", "vllm", "--strict", "--out", str(target))
+    one_line_error(r, "--strict:")
+    assert "eviction.policy=h2o" in r.stderr and not target.exists()
+    assert run(INT8, "--to", "vllm", "--strict").exit_code == 0
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (["missing.yaml", "--to", "vllm"], "missing.yaml: cannot read config"),
+    ([DEFAULT, "--to", "nginx"], "unknown export target (known: native, vllm, sglang, lmcache, trtllm, layers)"),
+    ([DEFAULT, "--to", "vllm", "--engine-version", "0.4"], "versions supported are 0.11, main-002f10e0"),
+    ([DEFAULT, "--to", "layers", "--model", "gpt-5"], "unknown preset"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, text):
+    one_line_error(run(*args), text)
+
+
+def test_invalid_config_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "kv.yaml"
+    bad.write_text("batching:\n  max_num_seqs: 0\n")
+    one_line_error(run(str(bad), "--to", "vllm"), "batching.max_num_seqs: 0 is outside")
+    one_line_error(run(DEFAULT, "--to", "vllm", "--out", str(tmp_path / "no" / "x.yaml")), "does not exist")
+
+
+def test_layers_with_another_model():
+    r = run(DEFAULT, "--to", "layers", "--model", "llama-3-8b")
+    assert r.exit_code == 0 and r.stdout.count("nbits_key") == 32
