@@ -1,23 +1,52 @@
-"""Paged attention over block tables (PyTorch implementation, used on CPUs).
+"""Paged attention over block tables, and writing new KV into the paged store.
 
-The KV store of one layer is ``k_cache, v_cache: [num_blocks + 1, block_size, n_kv_heads, head_dim]``
-(block 0 is the zeroed null block that pads block tables). A step's queries are flattened over the
-batch: ``q: [T, n_heads, head_dim]`` with sequence i owning ``query_lens[i]`` consecutive rows whose
-positions are the last ``query_lens[i]`` of its ``context_lens[i]`` tokens (whose KV is already
-written). Decode rows (one query) are attended in one batched call; prefill chunks one by one with a
-causal mask offset by the cached context.
+One entry point per op, two implementations: PyTorch (CPUs, and the reference) and Triton (CUDA,
+`kernels.triton_attention`), chosen by the device of the query.
 
-Attention is two matmuls with the query heads grouped under their KV head (GQA without copying KV per
-query head) and an additive mask built once per step. Measured on this project's 2-core CPU against
-``scaled_dot_product_attention`` on the same gathered KV: 5-15% faster for decode batches (8-32
-sequences, 96-512 tokens) and 1.4-2x faster for prefill chunks (16-512 queries); and the attention
-probabilities that the eviction policies need are at hand.
+A layer's KV is two `KVSide`s (keys, values; see `skistune.runtime.kv_store`), each at 16 bits or
+packed 8/4/2 bits with a full-precision ring of each running sequence's newest tokens. A step's queries
+are flattened over the batch: ``q: [T, n_heads, head_dim]`` with sequence i owning ``query_lens[i]``
+consecutive rows whose KV positions are the last ``query_lens[i]`` of its ``context_lens[i]`` (whose
+KV is already written). Decode rows (one query) are attended in one batched call; prefill chunks one
+by one with a causal mask offset by the cached context.
+
+PyTorch path: attention is two matmuls with the query heads grouped under their KV head (GQA without
+copying KV per query head) and an additive mask built once per step. Measured on this project's
+2-core CPU against ``scaled_dot_product_attention`` on the same gathered KV: 5-15% faster for decode
+batches (8-32 sequences, 96-512 tokens) and 1.4-2x faster for prefill chunks (16-512 queries).
+Quantized sides are dequantized after the gather, then the ring's full-precision tokens are laid over
+the positions they cover.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from .quant import dequantize_keys, dequantize_values, quantize_keys, quantize_values
+
+
+@dataclass
+class RingOverlay:
+    """Positions of a gathered context read from the full-precision ring instead of packed blocks."""
+
+    rows: torch.Tensor  # [n] which sequence of the batch (decode) or zeros (one prefill chunk)
+    positions: torch.Tensor  # [n] KV position in that sequence's context
+    sources: torch.Tensor  # [n] flat ring row: slot * ring_tokens + position % ring_tokens
+
+
+@dataclass
+class AppendPlan:
+    """Quantized stores only: the blocks this step completes (quantized from the ring's older tokens and
+    the step's new ones), and the ring rows the new tokens go to."""
+
+    block_ids: torch.Tensor  # [n] physical blocks completed this step
+    from_ring_dst: torch.Tensor  # rows of the [n * block_size] staging buffer filled from the ring
+    from_ring_src: torch.Tensor  # flat ring rows they come from
+    from_new_dst: torch.Tensor  # rows of the staging buffer filled from the step's new tokens
+    from_new_src: torch.Tensor  # rows of k/v
+    ring_dst: torch.Tensor  # flat ring rows written with new tokens
+    ring_src: torch.Tensor  # rows of k/v
 
 
 @dataclass
@@ -26,6 +55,7 @@ class PrefillChunk:
     block_ids: torch.Tensor  # [n_blocks] covering the context
     context_len: int
     mask: torch.Tensor  # [q_len, context_len] additive: 0 where a query sees the key, -inf elsewhere
+    overlay: RingOverlay | None = None
 
 
 @dataclass
@@ -36,53 +66,187 @@ class AttentionMetadata:
     decode_rows: torch.Tensor  # [Bd] rows of q that are single-token decodes
     decode_block_tables: torch.Tensor  # [Bd, n_blocks]
     decode_mask: torch.Tensor  # [Bd, 1, 1, n_blocks * block_size] additive: 0 where key position < context
+    decode_context_lens: torch.Tensor  # [Bd]
     prefills: list[PrefillChunk]
+    block_size: int
+    # quantized stores only
+    decode_fp_start: torch.Tensor | None = None  # [Bd] first position read from the ring
+    decode_slots: torch.Tensor | None = None  # [Bd] ring slot of each decode row
+    decode_overlay: RingOverlay | None = None
+    append: AppendPlan | None = None
+    ring_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class RingInfo:
+    """Per sequence of the step: its ring slot and the first position it wrote itself (before that, its
+    blocks came from the prefix cache and exist only packed); plus the store's ring geometry."""
+
+    slots: list[int]
+    ring_starts: list[int]
+    ring_tokens: int
+    window: int
+
+
+def _fp_start(ctx: int, ring_start: int, ring: RingInfo, block_size: int) -> int:
+    return max(max(0, ctx - ring.window) // block_size * block_size, ring_start)
+
+
+def _overlay(row: int, slot: int, first: int, ctx: int, ring_tokens: int, out: tuple[list, list, list]) -> None:
+    for p in range(first, ctx):
+        out[0].append(row)
+        out[1].append(p)
+        out[2].append(slot * ring_tokens + p % ring_tokens)
+
+
+def _to_overlay(lists: tuple[list, list, list], device) -> RingOverlay:
+    rows, pos, src = (torch.tensor(x, dtype=torch.long, device=device) for x in lists)
+    return RingOverlay(rows, pos, src)
+
+
+def _append_plan(block_tables, query_lens, context_lens, ring: RingInfo, block_size: int, device) -> AppendPlan:
+    """Which blocks complete this step and where their tokens are; which new tokens go to the ring."""
+    lists: dict[str, list[int]] = {k: [] for k in ("blocks", "rd", "rs", "nd", "ns", "wd", "ws")}
+    row = 0
+    R = ring.ring_tokens
+    for table, q_len, ctx, slot in zip(block_tables, query_lens, context_lens, ring.slots):
+        start = ctx - q_len
+        for j in range(start // block_size, ctx // block_size):
+            base = len(lists["blocks"]) * block_size
+            lists["blocks"].append(table[j])
+            for t in range(block_size):
+                p = j * block_size + t
+                if p < start:
+                    lists["rd"].append(base + t)
+                    lists["rs"].append(slot * R + p % R)
+                else:
+                    lists["nd"].append(base + t)
+                    lists["ns"].append(row + p - start)
+        for p in range(max(start, ctx - R), ctx):  # only the newest R survive in the ring
+            lists["wd"].append(slot * R + p % R)
+            lists["ws"].append(row + p - start)
+        row += q_len
+    t = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in lists.items()}
+    return AppendPlan(t["blocks"], t["rd"], t["rs"], t["nd"], t["ns"], t["wd"], t["ws"])
 
 
 def build_attention_metadata(block_tables: list[list[int]], query_lens: list[int], context_lens: list[int],
-                             block_size: int) -> AttentionMetadata:
-    """Batch layout of one step; ``block_tables[i]`` covers at least ``context_lens[i]`` tokens."""
+                             block_size: int, ring: RingInfo | None = None,
+                             device: torch.device | str = "cpu") -> AttentionMetadata:
+    """Batch layout of one step; ``block_tables[i]`` covers at least ``context_lens[i]`` tokens. ``ring``
+    is given when the store holds quantized sides."""
     slots, decode_rows, decode_tables, decode_ctx, prefills = [], [], [], [], []
+    decode_fp, decode_slot, overlay = [], [], ([], [], [])
     row = 0
-    for table, q_len, ctx in zip(block_tables, query_lens, context_lens):
+    for i, (table, q_len, ctx) in enumerate(zip(block_tables, query_lens, context_lens)):
         for pos in range(ctx - q_len, ctx):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         n_blocks = -(-ctx // block_size)
+        fp = _fp_start(ctx, ring.ring_starts[i], ring, block_size) if ring else ctx
         if q_len == 1:
+            if ring:
+                _overlay(len(decode_rows), ring.slots[i], fp, ctx, ring.ring_tokens, overlay)
+                decode_fp.append(fp)
+                decode_slot.append(ring.slots[i])
             decode_rows.append(row)
             decode_tables.append(table[:n_blocks])
             decode_ctx.append(ctx)
         else:
             visible = torch.arange(ctx).unsqueeze(0) <= torch.arange(ctx - q_len, ctx).unsqueeze(1)
-            prefills.append(PrefillChunk(slice(row, row + q_len), torch.tensor(table[:n_blocks]), ctx, _additive(visible)))
+            chunk_overlay = None
+            if ring:
+                lists = ([], [], [])
+                _overlay(0, ring.slots[i], fp, ctx, ring.ring_tokens, lists)
+                chunk_overlay = _to_overlay(lists, device)
+            prefills.append(PrefillChunk(slice(row, row + q_len), torch.tensor(table[:n_blocks], device=device), ctx,
+                                         _additive(visible).to(device), chunk_overlay))
         row += q_len
     width = max((len(t) for t in decode_tables), default=0)
     padded = [t + [0] * (width - len(t)) for t in decode_tables]
     decode_mask = _additive(torch.arange(width * block_size).unsqueeze(0) < torch.tensor(decode_ctx).unsqueeze(1))
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long),
-        decode_rows=torch.tensor(decode_rows, dtype=torch.long),
-        decode_block_tables=torch.tensor(padded, dtype=torch.long).reshape(len(padded), width),
-        decode_mask=decode_mask.reshape(len(decode_ctx), 1, 1, width * block_size),
-        prefills=prefills)
+
+    def longs(x):
+        return torch.tensor(x, dtype=torch.long, device=device)
+
+    meta = AttentionMetadata(
+        slot_mapping=longs(slots), decode_rows=longs(decode_rows),
+        decode_block_tables=longs(padded).reshape(len(padded), width),
+        decode_mask=decode_mask.reshape(len(decode_ctx), 1, 1, width * block_size).to(device),
+        decode_context_lens=longs(decode_ctx), prefills=prefills, block_size=block_size)
+    if ring:
+        meta.decode_fp_start, meta.decode_slots = longs(decode_fp), longs(decode_slot)
+        meta.decode_overlay = _to_overlay(overlay, device)
+        meta.append = _append_plan(block_tables, query_lens, context_lens, ring, block_size, device)
+        meta.ring_tokens = ring.ring_tokens
+    return meta
 
 
 def _additive(visible: torch.Tensor) -> torch.Tensor:
     return torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store new keys/values ``[T, n_kv_heads, head_dim]`` at their flat slots."""
-    n_kv, d = k_cache.shape[-2:]
-    k_cache.view(-1, n_kv, d).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, n_kv, d).index_copy_(0, slot_mapping, v)
+# ---- writing ----------------------------------------------------------------------------------------
+
+def quantize_blocks(side, staging: torch.Tensor, block_ids: torch.Tensor, value_group: int) -> None:
+    """Quantize-on-append: full blocks ``staging [n * block_size, n_kv, D]`` into ``side`` at ``block_ids``
+    (Triton on CUDA, PyTorch elsewhere)."""
+    if staging.is_cuda and _triton_available():
+        from .triton_attention import quantize_into
+        quantize_into(side, staging, block_ids, value_group)
+        return
+    n_kv, d = staging.shape[-2:]
+    blocks = staging.view(-1, side.data.shape[1], n_kv, d)
+    if side.is_key:
+        packed, scale, zero = quantize_keys(blocks, side.bits)
+    else:
+        packed, scale, zero = quantize_values(blocks, side.bits, value_group)
+    side.data[block_ids] = packed
+    side.scale[block_ids] = scale
+    side.zero[block_ids] = zero
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """[..., n_blocks] block ids -> [..., n_kv_heads, n_blocks * block_size, head_dim]."""
-    blocks = cache[block_ids]  # [..., n_blocks, block_size, n_kv, d]
+def _append_quantized(side, new: torch.Tensor, plan: AppendPlan, block_size: int, value_group: int) -> None:
+    """Quantize the blocks completed this step into ``side`` (before the ring is overwritten: a completed
+    block's older tokens are read from the ring), then write the new tokens to the ring."""
+    n_kv, d = new.shape[-2:]
+    ring = side.ring.view(-1, n_kv, d)
+    if plan.block_ids.numel():
+        staging = new.new_empty(plan.block_ids.numel() * block_size, n_kv, d)
+        staging[plan.from_ring_dst] = ring[plan.from_ring_src]
+        staging[plan.from_new_dst] = new[plan.from_new_src]
+        quantize_blocks(side, staging, plan.block_ids, value_group)
+    ring[plan.ring_dst] = new[plan.ring_src]
+
+
+def write_kv(key, value, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, value_group: int = 0) -> None:
+    """Store the step's new keys/values ``[T, n_kv_heads, head_dim]`` (16-bit sides at their flat slots,
+    quantized sides through their ring and packed blocks)."""
+    for side, new in ((key, k), (value, v)):
+        if side.quantized:
+            _append_quantized(side, new, meta.append, meta.block_size, value_group)
+        else:
+            n_kv, d = side.data.shape[-2:]
+            side.data.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, new)
+
+
+# ---- reading ----------------------------------------------------------------------------------------
+
+def _context(side, block_ids: torch.Tensor, overlay: RingOverlay | None) -> torch.Tensor:
+    """[..., n_blocks] block ids -> [..., n_kv_heads, n_blocks * block_size, head_dim] in full precision."""
+    if not side.quantized:
+        flat = side.data[block_ids].flatten(-4, -3)  # [..., L, n_kv, d]
+        return flat.transpose(-3, -2)
+    if side.is_key:
+        blocks = dequantize_keys(side.data[block_ids], side.scale[block_ids], side.zero[block_ids], side.bits)
+    else:
+        blocks = dequantize_values(side.data[block_ids], side.scale[block_ids], side.zero[block_ids], side.bits)
     flat = blocks.flatten(-4, -3)  # [..., L, n_kv, d]
+    if overlay is not None and overlay.positions.numel():
+        ring = side.ring.view(-1, *side.ring.shape[-2:])
+        if flat.dim() == 3:
+            flat[overlay.positions] = ring[overlay.sources]
+        else:
+            flat[overlay.rows, overlay.positions] = ring[overlay.sources]
     return flat.transpose(-3, -2)
 
 
@@ -94,24 +258,45 @@ def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     return torch.matmul(scores.softmax(-1), v)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, key, value, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Attention of the step's queries ``[T, n_heads, head_dim]`` over their paged context."""
     n_heads, d = q.shape[1:]
-    n_kv = k_cache.shape[-2]
+    n_kv = key.data.shape[-2]
     group = n_heads // n_kv
     out = torch.empty_like(q)
     if meta.decode_rows.numel():
-        qd = q[meta.decode_rows].view(-1, n_kv, group, d)  # [Bd, KVH, G, D]
-        k = _gather(k_cache, meta.decode_block_tables)  # [Bd, KVH, L, D]
-        v = _gather(v_cache, meta.decode_block_tables)
-        out[meta.decode_rows] = _grouped_attention(qd, k, v, meta.decode_mask, scale).view(-1, n_heads, d)
+        if q.is_cuda and _triton_decode_supported(meta.block_size):
+            from .triton_attention import paged_decode
+            out[meta.decode_rows] = paged_decode(q[meta.decode_rows], key, value, meta, scale)
+        else:
+            out[meta.decode_rows] = _decode_torch(q, key, value, meta, scale, n_kv, group)
     for chunk in meta.prefills:
         q_len = chunk.rows.stop - chunk.rows.start
         qp = q[chunk.rows].transpose(0, 1).reshape(n_kv, group * q_len, d)  # heads grouped by KV head
-        k = _gather(k_cache, chunk.block_ids)[:, :chunk.context_len]  # [KVH, ctx, D]
-        v = _gather(v_cache, chunk.block_ids)[:, :chunk.context_len]
-        mask = chunk.mask.repeat(group, 1)  # [G*q_len, ctx]: the same causal mask for each query head
+        k = _context(key, chunk.block_ids, chunk.overlay)[:, :chunk.context_len].to(q.dtype)  # [KVH, ctx, D]
+        v = _context(value, chunk.block_ids, chunk.overlay)[:, :chunk.context_len].to(q.dtype)
+        mask = chunk.mask.repeat(group, 1).to(q.dtype)  # [G*q_len, ctx]: the same causal mask per query head
         o = _grouped_attention(qp, k, v, mask, scale)  # [KVH, G*q_len, D]
         out[chunk.rows] = o.view(n_heads, q_len, d).transpose(0, 1)
     return out
+
+
+def _decode_torch(q, key, value, meta: AttentionMetadata, scale: float, n_kv: int, group: int) -> torch.Tensor:
+    d = q.shape[-1]
+    qd = q[meta.decode_rows].view(-1, n_kv, group, d)  # [Bd, KVH, G, D]
+    k = _context(key, meta.decode_block_tables, meta.decode_overlay).to(q.dtype)  # [Bd, KVH, L, D]
+    v = _context(value, meta.decode_block_tables, meta.decode_overlay).to(q.dtype)
+    return _grouped_attention(qd, k, v, meta.decode_mask.to(q.dtype), scale).view(-1, n_kv * group, d)
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _triton_decode_supported(block_size: int) -> bool:
+    """The Triton decode kernel tiles by KV block and needs at least 16 tokens per block (tl.dot)."""
+    return block_size >= 16 and _triton_available()

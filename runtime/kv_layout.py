@@ -1,4 +1,16 @@
-"""KV memory arithmetic shared by the runtime and the simulator (torch-free)."""
+"""KV memory arithmetic shared by the runtime and the simulator (torch-free).
+
+A KV block holds ``block_size`` tokens of every layer's keys and values. At 16 bits a side (keys or
+values) of one layer stores its elements in the model's dtype. At 8/4/2 bits it stores packed codes
+(``bits / 8`` bytes per element) plus scales and zero points in the model's dtype: keys one pair per
+KV head and channel per block (per-channel groups over the block's tokens), values one pair per token,
+KV head and group of channels (see `skistune.kernels.quant`).
+
+A quantized side also keeps its sequences' newest tokens at full precision in a ring per running
+sequence (`full_precision_ring_tokens`): the tokens of the block still being filled (a per-channel
+key group is complete only with its block) plus the configured ``bitwidth.full_precision_window``.
+That ring is a fixed cost taken from the KV pool before it is cut into blocks.
+"""
 from __future__ import annotations
 
 from ..config import KVConfig
@@ -8,11 +20,55 @@ from .presets import ModelSpec
 # memory. A CPU has no device memory of its own: like vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE,
 # default 4 GiB), the fraction is then taken of a fixed 4 GiB of host memory.
 CPU_KV_SPACE_BYTES = 4 << 30
+FULL_PRECISION_BITS = 16
 
 
-def kv_block_bytes(spec: ModelSpec, block_size: int, itemsize: int) -> int:
-    """Bytes of one block over all layers, keys and values, at ``itemsize`` bytes per element."""
-    return spec.n_layers * 2 * block_size * spec.n_kv_heads * spec.head_dim * itemsize
+def value_group(config: KVConfig, spec: ModelSpec) -> int:
+    """Channels per value group: the configured group size, at most one head."""
+    return min(config.bitwidth.group_size, spec.head_dim)
+
+
+def side_block_bytes(spec: ModelSpec, block_size: int, itemsize: int, bits: int, is_key: bool,
+                     group: int) -> int:
+    """Bytes of one layer's keys (or values) in one block at ``bits``."""
+    elements = block_size * spec.n_kv_heads * spec.head_dim
+    if bits == FULL_PRECISION_BITS:
+        return elements * itemsize
+    groups = spec.n_kv_heads * spec.head_dim if is_key else block_size * spec.n_kv_heads * spec.head_dim // group
+    return elements * bits // 8 + 2 * groups * itemsize  # codes + (scale, zero) per group
+
+
+def layer_bits(config: KVConfig, spec: ModelSpec) -> list[tuple[int, int]]:
+    """(key bits, value bits) of every layer."""
+    if config.bitwidth.layer_bits is not None and len(config.bitwidth.layer_bits) != spec.n_layers:
+        raise ValueError(f"bitwidth.layer_bits: {len(config.bitwidth.layer_bits)} pairs for a model of "
+                         f"{spec.n_layers} layers")
+    return [config.bitwidth.bits_for_layer(i) for i in range(spec.n_layers)]
+
+
+def kv_block_bytes(spec: ModelSpec, block_size: int, itemsize: int, config: KVConfig | None = None) -> int:
+    """Bytes of one block over all layers, keys and values (16-bit sides at ``itemsize`` bytes)."""
+    if config is None:
+        return spec.n_layers * 2 * block_size * spec.n_kv_heads * spec.head_dim * itemsize
+    group = value_group(config, spec)
+    return sum(side_block_bytes(spec, block_size, itemsize, kb, True, group)
+               + side_block_bytes(spec, block_size, itemsize, vb, False, group)
+               for kb, vb in layer_bits(config, spec))
+
+
+def full_precision_ring_tokens(config: KVConfig) -> int:
+    """Tokens of a running sequence kept at full precision per quantized side: the window rounded up
+    to whole blocks, plus the block being filled."""
+    bs = config.prefix_reuse.block_size
+    return -(-config.bitwidth.full_precision_window // bs) * bs + bs
+
+
+def ring_bytes(config: KVConfig, spec: ModelSpec, itemsize: int) -> int:
+    """Bytes of the full-precision rings of all running sequences (0 when nothing is quantized)."""
+    quantized_sides = sum((kb != FULL_PRECISION_BITS) + (vb != FULL_PRECISION_BITS)
+                          for kb, vb in layer_bits(config, spec))
+    per_token = spec.n_kv_heads * spec.head_dim * itemsize
+    return quantized_sides * config.batching.max_num_seqs * full_precision_ring_tokens(config) * per_token
 
 
 def kv_pool_bytes(config: KVConfig, device_free_bytes: int) -> int:
@@ -22,9 +78,11 @@ def kv_pool_bytes(config: KVConfig, device_free_bytes: int) -> int:
 
 
 def kv_pool_blocks(config: KVConfig, spec: ModelSpec, itemsize: int, device_free_bytes: int) -> tuple[int, int]:
-    """(number of blocks, bytes per block) of the device pool."""
-    block_bytes = kv_block_bytes(spec, config.prefix_reuse.block_size, itemsize)
-    num_blocks = kv_pool_bytes(config, device_free_bytes) // block_bytes
+    """(number of blocks, bytes per block) of the device pool, after the full-precision rings."""
+    block_bytes = kv_block_bytes(spec, config.prefix_reuse.block_size, itemsize, config)
+    rings = ring_bytes(config, spec, itemsize)
+    num_blocks = (kv_pool_bytes(config, device_free_bytes) - rings) // block_bytes
     if num_blocks < 1:
-        raise ValueError(f"offload.device_kv_bytes: smaller than one KV block ({block_bytes} bytes)")
+        raise ValueError(f"offload.device_kv_bytes: smaller than one KV block ({block_bytes} bytes) plus the "
+                         f"full-precision rings of quantized KV ({rings} bytes)")
     return num_blocks, block_bytes

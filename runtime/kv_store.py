@@ -1,22 +1,92 @@
-"""Where KV tensors live: one zero-initialised tensor per device pool, laid out
-``[n_layers, 2 (key, value), num_blocks + 1, block_size, n_kv_heads, head_dim]``. Block 0 is the null
-block that pads block tables (see `block_manager`); it stays zero so that padded reads are harmless."""
+"""Where KV tensors live: per layer, one `KVSide` for keys and one for values, each at its own bits.
+
+Every tensor is indexed by physical block ``[num_blocks + 1, ...]``; block 0 is the null block that
+pads block tables (see `block_manager`); it stays zero so that padded reads are harmless.
+
+- 16 bits: ``data [num_blocks + 1, block_size, n_kv_heads, head_dim]`` in the model's dtype.
+- 8/4/2 bits: packed codes ``data [num_blocks + 1, block_size, n_kv_heads, head_dim * bits / 8]`` (uint8),
+  ``scale``/``zero`` per group (keys ``[num_blocks + 1, n_kv_heads, head_dim]``, values
+  ``[num_blocks + 1, block_size, n_kv_heads, head_dim / group]``), and a full-precision ``ring
+  [slots, ring_tokens, n_kv_heads, head_dim]``: position ``p`` of the sequence in slot ``s`` is at
+  ``ring[s, p % ring_tokens]`` (see `kv_layout` for why the ring exists and what it costs).
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
-from .kv_layout import kv_block_bytes
+from ..config import KVConfig
+from .kv_layout import FULL_PRECISION_BITS, full_precision_ring_tokens, kv_block_bytes, layer_bits, value_group
 from .presets import ModelSpec
+
+
+@dataclass
+class KVSide:
+    """One layer's keys or values."""
+
+    bits: int
+    is_key: bool
+    data: torch.Tensor
+    scale: torch.Tensor | None = None
+    zero: torch.Tensor | None = None
+    ring: torch.Tensor | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits != FULL_PRECISION_BITS
+
+
+def _side(bits: int, is_key: bool, shape: tuple[int, int, int, int], group: int, slots: int, ring_tokens: int,
+          dtype: torch.dtype, device: torch.device | str) -> KVSide:
+    blocks, bs, n_kv, d = shape
+    if bits == FULL_PRECISION_BITS:
+        return KVSide(bits, is_key, torch.zeros(shape, dtype=dtype, device=device))
+    scale_shape = (blocks, n_kv, d) if is_key else (blocks, bs, n_kv, d // group)
+    return KVSide(bits, is_key,
+                  data=torch.zeros(blocks, bs, n_kv, d * bits // 8, dtype=torch.uint8, device=device),
+                  scale=torch.zeros(scale_shape, dtype=dtype, device=device),
+                  zero=torch.zeros(scale_shape, dtype=dtype, device=device),
+                  ring=torch.zeros(slots, ring_tokens, n_kv, d, dtype=dtype, device=device))
 
 
 class PagedKVStore:
     def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", config: KVConfig | None = None) -> None:
+        config = config or KVConfig()
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.block_bytes = kv_block_bytes(spec, block_size, dtype.itemsize)
-        self.kv = torch.zeros(spec.n_layers, 2, num_blocks + 1, block_size, spec.n_kv_heads, spec.head_dim,
-                              dtype=dtype, device=device)
+        self.dtype = dtype
+        self.block_bytes = kv_block_bytes(spec, block_size, dtype.itemsize, config)
+        self.value_group = value_group(config, spec)
+        self.window = config.bitwidth.full_precision_window
+        self.ring_tokens = full_precision_ring_tokens(config)
+        self.slots = config.batching.max_num_seqs
+        shape = (num_blocks + 1, block_size, spec.n_kv_heads, spec.head_dim)
+        self.layers = [
+            (_side(kb, True, shape, self.value_group, self.slots, self.ring_tokens, dtype, device),
+             _side(vb, False, shape, self.value_group, self.slots, self.ring_tokens, dtype, device))
+            for kb, vb in layer_bits(config, spec)]
+        self.quantized = any(k.quantized or v.quantized for k, v in self.layers)
 
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.kv[i, 0], self.kv[i, 1]
+    def layer(self, i: int) -> tuple[KVSide, KVSide]:
+        return self.layers[i]
+
+    def full_precision_start(self, context_len: int, ring_start: int) -> int:
+        """First position of a sequence read from its ring rather than from packed blocks: the window's
+        first block (block-aligned so that everything before it is in full, quantized blocks), never
+        before the first position the sequence wrote itself (prefix-cache hits exist only packed)."""
+        bs = self.block_size
+        return max(max(0, context_len - self.window) // bs * bs, ring_start)
+
+    def fill_random_(self) -> None:
+        """Random contents in every block but the null block 0 (which must stay zero), for timing: values
+        in [-1, 1), random codes, and scales that keep dequantized values in about the same range."""
+        for side in (s for pair in self.layers for s in pair):
+            if side.quantized:
+                side.data[1:].random_(0, 256)
+                side.scale[1:].fill_(2.0 / ((1 << side.bits) - 1))
+                side.zero[1:].fill_(-1.0)
+                side.ring.uniform_(-1.0, 1.0)
+            else:
+                side.data[1:].uniform_(-1.0, 1.0)

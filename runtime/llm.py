@@ -40,7 +40,7 @@ class Runtime:
         num_blocks, _ = kv_pool_blocks(self.config, self.spec, self.model.dtype.itemsize,
                                        device_free_bytes(self.model.device))
         return PagedKVStore(self.spec, num_blocks, self.config.prefix_reuse.block_size, self.model.dtype,
-                            self.model.device)
+                            self.model.device, self.config)
 
     def with_config(self, config: KVConfig) -> "Runtime":
         """The same model (no reload) with other knobs and a KV store sized for them."""
@@ -62,7 +62,7 @@ class Runtime:
             spec, weights = load_gguf_weights(path)
             weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
             return cls(spec, weights, config, tokenizer=Tokenizer.from_gguf(path))
-        weights = {k: v.to(device) for k, v in random_weights(spec, seed=seed, dtype=dtype).items()}
+        weights = random_weights(spec, seed=seed, dtype=dtype, device=device)  # drawn on the device: no slow CPU pass
         return cls(spec, weights, config, notes=(RANDOM_WEIGHTS_NOTE,))
 
     def new_engine(self, clock: Clock | None = None) -> Engine:

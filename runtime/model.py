@@ -55,9 +55,9 @@ class LlamaModel:
         q, k, v = F.linear(x, self.qkv[i]).split([q_dim, kv_dim, kv_dim], dim=-1)
         q = apply_rope(q.view(-1, s.n_heads, s.head_dim), cos, sin)
         k = apply_rope(k.view(-1, s.n_kv_heads, s.head_dim), cos, sin)
-        k_cache, v_cache = store.layer(i)
-        write_kv(k_cache, v_cache, k, v.view(-1, s.n_kv_heads, s.head_dim), meta.slot_mapping)
-        o = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        key, value = store.layer(i)
+        write_kv(key, value, k, v.view(-1, s.n_kv_heads, s.head_dim), meta, store.value_group)
+        o = paged_attention(q, key, value, meta, self.scale)
         return F.linear(o.reshape(-1, q_dim), self.w[f"layers.{i}.o_proj"])
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:

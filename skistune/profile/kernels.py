@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..kernels.attention import build_attention_metadata, paged_attention
+from ..runtime.kv_store import KVSide
 from ..runtime.presets import ModelSpec
 from .harness import time_fn
 from .records import GridPoint
@@ -30,21 +31,8 @@ def _attention_inputs(spec: ModelSpec, block_size: int, dtype: torch.dtype, devi
     v_cache = torch.empty(shape, dtype=dtype, device=device).uniform_(-1, 1)
     k_cache[0] = v_cache[0] = 0
     q = torch.randn(sum(query_lens), spec.n_heads, spec.head_dim, dtype=dtype, device=device)  # [T, H, D]
-    meta = build_attention_metadata(tables, query_lens, context_lens, block_size)
-    if device.type != "cpu":
-        meta = _metadata_to(meta, device)
-    return q, k_cache, v_cache, meta
-
-
-def _metadata_to(meta, device: torch.device):
-    """The metadata's tensors on ``device`` (the runtime builds them on the CPU; the model's device
-    is where attention reads them)."""
-    for name in ("slot_mapping", "decode_rows", "decode_block_tables", "decode_mask"):
-        setattr(meta, name, getattr(meta, name).to(device))
-    for chunk in meta.prefills:
-        chunk.block_ids = chunk.block_ids.to(device)
-        chunk.mask = None if chunk.mask is None else chunk.mask.to(device)
-    return meta
+    meta = build_attention_metadata(tables, query_lens, context_lens, block_size, device=device)
+    return q, KVSide(16, True, k_cache), KVSide(16, False, v_cache), meta
 
 
 def attention_timings(spec: ModelSpec, block_size: int, dtype: torch.dtype, device: torch.device, *,

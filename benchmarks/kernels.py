@@ -1,0 +1,185 @@
+"""Paged decode attention and quantize-on-append against the memory-bandwidth limit, side by side.
+
+For one attention layer of a model preset (default Llama-3-8B's: 32 query heads, 8 KV heads, head dim
+128) over a paged KV cache in randomly placed blocks, at 16/8/4/2 bits, prints per shape: the time
+(median), the bytes the kernel must read (KV codes, scales and zero points; queries and outputs are
+negligible), the achieved bytes/s and that as a fraction of this machine's copy bandwidth measured in
+the same run (a large device-to-device copy, bytes read plus bytes written), and the time of
+``torch.nn.functional.scaled_dot_product_attention`` on the same KV stored contiguously at 16 bits
+(the best library alternative; FlashAttention's kernel on CUDA). Before timing, each bitwidth's
+output is checked against the PyTorch path in float32 (and, at 16 bits, a float64 reference).
+
+On CUDA the Triton kernels run; on a CPU the PyTorch implementation (the runtime's CPU path).
+
+    python benchmarks/kernels.py [--device cpu|cuda] [--shapes 8x2048 ...] [--bits 16 8 4 2] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from skistune.config import KVConfig
+from skistune.kernels.attention import _decode_torch, build_attention_metadata, paged_attention, quantize_blocks
+from skistune.runtime.kv_layout import side_block_bytes
+from skistune.runtime.kv_store import PagedKVStore
+from skistune.runtime.presets import get_preset
+
+DEFAULT_SHAPES = {"cuda": ["1x65536", "32x8192", "128x4096", "64x16384"], "cpu": ["1x8192", "8x2048", "16x4096"]}
+DTYPES = {"cuda": torch.bfloat16, "cpu": torch.float32}
+
+
+def bench(fn, device: torch.device, repeats: int) -> float:
+    """Median seconds of ``fn()`` (CUDA events on a GPU, the performance counter on a CPU)."""
+    for _ in range(2):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, repeats: int) -> float:
+    """Bytes/s of a large copy, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 4, device=device).uniform_()
+    dst = torch.empty_like(src)
+    return 2 * nbytes / bench(lambda: dst.copy_(src), device, repeats)
+
+
+def layer_store(spec, bits: int, batch: int, context: int, dtype, device) -> tuple[PagedKVStore, list[list[int]]]:
+    """One layer's paged KV at ``bits`` for ``batch`` sequences of ``context`` tokens, blocks shuffled."""
+    bs = 16
+    config = KVConfig().with_knobs({"bitwidth.key_bits": bits, "bitwidth.value_bits": bits,
+                                    "batching.max_num_seqs": batch, "prefix_reuse.block_size": bs})
+    blocks = batch * -(-context // bs)
+    store = PagedKVStore(dataclasses.replace(spec, n_layers=1), blocks, bs, dtype, device, config)
+    perm = (torch.randperm(blocks) + 1).tolist()
+    per_seq = blocks // batch
+    return store, [perm[i * per_seq:(i + 1) * per_seq] for i in range(batch)]
+
+
+def fill(store: PagedKVStore, tables, device) -> None:
+    """Real quantized content: random full-precision KV quantized block by block (16 bits: stored as is)."""
+    key, value = store.layer(0)
+    n_kv, d = key.ring.shape[-2:] if key.quantized else key.data.shape[-2:]
+    ids = torch.tensor([b for t in tables for b in t], device=device)
+    for side in (key, value):
+        for chunk in ids.split(4096):
+            x = torch.randn(chunk.numel() * store.block_size, n_kv, d, device=device, dtype=store.dtype)
+            if side.quantized:
+                quantize_blocks(side, x, chunk, store.value_group)
+            else:
+                side.data[chunk] = x.view(-1, store.block_size, n_kv, d)
+
+
+def read_bytes(spec, bits: int, batch: int, context: int, itemsize: int) -> int:
+    per_block = sum(side_block_bytes(spec, 16, itemsize, bits, is_key, min(32, spec.head_dim))
+                    for is_key in (True, False))
+    return batch * -(-context // 16) * per_block
+
+
+def check(q, key, value, meta, scale, spec) -> float:
+    """Relative error of the device kernel against the PyTorch path in float32 (same stored KV)."""
+    out = paged_attention(q, key, value, meta, scale).float()
+    ref = _decode_torch(q.float(), key, value, meta, scale, spec.n_kv_heads, spec.n_heads // spec.n_kv_heads)
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def sdpa_time(spec, batch: int, context: int, dtype, device, repeats: int) -> float:
+    q = torch.randn(batch, spec.n_heads, 1, spec.head_dim, dtype=dtype, device=device)
+    k = torch.randn(batch, spec.n_kv_heads, context, spec.head_dim, dtype=dtype, device=device)
+    v = torch.randn_like(k)
+    return bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), device, repeats)
+
+
+def run_shape(spec, batch: int, context: int, bits_list, dtype, device, copy_bps: float, repeats: int) -> list[dict]:
+    scale = spec.head_dim ** -0.5
+    sdpa_s = sdpa_time(spec, batch, context, dtype, device, repeats)
+    rows = []
+    for bits in bits_list:
+        store, tables = layer_store(spec, bits, batch, context, dtype, device)
+        fill(store, tables, device)
+        key, value = store.layer(0)
+        ring = None
+        if store.quantized:
+            from skistune.kernels.attention import RingInfo
+            ring = RingInfo(list(range(batch)), [0] * batch, store.ring_tokens, store.window)
+        meta = build_attention_metadata(tables, [1] * batch, [context] * batch, 16, ring, device)
+        q = torch.randn(batch, spec.n_heads, spec.head_dim, dtype=dtype, device=device)
+        err = check(q, key, value, meta, scale, spec) if batch * context <= 1 << 20 else None
+        t = bench(lambda: paged_attention(q, key, value, meta, scale), device, repeats)
+        nbytes = read_bytes(spec, bits, batch, context, dtype.itemsize)
+        rows.append({"batch": batch, "context": context, "bits": bits, "time_s": t, "bytes": nbytes,
+                     "bytes_per_s": nbytes / t, "fraction_of_copy": nbytes / t / copy_bps,
+                     "vs_sdpa": t / sdpa_s, "sdpa_s": sdpa_s, "rel_err_vs_torch": err})
+        del store, meta
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def quantize_rows(spec, dtype, device, repeats: int) -> list[dict]:
+    """Quantize-on-append of 4096 full blocks (a large prefill's worth) at each bitwidth."""
+    rows = []
+    for bits in (8, 4, 2):
+        store, tables = layer_store(spec, bits, 1, 4096 * 16, dtype, device)
+        key, _ = store.layer(0)
+        x = torch.randn(4096 * 16, spec.n_kv_heads, spec.head_dim, dtype=dtype, device=device)
+        ids = torch.tensor(tables[0], device=device)
+        t = bench(lambda: quantize_blocks(key, x, ids, store.value_group), device, repeats)
+        nbytes = x.numel() * x.element_size() + 4096 * side_block_bytes(spec, 16, dtype.itemsize, bits, True, 32)
+        rows.append({"bits": bits, "blocks": 4096, "time_s": t, "bytes": nbytes, "bytes_per_s": nbytes / t})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--shapes", nargs="*", help="BATCHxCONTEXT (default depends on the device)")
+    ap.add_argument("--bits", nargs="*", type=int, default=[16, 8, 4, 2])
+    ap.add_argument("--repeats", type=int, default=0, help="timed repeats (default 20 on CUDA, 5 on CPU)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    dtype = DTYPES[device.type]
+    repeats = args.repeats or (20 if device.type == "cuda" else 5)
+    spec = get_preset(args.model)
+    torch.manual_seed(0)
+    copy_bps = copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (256 << 20), repeats)
+    print(f"{device.type}: copy bandwidth {copy_bps / 1e9:.0f} GB/s (read + write); {spec.name} layer, {dtype}")
+    rows = []
+    for shape in args.shapes or DEFAULT_SHAPES[device.type]:
+        batch, context = (int(x) for x in shape.split("x"))
+        for r in run_shape(spec, batch, context, args.bits, dtype, device, copy_bps, repeats):
+            rows.append(r)
+            err = "" if r["rel_err_vs_torch"] is None else f"  err {r['rel_err_vs_torch']:.1e}"
+            print(f"decode B={batch:<4} L={context:<6} {r['bits']:>2}-bit  {r['time_s'] * 1e3:8.3f} ms  "
+                  f"{r['bytes'] / 1e9:7.3f} GB  {r['bytes_per_s'] / 1e9:7.0f} GB/s  "
+                  f"{r['fraction_of_copy']:5.1%} of copy  {r['vs_sdpa']:5.2f}x SDPA{err}")
+    quant = quantize_rows(spec, dtype, device, repeats)
+    for r in quant:
+        print(f"quantize-on-append {r['bits']}-bit, {r['blocks']} blocks: {r['time_s'] * 1e3:.3f} ms, "
+              f"{r['bytes_per_s'] / 1e9:.0f} GB/s")
+    if args.json:
+        print(json.dumps({"device": device.type, "model": spec.name, "dtype": str(dtype).removeprefix("torch."),
+                          "copy_bytes_per_s": copy_bps, "decode": rows, "quantize": quant}))
+
+
+if __name__ == "__main__":
+    main()

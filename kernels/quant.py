@@ -1,0 +1,83 @@
+"""KV quantization (PyTorch implementation, used on CPUs and as the reference for the Triton kernels).
+
+Asymmetric round-to-nearest integers with a scale and a zero point per group (KIVI, arXiv 2402.02750):
+
+- keys are grouped **per channel** over the tokens of one KV block: a block of ``block_size`` tokens
+  has one (scale, zero) per KV head and channel. KIVI groups keys over G consecutive tokens; in a
+  paged cache the block is the natural group (it is complete exactly when it can be quantized).
+- values are grouped **per token** over ``group`` consecutive channels.
+
+Codes are packed along the channel axis, ``8 // bits`` per byte, lowest bits first: channel ``c``
+of a token lives in byte ``c // per_byte`` at bit offset ``(c % per_byte) * bits``. Scales and zero
+points are stored in the cache's floating dtype. The reconstruction error of one element is at most
+half a quantization step, ``scale / 2 = (max - min) / (2 * (2**bits - 1))`` of its group (plus the
+rounding of scale and zero to the storage dtype).
+"""
+from __future__ import annotations
+
+import torch
+
+QUANT_BITS = (8, 4, 2)
+
+
+def per_byte(bits: int) -> int:
+    if bits not in QUANT_BITS:
+        raise ValueError(f"bits: {bits} is not one of {QUANT_BITS}")
+    return 8 // bits
+
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Integer codes ``[..., D]`` in [0, 2**bits) -> bytes ``[..., D * bits // 8]`` (uint8)."""
+    n = per_byte(bits)
+    grouped = codes.to(torch.uint8).view(*codes.shape[:-1], codes.shape[-1] // n, n)
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)  # [n]
+    return (grouped << shifts).sum(-1, dtype=torch.uint8)
+
+
+def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Bytes ``[..., D * bits // 8]`` -> codes ``[..., D]`` (uint8)."""
+    n = per_byte(bits)
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., D/n, n]
+    return codes.flatten(-2)
+
+
+def _quantize(x: torch.Tensor, dim: int, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes, scale and zero of ``x`` with one group along ``dim`` (computed in float32)."""
+    xf = x.float()
+    lo = xf.amin(dim, keepdim=True)
+    hi = xf.amax(dim, keepdim=True)
+    # a constant group has zero range: any positive scale reconstructs it exactly (code 0 -> lo)
+    scale = ((hi - lo) / ((1 << bits) - 1)).clamp_min(1e-8)
+    # round half up (not half to even) so that the Triton kernel, which floors x + 0.5, agrees
+    codes = ((xf - lo) / scale).add_(0.5).floor_().clamp_(0, (1 << bits) - 1)
+    return codes, scale, lo
+
+
+def quantize_keys(k: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Full blocks of keys ``[N, block_size, n_kv, D]`` -> packed ``[N, block_size, n_kv, D*bits/8]``,
+    scale and zero ``[N, n_kv, D]`` (one per block, head and channel)."""
+    codes, scale, zero = _quantize(k, 1, bits)
+    return pack(codes, bits), scale.squeeze(1).to(k.dtype), zero.squeeze(1).to(k.dtype)
+
+
+def dequantize_keys(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of `quantize_keys`; any leading block dims (``[..., block_size, n_kv, D*bits/8]``)."""
+    codes = unpack(packed, bits).to(scale.dtype)
+    return codes * scale.unsqueeze(-3) + zero.unsqueeze(-3)
+
+
+def quantize_values(v: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Values ``[..., D]`` -> packed ``[..., D*bits/8]``, scale and zero ``[..., D // group]``."""
+    grouped = v.view(*v.shape[:-1], v.shape[-1] // group, group)
+    codes, scale, zero = _quantize(grouped, -1, bits)
+    return pack(codes.flatten(-2), bits), scale.squeeze(-1).to(v.dtype), zero.squeeze(-1).to(v.dtype)
+
+
+def dequantize_values(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of `quantize_values`."""
+    codes = unpack(packed, bits)
+    n_groups = scale.shape[-1]
+    grouped = codes.view(*codes.shape[:-1], n_groups, -1).to(scale.dtype)
+    return (grouped * scale.unsqueeze(-1) + zero.unsqueeze(-1)).flatten(-2)
+

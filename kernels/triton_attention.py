@@ -1,0 +1,206 @@
+"""Triton kernels (CUDA; on a CPU they run under ``TRITON_INTERPRET=1`` for tests): paged decode attention
+over packed 16/8/4/2-bit KV, and quantize-on-append.
+
+Paged decode (flash-decoding): one program per (sequence, KV head, split of the context). A program
+loads the query heads of its KV group once, then walks its split's blocks: each block's keys and
+values are loaded from the packed codes and dequantized in registers (never written back in full
+precision), or read from the sequence's full-precision ring for the positions the ring holds, and
+folded into an online softmax. Splits write partial (max, sum, output) that a small reduction
+combines, so that one long sequence can use the whole GPU.
+
+Memory layout and quantization scheme: see `skistune.runtime.kv_store` and `skistune.kernels.quant`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+
+def _scratch(*shape: int, device) -> torch.Tensor:
+    """Partial-result buffers (a function, so that tests can poison them to prove every element is written)."""
+    return torch.empty(*shape, device=device, dtype=torch.float32)
+
+
+@triton.jit
+def _load_side(DATA, SCALE, ZERO, RING, blk, h, pos, ctx, fp_start, ring_row_base, offs_t, offs_d,
+               s_db, s_dt, s_dh, s_sb, s_st, s_sh, s_rt, s_rh,
+               BITS: tl.constexpr, IS_KEY: tl.constexpr, GROUP: tl.constexpr):
+    """One block's keys or values of one KV head, ``[BS, D]`` in float32."""
+    valid = pos < ctx
+    if BITS == 16:
+        x = tl.load(DATA + blk * s_db + offs_t[:, None] * s_dt + h * s_dh + offs_d[None, :],
+                    mask=valid[:, None], other=0.0).to(tl.float32)
+    else:
+        PACK: tl.constexpr = 8 // BITS
+        in_ring = pos >= fp_start  # the same for every token of a block (fp_start is block-aligned)
+        packed_mask = (valid & (pos < fp_start))[:, None]
+        codes = tl.load(DATA + blk * s_db + offs_t[:, None] * s_dt + h * s_dh + (offs_d // PACK)[None, :],
+                        mask=packed_mask, other=0).to(tl.int32)
+        q = ((codes >> ((offs_d % PACK) * BITS)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+        if IS_KEY:  # one (scale, zero) per channel for the whole block
+            sc = tl.load(SCALE + blk * s_sb + h * s_sh + offs_d).to(tl.float32)
+            zp = tl.load(ZERO + blk * s_sb + h * s_sh + offs_d).to(tl.float32)
+            deq = q * sc[None, :] + zp[None, :]
+        else:  # one (scale, zero) per token and group of channels
+            g_off = blk * s_sb + offs_t[:, None] * s_st + h * s_sh + (offs_d // GROUP)[None, :]
+            sc = tl.load(SCALE + g_off, mask=packed_mask, other=0.0).to(tl.float32)
+            zp = tl.load(ZERO + g_off, mask=packed_mask, other=0.0).to(tl.float32)
+            deq = q * sc + zp
+        ring = tl.load(RING + (ring_row_base + offs_t)[:, None] * s_rt + h * s_rh + offs_d[None, :],
+                       mask=(valid & in_ring)[:, None], other=0.0).to(tl.float32)
+        x = tl.where(in_ring[:, None], ring, deq)
+    return x
+
+
+@triton.jit
+def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOTS, ACC, ML,
+                         scale, ring_tokens, blocks_per_split, n_splits,
+                         s_qb, s_qh, s_tb,
+                         s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krs, s_krt, s_krh,
+                         s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrs, s_vrt, s_vrh,
+                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                         KBITS: tl.constexpr, VBITS: tl.constexpr, VGROUP: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    n_kv = tl.num_programs(1)
+    ctx = tl.load(CTX + b)
+    first = sp * blocks_per_split
+    last = tl.minimum(first + blocks_per_split, tl.cdiv(ctx, BS))
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, D)
+    offs_t = tl.arange(0, BS)
+    q = tl.load(Q + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
+                mask=(offs_g < G)[:, None], other=0.0)  # [GP, D]
+    qf = (q.to(tl.float32) * scale).to(q.dtype)
+    fp_start = ctx
+    slot = 0
+    if KBITS != 16 or VBITS != 16:
+        fp_start = tl.load(FPS + b)
+        slot = tl.load(SLOTS + b)
+    m = tl.full([GP], float("-inf"), tl.float32)
+    l = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    for j in range(first, last):
+        blk = tl.load(TABLES + b * s_tb + j)
+        pos = j * BS + offs_t
+        valid = pos < ctx
+        ring_base = (j * BS) % ring_tokens
+        k = _load_side(K, KS, KZ, KR + slot * s_krs, blk, h, pos, ctx, fp_start, ring_base, offs_t, offs_d,
+                       s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh, KBITS, True, VGROUP)
+        s = tl.dot(qf, tl.trans(k.to(q.dtype)))  # [GP, BS], fp32 accumulate
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v = _load_side(V, VS, VZ, VR + slot * s_vrs, blk, h, pos, ctx, fp_start, ring_base, offs_t, offs_d,
+                       s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrt, s_vrh, VBITS, False, VGROUP)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        m = m_new
+    part = (b * n_kv + h) * n_splits + sp
+    tl.store(ACC + part * GP * D + offs_g[:, None] * D + offs_d[None, :], acc)
+    tl.store(ML + part * 2 * GP + offs_g, m)
+    tl.store(ML + part * 2 * GP + GP + offs_g, l)
+
+
+def _side_args(side, device) -> tuple[list, list[int]]:
+    """Tensors and strides of one side; absent scale/ring tensors are replaced by a dummy (never read)."""
+    dummy = torch.zeros(1, 1, 1, 1, device=device)
+    data = side.data
+    scale = side.scale if side.quantized else dummy
+    zero = side.zero if side.quantized else dummy
+    ring = side.ring if side.quantized else dummy
+    sc = scale.stride()
+    scale_strides = [sc[0], 0, sc[1]] if side.is_key and side.quantized else [sc[0], sc[1], sc[2]]
+    strides = [data.stride(0), data.stride(1), data.stride(2), *scale_strides,
+               ring.stride(0), ring.stride(1), ring.stride(2)]
+    return [data, scale, zero, ring], strides
+
+
+def _num_splits(batch: int, n_kv: int, n_blocks: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU about four times over, never more splits than blocks."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    want = -(-4 * sms // max(1, batch * n_kv))
+    return max(1, min(want, n_blocks))
+
+
+def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: int | None = None) -> torch.Tensor:
+    """Decode attention of ``q [Bd, n_heads, D]`` (one query per sequence) over paged, possibly packed
+    KV; ``meta`` is the step's `AttentionMetadata`. Returns ``[Bd, n_heads, D]`` in q's dtype."""
+    bd, n_heads, d = q.shape
+    n_kv = key.data.shape[-2]
+    group = n_heads // n_kv
+    gp = max(16, triton.next_power_of_2(group))  # tl.dot needs at least 16 rows
+    tables = meta.decode_block_tables
+    n_blocks = tables.shape[1]
+    splits = num_splits or _num_splits(bd, n_kv, n_blocks, q.device)
+    per_split = -(-n_blocks // splits)
+    splits = -(-n_blocks // per_split)
+    acc = _scratch(bd, n_kv, splits, gp, d, device=q.device)
+    ml = _scratch(bd, n_kv, splits, 2, gp, device=q.device)
+    k_args, k_strides = _side_args(key, q.device)
+    v_args, v_strides = _side_args(value, q.device)
+    quantized = key.quantized or value.quantized
+    fps = meta.decode_fp_start if quantized else meta.decode_context_lens
+    slots = meta.decode_slots if quantized else meta.decode_context_lens
+    qc = q.contiguous()
+    _decode_split_kernel[(bd, n_kv, splits)](
+        qc, *k_args, *v_args, tables, meta.decode_context_lens, fps, slots, acc, ml,
+        scale, max(1, meta.ring_tokens), per_split, splits,
+        qc.stride(0), qc.stride(1), tables.stride(0), *k_strides, *v_strides,
+        G=group, GP=gp, D=d, BS=meta.block_size, KBITS=key.bits, VBITS=value.bits,
+        VGROUP=d // value.scale.shape[-1] if value.quantized else 1)
+    m, l = ml[:, :, :, 0], ml[:, :, :, 1]  # [Bd, KVH, S, GP]
+    m_max = m.amax(2, keepdim=True)
+    w = torch.exp(m - m_max)  # splits past the context have m = -inf and weigh 0
+    out = (acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(2).unsqueeze(-1)  # [Bd, KVH, GP, D]
+    return out[:, :, :group].reshape(bd, n_heads, d).to(q.dtype)
+
+
+@triton.jit
+def _quantize_kernel(X, BLOCK_IDS, DATA, SCALE, ZERO, s_xt, s_xh, s_db, s_dt, s_dh, s_sb, s_st, s_sh,
+                     BS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr,
+                     GROUP: tl.constexpr):
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    blk = tl.load(BLOCK_IDS + i)
+    offs_t = tl.arange(0, BS)
+    offs_d = tl.arange(0, D)
+    QMAX: tl.constexpr = (1 << BITS) - 1
+    PACK: tl.constexpr = 8 // BITS
+    x = tl.load(X + (i * BS + offs_t)[:, None] * s_xt + h * s_xh + offs_d[None, :]).to(tl.float32)  # [BS, D]
+    if IS_KEY:  # per channel over the block's tokens
+        lo = tl.min(x, 0)
+        sc = tl.maximum((tl.max(x, 0) - lo) / QMAX, 1e-8)
+        codes = tl.floor((x - lo[None, :]) / sc[None, :] + 0.5)
+        tl.store(SCALE + blk * s_sb + h * s_sh + offs_d, sc.to(SCALE.dtype.element_ty))
+        tl.store(ZERO + blk * s_sb + h * s_sh + offs_d, lo.to(ZERO.dtype.element_ty))
+    else:  # per token over groups of channels
+        xg = tl.reshape(x, [BS, D // GROUP, GROUP])
+        lo = tl.min(xg, 2)
+        sc = tl.maximum((tl.max(xg, 2) - lo) / QMAX, 1e-8)
+        codes = tl.reshape(tl.floor((xg - lo[:, :, None]) / sc[:, :, None] + 0.5), [BS, D])
+        offs_gr = tl.arange(0, D // GROUP)
+        g_off = blk * s_sb + offs_t[:, None] * s_st + h * s_sh + offs_gr[None, :]
+        tl.store(SCALE + g_off, sc.to(SCALE.dtype.element_ty))
+        tl.store(ZERO + g_off, lo.to(ZERO.dtype.element_ty))
+    codes = tl.minimum(tl.maximum(codes, 0.0), QMAX).to(tl.int32)
+    shifts = tl.arange(0, PACK) * BITS
+    packed = tl.sum(tl.reshape(codes, [BS, D // PACK, PACK]) << shifts[None, None, :], 2)
+    offs_p = tl.arange(0, D // PACK)
+    tl.store(DATA + blk * s_db + offs_t[:, None] * s_dt + h * s_dh + offs_p[None, :], packed.to(tl.uint8))
+
+
+def quantize_into(side, staging: torch.Tensor, block_ids: torch.Tensor, group: int) -> None:
+    """Quantize full blocks ``staging [n * block_size, n_kv, D]`` into ``side`` at ``block_ids``."""
+    n = block_ids.numel()
+    bs, n_kv, d = side.data.shape[1], staging.shape[1], staging.shape[2]
+    s = side.scale
+    scale_strides = (s.stride(0), 0, s.stride(1)) if side.is_key else (s.stride(0), s.stride(1), s.stride(2))
+    _quantize_kernel[(n, n_kv)](
+        staging, block_ids, side.data, side.scale, side.zero, staging.stride(0), staging.stride(1),
+        side.data.stride(0), side.data.stride(1), side.data.stride(2), *scale_strides,
+        BS=bs, D=d, BITS=side.bits, IS_KEY=side.is_key, GROUP=min(group, d))

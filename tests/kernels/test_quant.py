@@ -1,0 +1,89 @@
+"""Packed KV: codes round-trip, reconstruction within half a quantization step, and the pool's bytes are
+exactly what the layout arithmetic (shared with the simulator) says."""
+import pytest
+import torch
+
+from skistune.config import KVConfig
+from skistune.kernels.quant import dequantize_keys, dequantize_values, pack, quantize_keys, quantize_values, unpack
+from skistune.runtime.kv_layout import kv_pool_blocks, ring_bytes
+from skistune.runtime.presets import get_preset
+
+from kv_cases import BLOCK, SPEC, make_store
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_pack_unpack_round_trip(bits):
+    codes = torch.randint(0, 1 << bits, (5, 3, 32), dtype=torch.uint8)
+    packed = pack(codes, bits)
+    assert packed.shape == (5, 3, 32 * bits // 8)
+    assert torch.equal(unpack(packed, bits), codes)
+
+
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("magnitude", [1e-3, 1.0, 50.0])
+def test_keys_per_channel_error_within_half_a_step(bits, magnitude):
+    k = torch.randn(3, BLOCK, 2, 32, dtype=torch.float64) * magnitude  # [N, bs, KVH, D]
+    packed, scale, zero = quantize_keys(k, bits)
+    assert scale.shape == zero.shape == (3, 2, 32)  # one pair per block, head and channel
+    err = (dequantize_keys(packed, scale, zero, bits) - k).abs()
+    step = (k.amax(1, keepdim=True) - k.amin(1, keepdim=True)) / ((1 << bits) - 1)
+    assert (err <= step / 2 * (1 + 1e-9) + 1e-12).all()
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("group", [8, 16, 32])
+def test_values_per_token_error_within_half_a_step(bits, group):
+    v = torch.randn(3, BLOCK, 2, 32, dtype=torch.float64) * 3
+    packed, scale, zero = quantize_values(v, bits, group)
+    assert scale.shape == (3, BLOCK, 2, 32 // group)
+    err = (dequantize_values(packed, scale, zero, bits) - v).abs()
+    g = v.view(3, BLOCK, 2, 32 // group, group)
+    step = ((g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / ((1 << bits) - 1)).expand_as(g).reshape(v.shape)
+    assert (err <= step / 2 * (1 + 1e-9) + 1e-12).all()
+
+
+def test_constant_group_is_exact():
+    k = torch.full((1, BLOCK, 2, 32), 0.75, dtype=torch.float64)
+    assert torch.equal(dequantize_keys(*quantize_keys(k, 2), 2), k)
+
+
+def _block_tensor_bytes(store) -> int:
+    """Bytes of every per-block tensor of the store, null block excluded, rings excluded."""
+    total = 0
+    for side in (s for pair in store.layers for s in pair):
+        for t in (side.data, side.scale, side.zero):
+            if t is not None:
+                total += t[1:].numel() * t.element_size()
+    return total
+
+
+@pytest.mark.parametrize("bits", [(16, 16), (8, 8), (4, 4), (2, 2), (4, 16), (16, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_store_bytes_equal_the_layout_arithmetic(bits, dtype):
+    store = make_store(bits, slots=3, window=20, dtype=dtype, num_blocks=10)
+    assert _block_tensor_bytes(store) == 10 * store.block_bytes
+    cfg = KVConfig().with_knobs({"bitwidth.key_bits": bits[0], "bitwidth.value_bits": bits[1],
+                                 "bitwidth.full_precision_window": 20, "bitwidth.group_size": 16,
+                                 "batching.max_num_seqs": 3, "prefix_reuse.block_size": BLOCK})
+    rings = sum(s.ring.numel() * s.ring.element_size() for pair in store.layers for s in pair if s.quantized)
+    assert rings == ring_bytes(cfg, SPEC, dtype.itemsize)
+
+
+def test_pool_holds_more_blocks_at_fewer_bits():
+    spec = get_preset("llama-3-8b")
+    blocks = []
+    for b in (16, 8, 4, 2):
+        cfg = KVConfig().with_knobs({"bitwidth.key_bits": b, "bitwidth.value_bits": b,
+                                     "offload.device_kv_bytes": 8 << 30})
+        blocks.append(kv_pool_blocks(cfg, spec, 2, 0)[0])
+    # scales and zero points (fp16, per 16-token key group and 32-channel value group) and the rings cost
+    # bits too: 2-bit KV holds about 4x the blocks of 16-bit, not 8x
+    assert blocks == sorted(set(blocks)) and blocks[-1] > 4 * blocks[0]
+
+
+def test_per_layer_bits_must_cover_every_layer():
+    cfg = KVConfig().with_knobs({"bitwidth.layer_bits": [[4, 4]] * 3})
+    with pytest.raises(ValueError, match="bitwidth.layer_bits: 3 pairs for a model of 32 layers"):
+        kv_pool_blocks(cfg, get_preset("llama-3-8b"), 2, 1 << 34)
