@@ -11,7 +11,7 @@ output is checked against the PyTorch path in float32 (and, at 16 bits, a float6
 
 On CUDA the Triton kernels run; on a CPU the PyTorch implementation (the runtime's CPU path).
 
-    python benchmarks/kernels.py [--device cpu|cuda] [--shapes 8x2048 ...] [--bits 16 8 4 2] [--json]
+    python benchmarks/kernels.py [--device cpu|cuda] [--shapes 8x2048 ...] [--bits 16 8 4 2] [--sweep] [--json]
 """
 from __future__ import annotations
 
@@ -115,11 +115,7 @@ def run_shape(spec, batch: int, context: int, bits_list, dtype, device, copy_bps
         store, tables = layer_store(spec, bits, batch, context, dtype, device)
         fill(store, tables, device)
         key, value = store.layer(0)
-        ring = None
-        if store.quantized:
-            from skistune.kernels.attention import RingInfo
-            ring = RingInfo(list(range(batch)), [0] * batch, store.ring_tokens, store.window)
-        meta = build_attention_metadata(tables, [1] * batch, [context] * batch, 16, ring, device)
+        meta = build_attention_metadata(tables, [1] * batch, [context] * batch, 16, _ring(store, batch), device)
         q = torch.randn(batch, spec.n_heads, spec.head_dim, dtype=dtype, device=device)
         err = check(q, key, value, meta, scale, spec) if batch * context <= 1 << 20 else None
         t = bench(lambda: paged_attention(q, key, value, meta, scale), device, repeats)
@@ -131,6 +127,38 @@ def run_shape(spec, batch: int, context: int, bits_list, dtype, device, copy_bps
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def sweep(spec, batch: int, context: int, dtype, device, repeats: int) -> list[dict]:
+    """Time the Triton decode kernel's (tile tokens, warps, stages) choices at one shape, 16- and 4-bit,
+    and keep the fastest (sum of times relative to each bitwidth's best) as the kernel's setting."""
+    from skistune.kernels import triton_attention as ta
+    rows = []
+    for bits in (16, 4):
+        store, tables = layer_store(spec, bits, batch, context, dtype, device)
+        fill(store, tables, device)
+        meta = build_attention_metadata(tables, [1] * batch, [context] * batch, 16,
+                                        _ring(store, batch), device)
+        q = torch.randn(batch, spec.n_heads, spec.head_dim, dtype=dtype, device=device)
+        for tile in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (2, 3):
+                    ta.TILE_TOKENS, ta.NUM_WARPS, ta.NUM_STAGES = tile, warps, stages
+                    t = bench(lambda: paged_attention(q, *store.layer(0), meta, spec.head_dim ** -0.5), device, repeats)
+                    rows.append({"bits": bits, "tile": tile, "warps": warps, "stages": stages, "time_s": t})
+        del store, meta
+    best = {b: min(r["time_s"] for r in rows if r["bits"] == b) for b in (16, 4)}
+    score = {}
+    for r in rows:
+        key = (r["tile"], r["warps"], r["stages"])
+        score[key] = score.get(key, 0.0) + r["time_s"] / best[r["bits"]]
+    ta.TILE_TOKENS, ta.NUM_WARPS, ta.NUM_STAGES = min(score, key=score.get)
+    return rows
+
+
+def _ring(store, batch: int):
+    from skistune.kernels.attention import RingInfo
+    return RingInfo(list(range(batch)), [0] * batch, store.ring_tokens, store.window) if store.quantized else None
 
 
 def quantize_rows(spec, dtype, device, repeats: int) -> list[dict]:
@@ -154,6 +182,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", help="BATCHxCONTEXT (default depends on the device)")
     ap.add_argument("--bits", nargs="*", type=int, default=[16, 8, 4, 2])
     ap.add_argument("--repeats", type=int, default=0, help="timed repeats (default 20 on CUDA, 5 on CPU)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="CUDA: first time the decode kernel's tile/warps/stages choices and use the fastest")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -163,6 +193,14 @@ def main() -> None:
     torch.manual_seed(0)
     copy_bps = copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (256 << 20), repeats)
     print(f"{device.type}: copy bandwidth {copy_bps / 1e9:.0f} GB/s (read + write); {spec.name} layer, {dtype}")
+    sweep_rows = []
+    if args.sweep and device.type == "cuda":
+        from skistune.kernels import triton_attention as ta
+        sweep_rows = sweep(spec, 64, 8192, dtype, device, repeats)
+        for r in sweep_rows:
+            print(f"sweep {r['bits']:>2}-bit tile {r['tile']:>3} warps {r['warps']} stages {r['stages']}: "
+                  f"{r['time_s'] * 1e3:.3f} ms")
+        print(f"decode kernel setting: tile {ta.TILE_TOKENS}, warps {ta.NUM_WARPS}, stages {ta.NUM_STAGES}")
     rows = []
     for shape in args.shapes or DEFAULT_SHAPES[device.type]:
         batch, context = (int(x) for x in shape.split("x"))
@@ -178,7 +216,8 @@ def main() -> None:
               f"{r['bytes_per_s'] / 1e9:.0f} GB/s")
     if args.json:
         print(json.dumps({"device": device.type, "model": spec.name, "dtype": str(dtype).removeprefix("torch."),
-                          "copy_bytes_per_s": copy_bps, "decode": rows, "quantize": quant}))
+                          "copy_bytes_per_s": copy_bps, "decode": rows, "quantize": quant,
+                          "sweep": sweep_rows}))
 
 
 if __name__ == "__main__":

@@ -243,10 +243,11 @@ def _context(side, block_ids: torch.Tensor, overlay: RingOverlay | None) -> torc
     flat = blocks.flatten(-4, -3)  # [..., L, n_kv, d]
     if overlay is not None and overlay.positions.numel():
         ring = side.ring.view(-1, *side.ring.shape[-2:])
+        tokens = ring[overlay.sources].to(flat.dtype)
         if flat.dim() == 3:
-            flat[overlay.positions] = ring[overlay.sources]
+            flat[overlay.positions] = tokens
         else:
-            flat[overlay.rows, overlay.positions] = ring[overlay.sources]
+            flat[overlay.rows, overlay.positions] = tokens
     return flat.transpose(-3, -2)
 
 
@@ -265,7 +266,7 @@ def paged_attention(q: torch.Tensor, key, value, meta: AttentionMetadata, scale:
     group = n_heads // n_kv
     out = torch.empty_like(q)
     if meta.decode_rows.numel():
-        if q.is_cuda and _triton_decode_supported(meta.block_size):
+        if q.is_cuda and _triton_available():
             from .triton_attention import paged_decode
             out[meta.decode_rows] = paged_decode(q[meta.decode_rows], key, value, meta, scale)
         else:
@@ -296,7 +297,3 @@ def _triton_available() -> bool:
         return False
     return True
 
-
-def _triton_decode_supported(block_size: int) -> bool:
-    """The Triton decode kernel tiles by KV block and needs at least 16 tokens per block (tl.dot)."""
-    return block_size >= 16 and _triton_available()

@@ -12,10 +12,20 @@ Memory layout and quantization scheme: see `skistune.runtime.kv_store` and `skis
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+
+
+# Tokens per tile of the decode loop: tiles span several KV blocks (each row finds its block in the
+# table), so that each iteration has enough bytes in flight whatever the block size.
+# (tokens per tile, warps, software-pipelining stages); `benchmarks/kernels.py --sweep` times the choices.
+TILE_TOKENS = int(os.environ.get("SKISTUNE_DECODE_TILE", "64"))
+NUM_WARPS = int(os.environ.get("SKISTUNE_DECODE_WARPS", "4"))
+NUM_STAGES = int(os.environ.get("SKISTUNE_DECODE_STAGES", "2"))
 
 
 def _scratch(*shape: int, device) -> torch.Tensor:
@@ -24,54 +34,73 @@ def _scratch(*shape: int, device) -> torch.Tensor:
 
 
 @triton.jit
-def _load_side(DATA, SCALE, ZERO, RING, blk, h, pos, ctx, fp_start, ring_row_base, offs_t, offs_d,
+def _unpack(codes, T: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
+    """Bytes ``[T, D * BITS / 8]`` (int32) -> codes ``[T, D]`` (float32) in channel order: channel
+    ``PACK * j + r`` is bits ``[r * BITS, (r + 1) * BITS)`` of byte ``j``; unpacked by shifts, interleaved by
+    joins (contiguous byte loads, no per-element gathers)."""
+    if BITS == 8:
+        x = codes
+    elif BITS == 4:
+        x = tl.reshape(tl.join(codes & 15, codes >> 4), [T, D])
+    else:  # join(join(c0, c2), join(c1, c3)) flattens to c0 c1 c2 c3
+        x = tl.reshape(tl.join(tl.join(codes & 3, (codes >> 4) & 3), tl.join((codes >> 2) & 3, codes >> 6)), [T, D])
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _load_tile(DATA, SCALE, ZERO, RING, blk, row, h, pos, valid, fp_start, tile_end, ring_tokens, offs_d,
                s_db, s_dt, s_dh, s_sb, s_st, s_sh, s_rt, s_rh,
-               BITS: tl.constexpr, IS_KEY: tl.constexpr, GROUP: tl.constexpr):
-    """One block's keys or values of one KV head, ``[BS, D]`` in float32."""
-    valid = pos < ctx
+               T: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr, GROUP: tl.constexpr,
+               OUT_TY: tl.constexpr):
+    """One tile of keys or values of one KV head, ``[T, D]`` in ``OUT_TY``: tokens ``pos`` (in blocks
+    ``blk`` at rows ``row``), dequantized in registers; positions from ``fp_start`` on come from the ring."""
+    base = blk * s_db + row * s_dt + h * s_dh  # [T]
     if BITS == 16:
-        x = tl.load(DATA + blk * s_db + offs_t[:, None] * s_dt + h * s_dh + offs_d[None, :],
-                    mask=valid[:, None], other=0.0).to(tl.float32)
+        x = tl.load(DATA + base[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0).to(OUT_TY)
     else:
         PACK: tl.constexpr = 8 // BITS
-        in_ring = pos >= fp_start  # the same for every token of a block (fp_start is block-aligned)
-        packed_mask = (valid & (pos < fp_start))[:, None]
-        codes = tl.load(DATA + blk * s_db + offs_t[:, None] * s_dt + h * s_dh + (offs_d // PACK)[None, :],
-                        mask=packed_mask, other=0).to(tl.int32)
-        q = ((codes >> ((offs_d % PACK) * BITS)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+        offs_p = tl.arange(0, D // PACK)
+        packed = valid & (pos < fp_start)
+        codes = tl.load(DATA + base[:, None] + offs_p[None, :], mask=packed[:, None], other=0).to(tl.int32)
+        q = _unpack(codes, T, D, BITS)
         if IS_KEY:  # one (scale, zero) per channel for the whole block
-            sc = tl.load(SCALE + blk * s_sb + h * s_sh + offs_d).to(tl.float32)
-            zp = tl.load(ZERO + blk * s_sb + h * s_sh + offs_d).to(tl.float32)
-            deq = q * sc[None, :] + zp[None, :]
-        else:  # one (scale, zero) per token and group of channels
-            g_off = blk * s_sb + offs_t[:, None] * s_st + h * s_sh + (offs_d // GROUP)[None, :]
-            sc = tl.load(SCALE + g_off, mask=packed_mask, other=0.0).to(tl.float32)
-            zp = tl.load(ZERO + g_off, mask=packed_mask, other=0.0).to(tl.float32)
+            s_off = blk * s_sb + h * s_sh  # [T]
+            sc = tl.load(SCALE + s_off[:, None] + offs_d[None, :], mask=packed[:, None], other=0.0).to(tl.float32)
+            zp = tl.load(ZERO + s_off[:, None] + offs_d[None, :], mask=packed[:, None], other=0.0).to(tl.float32)
             deq = q * sc + zp
-        ring = tl.load(RING + (ring_row_base + offs_t)[:, None] * s_rt + h * s_rh + offs_d[None, :],
-                       mask=(valid & in_ring)[:, None], other=0.0).to(tl.float32)
-        x = tl.where(in_ring[:, None], ring, deq)
+        else:  # one (scale, zero) per token and group of channels
+            offs_g = tl.arange(0, D // GROUP)
+            s_off = (blk * s_sb + row * s_st + h * s_sh)[:, None] + offs_g[None, :]  # [T, D / GROUP]
+            sc = tl.load(SCALE + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
+            zp = tl.load(ZERO + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
+            deq = tl.reshape(tl.reshape(q, [T, D // GROUP, GROUP]) * sc[:, :, None] + zp[:, :, None], [T, D])
+        if tile_end > fp_start:  # only tiles that reach the ring read it
+            in_ring = valid & (pos >= fp_start)
+            ring = tl.load(RING + ((pos % ring_tokens) * s_rt + h * s_rh)[:, None] + offs_d[None, :],
+                           mask=in_ring[:, None], other=0.0).to(tl.float32)
+            deq = tl.where(in_ring[:, None], ring, deq)
+        x = deq.to(OUT_TY)
     return x
 
 
 @triton.jit
 def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOTS, ACC, ML,
-                         scale, ring_tokens, blocks_per_split, n_splits,
+                         scale, ring_tokens, tiles_per_split, n_splits,
                          s_qb, s_qh, s_tb,
                          s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krs, s_krt, s_krh,
                          s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrs, s_vrt, s_vrh,
-                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, T: tl.constexpr,
                          KBITS: tl.constexpr, VBITS: tl.constexpr, VGROUP: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
     n_kv = tl.num_programs(1)
     ctx = tl.load(CTX + b)
-    first = sp * blocks_per_split
-    last = tl.minimum(first + blocks_per_split, tl.cdiv(ctx, BS))
+    first = sp * tiles_per_split * T
+    last = tl.minimum(first + tiles_per_split * T, ctx)
     offs_g = tl.arange(0, GP)
     offs_d = tl.arange(0, D)
-    offs_t = tl.arange(0, BS)
+    offs_t = tl.arange(0, T)
     q = tl.load(Q + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
                 mask=(offs_g < G)[:, None], other=0.0)  # [GP, D]
     qf = (q.to(tl.float32) * scale).to(q.dtype)
@@ -83,22 +112,24 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
     m = tl.full([GP], float("-inf"), tl.float32)
     l = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, D], tl.float32)
-    for j in range(first, last):
-        blk = tl.load(TABLES + b * s_tb + j)
-        pos = j * BS + offs_t
-        valid = pos < ctx
-        ring_base = (j * BS) % ring_tokens
-        k = _load_side(K, KS, KZ, KR + slot * s_krs, blk, h, pos, ctx, fp_start, ring_base, offs_t, offs_d,
-                       s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh, KBITS, True, VGROUP)
-        s = tl.dot(qf, tl.trans(k.to(q.dtype)))  # [GP, BS], fp32 accumulate
+    for start in range(first, last, T):
+        pos = start + offs_t
+        valid = pos < last
+        blk = tl.load(TABLES + b * s_tb + pos // BS, mask=valid, other=0)  # [T]: tiles may span blocks
+        row = pos % BS
+        k = _load_tile(K, KS, KZ, KR + slot * s_krs, blk, row, h, pos, valid, fp_start, start + T, ring_tokens,
+                       offs_d, s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh, T, D, KBITS, True, VGROUP,
+                       q.dtype)
+        s = tl.dot(qf, tl.trans(k))  # [GP, T], fp32 accumulate
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
-        v = _load_side(V, VS, VZ, VR + slot * s_vrs, blk, h, pos, ctx, fp_start, ring_base, offs_t, offs_d,
-                       s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrt, s_vrh, VBITS, False, VGROUP)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        v = _load_tile(V, VS, VZ, VR + slot * s_vrs, blk, row, h, pos, valid, fp_start, start + T, ring_tokens,
+                       offs_d, s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrt, s_vrh, T, D, VBITS, False, VGROUP,
+                       q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
         m = m_new
     part = (b * n_kv + h) * n_splits + sp
     tl.store(ACC + part * GP * D + offs_g[:, None] * D + offs_d[None, :], acc)
@@ -120,11 +151,11 @@ def _side_args(side, device) -> tuple[list, list[int]]:
     return [data, scale, zero, ring], strides
 
 
-def _num_splits(batch: int, n_kv: int, n_blocks: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU about four times over, never more splits than blocks."""
+def _num_splits(batch: int, n_kv: int, n_tiles: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU about four times over, never more splits than tiles."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = -(-4 * sms // max(1, batch * n_kv))
-    return max(1, min(want, n_blocks))
+    return max(1, min(want, n_tiles))
 
 
 def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: int | None = None) -> torch.Tensor:
@@ -135,10 +166,11 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: in
     group = n_heads // n_kv
     gp = max(16, triton.next_power_of_2(group))  # tl.dot needs at least 16 rows
     tables = meta.decode_block_tables
-    n_blocks = tables.shape[1]
-    splits = num_splits or _num_splits(bd, n_kv, n_blocks, q.device)
-    per_split = -(-n_blocks // splits)
-    splits = -(-n_blocks // per_split)
+    tile = TILE_TOKENS
+    n_tiles = -(-tables.shape[1] * meta.block_size // tile)
+    splits = num_splits or _num_splits(bd, n_kv, n_tiles, q.device)
+    per_split = -(-n_tiles // splits)
+    splits = -(-n_tiles // per_split)
     acc = _scratch(bd, n_kv, splits, gp, d, device=q.device)
     ml = _scratch(bd, n_kv, splits, 2, gp, device=q.device)
     k_args, k_strides = _side_args(key, q.device)
@@ -151,8 +183,8 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: in
         qc, *k_args, *v_args, tables, meta.decode_context_lens, fps, slots, acc, ml,
         scale, max(1, meta.ring_tokens), per_split, splits,
         qc.stride(0), qc.stride(1), tables.stride(0), *k_strides, *v_strides,
-        G=group, GP=gp, D=d, BS=meta.block_size, KBITS=key.bits, VBITS=value.bits,
-        VGROUP=d // value.scale.shape[-1] if value.quantized else 1)
+        G=group, GP=gp, D=d, BS=meta.block_size, T=tile, KBITS=key.bits, VBITS=value.bits,
+        VGROUP=d // value.scale.shape[-1] if value.quantized else 1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     m, l = ml[:, :, :, 0], ml[:, :, :, 1]  # [Bd, KVH, S, GP]
     m_max = m.amax(2, keepdim=True)
     w = torch.exp(m - m_max)  # splits past the context have m = -inf and weigh 0

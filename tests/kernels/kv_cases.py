@@ -74,9 +74,9 @@ def stored_kv(store: PagedKVStore, table: list[int], ctx: int, slot: int) -> tup
         if not side.quantized:
             x = side.data[ids].double().flatten(0, 1)
         elif side.is_key:
-            x = dequantize_keys(side.data[ids], side.scale[ids].double(), side.zero[ids].double(), side.bits).flatten(0, 1)
+            x = dequantize_keys(side.data[ids], side.scale[ids], side.zero[ids], side.bits).double().flatten(0, 1)
         else:
-            x = dequantize_values(side.data[ids], side.scale[ids].double(), side.zero[ids].double(), side.bits).flatten(0, 1)
+            x = dequantize_values(side.data[ids], side.scale[ids], side.zero[ids], side.bits).double().flatten(0, 1)
         if side.quantized:
             for p in range(store.full_precision_start(ctx, 0), ctx):
                 x[p] = side.ring[slot, p % store.ring_tokens].double()

@@ -29,7 +29,7 @@ def test_keys_per_channel_error_within_half_a_step(bits, magnitude):
     assert scale.shape == zero.shape == (3, 2, 32)  # one pair per block, head and channel
     err = (dequantize_keys(packed, scale, zero, bits) - k).abs()
     step = (k.amax(1, keepdim=True) - k.amin(1, keepdim=True)) / ((1 << bits) - 1)
-    assert (err <= step / 2 * (1 + 1e-9) + 1e-12).all()
+    assert (err <= step / 2 + 1e-6 * magnitude).all()  # dequantization runs in float32
 
 
 @pytest.mark.parametrize("bits", [8, 4, 2])
@@ -41,7 +41,7 @@ def test_values_per_token_error_within_half_a_step(bits, group):
     err = (dequantize_values(packed, scale, zero, bits) - v).abs()
     g = v.view(3, BLOCK, 2, 32 // group, group)
     step = ((g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / ((1 << bits) - 1)).expand_as(g).reshape(v.shape)
-    assert (err <= step / 2 * (1 + 1e-9) + 1e-12).all()
+    assert (err <= step / 2 + 1e-5).all()  # dequantization runs in float32
 
 
 def test_constant_group_is_exact():
