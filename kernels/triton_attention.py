@@ -48,12 +48,13 @@ def _unpack(codes, T: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(DATA, SCALE, ZERO, RING, blk, row, h, pos, valid, fp_start, tile_end, ring_tokens, offs_d,
+def _load_tile(DATA, SCALE, ZERO, RING, blk, blk_rows, row, h, pos, valid, fp_start, tile_end, ring_tokens, offs_d,
                s_db, s_dt, s_dh, s_sb, s_st, s_sh, s_rt, s_rh,
-               T: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr, GROUP: tl.constexpr,
-               OUT_TY: tl.constexpr):
+               T: tl.constexpr, NB: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr,
+               GROUP: tl.constexpr, OUT_TY: tl.constexpr):
     """One tile of keys or values of one KV head, ``[T, D]`` in ``OUT_TY``: tokens ``pos`` (in blocks
-    ``blk`` at rows ``row``), dequantized in registers; positions from ``fp_start`` on come from the ring."""
+    ``blk`` at rows ``row``; ``blk_rows [NB]`` the tile's distinct blocks), dequantized in registers;
+    positions from ``fp_start`` on come from the ring."""
     base = blk * s_db + row * s_dt + h * s_dh  # [T]
     if BITS == 16:
         x = tl.load(DATA + base[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0).to(OUT_TY)
@@ -63,11 +64,11 @@ def _load_tile(DATA, SCALE, ZERO, RING, blk, row, h, pos, valid, fp_start, tile_
         packed = valid & (pos < fp_start)
         codes = tl.load(DATA + base[:, None] + offs_p[None, :], mask=packed[:, None], other=0).to(tl.int32)
         q = _unpack(codes, T, D, BITS)
-        if IS_KEY:  # one (scale, zero) per channel for the whole block
-            s_off = blk * s_sb + h * s_sh  # [T]
-            sc = tl.load(SCALE + s_off[:, None] + offs_d[None, :], mask=packed[:, None], other=0.0).to(tl.float32)
-            zp = tl.load(ZERO + s_off[:, None] + offs_d[None, :], mask=packed[:, None], other=0.0).to(tl.float32)
-            deq = q * sc + zp
+        if IS_KEY:  # one (scale, zero) per channel and block: one row per block of the tile, broadcast
+            s_off = (blk_rows * s_sb + h * s_sh)[:, None] + offs_d[None, :]  # [NB, D]
+            sc = tl.load(SCALE + s_off).to(tl.float32)
+            zp = tl.load(ZERO + s_off).to(tl.float32)
+            deq = tl.reshape(tl.reshape(q, [NB, T // NB, D]) * sc[:, None, :] + zp[:, None, :], [T, D])
         else:  # one (scale, zero) per token and group of channels
             offs_g = tl.arange(0, D // GROUP)
             s_off = (blk * s_sb + row * s_st + h * s_sh)[:, None] + offs_g[None, :]  # [T, D / GROUP]
@@ -90,7 +91,7 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
                          s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krs, s_krt, s_krh,
                          s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrs, s_vrt, s_vrh,
                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, T: tl.constexpr,
-                         KBITS: tl.constexpr, VBITS: tl.constexpr, VGROUP: tl.constexpr):
+                         NB: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, VGROUP: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
@@ -117,8 +118,10 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
         valid = pos < last
         blk = tl.load(TABLES + b * s_tb + pos // BS, mask=valid, other=0)  # [T]: tiles may span blocks
         row = pos % BS
-        k = _load_tile(K, KS, KZ, KR + slot * s_krs, blk, row, h, pos, valid, fp_start, start + T, ring_tokens,
-                       offs_d, s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh, T, D, KBITS, True, VGROUP,
+        row_pos = start + tl.arange(0, NB) * (T // NB)
+        blk_rows = tl.load(TABLES + b * s_tb + row_pos // BS, mask=row_pos < last, other=0)  # [NB]
+        k = _load_tile(K, KS, KZ, KR + slot * s_krs, blk, blk_rows, row, h, pos, valid, fp_start, start + T, ring_tokens,
+                       offs_d, s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh, T, NB, D, KBITS, True, VGROUP,
                        q.dtype)
         s = tl.dot(qf, tl.trans(k))  # [GP, T], fp32 accumulate
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -126,8 +129,8 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
-        v = _load_tile(V, VS, VZ, VR + slot * s_vrs, blk, row, h, pos, valid, fp_start, start + T, ring_tokens,
-                       offs_d, s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrt, s_vrh, T, D, VBITS, False, VGROUP,
+        v = _load_tile(V, VS, VZ, VR + slot * s_vrs, blk, blk_rows, row, h, pos, valid, fp_start, start + T, ring_tokens,
+                       offs_d, s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrt, s_vrh, T, NB, D, VBITS, False, VGROUP,
                        q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
         m = m_new
@@ -183,7 +186,7 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: in
         qc, *k_args, *v_args, tables, meta.decode_context_lens, fps, slots, acc, ml,
         scale, max(1, meta.ring_tokens), per_split, splits,
         qc.stride(0), qc.stride(1), tables.stride(0), *k_strides, *v_strides,
-        G=group, GP=gp, D=d, BS=meta.block_size, T=tile, KBITS=key.bits, VBITS=value.bits,
+        G=group, GP=gp, D=d, BS=meta.block_size, T=tile, NB=max(1, tile // meta.block_size), KBITS=key.bits, VBITS=value.bits,
         VGROUP=d // value.scale.shape[-1] if value.quantized else 1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     m, l = ml[:, :, :, 0], ml[:, :, :, 1]  # [Bd, KVH, S, GP]
     m_max = m.amax(2, keepdim=True)

