@@ -6,6 +6,11 @@ Block 0 is the null block: never allocated, it pads block tables (the KV store k
 A freed block keeps its hash and stays findable until it is reused ("free but cached"); the free
 queue is least-recently-freed first, and a sequence frees its blocks tail first so that shared
 prefix blocks outlive the tails that nobody else has.
+
+Blocks hold KV slots. Without eviction a sequence's slots are its computed tokens; after an eviction
+compaction (`prepare_compaction`, then `truncate`) it has fewer slots than tokens (`num_kv_tokens`), its
+blocks no longer hold the KV of a token prefix and are never cached again, and the blocks the compaction
+rewrites are first made its own (copy-on-write) so that other sequences and the prefix cache keep theirs.
 """
 from __future__ import annotations
 
@@ -80,6 +85,18 @@ class BlockPool:
             if self.ref_cnt[b] == 0:
                 self.free_queue[b] = None
 
+    def is_findable(self, block_id: int) -> bool:
+        """Whether a prefix lookup can return this block (a block with equal content may hold the hash)."""
+        h = self.block_hash[block_id]
+        return h is not None and self.cached.get(h) == block_id
+
+    def uncache(self, block_id: int) -> None:
+        """Forget a block's hash (its content is about to change)."""
+        h = self.block_hash[block_id]
+        if h is not None and self.cached.get(h) == block_id:
+            del self.cached[h]
+        self.block_hash[block_id] = None
+
     def cache(self, block_id: int, block_hash: int) -> None:
         """Make a full block findable by its hash (a block with equal content already cached wins)."""
         self.block_hash[block_id] = block_hash
@@ -112,6 +129,7 @@ class KVCacheManager:
         self.tables: dict[str, list[int]] = {}
         self.hashes: dict[str, list[int]] = {}
         self.num_cached_blocks: dict[str, int] = {}
+        self.num_evicted: dict[str, int] = {}  # computed tokens whose KV was evicted (compacted sequences only)
         self.peak_used_blocks = 0
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -119,6 +137,10 @@ class KVCacheManager:
 
     def block_table(self, seq_id: str) -> list[int]:
         return self.tables.get(seq_id, [])
+
+    def num_kv_tokens(self, seq: HasTokens) -> int:
+        """KV slots the sequence fills: its computed tokens less those evicted."""
+        return seq.num_computed_tokens - self.num_evicted.get(seq.seq_id, 0)
 
     def _hashes(self, seq: HasTokens) -> list[int]:
         hashes = self.hashes.setdefault(seq.seq_id, [])
@@ -142,10 +164,10 @@ class KVCacheManager:
 
     def allocate_slots(self, seq: HasTokens, num_new_tokens: int,
                        computed_blocks: Sequence[int] = ()) -> list[int] | None:
-        """Room for ``num_new_tokens`` more tokens after ``seq.num_computed_tokens`` plus the prefix hits
-        in ``computed_blocks``. Returns the new blocks, or ``None`` (nothing changed) if they don't fit."""
+        """Room for ``num_new_tokens`` more tokens after the sequence's KV slots plus the prefix hits in
+        ``computed_blocks``. Returns the new blocks, or ``None`` (nothing changed) if they don't fit."""
         table = self.tables.get(seq.seq_id, [])
-        num_tokens = seq.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        num_tokens = self.num_kv_tokens(seq) + len(computed_blocks) * self.block_size + num_new_tokens
         if not computed_blocks and num_tokens <= len(table) * self.block_size:
             return []  # the common decode step: room left in the last block
         num_new_blocks = max(0, self.blocks_for(num_tokens) - len(table) - len(computed_blocks))
@@ -166,8 +188,8 @@ class KVCacheManager:
         """Register the sequence's blocks that are now full of computed tokens in the prefix cache."""
         num_full = seq.num_computed_tokens // self.block_size
         done = self.num_cached_blocks.get(seq.seq_id, 0)
-        if num_full <= done or not self.enable_prefix_reuse:
-            return
+        if num_full <= done or not self.enable_prefix_reuse or seq.seq_id in self.num_evicted:
+            return  # (a compacted sequence's blocks hold no prefix's KV)
         hashes = self._hashes(seq)
         table = self.tables[seq.seq_id]
         for i in range(done, num_full):
@@ -179,6 +201,47 @@ class KVCacheManager:
         table = self.tables.pop(seq.seq_id, [])
         self.pool.free(table[::-1])
         self.num_cached_blocks.pop(seq.seq_id, None)
+        self.num_evicted.pop(seq.seq_id, None)
+
+    # ---- eviction compactions ---------------------------------------------------------------------
+    def prepare_compaction(self, seq: HasTokens, num_kv_tokens: int) -> list[tuple[int, int]] | None:
+        """Make the blocks that will hold the sequence's first ``num_kv_tokens`` slots safe to rewrite in
+        place. A block other sequences share is replaced by a fresh copy; so is a block the prefix cache
+        can find (the cache keeps its prefix) while free blocks last, after which such blocks just leave
+        the cache. Returns the ``(src, dst)`` block copies the executor makes before the step's forward
+        pass (the table already names ``dst``), or ``None`` (nothing changed) if the shared blocks need
+        more free blocks than there are."""
+        table = self.tables[seq.seq_id]
+        pool = self.pool
+        kept = range(self.blocks_for(num_kv_tokens))
+        to_copy = [i for i in kept if pool.ref_cnt[table[i]] > 1]
+        room = pool.num_free() - len(to_copy)
+        if room < 0:
+            return None
+        for i in kept:
+            b = table[i]
+            if pool.ref_cnt[b] > 1 or pool.block_hash[b] is None:
+                continue
+            if room > 0 and pool.is_findable(b):
+                to_copy.append(i)
+                room -= 1
+            else:
+                pool.uncache(b)
+        copies = list(zip([table[i] for i in to_copy], pool.allocate(len(to_copy))))
+        self.peak_used_blocks = max(self.peak_used_blocks, pool.num_used())
+        for i, (_, dst) in zip(to_copy, copies):
+            table[i] = dst
+        pool.free([src for src, _ in reversed(copies)])  # this sequence's references to the originals
+        return copies
+
+    def truncate(self, seq: HasTokens, num_kv_tokens: int) -> None:
+        """After a compaction (with ``seq.num_computed_tokens`` counting the step's tokens): the sequence
+        keeps its first ``num_kv_tokens`` slots; the blocks past them go back to the pool, tail first."""
+        table = self.tables[seq.seq_id]
+        tail = table[self.blocks_for(num_kv_tokens):]
+        del table[len(table) - len(tail):]
+        self.pool.free(tail[::-1])
+        self.num_evicted[seq.seq_id] = seq.num_computed_tokens - num_kv_tokens
 
     def forget(self, seq: HasTokens) -> None:
         """Drop a finished sequence's cached hashes (kept across preemption, dropped at the end)."""

@@ -5,6 +5,11 @@ the same currency, so there are no separate phases. Pure Python, no torch: the r
 Each step: running sequences first (in priority order; when one cannot get blocks, the lowest-priority
 running sequence is preempted by recompute and the allocation retried), then waiting sequences in the
 policy's order while tokens, sequence slots and blocks last. `schedule()` ends by checking its budgets.
+
+With eviction (an `EvictionBudget`), `schedule()` also decides which sequences are compacted after this
+step's forward pass (`Compaction`, see `eviction_budget` for when and to how much): their blocks are made
+safe to rewrite now (copy-on-write of shared and cached blocks, listed for the executor), the executor
+selects and moves the KV after the forward pass, and `update()` frees the blocks past the kept slots.
 """
 from __future__ import annotations
 
@@ -14,8 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
+from typing import Sequence as Sequence_  # `Sequence` is the scheduler's sequence state below
 
 from .block_manager import KVCacheManager
+from .eviction_budget import EvictionBudget
 from .request import Request, RequestRecord
 
 PREFIX_POLICY_WINDOW = 64  # waiting sequences scanned for the longest cached prefix (bounds the cost)
@@ -37,6 +44,10 @@ class Sequence:
         self.token_ids: list[int] = prompt.tolist() if hasattr(prompt, "tolist") else [int(t) for t in prompt]
         self.num_prompt_tokens = len(self.token_ids)
         self.num_computed_tokens = 0
+        self.num_prefill_tokens = self.num_prompt_tokens  # tokens computed as prefill since the last admission
+        # with eviction, per layer, the first KV slot holding a token (a layer that keeps fewer tokens than
+        # the largest leaves the slots before it empty: attention skips them); empty without eviction
+        self.kv_first_slot: tuple[int, ...] = ()
         self.status = SeqStatus.WAITING
         self.record = record
 
@@ -57,24 +68,60 @@ class Sequence:
 
 
 class ScheduledSeq(NamedTuple):
-    """``num_new_tokens`` tokens of ``seq`` starting at position ``start`` are computed this step;
-    ``samples`` says whether the step reaches the sequence's last token, so a new token is sampled.
+    """``num_new_tokens`` tokens of ``seq`` starting at position ``start`` are computed this step, their KV
+    written from slot ``kv_start`` on (``start`` unless eviction has dropped tokens: attention then reads
+    the slots ``[0, kv_start + num_new_tokens)`` and the tokens keep their true positions); ``samples``
+    says whether the step reaches the sequence's last token, so a new token is sampled.
     (A NamedTuple: the scheduler makes one per sequence per step, and the simulator makes millions.)"""
 
     seq: Sequence
     start: int
     num_new_tokens: int
     samples: bool
+    kv_start: int
 
     @classmethod
-    def of(cls, seq: Sequence, start: int, num_new_tokens: int) -> "ScheduledSeq":
-        return cls(seq, start, num_new_tokens, start + num_new_tokens == len(seq.token_ids))
+    def of(cls, seq: Sequence, start: int, num_new_tokens: int, kv_start: int) -> "ScheduledSeq":
+        return cls(seq, start, num_new_tokens, start + num_new_tokens == len(seq.token_ids), kv_start)
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """An eviction compaction of one sequence, run by the executor after the step's forward pass.
+
+    Before the forward pass the executor copies each ``(src, dst)`` block of ``copies`` (all layers, keys
+    and values: the block table already names ``dst``). After it, for each layer ``l``, the policy picks
+    ``keep_per_layer[l]`` of the layer's occupied slots ``[src_first_slot[l], kv_len)`` per KV head, and
+    their keys and values move, in ascending slot order, to the slots ``[dst_first_slot[l],
+    new_num_kv_tokens)``. `Scheduler.update` then frees the blocks past ``new_num_kv_tokens``."""
+
+    seq_id: str
+    kv_len: int  # slots before the compaction (this step's tokens included)
+    new_num_kv_tokens: int
+    keep_per_layer: tuple[int, ...]
+    src_first_slot: tuple[int, ...]
+    copies: tuple[tuple[int, int], ...]
+
+    @property
+    def dst_first_slot(self) -> tuple[int, ...]:
+        return tuple(self.new_num_kv_tokens - k for k in self.keep_per_layer)
+
+
+class DecodeCompaction(NamedTuple):
+    """A compaction inside a run of decode steps (the simulator's fast-forward): after the run's step
+    ``step`` (1-based), the sequence keeps ``new_num_kv_tokens`` slots, layer ``l`` from ``first_slot[l]``."""
+
+    step: int
+    new_num_kv_tokens: int
+    first_slot: tuple[int, ...]
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)  # their KV is dropped (recomputed later)
+    compactions: list[Compaction] = field(default_factory=list)
+    finished_seq_ids: list[str] = field(default_factory=list)  # finished since the previous step
 
     @property
     def num_batched_tokens(self) -> int:
@@ -159,9 +206,11 @@ class SchedulerLimits:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager) -> None:
+    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, eviction: EvictionBudget | None = None) -> None:
         self.limits = limits
         self.kv = kv
+        self.eviction = eviction  # None: nothing is evicted
+        self._finished_ids: list[str] = []
         self.waiting = WAITING_QUEUES[limits.policy]()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -218,7 +267,7 @@ class Scheduler:
                 if victim is seq:
                     break
             if seq.status is SeqStatus.RUNNING:
-                out.scheduled.append(ScheduledSeq.of(seq, seq.num_computed_tokens, n))
+                out.scheduled.append(ScheduledSeq.of(seq, seq.num_computed_tokens, n, self.kv.num_kv_tokens(seq)))
                 budget -= n
         return budget
 
@@ -232,10 +281,13 @@ class Scheduler:
                 break
             self.waiting.remove(seq)
             seq.num_computed_tokens = num_computed
+            seq.num_prefill_tokens = seq.num_tokens
+            if self.eviction is not None:
+                seq.kv_first_slot = self.eviction.no_empty_slots
             seq.record.prefix_hit_tokens += num_computed
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(ScheduledSeq.of(seq, num_computed, n))
+            out.scheduled.append(ScheduledSeq.of(seq, num_computed, n, num_computed))
             budget -= n
 
     def schedule(self) -> SchedulerOutput:
@@ -243,8 +295,27 @@ class Scheduler:
         budget = self._schedule_running(out, self.limits.max_num_batched_tokens)
         if not out.preempted:  # admitting while preempting would thrash
             self._schedule_waiting(out, budget)
+        if self.eviction is not None:
+            self._plan_compactions(out, self.eviction)
+        out.finished_seq_ids, self._finished_ids = self._finished_ids, []
         self._check_budgets(out)
         return out
+
+    def _plan_compactions(self, out: SchedulerOutput, eviction: EvictionBudget) -> None:
+        """Compactions after this step, planned after every allocation so that their copy-on-write blocks
+        never cost a preemption (without free blocks for them, a compaction waits for a later step)."""
+        for s in out.scheduled:
+            seq = s.seq
+            if s.samples and seq.num_output_tokens + 1 >= seq.request.max_new_tokens:
+                continue  # it finishes this step: all its blocks are freed anyway
+            kv_len, context = s.kv_start + s.num_new_tokens, s.start + s.num_new_tokens
+            if not eviction.due(kv_len, context, in_prefill=s.start < seq.num_prefill_tokens, ends_prefill=s.samples):
+                continue
+            new_num_kv, keep = eviction.plan(kv_len, context, seq.kv_first_slot)
+            copies = self.kv.prepare_compaction(seq, new_num_kv)
+            if copies is not None:
+                out.compactions.append(Compaction(seq.seq_id, kv_len, new_num_kv, keep, seq.kv_first_slot,
+                                                  tuple(copies)))
 
     def _check_budgets(self, out: SchedulerOutput) -> None:
         lim = self.limits
@@ -259,6 +330,8 @@ class Scheduler:
             problems.append("a sequence is scheduled twice")
         if self.kv.pool.num_used() > self.kv.pool.num_blocks:
             problems.append("more blocks in use than the pool has")
+        if any(c.new_num_kv_tokens >= c.kv_len for c in out.compactions):
+            problems.append("a compaction frees no KV slot")
         if problems:
             raise RuntimeError("scheduler invariant broken: " + "; ".join(problems))
 
@@ -285,27 +358,85 @@ class Scheduler:
         needed = self.kv.blocks_for(len(hits) * self.kv.block_size + n) - len(hits)
         return needed + self.kv.pool.num_free_among(hits) <= self.kv.pool.num_free()
 
-    def advance_decodes(self, step_end_s: list[float], new_tokens: list[list[int]]) -> None:
-        """Apply ``len(step_end_s)`` decode steps of every running sequence at once. The caller (the
-        simulator) has checked with `steady_decodes` and the block counts that nothing else would happen:
-        no admission, no finish before the last of these steps, blocks enough."""
+    def plan_decode_run(self, seqs: list[Sequence], k_max: int) -> tuple[int, list[list[DecodeCompaction]]]:
+        """With eviction: the most decode steps (<= ``k_max``) of ``seqs`` (the `steady_decodes`) that
+        `advance_decodes` can apply, and each sequence's compactions in them. A run stops before a
+        compaction that `schedule()` must plan (it may copy shared or cached blocks: a sequence's first,
+        with prefix reuse on), ends with the first compaction if a waiting sequence might use the blocks it
+        frees, and does not start while a sequence is still in its prefill."""
+        if self.eviction is None:
+            return k_max, [[] for _ in seqs]
+        if any(s.num_computed_tokens < s.num_prefill_tokens for s in seqs):
+            return 0, []
+        # a compaction frees blocks, so a sequence left waiting for them may be admitted after it
+        may_admit = len(self.waiting) > 0 and len(self.running) < self.limits.max_num_seqs
+        k = k_max
+        for seq in seqs:  # first compactions only: they bound the run, which is often short
+            d = self.eviction.decode_steps_to_due(self.kv.num_kv_tokens(seq), seq.num_computed_tokens, k)
+            if d is not None and seq.seq_id not in self.kv.num_evicted and self.kv.enable_prefix_reuse:
+                k = d - 1
+            elif d is not None and may_admit:
+                k = d
+        return k, [self._decode_compactions(seq, k, self.eviction) for seq in seqs]
+
+    def _decode_compactions(self, seq: Sequence, k: int, eviction: EvictionBudget) -> list[DecodeCompaction]:
+        """The compactions `schedule()` would plan in the next ``k`` decode steps of ``seq``."""
+        kv_len, context, first = self.kv.num_kv_tokens(seq), seq.num_computed_tokens, seq.kv_first_slot
+        events: list[DecodeCompaction] = []
+        done = 0
+        while (d := eviction.decode_steps_to_due(kv_len, context + done, k - done)) is not None:
+            done += d
+            new_num_kv, keep = eviction.plan(kv_len + d, context + done, first)
+            events.append(DecodeCompaction(done, new_num_kv, tuple(new_num_kv - n for n in keep)))
+            kv_len, first = new_num_kv, events[-1].first_slot
+        return events
+
+    def advance_decodes(self, step_end_s: list[float], new_tokens: list[list[int]],
+                        compactions: Sequence_[list[DecodeCompaction]] = ()) -> None:
+        """Apply ``len(step_end_s)`` decode steps of every running sequence at once, with the compactions
+        of `plan_decode_run` (by sequence, in the order of ``running``). The caller (the simulator) has
+        checked with `steady_decodes` and the block counts that nothing else would happen: no admission,
+        no finish before the last of these steps, blocks enough at every step. Sequences are advanced from
+        one compaction to the next in step order, so that the blocks in use never exceed those of the
+        same steps taken one at a time."""
         k = len(step_end_s)
-        for seq, tokens in zip(self.running, new_tokens):
-            if seq.num_output_tokens + k >= seq.request.max_new_tokens or self.kv.allocate_slots(seq, k) is None:
-                raise RuntimeError(f"fast-forward of {k} steps is not steady for {seq}")
-            seq.num_computed_tokens += k
-            seq.token_ids.extend(tokens)
-            self.kv.cache_full_blocks(seq)
-            seq.record.token_times_s.extend(step_end_s)
+        for seq in self.running:
+            if seq.num_output_tokens + k >= seq.request.max_new_tokens:
+                raise RuntimeError(f"fast-forward of {k} steps is not steady for {seq}: it would finish")
+        done = [0] * len(self.running)
+        events = sorted((e.step, i, e) for i, per_seq in enumerate(compactions) for e in per_seq)
+        for step, i, event in events:
+            seq = self.running[i]
+            self._advance_decode(seq, done[i], step, step_end_s, new_tokens[i])
+            done[i] = step
+            self.kv.truncate(seq, event.new_num_kv_tokens)
+            seq.kv_first_slot = event.first_slot
+        for i, seq in enumerate(self.running):
+            self._advance_decode(seq, done[i], k, step_end_s, new_tokens[i])
+
+    def _advance_decode(self, seq: Sequence, begin: int, end: int, step_end_s: list[float],
+                        new_tokens: list[int]) -> None:
+        """Decode steps ``begin..end`` (of a run) of one sequence."""
+        if end == begin:
+            return
+        if self.kv.allocate_slots(seq, end - begin) is None:
+            raise RuntimeError(f"fast-forward to step {end} is not steady for {seq}: blocks ran out")
+        seq.num_computed_tokens += end - begin
+        seq.token_ids.extend(new_tokens[begin:end])
+        self.kv.cache_full_blocks(seq)
+        seq.record.token_times_s.extend(step_end_s[begin:end])
 
     # ---- after the step ---------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: dict[str, int], now_s: float,
                eos_token_id: int | None = None) -> list[Sequence]:
         """Advance the computed counts, append sampled tokens, finish sequences; returns finished ones."""
         finished = []
+        compacted = {c.seq_id: c for c in out.compactions}
         for s in out.scheduled:
             seq = s.seq
             seq.num_computed_tokens = s.start + s.num_new_tokens
+            if compacted:
+                self._apply_compaction(seq, compacted.get(seq.seq_id))
             self.kv.cache_full_blocks(seq)
             if not s.samples:
                 continue
@@ -318,7 +449,13 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
+    def _apply_compaction(self, seq: Sequence, compaction: Compaction | None) -> None:
+        if compaction is not None:
+            self.kv.truncate(seq, compaction.new_num_kv_tokens)
+            seq.kv_first_slot = compaction.dst_first_slot
+
     def _finish(self, seq: Sequence, now_s: float) -> None:
+        self._finished_ids.append(seq.seq_id)
         seq.status = SeqStatus.FINISHED
         seq.record.finish_s = now_s
         seq.record.output_token_ids = seq.token_ids[seq.num_prompt_tokens:]

@@ -3,7 +3,8 @@ model. Each step's duration comes from the hardware profile's fitted step-cost m
 
 Runs of decode steps in which the batch cannot change (no arrival, no admission, no finish, no
 preemption, blocks enough) are advanced in one event (`ProfileExecutor.fast_forward`), so the cost grows with events,
-not tokens.
+not tokens. With eviction, the scheduler's compactions happen inside such runs too (`Scheduler.plan_decode_run`):
+each sequence's KV slots, hence its blocks and the KV bytes a step reads, follow the budget.
 """
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import numpy as np
 
 from skistune.config import KVConfig
 from skistune.profile.cost import StepCostModel, StepShape, step_shape
-from skistune.runtime.engine import Engine, VirtualClock
+from skistune.runtime.engine import Engine, VirtualClock, scheduler_limits
+from skistune.runtime.eviction_budget import EvictionBudget
 from skistune.runtime.kv_layout import kv_pool_blocks
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
-from skistune.runtime.scheduler import SchedulerOutput
+from skistune.runtime.scheduler import DecodeCompaction, Scheduler, SchedulerOutput
 
 # Knobs whose effect the runtime implements and the simulator models. The other families (eviction,
 # bitwidth, host/disk offload, prefetch) are in the schema but have no behaviour yet: a search leaves them
@@ -95,29 +97,67 @@ class ProfileExecutor:
         if seqs is None:
             return
         k_max = min(s.request.max_new_tokens - s.num_output_tokens for s in seqs) - 1  # the finish is a normal step
-        k_max = _steps_with_blocks(engine, seqs, k_max)
-        if k_max < 2:
+        run = self._decode_run(engine, seqs, k_max)
+        if run is None:
             return
-        step_s = self._decode_step_times(seqs, k_max)
+        step_s, compactions, used_blocks = run
         now_s = self.clock.now()
         end_s = now_s + np.cumsum(step_s)
         k = int(np.searchsorted(end_s - step_s, next_arrival_s, side="left"))  # steps starting before it
         if k < 1:
             return
         tokens = self.next_tokens(k * len(seqs))
-        engine.scheduler.advance_decodes(end_s[:k].tolist(), [tokens[i * k:(i + 1) * k] for i in range(len(seqs))])
+        engine.scheduler.advance_decodes(end_s[:k].tolist(), [tokens[i * k:(i + 1) * k] for i in range(len(seqs))],
+                                         [[e for e in per_seq if e.step <= k] for per_seq in compactions])
+        if used_blocks is not None:  # blocks freed by compactions: the peak is that of the steps one at a time
+            engine.kv.peak_used_blocks = max(engine.kv.peak_used_blocks, int(used_blocks[:k].max()))
         self.clock.wait_until(float(end_s[k - 1]))
         engine.busy_s += float(end_s[k - 1]) - now_s
         self.num_steps += k
         self.num_fast_forwards += 1
 
-    def _decode_step_times(self, seqs: list, k: int) -> np.ndarray:
-        """Durations of the next k decode steps: each reads one more token of KV per sequence, so the
-        predicted time is linear in the step index."""
-        batch, context = len(seqs), sum(s.num_tokens for s in seqs)
-        shapes = [StepShape(batch, batch, (context + j * batch) * self.kv_bytes_per_token, 0, batch) for j in (0, 1)]
+    def _decode_run(self, engine: Engine, seqs: list, k_max: int
+                    ) -> tuple[np.ndarray, list[list[DecodeCompaction]], np.ndarray | None] | None:
+        """(step times, compactions by sequence, blocks in use at each step or None when they only grow)
+        of the longest run (<= k_max steps) that fits the pool; None if it is shorter than two steps."""
+        if engine.scheduler.eviction is None:
+            k_max = _steps_with_blocks(engine, seqs, k_max)
+            if k_max < 2:
+                return None
+            context = sum(s.num_tokens for s in seqs)
+            return self._decode_step_times(len(seqs), context + len(seqs) * np.arange(k_max)), [], None
+        k_max, compactions = engine.scheduler.plan_decode_run(seqs, k_max)
+        if k_max < 2:
+            return None
+        reads = _kv_reads(engine, seqs, k_max, compactions)  # [seqs, steps] KV slots each decode reads
+        kv = engine.kv
+        used = kv.pool.num_used() - sum(len(kv.block_table(s.seq_id)) for s in seqs) \
+            + (-(-reads // kv.block_size)).sum(axis=0)
+        k_max = min(k_max, int(np.searchsorted(np.maximum.accumulate(used), kv.pool.num_blocks, side="right")))
+        if k_max < 2:
+            return None
+        return self._decode_step_times(len(seqs), reads[:, :k_max].sum(axis=0)), compactions, used[:k_max]
+
+    def _decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:
+        """Durations of decode steps of ``batch`` sequences reading ``contexts[j]`` KV tokens in all at step
+        j: the predicted time is linear in the KV read, so two predictions give every step's."""
+        c0 = int(contexts[0])
+        shapes = [StepShape(batch, batch, (c0 + j * batch) * self.kv_bytes_per_token, 0, batch) for j in (0, 1)]
         first, second = (self.step_cost.predict_s(sh) for sh in shapes)
-        return first + (second - first) * np.arange(k, dtype=np.float64)
+        return first + (second - first) * ((np.asarray(contexts, dtype=np.float64) - c0) / batch)
+
+
+def _kv_reads(engine: Engine, seqs: list, k: int, compactions: list[list[DecodeCompaction]]) -> np.ndarray:
+    """KV slots each sequence reads at each of the next k decode steps: one more each step, back to the
+    kept slots (plus the new token) after each compaction."""
+    steps = np.arange(1, k + 1, dtype=np.int64)
+    reads = np.empty((len(seqs), k), dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        row = reads[i]
+        row[:] = engine.kv.num_kv_tokens(seq) + steps
+        for e in compactions[i]:
+            row[e.step:] -= row[e.step - 1] - e.new_num_kv_tokens
+    return reads
 
 
 def _steps_with_blocks(engine: Engine, seqs: list, k_max: int) -> int:
@@ -145,6 +185,9 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
                     executor=executor, clock=clock, notes=target.notes,
                     fast_forward=executor.fast_forward if fast_forward else None)
+    if config.eviction.policy != "none":  # the engine does not pass the model's layer count on (yet)
+        engine.scheduler = Scheduler(scheduler_limits(config), engine.kv, EvictionBudget(
+            config.eviction, target.spec.n_layers, config.prefix_reuse.block_size))
     return engine, executor
 
 

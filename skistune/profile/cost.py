@@ -79,7 +79,7 @@ def step_shape(out: "SchedulerOutput", kv_bytes_per_token: int) -> StepShape:
     """The shape of a scheduled step (``kv_bytes_per_token`` over all layers at the stored precision)."""
     decode_tokens = prefill_tokens = pairs = samples = 0
     for s in out.scheduled:
-        context = s.start + s.num_new_tokens
+        context = s.kv_start + s.num_new_tokens  # KV slots read: fewer than the positions after an eviction
         if s.num_new_tokens == 1:
             decode_tokens += context
         else:
