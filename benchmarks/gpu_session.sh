@@ -25,6 +25,8 @@ timeout 120 $PY -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -25 |
 echo "== kernel benchmark"
 timeout 240 $PY benchmarks/kernels.py --sweep --json 2>&1 | tee "$OUT_DIR/kernels.txt"
 
-echo "== hardware profile, llama-3-8b, quick"
-timeout 200 $PY -m skistune profile --device cuda --model llama-3-8b --quick \
-    --out "$OUT_DIR/cuda-llama-3-8b-quick.json" 2>&1 | tail -40 | tee "$OUT_DIR/profile.txt"
+echo "== hardware profile, llama-3-8b (PROFILE_GRID=quick for the quick grid)"
+QUICK=""; NAME=cuda-llama-3-8b
+if [ "${PROFILE_GRID:-full}" = quick ]; then QUICK=--quick; NAME=$NAME-quick; fi
+timeout 240 $PY -m skistune profile --device cuda --model llama-3-8b $QUICK \
+    --out "$OUT_DIR/$NAME.json" 2>&1 | tail -40 | tee "$OUT_DIR/profile.txt"

@@ -130,30 +130,34 @@ def run_shape(spec, batch: int, context: int, bits_list, dtype, device, copy_bps
 
 
 def sweep(spec, batch: int, context: int, dtype, device, repeats: int) -> list[dict]:
-    """Time the Triton decode kernel's (tile tokens, warps, stages) choices at one shape, 16- and 4-bit,
-    and keep the fastest (sum of times relative to each bitwidth's best) as the kernel's setting."""
+    """Time the Triton decode kernel's settings (`DecodeSetting`: tile, warps, stages; for packed KV also
+    the unpack and scale strategies) at one shape, 16- and 4-bit, and keep the fastest of each."""
     from skistune.kernels import triton_attention as ta
+    full = [ta.DecodeSetting(t, w, st) for t in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
+    packed = [ta.DecodeSetting(t, w, 3, u, sc) for t in (32, 64, 128) for w in (4, 8) for u in (0, 1) for sc in (0, 1)]
     rows = []
-    for bits in (16, 4):
+    for bits, settings, name in ((16, full, "DECODE_FULL"), (4, packed, "DECODE_QUANTIZED")):
         store, tables = layer_store(spec, bits, batch, context, dtype, device)
         fill(store, tables, device)
-        meta = build_attention_metadata(tables, [1] * batch, [context] * batch, 16,
-                                        _ring(store, batch), device)
+        meta = build_attention_metadata(tables, [1] * batch, [context] * batch, 16, _ring(store, batch), device)
         q = torch.randn(batch, spec.n_heads, spec.head_dim, dtype=dtype, device=device)
-        for tile in (32, 64, 128):
-            for warps in (4, 8):
-                for stages in (2, 3):
-                    ta.TILE_TOKENS, ta.NUM_WARPS, ta.NUM_STAGES = tile, warps, stages
-                    t = bench(lambda: paged_attention(q, *store.layer(0), meta, spec.head_dim ** -0.5), device, repeats)
-                    rows.append({"bits": bits, "tile": tile, "warps": warps, "stages": stages, "time_s": t})
+        timed = []
+        for setting in settings:
+            setattr(ta, name, setting)
+            t = bench(lambda: paged_attention(q, *store.layer(0), meta, spec.head_dim ** -0.5), device, repeats)
+            timed.append((t, setting))
+            rows.append({"bits": bits, **dataclasses.asdict(setting), "time_s": t})
+        setattr(ta, name, min(timed, key=lambda x: x[0])[1])
         del store, meta
-    best = {b: min(r["time_s"] for r in rows if r["bits"] == b) for b in (16, 4)}
-    score = {}
-    for r in rows:
-        key = (r["tile"], r["warps"], r["stages"])
-        score[key] = score.get(key, 0.0) + r["time_s"] / best[r["bits"]]
-    ta.TILE_TOKENS, ta.NUM_WARPS, ta.NUM_STAGES = min(score, key=score.get)
     return rows
+
+
+def _settings() -> dict:
+    try:
+        from skistune.kernels import triton_attention as ta
+    except ImportError:
+        return {}
+    return {"full": dataclasses.asdict(ta.DECODE_FULL), "quantized": dataclasses.asdict(ta.DECODE_QUANTIZED)}
 
 
 def _ring(store, batch: int):
@@ -198,9 +202,9 @@ def main() -> None:
         from skistune.kernels import triton_attention as ta
         sweep_rows = sweep(spec, 64, 8192, dtype, device, repeats)
         for r in sweep_rows:
-            print(f"sweep {r['bits']:>2}-bit tile {r['tile']:>3} warps {r['warps']} stages {r['stages']}: "
-                  f"{r['time_s'] * 1e3:.3f} ms")
-        print(f"decode kernel setting: tile {ta.TILE_TOKENS}, warps {ta.NUM_WARPS}, stages {ta.NUM_STAGES}")
+            print(f"sweep {r['bits']:>2}-bit tile {r['tile']:>3} warps {r['warps']} stages {r['stages']} "
+                  f"unpack {r['unpack']} scales {r['scales']}: {r['time_s'] * 1e3:.3f} ms")
+        print(f"decode kernel settings: 16-bit {ta.DECODE_FULL}, packed {ta.DECODE_QUANTIZED}")
     rows = []
     for shape in args.shapes or DEFAULT_SHAPES[device.type]:
         batch, context = (int(x) for x in shape.split("x"))
@@ -217,7 +221,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"device": device.type, "model": spec.name, "dtype": str(dtype).removeprefix("torch."),
                           "copy_bytes_per_s": copy_bps, "decode": rows, "quantize": quant,
-                          "sweep": sweep_rows}))
+                          "sweep": sweep_rows, "settings": _settings()}))
 
 
 if __name__ == "__main__":

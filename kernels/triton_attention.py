@@ -12,7 +12,7 @@ Memory layout and quantization scheme: see `skistune.runtime.kv_store` and `skis
 """
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -20,12 +20,26 @@ import triton.language as tl
 
 
 
-# Tokens per tile of the decode loop: tiles span several KV blocks (each row finds its block in the
-# table), so that each iteration has enough bytes in flight whatever the block size.
-# (tokens per tile, warps, software-pipelining stages); `benchmarks/kernels.py --sweep` times the choices.
-TILE_TOKENS = int(os.environ.get("SKISTUNE_DECODE_TILE", "64"))
-NUM_WARPS = int(os.environ.get("SKISTUNE_DECODE_WARPS", "4"))
-NUM_STAGES = int(os.environ.get("SKISTUNE_DECODE_STAGES", "2"))
+@dataclass
+class DecodeSetting:
+    """How the decode kernel runs. ``tile``: tokens per loop iteration (tiles span several KV blocks,
+    each row finds its block in the table, so that an iteration has enough bytes in flight whatever the
+    block size); ``warps``/``stages``: Triton's launch options. Quantized sides only: ``unpack`` 0 loads
+    contiguous bytes and interleaves the codes with joins, 1 loads each channel's byte and shifts;
+    ``scales`` 0 loads one scale row per block (keys) or group (values) and broadcasts by reshapes, 1
+    loads a scale per element from the (cached) scale tensors. ``benchmarks/kernels.py --sweep`` times
+    the choices on the GPU at hand and keeps the fastest."""
+
+    tile: int = 64
+    warps: int = 4
+    stages: int = 2
+    unpack: int = 0
+    scales: int = 0
+
+
+# measured on an H200 (benchmarks/kernels.py --sweep; BENCHMARKS.md)
+DECODE_FULL = DecodeSetting(tile=64, warps=4, stages=2)
+DECODE_QUANTIZED = DecodeSetting(tile=128, warps=4, stages=3)
 
 
 def _scratch(*shape: int, device) -> torch.Tensor:
@@ -51,7 +65,7 @@ def _unpack(codes, T: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
 def _load_tile(DATA, SCALE, ZERO, RING, blk, blk_rows, row, h, pos, valid, fp_start, tile_end, ring_tokens, offs_d,
                s_db, s_dt, s_dh, s_sb, s_st, s_sh, s_rt, s_rh,
                T: tl.constexpr, NB: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr,
-               GROUP: tl.constexpr, OUT_TY: tl.constexpr):
+               GROUP: tl.constexpr, OUT_TY: tl.constexpr, UNPACK: tl.constexpr, SCALES: tl.constexpr):
     """One tile of keys or values of one KV head, ``[T, D]`` in ``OUT_TY``: tokens ``pos`` (in blocks
     ``blk`` at rows ``row``; ``blk_rows [NB]`` the tile's distinct blocks), dequantized in registers;
     positions from ``fp_start`` on come from the ring."""
@@ -60,21 +74,37 @@ def _load_tile(DATA, SCALE, ZERO, RING, blk, blk_rows, row, h, pos, valid, fp_st
         x = tl.load(DATA + base[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0).to(OUT_TY)
     else:
         PACK: tl.constexpr = 8 // BITS
-        offs_p = tl.arange(0, D // PACK)
         packed = valid & (pos < fp_start)
-        codes = tl.load(DATA + base[:, None] + offs_p[None, :], mask=packed[:, None], other=0).to(tl.int32)
-        q = _unpack(codes, T, D, BITS)
-        if IS_KEY:  # one (scale, zero) per channel and block: one row per block of the tile, broadcast
-            s_off = (blk_rows * s_sb + h * s_sh)[:, None] + offs_d[None, :]  # [NB, D]
-            sc = tl.load(SCALE + s_off).to(tl.float32)
-            zp = tl.load(ZERO + s_off).to(tl.float32)
-            deq = tl.reshape(tl.reshape(q, [NB, T // NB, D]) * sc[:, None, :] + zp[:, None, :], [T, D])
+        if UNPACK == 0:
+            offs_p = tl.arange(0, D // PACK)
+            codes = tl.load(DATA + base[:, None] + offs_p[None, :], mask=packed[:, None], other=0).to(tl.int32)
+            q = _unpack(codes, T, D, BITS)
+        else:
+            byte = tl.load(DATA + base[:, None] + (offs_d // PACK)[None, :], mask=packed[:, None], other=0)
+            q = ((byte.to(tl.int32) >> ((offs_d % PACK) * BITS)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+        if IS_KEY:  # one (scale, zero) per channel and block
+            if SCALES == 0:  # one row per block of the tile, broadcast
+                s_off = (blk_rows * s_sb + h * s_sh)[:, None] + offs_d[None, :]  # [NB, D]
+                sc = tl.load(SCALE + s_off).to(tl.float32)
+                zp = tl.load(ZERO + s_off).to(tl.float32)
+                deq = tl.reshape(tl.reshape(q, [NB, T // NB, D]) * sc[:, None, :] + zp[:, None, :], [T, D])
+            else:
+                s_off = (blk * s_sb + h * s_sh)[:, None] + offs_d[None, :]  # [T, D]
+                sc = tl.load(SCALE + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
+                zp = tl.load(ZERO + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
+                deq = q * sc + zp
         else:  # one (scale, zero) per token and group of channels
-            offs_g = tl.arange(0, D // GROUP)
-            s_off = (blk * s_sb + row * s_st + h * s_sh)[:, None] + offs_g[None, :]  # [T, D / GROUP]
-            sc = tl.load(SCALE + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
-            zp = tl.load(ZERO + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
-            deq = tl.reshape(tl.reshape(q, [T, D // GROUP, GROUP]) * sc[:, :, None] + zp[:, :, None], [T, D])
+            if SCALES == 0:
+                offs_g = tl.arange(0, D // GROUP)
+                s_off = (blk * s_sb + row * s_st + h * s_sh)[:, None] + offs_g[None, :]  # [T, D / GROUP]
+                sc = tl.load(SCALE + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
+                zp = tl.load(ZERO + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
+                deq = tl.reshape(tl.reshape(q, [T, D // GROUP, GROUP]) * sc[:, :, None] + zp[:, :, None], [T, D])
+            else:
+                s_off = (blk * s_sb + row * s_st + h * s_sh)[:, None] + (offs_d // GROUP)[None, :]  # [T, D]
+                sc = tl.load(SCALE + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
+                zp = tl.load(ZERO + s_off, mask=packed[:, None], other=0.0).to(tl.float32)
+                deq = q * sc + zp
         if tile_end > fp_start:  # only tiles that reach the ring read it
             in_ring = valid & (pos >= fp_start)
             ring = tl.load(RING + ((pos % ring_tokens) * s_rt + h * s_rh)[:, None] + offs_d[None, :],
@@ -91,7 +121,8 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
                          s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krs, s_krt, s_krh,
                          s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrs, s_vrt, s_vrh,
                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, T: tl.constexpr,
-                         NB: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, VGROUP: tl.constexpr):
+                         NB: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, VGROUP: tl.constexpr,
+                         UNPACK: tl.constexpr, SCALES: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
@@ -122,7 +153,7 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
         blk_rows = tl.load(TABLES + b * s_tb + row_pos // BS, mask=row_pos < last, other=0)  # [NB]
         k = _load_tile(K, KS, KZ, KR + slot * s_krs, blk, blk_rows, row, h, pos, valid, fp_start, start + T, ring_tokens,
                        offs_d, s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh, T, NB, D, KBITS, True, VGROUP,
-                       q.dtype)
+                       q.dtype, UNPACK, SCALES)
         s = tl.dot(qf, tl.trans(k))  # [GP, T], fp32 accumulate
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -131,7 +162,7 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
         l = l * alpha + tl.sum(p, 1)
         v = _load_tile(V, VS, VZ, VR + slot * s_vrs, blk, blk_rows, row, h, pos, valid, fp_start, start + T, ring_tokens,
                        offs_d, s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrt, s_vrh, T, NB, D, VBITS, False, VGROUP,
-                       q.dtype)
+                       q.dtype, UNPACK, SCALES)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
         m = m_new
     part = (b * n_kv + h) * n_splits + sp
@@ -169,7 +200,9 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: in
     group = n_heads // n_kv
     gp = max(16, triton.next_power_of_2(group))  # tl.dot needs at least 16 rows
     tables = meta.decode_block_tables
-    tile = TILE_TOKENS
+    quantized = key.quantized or value.quantized
+    setting = DECODE_QUANTIZED if quantized else DECODE_FULL
+    tile = setting.tile
     n_tiles = -(-tables.shape[1] * meta.block_size // tile)
     splits = num_splits or _num_splits(bd, n_kv, n_tiles, q.device)
     per_split = -(-n_tiles // splits)
@@ -178,7 +211,6 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: in
     ml = _scratch(bd, n_kv, splits, 2, gp, device=q.device)
     k_args, k_strides = _side_args(key, q.device)
     v_args, v_strides = _side_args(value, q.device)
-    quantized = key.quantized or value.quantized
     fps = meta.decode_fp_start if quantized else meta.decode_context_lens
     slots = meta.decode_slots if quantized else meta.decode_context_lens
     qc = q.contiguous()
@@ -187,7 +219,8 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: in
         scale, max(1, meta.ring_tokens), per_split, splits,
         qc.stride(0), qc.stride(1), tables.stride(0), *k_strides, *v_strides,
         G=group, GP=gp, D=d, BS=meta.block_size, T=tile, NB=max(1, tile // meta.block_size), KBITS=key.bits, VBITS=value.bits,
-        VGROUP=d // value.scale.shape[-1] if value.quantized else 1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        VGROUP=d // value.scale.shape[-1] if value.quantized else 1, UNPACK=setting.unpack, SCALES=setting.scales,
+        num_warps=setting.warps, num_stages=setting.stages)
     m, l = ml[:, :, :, 0], ml[:, :, :, 1]  # [Bd, KVH, S, GP]
     m_max = m.amax(2, keepdim=True)
     w = torch.exp(m - m_max)  # splits past the context have m = -inf and weigh 0

@@ -38,6 +38,17 @@ def test_decode_matches_pytorch(bits, window, splits):
     assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-3
 
 
+@pytest.mark.parametrize("setting", [ta.DecodeSetting(tile=16, unpack=1, scales=1),
+                                     ta.DecodeSetting(tile=32, unpack=0, scales=1),
+                                     ta.DecodeSetting(tile=128, unpack=1, scales=0)])
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4), (2, 16)])
+def test_decode_settings_compute_the_same(setting, bits, monkeypatch):
+    """Every tile size and unpack/scale strategy the benchmark may pick gives the PyTorch result."""
+    monkeypatch.setattr(ta, "DECODE_QUANTIZED", setting)
+    monkeypatch.setattr(ta, "DECODE_FULL", setting)
+    test_decode_matches_pytorch(bits, 16, 2)
+
+
 @pytest.mark.parametrize("bits", [8, 4, 2])
 @pytest.mark.parametrize("is_key", [True, False])
 def test_quantize_kernel_writes_the_same_bytes_as_pytorch(bits, is_key):
