@@ -97,3 +97,5 @@ app.command()(evaluate)
 
 from skistune.export_cli import export  # noqa: E402
 app.command()(export)
+
+import skistune.worker_cli  # noqa: E402,F401  (its import registers `skistune worker`)

@@ -37,10 +37,10 @@ from types import MappingProxyType
 from typing import Any
 
 from skistune.config import FAMILIES, KVConfig, knob_fields
-from skistune.objectives import (Constraint, EnergyBudget, Objective, Point, QualityFloor, QueueGuard,
+from skistune.objectives import (NAMED, Constraint, EnergyBudget, Objective, Point, QualityFloor, QueueGuard,
                                  energy_j_per_token, goodput_rps, objective_value, parse_energy, parse_objectives,
-                                 parse_quality, predict_quality, queue_constraint, served_constraint, slo_constraint,
-                                 user_constraint)
+                                 parse_quality, predict_quality, queue_constraint, queue_name, served_constraint,
+                                 slo_constraint, user_constraint)
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import Request
 from skistune.searchspace import SearchSpace, load_space, suggest_config
@@ -218,6 +218,8 @@ def _as_list(value: Any) -> list:
 def _parse_specs(slo, energy, quality) -> tuple[tuple[SLO, ...], EnergyBudget | None, tuple[QualityFloor, ...]]:
     slos = tuple(s if isinstance(s, SLO) else parse_slo(s) for s in _as_list(slo))
     budget = energy if energy is None or isinstance(energy, EnergyBudget) else parse_energy(str(energy))
+    if budget is not None and not math.isfinite(budget.limit_j_per_token):  # 1e999J/token parses as inf
+        raise ValueError(f"energy {energy}: the budget must be a finite number of joules per token")
     floors = tuple(q if isinstance(q, QualityFloor) else parse_quality(q) for q in _as_list(quality))
     return slos, budget, floors
 
@@ -419,7 +421,7 @@ def default_storage(study_name: str) -> str:
 
 def open_storage(storage):
     """An Optuna storage object: a URL (SQLite, PostgreSQL, MySQL; heartbeats on, so trials of killed
-    workers are failed rather than left running) or any storage object."""
+    workers are failed, and each such trial is retried once by the next worker) or any storage object."""
     import optuna
     import sqlalchemy.exc
 
@@ -428,14 +430,50 @@ def open_storage(storage):
     if "://" not in storage:
         raise ValueError(f"storage {storage!r}: give an Optuna storage URL, e.g. sqlite:///study.db or "
                          "postgresql://user@host/db")
-    engine_kwargs = {"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else {}
+    url = _with_installed_driver(storage)
+    # a wrong host or port should fail in seconds, not hang the command
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else \
+        {"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql+psycopg") else {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
-                                              grace_period=4 * HEARTBEAT_S)
-    except (sqlalchemy.exc.SQLAlchemyError, ImportError) as exc:
-        raise ValueError(f"storage {storage!r}: cannot open ({str(exc).splitlines()[0]})") from None
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=4 * HEARTBEAT_S, **_retry_stale_trials())
+    except ImportError:
+        raise ValueError(f"storage {_storage_label(storage)}: its database driver is not installed (PostgreSQL: "
+                         "pip install psycopg2-binary, the postgres extra of skistune)") from None
+    except (sqlalchemy.exc.SQLAlchemyError, ValueError) as exc:  # ValueError: e.g. a port that is no number
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"storage {_storage_label(storage)}: cannot open ({reason})") from None
+
+
+def _retry_stale_trials() -> dict[str, Any]:
+    """The storage option that queues a trial again, once, when its worker stopped beating (killed):
+    ``heartbeat_stale_trial_callback`` from Optuna 4.9, ``failed_trial_callback`` before."""
+    import optuna
+
+    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
+        return {"heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
+    return {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
+
+
+def _with_installed_driver(url: str) -> str:
+    """A bare ``postgresql://`` URL with a driver that is installed: SQLAlchemy 2.0 defaults to psycopg2
+    and 2.1 to psycopg (3); the ``[postgres]`` extra installs psycopg2-binary."""
+    from importlib.util import find_spec
+
+    import sqlalchemy.exc
+    from sqlalchemy.dialects import postgresql
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return url  # RDBStorage reports it
+    if parsed.drivername != "postgresql":
+        return url
+    found = next((d for d in (postgresql.dialect.driver, "psycopg2", "psycopg") if find_spec(d)), None)
+    return url if found is None else parsed.set(drivername=f"postgresql+{found}").render_as_string(hide_password=False)
 
 
 def _uses_trial_constraints() -> bool:
@@ -616,6 +654,230 @@ def _run_parallel(problem, study, storage_url, sampler_name, seed, n_trials, tim
 
 def _exit_reason(code: int | None) -> str:
     return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+
+
+# ---- workers that join a study ------------------------------------------------------------------------------
+# `skistune worker --storage URL --study NAME` gets nothing but those two: the study itself holds what its
+# creator used (`problem_recipe`), workload and profile included, so a worker on another machine needs
+# neither file. The rebuilt problem is checked against the stored identity like any resume.
+RECIPE_ATTR = "skistune.recipe"
+RECIPE_VERSION = 1
+_WORKLOAD_ARRAYS = ("arrival_s", "input_tokens", "output_tokens", "block_offsets", "block_ids", "session_ids",
+                    "request_ids")
+
+
+def _pack(data: bytes) -> str:
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+
+
+def _unpack(text: str) -> bytes:
+    import base64
+    import zlib
+
+    return zlib.decompress(base64.b64decode(text.encode("ascii")))
+
+
+def _workload_record(w) -> dict[str, Any]:
+    """The workload's arrays (exact: npz) and metadata; its digest is part of the study's identity."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, **{name: getattr(w, name) for name in _WORKLOAD_ARRAYS})
+    return {"name": w.name, "block_tokens": w.block_tokens, "source": w.source,
+            "generated_arrivals": w.generated_arrivals, "transforms": list(w.transforms), "notes": list(w.notes),
+            "arrays": _pack(buf.getvalue())}
+
+
+def _workload_from_record(record: Mapping[str, Any]):
+    import io
+
+    import numpy as np
+
+    from skistune.workloads import Workload
+
+    with np.load(io.BytesIO(_unpack(record["arrays"])), allow_pickle=False) as arrays:
+        columns = {name: arrays[name] for name in _WORKLOAD_ARRAYS}
+    return Workload(name=record["name"], block_tokens=record["block_tokens"], source=record["source"],
+                    generated_arrivals=record["generated_arrivals"], transforms=tuple(record["transforms"]),
+                    notes=tuple(record["notes"]), **columns)
+
+
+def _space_text(space: SearchSpace) -> str | None:
+    """The YAML the space was parsed from: its file, else the shipped space of its name, whichever parses
+    to exactly this space (None when neither does, e.g. a space built in Python)."""
+    from skistune.searchspace import _read_space, parse_space
+
+    for spec in (space.source, space.name):
+        try:
+            text, source = _read_space(spec)
+            if parse_space(text, source=source) == space:
+                return text
+        except ValueError:
+            continue
+    return None
+
+
+def _constraint_specs(problem: Problem) -> tuple[float | None, list[list], list[str]]:
+    """The energy budget and quality floors behind the problem's constraints (their bound methods), and the
+    names of constraints no spec string can express (Python callables)."""
+    energy, floors, custom = None, [], []
+    known = {str(s) for s in problem.slos} | {"served"}
+    if problem.max_queue_s is not None:
+        known.add(queue_name(problem.max_queue_s))
+    for c in problem.constraints:
+        owner = getattr(c.value, "__self__", None)
+        if isinstance(owner, EnergyBudget):
+            energy = owner.limit_j_per_token
+        elif isinstance(owner, QualityFloor):
+            floors.append([owner.metric, owner.window, owner.limit])
+        elif c.name not in known:
+            custom.append(c.name)
+    return energy, floors, custom
+
+
+def problem_recipe(problem: Problem, *, sampler: str, seed: int, n_trials: int = DEFAULT_TRIALS) -> dict[str, Any]:
+    """What a worker needs to rebuild ``problem`` (JSON-ready), or ``{"unsupported": why}`` when part of it
+    is Python code (a callable objective or constraint, a space built in Python) that no file can carry."""
+    energy, floors, custom = _constraint_specs(problem)
+    custom += [o.name for o in problem.objectives if NAMED.get(o.name) is not o]
+    space_text = _space_text(problem.full_space)
+    if custom or space_text is None:
+        what = f"Python callables ({', '.join(custom)})" if custom else "a search space built in Python"
+        return {"version": RECIPE_VERSION, "unsupported": f"the study's problem uses {what}; run more workers "
+                "from Python with skistune.optimize(..., storage=..., study_name=...)"}
+    return {"version": RECIPE_VERSION, "model": problem.model, "objective": [o.name for o in problem.objectives],
+            "slo": [[s.metric, s.percentile, s.limit_s] for s in problem.slos], "energy": energy,
+            "quality": floors, "max_queue_s": problem.max_queue_s,
+            "space": {"source": problem.full_space.source, "yaml": space_text},
+            "workload": _workload_record(problem.workload),
+            "profile": _pack(json.dumps(problem.profile.to_dict()).encode()),
+            "search": {"sampler": sampler, "seed": seed, "n_trials": n_trials}}
+
+
+def problem_from_recipe(recipe: Mapping[str, Any]) -> tuple[Problem, dict[str, Any]]:
+    """The problem a study's creator stored (`problem_recipe`), and its search settings (sampler, seed,
+    n_trials: the creator's, which sizes NSGA-II's population)."""
+    if recipe.get("version") != RECIPE_VERSION:
+        raise ValueError(f"study recipe version {recipe.get('version')!r}: this skistune reads version "
+                         f"{RECIPE_VERSION}; run workers with the skistune version that created the study")
+    if "unsupported" in recipe:
+        raise ValueError(recipe["unsupported"])
+    try:
+        return _rebuild(recipe)
+    except (KeyError, TypeError) as exc:  # a recipe edited by hand, or cut short
+        raise ValueError(f"study recipe: incomplete or damaged ({type(exc).__name__}: {exc})") from None
+
+
+def _rebuild(recipe: Mapping[str, Any]) -> tuple[Problem, dict[str, Any]]:
+    from skistune.profile import HardwareProfile
+    from skistune.searchspace import parse_space
+
+    problem = build_problem(
+        _workload_from_record(recipe["workload"]), model=recipe["model"], objective=",".join(recipe["objective"]),
+        slo=[SLO(*s) for s in recipe["slo"]], quality=[QualityFloor(*q) for q in recipe["quality"]],
+        energy=None if recipe["energy"] is None else EnergyBudget(recipe["energy"]),
+        profile=HardwareProfile.from_dict(json.loads(_unpack(recipe["profile"]))),
+        space=parse_space(recipe["space"]["yaml"], source=recipe["space"]["source"]),
+        max_queue_s=recipe["max_queue_s"])
+    return problem, dict(recipe["search"])
+
+
+def store_recipe(study, problem: Problem, *, sampler: str, seed: int, n_trials: int) -> None:
+    """Store the recipe once, when the study is created (or first resumed by a version that writes it)."""
+    if RECIPE_ATTR not in study.user_attrs:
+        study.set_user_attr(RECIPE_ATTR, problem_recipe(problem, sampler=sampler, seed=seed, n_trials=n_trials))
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """An existing study joined as one more worker: the creator's problem, the study with this worker's
+    sampler, and the worker's tag (host, pid, seed) recorded with each of its trials."""
+
+    problem: Problem
+    study: Any
+    seed: int
+    tag: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class WorkerRun:
+    """What `run_worker` did: the trials it finished or saw fail, and the study's complete trials after."""
+
+    job: WorkerJob
+    finished: int
+    failed: int
+    complete_in_study: int
+
+
+def _existing_sqlite(storage: Any) -> None:
+    """Workers never create a storage: a SQLite URL must name a file that exists (opening one creates it)."""
+    import sqlalchemy.exc
+    from sqlalchemy.engine import make_url
+
+    if not isinstance(storage, str) or not storage.startswith("sqlite"):
+        return
+    try:
+        database = make_url(storage).database
+    except (sqlalchemy.exc.ArgumentError, ValueError):  # malformed: `open_storage` names what is wrong
+        return
+    if database and database != ":memory:" and not Path(database).is_file():
+        raise ValueError(f"storage {storage}: no such database file; create the study first with skistune "
+                         "optimize --storage URL --study NAME")
+
+
+def join_study(storage: Any, study_name: str, *, seed: int | None = None) -> WorkerJob:
+    """Check and load everything a worker needs before any trial runs: the study (never created here), its
+    recipe, the rebuilt problem (checked against the study's identity like any resume), this worker's
+    sampler. ``seed`` None draws a random one, so that workers started at once propose different configs."""
+    import socket
+
+    import optuna
+
+    _existing_sqlite(storage)
+    opened = open_storage(storage)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=opened)
+    except KeyError:
+        raise ValueError(f"study {study_name!r}: not in storage {_storage_label(storage)}; create it first with "
+                         f"skistune optimize --storage URL --study {study_name}") from None
+    recipe = study.user_attrs.get(RECIPE_ATTR)
+    if recipe is None:
+        raise ValueError(f"study {study_name!r}: holds no skistune recipe (made by another tool or an older "
+                         "skistune); resume it once with skistune optimize to store one")
+    problem, search = problem_from_recipe(recipe)
+    study = open_study(problem, opened, study_name, sampler=None)
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    study.sampler = make_sampler(search["sampler"], seed=seed, problem=problem, parallel=True,
+                                 n_trials=search["n_trials"])
+    return WorkerJob(problem, study, seed, MappingProxyType({"host": socket.gethostname(), "pid": os.getpid(),
+                                                             "seed": seed}))
+
+
+def run_worker(job: WorkerJob, *, n_trials: int, timeout: float | None = None,
+               progress: Callable[[Progress], None] | None = None) -> WorkerRun:
+    """Run ``n_trials`` trials of the joined study (`join_study`); each records its worker's tag."""
+    import optuna
+
+    _check_counts(n_trials, 1, 0, timeout)
+    tag = dict(job.tag)
+    score_trial = _trial_function(job.problem, job.study)
+
+    def objective(trial):
+        trial.set_user_attr("worker", tag)
+        return score_trial(trial)
+
+    first = _first_new_trial(job.study)
+    callbacks = [lambda s, t: progress(_progress_of(job.problem, s, first, n_trials))] if progress else []
+    job.study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks)
+    mine = [t for t in job.study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == tag]
+    states = optuna.trial.TrialState
+    return WorkerRun(job, sum(t.state == states.COMPLETE for t in mine), sum(t.state == states.FAIL for t in mine),
+                     len(job.study.get_trials(deepcopy=False, states=(states.COMPLETE,))))
 
 
 # ---- results ------------------------------------------------------------------------------------------------
@@ -897,9 +1159,13 @@ def _clean(value: Any) -> Any:
 def _storage_label(storage) -> str:
     if not isinstance(storage, str):
         return type(storage).__name__
+    import sqlalchemy.exc
     from sqlalchemy.engine import make_url
 
-    return make_url(storage).render_as_string(hide_password=True)
+    try:
+        return make_url(storage).render_as_string(hide_password=True)
+    except (sqlalchemy.exc.ArgumentError, ValueError):  # not a URL SQLAlchemy reads: show only its scheme
+        return f"{storage.partition('://')[0]}://..." if "://" in storage else repr(storage)
 
 
 def _scored(problem: Problem, e: Evaluation) -> dict[str, Any]:
@@ -1058,6 +1324,7 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
     if n_jobs > 1 and not isinstance(storage, str):
         raise ValueError("n_jobs > 1 needs a storage URL that every worker process can open (e.g. sqlite:///s.db)")
     study = open_study(problem, open_storage(storage), name, sampler=None)
+    store_recipe(study, problem, sampler=sampler, seed=seed, n_trials=n_trials)  # what `skistune worker` reads
     existing = len(study.get_trials(deepcopy=False))
     study.sampler = make_sampler(sampler, seed=seed + existing, problem=problem, parallel=n_jobs > 1,
                                  n_trials=n_trials)

@@ -274,7 +274,8 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     search with the simulator, validate the top configs on the real runtime, write the tuned config."""
     import optuna
 
-    from skistune.optimize import SAMPLERS, build_problem, default_storage, default_study_name, open_storage
+    from skistune.optimize import (SAMPLERS, build_problem, default_storage, default_study_name, open_storage,
+                                   open_study)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _check_out(out)
@@ -286,7 +287,8 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
                             max_queue_s=parse_max_queue(max_queue))
     name = study or default_study_name(problem)
     storage = storage or default_storage(name)
-    open_storage(storage)  # a bad URL is bad input: reported before the search starts
+    # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
+    open_study(problem, open_storage(storage), name, sampler=None)
     result = _solve_with_progress(problem, n_trials=trials, timeout=timeout, storage=storage, study_name=name,
                                   n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
     _report(result, out, json_out)

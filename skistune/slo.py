@@ -3,6 +3,7 @@
 Metrics: ttft, tbt, e2e, tpot. Percentiles: p50, p90, p99, max, mean. Units: s, ms, us (default s)."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -49,6 +50,6 @@ def parse_slo(text: str) -> SLO:
         limit_s = float(value) * _UNITS[unit or "s"]
     except ValueError:
         raise ValueError(f"SLO {text!r}: {value!r} is not a number") from None
-    if limit_s <= 0:
-        raise ValueError(f"SLO {text!r}: the limit must be positive")
+    if not (limit_s > 0 and math.isfinite(limit_s)):  # 1e999ms parses as inf: a limit nothing can break
+        raise ValueError(f"SLO {text!r}: the limit must be a positive, finite time")
     return SLO(metric, pct, limit_s)

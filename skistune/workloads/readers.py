@@ -113,19 +113,28 @@ def read_trace(path: str | Path, *, format: str | None = None, skip_bad_rows: bo
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such trace file")
-    fmt = detect_format(path) if format is None else format
-    if fmt not in FORMATS:
-        raise ValueError(f"format {fmt!r}: unknown (known: {', '.join(FORMATS)})")
-    bad = BadRows(path, skip_bad_rows)
-    if fmt == "mooncake":
-        workload = _read_mooncake(path, bad, block_tokens or MOONCAKE_BLOCK_TOKENS)
-    else:
-        workload = _read_csv_format(path, fmt, bad, block_tokens or SESSION_BLOCK_TOKENS, arrivals)
+    try:
+        fmt = detect_format(path) if format is None else format
+        if fmt not in FORMATS:
+            raise ValueError(f"format {fmt!r}: unknown (known: {', '.join(FORMATS)})")
+        bad = BadRows(path, skip_bad_rows)
+        if fmt == "mooncake":
+            workload = _read_mooncake(path, bad, block_tokens or MOONCAKE_BLOCK_TOKENS)
+        else:
+            workload = _read_csv_format(path, fmt, bad, block_tokens or SESSION_BLOCK_TOKENS, arrivals)
+    # bytes that are no text, or a damaged gzip file: the whole file is unreadable, not one row
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text trace (not UTF-8; binary or corrupted?)") from None
+    except (EOFError, gzip.BadGzipFile) as exc:
+        raise ValueError(f"{path}: damaged gzip file ({exc})") from None
     note = bad.note()
     return workload.with_note(note) if note else workload
 
 
 # ---- CSV: a fast vectorised path, and a careful row-by-row path that names the bad row ----
+
+MAX_COUNT = int(np.iinfo(np.int64).max)  # token counts are int64 columns: a larger one cannot be stored
+
 
 class Kind(Enum):
     """What a CSV column holds."""
@@ -205,7 +214,8 @@ class _ValueChecker:
                 count = int(value)
             except ValueError:
                 return None, f"{value!r} is not an integer"
-            return (count, None) if count >= 0 else (None, f"negative length {count}")
+            return (count, None) if 0 <= count <= MAX_COUNT else \
+                (None, f"negative length {count}" if count < 0 else f"length {value} is too large")
         return self._check_time(value)
 
     def _check_time(self, value: str) -> tuple[object, str | None]:
@@ -332,6 +342,8 @@ def _check_count(record: dict, key: str) -> str | None:
         return f"column {key}: missing"
     if isinstance(value, bool) or not isinstance(value, int):
         return f"column {key}: {value!r} is not an integer"
+    if value > MAX_COUNT:
+        return f"column {key}: length {value} is too large"
     return f"column {key}: negative length {value}" if value < 0 else None
 
 

@@ -12,8 +12,8 @@ from skistune.workloads.model import Workload, truncate_blocks
 
 def scale_rate(workload: Workload, factor: float) -> Workload:
     """Arrivals ``factor`` times as frequent (the same requests in 1/factor of the time)."""
-    if not factor > 0:
-        raise ValueError(f"rate scale must be > 0, got {factor}")
+    if not (factor > 0 and np.isfinite(factor)):  # inf would put every arrival at 0
+        raise ValueError(f"rate scale must be > 0 and finite, got {factor}")
     return workload.with_transform(f"rate x{factor:g}", arrival_s=workload.arrival_s / factor)
 
 
@@ -31,8 +31,8 @@ def scale_lengths(workload: Workload, factor: float = 1.0, *, max_input: int | N
     """Prompt and output lengths times ``factor`` (at least 1 token), then capped at ``max_input`` and
     ``max_output``: e.g. to replay a GPU trace with a small model on a CPU. Prefix blocks scale with the
     prompts, so the share of each prompt that is reused stays the same; a cap keeps a prompt's prefix."""
-    if not factor > 0:
-        raise ValueError(f"length scale must be > 0, got {factor}")
+    if not (factor > 0 and np.isfinite(factor)):  # inf lengths overflow the int64 token counts
+        raise ValueError(f"length scale must be > 0 and finite, got {factor}")
     for name, cap in (("max_input", max_input), ("max_output", max_output)):
         if cap is not None and cap < 1:
             raise ValueError(f"{name} must be >= 1 token, got {cap}")

@@ -1,0 +1,83 @@
+"""`skistune worker --storage URL --study NAME`: one more worker on an existing study. It only runs trials:
+the problem (workload, profile, SLOs, constraints, search space, sampler) is the one the study's creator
+(`skistune optimize --storage URL --study NAME`) stored in the study, so any machine that reaches the
+storage can join. Run `skistune optimize` with the same storage and study again to refine, validate and
+write the tuned config from every worker's trials.
+
+Exit codes: 0 done, 2 bad input (one line on stderr: a storage that cannot be opened, a missing study, a
+study whose problem is Python code), 130 interrupted (finished trials are kept).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from skistune.cli import app, cli_errors, err_console, print_json
+
+StorageArg = Annotated[str, typer.Option(
+    "--storage", help="the study's Optuna storage URL, e.g. postgresql://user@host/db or sqlite:///study.db")]
+StudyArg = Annotated[str, typer.Option("--study", help="name of an existing study (made by skistune optimize)")]
+TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="trials this worker adds to the study")]
+TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001,
+                                                     help="stop after this many seconds")]
+SeedOpt = Annotated[Optional[int], typer.Option(
+    "--seed", min=0, help="this worker's sampler seed (default: random, so that workers started together "
+                          "propose different configs; each trial records its worker's seed)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
+
+
+def _run(job, trials: int, timeout: float | None):
+    """`skistune.optimize.run_worker` under a progress bar; a storage lost mid-run is one line, not a
+    traceback (the trials finished before are in the storage already)."""
+    import sqlalchemy.exc
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from skistune.optimize import run_worker
+
+    bar = Progress(SpinnerColumn(), TextColumn("[bold]worker"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err_console)
+    try:
+        with bar:
+            task = bar.add_task("trials", total=trials)
+            return run_worker(job, n_trials=trials, timeout=timeout,
+                              progress=lambda p: bar.update(task, completed=p.done))
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"storage: {reason}") from None
+    except KeyboardInterrupt:
+        err_console.print("interrupted: finished trials are kept in the study", highlight=False)
+        raise typer.Exit(130) from None
+
+
+def _best(job) -> Any:
+    """The study's best feasible first objective so far (None until a trial is feasible)."""
+    from skistune.optimize import completed, ranked
+
+    top = ranked(job.problem, completed(job.study))
+    return top[0].values[0] if top else None
+
+
+@cli_errors
+def worker(storage: StorageArg, study: StudyArg, trials: TrialsOpt = 10, timeout: TimeoutOpt = None,
+           seed: SeedOpt = None, json_out: JsonOpt = False) -> None:
+    """Run trials of an existing study as one more worker (on this or any machine that reaches the storage);
+    the study's creator stored everything a worker needs."""
+    import optuna
+
+    from skistune.optimize import _storage_label, join_study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    job = join_study(storage, study, seed=seed)  # every check before the first trial (and the progress bar)
+    run = _run(job, trials, timeout)
+    best, objective = _best(job), job.problem.objectives[0].name
+    err_console.print(f"worker (seed {job.seed}) finished {run.finished} trials of study {study} in "
+                      f"{_storage_label(storage)}; the study has {run.complete_in_study} complete trials; best "
+                      f"{objective} so far: {'-' if best is None else f'{best:.4g}'}", highlight=False, soft_wrap=True)
+    if json_out:
+        print_json({"study": study, "storage": _storage_label(storage), "seed": job.seed, "finished": run.finished,
+                    "failed": run.failed, "complete_in_study": run.complete_in_study, "objective": objective,
+                    "best": best})
+
+
+app.command()(worker)  # `skistune.cli` imports this module at its end: that import registers the command

@@ -1,0 +1,47 @@
+"""Fixtures of the reliability suite: a real PostgreSQL server (`pg_server.PostgresServer`: a temporary
+directory, a free loopback port, stopped and removed afterwards) and the shipped CPU profile.
+
+Where no server binaries or no driver exist the PostgreSQL tests skip with the reason, except under CI
+(``CI`` set), where a skip would hide a missing install step, so they fail instead.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import optuna
+import pytest
+from pg_server import PostgresServer, unavailable_reason
+from reliability_helpers import PROFILE
+
+from skistune.profile import load_profile
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="session")
+def profile():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # measured on this machine's kind, maybe not this machine
+        return load_profile(PROFILE)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A running PostgreSQL server for the session."""
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL tests cannot run in CI: {reason} (.ci/run installs both)")
+        pytest.skip(reason)
+    server = PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(postgres) -> str:
+    """A fresh, empty database on the session's server."""
+    return postgres.database()

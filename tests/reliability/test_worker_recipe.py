@@ -1,0 +1,46 @@
+"""What a study stores for `skistune worker`: the recipe rebuilds the creator's exact problem (workload,
+profile, SLOs, energy and quality specs, a search space from a file) from JSON alone, and what cannot be
+carried (Python callables, a study made without skistune) is refused with one line."""
+import json
+
+import optuna
+import pytest
+
+from skistune.objectives import EnergyBudget
+from skistune.optimize import build_problem, join_study, problem_from_recipe, problem_recipe
+from skistune.workloads import load_workload
+
+SPACE = """name: two-knobs
+description: a small space from a file
+knobs:
+  batching.max_num_seqs: {choices: [4, 16, 64]}
+  batching.policy: {choices: [fcfs, edf]}
+"""
+
+
+def test_recipe_rebuilds_the_same_problem_from_json(tmp_path, profile):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    problem = build_problem(load_workload("chat", requests=12, seed=3), slo=["p99=200ms", "ttft:p90<=1.25s"],
+                            energy=EnergyBudget(0.123456789), quality=["ppl+1%", "needle>=0.9"], profile=profile,
+                            space=str(space), max_queue_s=2.5)
+    recipe = json.loads(json.dumps(problem_recipe(problem, sampler="tpe", seed=5, n_trials=9)))  # as stored
+    rebuilt, search = problem_from_recipe(recipe)
+    assert rebuilt.identity() == problem.identity() and search == {"sampler": "tpe", "seed": 5, "n_trials": 9}
+    assert rebuilt.workload.digest() == problem.workload.digest() and rebuilt.full_space == problem.full_space
+    assert [c.name for c in rebuilt.constraints] == [c.name for c in problem.constraints]
+    assert rebuilt.constraints[3].value.__self__ == EnergyBudget(0.123456789)  # exact, not a rounded string
+
+
+def test_python_callables_cannot_travel_and_the_worker_says_so(profile):
+    problem = build_problem(load_workload("chat", requests=12), objective=lambda m: m.duration_s, profile=profile)
+    recipe = problem_recipe(problem, sampler="auto", seed=0)
+    with pytest.raises(ValueError, match=r"uses Python callables \(custom\); run more workers from Python"):
+        problem_from_recipe(recipe)
+
+
+def test_a_study_made_without_skistune_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 'plain.db'}"
+    optuna.create_study(storage=url, study_name="plain")
+    with pytest.raises(ValueError, match="holds no skistune recipe"):
+        join_study(url, "plain")
