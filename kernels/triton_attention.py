@@ -38,7 +38,7 @@ class DecodeSetting:
 
 
 # measured on an H200 (benchmarks/kernels.py --sweep; BENCHMARKS.md)
-DECODE_FULL = DecodeSetting(tile=64, warps=4, stages=2)
+DECODE_FULL = DecodeSetting(tile=64, warps=4, stages=3)
 DECODE_QUANTIZED = DecodeSetting(tile=128, warps=4, stages=3)
 
 
