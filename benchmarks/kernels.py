@@ -165,6 +165,36 @@ def _ring(store, batch: int):
     return RingInfo(list(range(batch)), [0] * batch, store.ring_tokens, store.window) if store.quantized else None
 
 
+def prefill_rows(spec, dtype, device, repeats: int) -> list[dict]:
+    """One prefill chunk over its cached context: the Triton kernel (CUDA) on paged KV at 16 and 4 bits
+    against SDPA with the same causal mask on contiguous 16-bit KV; TFLOP/s counts the unmasked pairs."""
+    if device.type != "cuda":
+        return []
+    from skistune.kernels.triton_attention import paged_prefill
+    rows = []
+    for chunk, cached in ((512, 4096), (2048, 0), (512, 16384)):
+        ctx = chunk + cached
+        q = torch.randn(chunk, spec.n_heads, spec.head_dim, dtype=dtype, device=device)
+        qs = q.transpose(0, 1).unsqueeze(0)  # [1, H, chunk, D]
+        k = torch.randn(1, spec.n_kv_heads, ctx, spec.head_dim, dtype=dtype, device=device)
+        v = torch.randn_like(k)
+        mask = torch.arange(ctx, device=device)[None, :] <= torch.arange(cached, ctx, device=device)[:, None]
+        sdpa_s = bench(lambda: F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=True),
+                       device, repeats)
+        flops = 4 * spec.n_heads * spec.head_dim * chunk * (cached + (chunk + 1) / 2)
+        for bits in (16, 4):
+            store, tables = layer_store(spec, bits, 1, ctx, dtype, device)
+            fill(store, tables, device)
+            ids = torch.tensor(tables[0], device=device)
+            t = bench(lambda: paged_prefill(q, *store.layer(0), ids, ctx, spec.head_dim ** -0.5,
+                                            fp_start=store.full_precision_start(ctx, 0),
+                                            ring_tokens=store.ring_tokens, block_size=16), device, repeats)
+            rows.append({"chunk": chunk, "cached": cached, "bits": bits, "time_s": t, "tflop_per_s": flops / t / 1e12,
+                         "vs_sdpa": t / sdpa_s, "sdpa_s": sdpa_s})
+            del store
+    return rows
+
+
 def quantize_rows(spec, dtype, device, repeats: int) -> list[dict]:
     """Quantize-on-append of 4096 full blocks (a large prefill's worth) at each bitwidth."""
     rows = []
@@ -214,13 +244,17 @@ def main() -> None:
             print(f"decode B={batch:<4} L={context:<6} {r['bits']:>2}-bit  {r['time_s'] * 1e3:8.3f} ms  "
                   f"{r['bytes'] / 1e9:7.3f} GB  {r['bytes_per_s'] / 1e9:7.0f} GB/s  "
                   f"{r['fraction_of_copy']:5.1%} of copy  {r['vs_sdpa']:5.2f}x SDPA{err}")
+    prefill = prefill_rows(spec, dtype, device, repeats)
+    for r in prefill:
+        print(f"prefill chunk {r['chunk']:<5} cached {r['cached']:<6} {r['bits']:>2}-bit  {r['time_s'] * 1e3:8.3f} ms  "
+              f"{r['tflop_per_s']:6.1f} TFLOP/s  {r['vs_sdpa']:5.2f}x SDPA")
     quant = quantize_rows(spec, dtype, device, repeats)
     for r in quant:
         print(f"quantize-on-append {r['bits']}-bit, {r['blocks']} blocks: {r['time_s'] * 1e3:.3f} ms, "
               f"{r['bytes_per_s'] / 1e9:.0f} GB/s")
     if args.json:
         print(json.dumps({"device": device.type, "model": spec.name, "dtype": str(dtype).removeprefix("torch."),
-                          "copy_bytes_per_s": copy_bps, "decode": rows, "quantize": quant,
+                          "copy_bytes_per_s": copy_bps, "decode": rows, "prefill": prefill, "quantize": quant,
                           "sweep": sweep_rows, "settings": _settings()}))
 
 

@@ -229,6 +229,91 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: in
 
 
 @triton.jit
+def _prefill_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLE, OUT,
+                    scale, ring_tokens, q_len, ctx, fp_start,
+                    s_qt, s_qh, s_ot, s_oh,
+                    s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh,
+                    s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrt, s_vrh,
+                    G: tl.constexpr, GP: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                    T: tl.constexpr, NB: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
+                    VGROUP: tl.constexpr):
+    """One (tile of BM queries, KV head): its G query heads' rows ``[BM * GP, D]`` attend causally over
+    the paged context (the chunk's own KV is already written)."""
+    qt = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_r = tl.arange(0, BM * GP)
+    qi = qt * BM + offs_r // GP  # query index in the chunk
+    g = offs_r % GP
+    row_ok = (qi < q_len) & (g < G)
+    q_pos = ctx - q_len + qi  # its position: it sees keys at positions <= q_pos
+    offs_d = tl.arange(0, D)
+    offs_t = tl.arange(0, T)
+    q = tl.load(Q + qi[:, None] * s_qt + (h * G + g)[:, None] * s_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    qf = (q.to(tl.float32) * scale).to(q.dtype)
+    m = tl.full([BM * GP], float("-inf"), tl.float32)
+    l = tl.zeros([BM * GP], tl.float32)
+    acc = tl.zeros([BM * GP, D], tl.float32)
+    last = tl.minimum(ctx, ctx - q_len + (qt + 1) * BM)  # keys past the tile's last query are masked anyway
+    for start in range(0, last, T):
+        pos = start + offs_t
+        valid = pos < last
+        blk = tl.load(TABLE + pos // BS, mask=valid, other=0)
+        row = pos % BS
+        row_pos = start + tl.arange(0, NB) * (T // NB)
+        blk_rows = tl.load(TABLE + row_pos // BS, mask=row_pos < last, other=0)
+        k = _load_tile(K, KS, KZ, KR, blk, blk_rows, row, h, pos, valid, fp_start, start + T, ring_tokens, offs_d,
+                       s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh, T, NB, D, KBITS, True, VGROUP,
+                       q.dtype, 0, 0)
+        s = tl.dot(qf, tl.trans(k))  # [BM * GP, T]
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see no key
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v = _load_tile(V, VS, VZ, VR, blk, blk_rows, row, h, pos, valid, fp_start, start + T, ring_tokens, offs_d,
+                       s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrt, s_vrh, T, NB, D, VBITS, False, VGROUP,
+                       q.dtype, 0, 0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        m = m_new
+    out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+    tl.store(OUT + qi[:, None] * s_ot + (h * G + g)[:, None] * s_oh + offs_d[None, :], out.to(q.dtype),
+             mask=row_ok[:, None])
+
+
+def paged_prefill(q: torch.Tensor, key, value, block_ids: torch.Tensor, context_len: int, scale: float, *,
+                  fp_start: int | None = None, slot: int = 0, ring_tokens: int = 0, block_size: int) -> torch.Tensor:
+    """Causal attention of one prefill chunk ``q [q_len, n_heads, D]`` (the last q_len positions of a
+    context of ``context_len`` tokens whose KV is written) over its paged, possibly packed KV in
+    ``block_ids``; positions from ``fp_start`` on are read from ring ``slot``. Returns ``[q_len, n_heads, D]``."""
+    q_len, n_heads, d = q.shape
+    n_kv = key.data.shape[-2]
+    group = n_heads // n_kv
+    gp = triton.next_power_of_2(group)
+    bm = max(1, 64 // gp)  # 64 query rows (queries x heads of the group) per program
+    tile = 64
+    out = torch.empty_like(q)
+    k_args, k_strides = _side_args(key, q.device)
+    v_args, v_strides = _side_args(value, q.device)
+    if key.quantized:
+        k_args[3] = key.ring[slot]
+    if value.quantized:
+        v_args[3] = value.ring[slot]
+    k_strides = k_strides[:6] + k_strides[7:]  # one ring: no slot stride
+    v_strides = v_strides[:6] + v_strides[7:]
+    qc = q.contiguous()
+    _prefill_kernel[(triton.cdiv(q_len, bm), n_kv)](
+        qc, *k_args, *v_args, block_ids, out, scale, max(1, ring_tokens), q_len, context_len,
+        context_len if fp_start is None else fp_start,
+        qc.stride(0), qc.stride(1), out.stride(0), out.stride(1), *k_strides, *v_strides,
+        G=group, GP=gp, BM=bm, D=d, BS=block_size, T=tile, NB=max(1, tile // block_size),
+        KBITS=key.bits, VBITS=value.bits, VGROUP=d // value.scale.shape[-1] if value.quantized else 1,
+        num_warps=4, num_stages=2)
+    return out
+
+
+@triton.jit
 def _quantize_kernel(X, BLOCK_IDS, DATA, SCALE, ZERO, s_xt, s_xh, s_db, s_dt, s_dh, s_sb, s_st, s_sh,
                      BS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr,
                      GROUP: tl.constexpr):

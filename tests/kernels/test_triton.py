@@ -2,6 +2,8 @@
 ``TRITON_INTERPRET=1`` on a CPU): fp16 inputs, fresh random data per case, scratch poisoned with NaN,
 block tables with holes, one-token contexts, contexts not a multiple of the block size, 1 to many
 splits of the context."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -73,3 +75,31 @@ def test_quantize_kernel_writes_the_same_bytes_as_pytorch(bits, is_key):
         assert torch.equal(got.data.cpu(), ref.data.cpu())
     torch.testing.assert_close(got.scale.cpu(), ref.scale.cpu(), rtol=1e-3, atol=0)
     torch.testing.assert_close(got.zero.cpu(), ref.zero.cpu(), rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("bits", [(16, 16), (8, 8), (4, 4), (2, 16)])
+@pytest.mark.parametrize("context,q_len,window", [(37, 12, 0), (37, 37, 16), (70, 1, 0), (5, 5, 0)])
+def test_prefill_matches_pytorch(bits, context, q_len, window):
+    """A prefill chunk's causal attention over its cached context (and itself)."""
+    from skistune.kernels.attention import paged_attention
+
+    gen = torch.Generator().manual_seed(context * 31 + q_len + bits[0])
+    store = make_store(bits, slots=1, window=window, dtype=torch.float16, device=DEVICE)
+    tables = scattered_tables([context], store.num_blocks, gen)
+    fill(store, tables, [context], gen, dtype=torch.float16, device=DEVICE, decode_steps=0)
+    q = torch.randn(q_len, SPEC.n_heads, SPEC.head_dim, generator=gen).half().to(DEVICE)
+    meta = build_attention_metadata(tables, [q_len], [context], BLOCK, ring(store, 1), DEVICE)
+    key, value = store.layer(0)
+    out = ta.paged_prefill(q, key, value, meta.prefills[0].block_ids if q_len > 1 else meta.decode_block_tables[0],
+                           context, 0.17, fp_start=store.full_precision_start(context, 0), slot=0,
+                           ring_tokens=store.ring_tokens, block_size=BLOCK)
+    # the reference: the PyTorch path on the CPU (on CUDA, paged_attention would dispatch to Triton)
+    cpu_meta = build_attention_metadata(tables, [q_len], [context], BLOCK, ring(store, 1), "cpu")
+    ref = paged_attention(q.float().cpu(), _to_cpu(key), _to_cpu(value), cpu_meta, 0.17)
+    assert not out.isnan().any()
+    assert ((out.float().cpu() - ref.cpu()).norm() / ref.norm()).item() <= 1e-3
+
+
+def _to_cpu(side):
+    return dataclasses.replace(side, **{f: getattr(side, f).cpu() for f in ("data", "scale", "zero", "ring")
+                                        if getattr(side, f) is not None})
