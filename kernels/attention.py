@@ -16,12 +16,21 @@ copying KV per query head) and an additive mask built once per step. Measured on
 batches (8-32 sequences, 96-512 tokens) and 1.4-2x faster for prefill chunks (16-512 queries).
 Quantized sides are dequantized after the gather, then the ring's full-precision tokens are laid over
 the positions they cover.
+
+Eviction. Context positions here are KV slots: after an eviction compaction a sequence's slots are fewer
+than its tokens (the runner passes ``context_lens = kv_start + query_len``; RoPE positions are the model's
+business). A layer that keeps fewer tokens than the largest leaves its first slots empty: the metadata then
+carries each sequence's first slot per layer (``first_slots``) and attention masks the slots before it.
+Policies that score tokens by attention ask for statistics (``scored_queries``): the softmax probabilities
+the attention computes anyway are summed per KV head and kept in ``meta.stats``, so no second pass is
+needed. Both need the PyTorch path; the Triton decode kernel has neither, so it is used only without them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from .quant import dequantize_keys, dequantize_values, quantize_keys, quantize_values
 
@@ -56,6 +65,18 @@ class PrefillChunk:
     context_len: int
     mask: torch.Tensor  # [q_len, context_len] additive: 0 where a query sees the key, -inf elsewhere
     overlay: RingOverlay | None = None
+    seq: int = 0  # index of the sequence in the step's batch
+    first_slots: tuple[int, ...] = ()  # per layer, the first slot holding a token (empty: no slot is empty)
+
+
+@dataclass
+class SeqStats:
+    """One sequence's attention probabilities at one layer over its slots ``[0, context_len)``, summed over
+    the query heads of each KV head (zero in masked slots): ``probs_sum`` also over the step's last
+    ``scored_queries`` queries, ``probs_last`` the newest query's alone. Both ``[n_kv_heads, context_len]``."""
+
+    probs_sum: torch.Tensor
+    probs_last: torch.Tensor
 
 
 @dataclass
@@ -75,6 +96,23 @@ class AttentionMetadata:
     decode_overlay: RingOverlay | None = None
     append: AppendPlan | None = None
     ring_tokens: int = 0
+    # eviction only
+    decode_seqs: list[int] = field(default_factory=list)  # [Bd] index in the batch of each decode row
+    decode_first_slots: torch.Tensor | None = None  # [n_layers, Bd] first slot each layer reads; None: all 0
+    scored_queries: list[int] | None = None  # per sequence of the batch; set: record `stats`
+    stats: list[list[SeqStats]] = field(default_factory=list)  # [layer][sequence of the batch]
+    # the model calls paged_attention once per layer in layer order: this counts the calls made, so that
+    # each call finds its layer's first slots and files its statistics under its layer
+    layers_attended: int = 0
+
+    @property
+    def want_stats(self) -> bool:
+        return self.scored_queries is not None
+
+    @property
+    def needs_torch(self) -> bool:
+        """Whether attention needs what only the PyTorch path does (statistics, per-layer first slots)."""
+        return self.want_stats or self.decode_first_slots is not None
 
 
 @dataclass(frozen=True)
@@ -132,9 +170,14 @@ def _append_plan(block_tables, query_lens, context_lens, ring: RingInfo, block_s
 
 def build_attention_metadata(block_tables: list[list[int]], query_lens: list[int], context_lens: list[int],
                              block_size: int, ring: RingInfo | None = None,
-                             device: torch.device | str = "cpu") -> AttentionMetadata:
-    """Batch layout of one step; ``block_tables[i]`` covers at least ``context_lens[i]`` tokens. ``ring``
-    is given when the store holds quantized sides."""
+                             device: torch.device | str = "cpu", *,
+                             first_slots: list[tuple[int, ...]] | None = None,
+                             scored_queries: list[int] | None = None) -> AttentionMetadata:
+    """Batch layout of one step; ``block_tables[i]`` covers at least ``context_lens[i]`` KV slots. ``ring``
+    is given when the store holds quantized sides. With eviction: ``first_slots[i]`` is sequence i's first
+    slot per layer (``()``: none empty), and ``scored_queries`` (one count per sequence) asks
+    `paged_attention` for statistics (see `SeqStats`)."""
+    first_slots = [tuple(f) if any(f) else () for f in first_slots] if first_slots else [()] * len(block_tables)
     slots, decode_rows, decode_tables, decode_ctx, prefills = [], [], [], [], []
     decode_fp, decode_slot, overlay = [], [], ([], [], [])
     row = 0
@@ -159,7 +202,7 @@ def build_attention_metadata(block_tables: list[list[int]], query_lens: list[int
                 _overlay(0, ring.slots[i], fp, ctx, ring.ring_tokens, lists)
                 chunk_overlay = _to_overlay(lists, device)
             prefills.append(PrefillChunk(slice(row, row + q_len), torch.tensor(table[:n_blocks], device=device), ctx,
-                                         _additive(visible).to(device), chunk_overlay))
+                                         _additive(visible).to(device), chunk_overlay, i, first_slots[i]))
         row += q_len
     width = max((len(t) for t in decode_tables), default=0)
     padded = [t + [0] * (width - len(t)) for t in decode_tables]
@@ -172,13 +215,24 @@ def build_attention_metadata(block_tables: list[list[int]], query_lens: list[int
         slot_mapping=longs(slots), decode_rows=longs(decode_rows),
         decode_block_tables=longs(padded).reshape(len(padded), width),
         decode_mask=decode_mask.reshape(len(decode_ctx), 1, 1, width * block_size).to(device),
-        decode_context_lens=longs(decode_ctx), prefills=prefills, block_size=block_size)
+        decode_context_lens=longs(decode_ctx), prefills=prefills, block_size=block_size,
+        decode_seqs=[i for i, q_len in enumerate(query_lens) if q_len == 1], scored_queries=scored_queries)
+    meta.decode_first_slots = _decode_first_slots([first_slots[i] for i in meta.decode_seqs], device)
     if ring:
         meta.decode_fp_start, meta.decode_slots = longs(decode_fp), longs(decode_slot)
         meta.decode_overlay = _to_overlay(overlay, device)
         meta.append = _append_plan(block_tables, query_lens, context_lens, ring, block_size, device)
         meta.ring_tokens = ring.ring_tokens
     return meta
+
+
+def _decode_first_slots(first_slots: list[tuple[int, ...]], device) -> torch.Tensor | None:
+    """``[n_layers, Bd]`` first slots of the decode rows, or None when no decode row has an empty slot."""
+    n_layers = max((len(f) for f in first_slots), default=0)
+    if n_layers == 0:
+        return None
+    rows = [f or (0,) * n_layers for f in first_slots]
+    return torch.tensor(rows, dtype=torch.long, device=device).T.contiguous()
 
 
 def _additive(visible: torch.Tensor) -> torch.Tensor:
@@ -252,42 +306,75 @@ def _context(side, block_ids: torch.Tensor, overlay: RingOverlay | None) -> torc
 
 
 def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                       scale: float) -> torch.Tensor:
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """q ``[..., n_kv, G*Q, D]`` (G query heads per KV head), k/v ``[..., n_kv, L, D]``, mask broadcastable
-    to ``[..., n_kv, G*Q, L]`` -> ``[..., n_kv, G*Q, D]``."""
+    to ``[..., n_kv, G*Q, L]`` -> output ``[..., n_kv, G*Q, D]`` and the probabilities ``[..., n_kv, G*Q, L]``
+    (kept for the eviction statistics: they cost nothing more)."""
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask)
-    return torch.matmul(scores.softmax(-1), v)
+    probs = scores.softmax(-1)
+    return torch.matmul(probs, v), probs
 
 
 def paged_attention(q: torch.Tensor, key, value, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Attention of the step's queries ``[T, n_heads, head_dim]`` over their paged context."""
-    n_heads, d = q.shape[1:]
+    """Attention of the step's queries ``[T, n_heads, head_dim]`` over their paged context (one layer: the
+    model calls this once per layer, in order; see `AttentionMetadata.layers_attended`)."""
+    layer = meta.layers_attended
+    meta.layers_attended += 1
+    n_heads = q.shape[1]
     n_kv = key.data.shape[-2]
     group = n_heads // n_kv
     out = torch.empty_like(q)
+    stats: list[SeqStats | None] | None = [None] * len(meta.scored_queries) if meta.want_stats else None
     if meta.decode_rows.numel():
-        if q.is_cuda and _triton_available():
+        if q.is_cuda and _triton_available() and not meta.needs_torch:
             from .triton_attention import paged_decode
             out[meta.decode_rows] = paged_decode(q[meta.decode_rows], key, value, meta, scale)
         else:
-            out[meta.decode_rows] = _decode_torch(q, key, value, meta, scale, n_kv, group)
+            out[meta.decode_rows] = _decode_torch(q, key, value, meta, scale, n_kv, group, layer, stats)
     for chunk in meta.prefills:
-        q_len = chunk.rows.stop - chunk.rows.start
-        qp = q[chunk.rows].transpose(0, 1).reshape(n_kv, group * q_len, d)  # heads grouped by KV head
-        k = _context(key, chunk.block_ids, chunk.overlay)[:, :chunk.context_len].to(q.dtype)  # [KVH, ctx, D]
-        v = _context(value, chunk.block_ids, chunk.overlay)[:, :chunk.context_len].to(q.dtype)
-        mask = chunk.mask.repeat(group, 1).to(q.dtype)  # [G*q_len, ctx]: the same causal mask per query head
-        o = _grouped_attention(qp, k, v, mask, scale)  # [KVH, G*q_len, D]
-        out[chunk.rows] = o.view(n_heads, q_len, d).transpose(0, 1)
+        out[chunk.rows] = _prefill_torch(q, key, value, chunk, scale, group, layer, stats, meta.scored_queries)
+    if stats is not None:
+        meta.stats.append(stats)
     return out
 
 
-def _decode_torch(q, key, value, meta: AttentionMetadata, scale: float, n_kv: int, group: int) -> torch.Tensor:
+def _prefill_torch(q, key, value, chunk: PrefillChunk, scale: float, group: int, layer: int,
+                   stats: list | None, scored_queries: list[int] | None) -> torch.Tensor:
+    """One prefill chunk's attention ``[q_len, n_heads, D]`` over its causal context."""
+    n_heads, d = q.shape[1:]
+    n_kv = n_heads // group
+    q_len = chunk.rows.stop - chunk.rows.start
+    # slots before the layer's first one are empty (evicted): not read at all
+    first = chunk.first_slots[layer] if chunk.first_slots else 0
+    qp = q[chunk.rows].transpose(0, 1).reshape(n_kv, group * q_len, d)  # heads grouped by KV head
+    k = _context(key, chunk.block_ids, chunk.overlay)[:, first:chunk.context_len].to(q.dtype)  # [KVH, ctx, D]
+    v = _context(value, chunk.block_ids, chunk.overlay)[:, first:chunk.context_len].to(q.dtype)
+    mask = chunk.mask[:, first:].repeat(group, 1).to(q.dtype)  # [G*q_len, ctx]: the same causal mask per head
+    o, probs = _grouped_attention(qp, k, v, mask, scale)  # [KVH, G*q_len, D]
+    if stats is not None:
+        per_query = probs.view(n_kv, group, q_len, -1).sum(1)  # [KVH, q_len, ctx - first]
+        scored = per_query[:, q_len - scored_queries[chunk.seq]:].sum(1)
+        stats[chunk.seq] = SeqStats(F.pad(scored, (first, 0)), F.pad(per_query[:, -1], (first, 0)))
+    return o.view(n_heads, q_len, d).transpose(0, 1)
+
+
+def _decode_torch(q, key, value, meta: AttentionMetadata, scale: float, n_kv: int, group: int, layer: int = 0,
+                  stats: list | None = None) -> torch.Tensor:
     d = q.shape[-1]
     qd = q[meta.decode_rows].view(-1, n_kv, group, d)  # [Bd, KVH, G, D]
     k = _context(key, meta.decode_block_tables, meta.decode_overlay).to(q.dtype)  # [Bd, KVH, L, D]
     v = _context(value, meta.decode_block_tables, meta.decode_overlay).to(q.dtype)
-    return _grouped_attention(qd, k, v, meta.decode_mask.to(q.dtype), scale).view(-1, n_kv * group, d)
+    mask = meta.decode_mask  # [Bd, 1, 1, L]
+    if meta.decode_first_slots is not None:  # a layer's slots before its first one are empty (evicted)
+        before = torch.arange(mask.shape[-1], device=mask.device) < meta.decode_first_slots[layer].unsqueeze(1)
+        mask = mask.masked_fill(before.view(mask.shape), float("-inf"))
+    o, probs = _grouped_attention(qd, k, v, mask.to(q.dtype), scale)
+    if stats is not None:
+        last = probs.sum(2)  # [Bd, KVH, L]: one query per row, summed over its group's heads
+        for row, (seq, ctx) in enumerate(zip(meta.decode_seqs, meta.decode_context_lens.tolist())):
+            p = last[row, :, :ctx]
+            stats[seq] = SeqStats(p if meta.scored_queries[seq] else torch.zeros_like(p), p)
+    return o.view(-1, n_kv * group, d)
 
 
 def _triton_available() -> bool:

@@ -11,6 +11,7 @@ from typing import Iterable, Protocol
 
 from ..config import KVConfig
 from .block_manager import KVCacheManager
+from .eviction_budget import EvictionBudget
 from .metrics import Metrics, compute_metrics
 from .request import Request, RequestRecord
 from .scheduler import Scheduler, SchedulerLimits, SchedulerOutput, Sequence
@@ -72,16 +73,28 @@ def scheduler_limits(config: KVConfig) -> SchedulerLimits:
                            chunked_prefill=b.chunked_prefill, chunk_size=b.chunk_size, policy=b.policy)
 
 
+def eviction_budget(config: KVConfig, n_layers: int | None) -> EvictionBudget | None:
+    """The scheduler's eviction budget of a config (None when nothing is evicted)."""
+    if config.eviction.policy == "none":
+        return None
+    if n_layers is None:
+        raise ValueError(f"eviction.policy {config.eviction.policy!r}: the engine needs the model's n_layers "
+                         "(per-layer budgets)")
+    return EvictionBudget(config.eviction, n_layers, config.prefix_reuse.block_size)
+
+
 class Engine:
-    """Serves requests through the paged KV cache: ``step()`` schedules, executes and updates."""
+    """Serves requests through the paged KV cache: ``step()`` schedules, executes and updates. ``n_layers``
+    (the model's) is needed with eviction only: the budgets are per layer."""
 
     def __init__(self, config: KVConfig, *, num_blocks: int, block_bytes: int, max_context: int,
                  executor: Executor, clock: Clock, eos_token_id: int | None = None,
-                 notes: tuple[str, ...] = (), fast_forward: FastForward | None = None) -> None:
+                 notes: tuple[str, ...] = (), fast_forward: FastForward | None = None,
+                 n_layers: int | None = None) -> None:
         self.config = config
         self.fast_forward = fast_forward
         self.kv = KVCacheManager(num_blocks, config.prefix_reuse.block_size, config.prefix_reuse.enabled)
-        self.scheduler = Scheduler(scheduler_limits(config), self.kv)
+        self.scheduler = Scheduler(scheduler_limits(config), self.kv, eviction_budget(config, n_layers))
         self.block_bytes = block_bytes
         self.max_context = max_context
         self.executor = executor
@@ -96,7 +109,7 @@ class Engine:
         total = req.prompt_len + req.max_new_tokens
         if total > self.max_context:
             return f"prompt + output = {total} tokens exceeds the model's context of {self.max_context}"
-        needed = self.kv.blocks_for(total)
+        needed = self.kv.blocks_for(self._peak_slots(req))
         if needed > self.kv.pool.num_blocks:
             return f"needs {needed} KV blocks, the cache holds {self.kv.pool.num_blocks}"
         b = self.config.batching
@@ -104,6 +117,16 @@ class Engine:
             return (f"prompt of {req.prompt_len} tokens exceeds max_num_batched_tokens "
                     f"{b.max_num_batched_tokens} with chunked prefill off")
         return None
+
+    def _peak_slots(self, req: Request) -> int:
+        """The KV slots a request needs at once: all its tokens, or with eviction about its budget."""
+        total = req.prompt_len + req.max_new_tokens
+        eviction = self.scheduler.eviction
+        if eviction is None:
+            return total
+        b = self.config.batching
+        step_tokens = min(b.chunk_size, b.max_num_batched_tokens) if b.chunked_prefill else req.prompt_len
+        return eviction.peak_slots(req.prompt_len, total, step_tokens)
 
     def add_request(self, req: Request, arrival_s: float | None = None) -> RequestRecord:
         """Queue a request (or record why it is rejected); it arrives now unless ``arrival_s`` says when."""

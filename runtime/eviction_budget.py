@@ -123,6 +123,17 @@ class EvictionBudget:
         keep = tuple(min(b, kv_len - f) for b, f in zip(self.budgets(context_len), first_slot))
         return max(keep), keep
 
+    def peak_slots(self, prompt_len: int, total_len: int, step_tokens: int) -> int:
+        """About the most KV slots a sequence of ``total_len`` tokens (``prompt_len`` of them its prompt) holds
+        at once: its largest layer budget, one block of hysteresis less a slot, and one step's new tokens
+        (``step_tokens``: a prefill chunk); for SnapKV at least the whole prompt, which it keeps until its
+        last token is computed. (A SnapKV sequence preempted after it generated tokens recomputes them
+        as prefill too, and may then need more: this bound is for serving it alone.)"""
+        peak = self.max_budget(total_len) + self.block_size - 1 + step_tokens
+        if self.whole_prompt_first:
+            peak = max(peak, prompt_len)
+        return min(total_len, peak)
+
     def decode_steps_to_due(self, kv_len: int, context_len: int, limit: int) -> int | None:
         """The fewest decode steps ``d <= limit`` after which a sequence now at ``kv_len`` slots and
         ``context_len`` tokens is due, or None if it is not due within ``limit`` steps."""

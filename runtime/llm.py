@@ -71,8 +71,9 @@ class Runtime:
         """A fresh engine (empty queues and prefix cache) over this runtime's model and KV store."""
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
         return Engine(self.config, num_blocks=self.store.num_blocks, block_bytes=self.store.block_bytes,
-                      max_context=self.spec.max_context, executor=ModelRunner(self.model, self.store),
-                      clock=clock or WallClock(), eos_token_id=eos, notes=self.notes)
+                      max_context=self.spec.max_context,
+                      executor=ModelRunner(self.model, self.store, self.config.eviction),
+                      clock=clock or WallClock(), eos_token_id=eos, notes=self.notes, n_layers=self.spec.n_layers)
 
     def replay(self, requests: Sequence[Request]) -> Metrics:
         """Serve requests at their arrival times, in real time, and measure them."""

@@ -1,20 +1,36 @@
 """Executes a scheduled step with the real model: flattens the batch, builds the attention metadata
-once, runs the forward pass and samples greedily."""
+once, runs the forward pass and samples greedily.
+
+With eviction (`eviction`), a step also runs the scheduler's compactions (`SchedulerOutput.compactions`):
+before the forward pass it copies the blocks made private by copy-on-write; during it, attention hands
+the statistics the policy scores with to `EvictionStats`; after it, each layer's kept tokens (per KV head)
+move to the front of the sequence's slots. Positions: RoPE uses each token's true position, while the
+KV is written at, and attention reads, KV slots (``ScheduledSeq.kv_start`` on), so a kept token keeps the
+position its key was rotated with (the H2O/SnapKV convention, see `eviction`).
+
+A quantized side is compacted through full precision: the kept tokens are read (dequantized from packed
+blocks, or from the ring), then written at their new slots as a fresh sequence would have them: full
+blocks quantized, and the slots from `PagedKVStore.full_precision_start` on in the ring.
+"""
 from __future__ import annotations
 
 import torch
 
-from ..kernels.attention import RingInfo, build_attention_metadata
+from ..config import EvictionConfig
+from ..kernels.attention import RingInfo, build_attention_metadata, quantize_blocks
+from ..kernels.quant import dequantize_keys, dequantize_values
 from .block_manager import KVCacheManager
-from .kv_store import PagedKVStore
+from .eviction import EvictionStats, kept_slots, make_policy
+from .kv_store import KVSide, PagedKVStore
 from .model import LlamaModel
-from .scheduler import SchedulerOutput
+from .scheduler import Compaction, SchedulerOutput
 
 
 class RingSlots:
     """Which full-precision ring slot each running sequence of a quantized store uses, and the first
-    position it wrote there. A slot is released once the sequence no longer holds KV blocks (finished or
-    preempted): the block manager is the one record of what is running."""
+    KV slot it wrote there itself (the slots before it came from the prefix cache, packed only). A ring
+    slot is released once the sequence no longer holds KV blocks (finished or preempted): the block
+    manager is the one record of what is running. Ring rows are indexed by KV slot, not by position."""
 
     def __init__(self, num_slots: int) -> None:
         self.free = list(range(num_slots - 1, -1, -1))
@@ -31,39 +47,156 @@ class RingSlots:
             self.assigned[seq_id] = (self.free.pop(), start)
         return self.assigned[seq_id]
 
+    def rewritten(self, seq_id: str) -> None:
+        """After a compaction the sequence has written all its slots itself: the ring starts at slot 0."""
+        self.assigned[seq_id] = (self.assigned[seq_id][0], 0)
+
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, store: PagedKVStore) -> None:
+    def __init__(self, model: LlamaModel, store: PagedKVStore, eviction: EvictionConfig = EvictionConfig()) -> None:
         self.model = model
         self.store = store
         self.ring_slots = RingSlots(store.slots) if store.quantized else None
+        self.eviction = eviction
+        self.policy = make_policy(eviction)
+        self.stats = EvictionStats(self.policy, model.device) if self.policy is not None else None
 
     def _ring_info(self, out: SchedulerOutput, kv: KVCacheManager) -> RingInfo | None:
         if self.ring_slots is None:
             return None
         self.ring_slots.release_finished(kv)
-        pairs = [self.ring_slots.get(s.seq.seq_id, s.start, self.store.block_size) for s in out.scheduled]
+        pairs = [self.ring_slots.get(s.seq.seq_id, s.kv_start, self.store.block_size) for s in out.scheduled]
         return RingInfo([p[0] for p in pairs], [p[1] for p in pairs], self.store.ring_tokens, self.store.window)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, kv: KVCacheManager) -> dict[str, int]:
-        token_ids, positions, tables, query_lens, context_lens = [], [], [], [], []
-        logit_rows, sampling_ids = [], []
+        if self.stats is not None:
+            self._forget(out)
+        self._copy_blocks(out)
+        logits, meta = self._forward(out, kv)
+        if meta.want_stats:
+            self._observe(out, meta)
+        for c in out.compactions:
+            self._compact(c, kv)
+        sampling_ids = [s.seq.seq_id for s in out.scheduled if s.samples]
+        return dict(zip(sampling_ids, logits.argmax(-1).tolist()))
+
+    def _forward(self, out: SchedulerOutput, kv: KVCacheManager):
+        """The forward pass: logits of the sampling sequences' last tokens (of one row when none samples),
+        and the step's attention metadata (with the statistics it collected)."""
+        token_ids, positions, tables, query_lens, context_lens, logit_rows = [], [], [], [], [], []
         for s in out.scheduled:
             end = s.start + s.num_new_tokens
             token_ids.extend(s.seq.token_ids[s.start:end])
-            positions.extend(range(s.start, end))
+            positions.extend(range(s.start, end))  # true positions (RoPE); the KV goes to slots from kv_start
             tables.append(kv.block_table(s.seq.seq_id))
             query_lens.append(s.num_new_tokens)
-            context_lens.append(end)
+            context_lens.append(s.kv_start + s.num_new_tokens)
             if s.samples:
                 logit_rows.append(len(token_ids) - 1)
-                sampling_ids.append(s.seq.seq_id)
         if not logit_rows:  # a step of prefill chunks that all end mid-prompt: KV only
             logit_rows = [len(token_ids) - 1]
         device = self.model.device
         meta = build_attention_metadata(tables, query_lens, context_lens, self.store.block_size,
-                                        self._ring_info(out, kv), device)
+                                        self._ring_info(out, kv), device,
+                                        first_slots=[s.seq.kv_first_slot for s in out.scheduled],
+                                        scored_queries=self._scored_queries(out))
         logits = self.model.forward(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
                                     self.store, meta, torch.tensor(logit_rows, device=device))
-        return dict(zip(sampling_ids, logits.argmax(-1).tolist()))
+        return logits, meta
+
+    # ---- eviction ---------------------------------------------------------------------------------
+    def _scored_queries(self, out: SchedulerOutput) -> list[int] | None:
+        """Per scheduled sequence, how many of its last queries the policy's statistics sum; None when the
+        policy needs no attention statistics (none, streaming)."""
+        if self.policy is None or not self.policy.needs_attention:
+            return None
+        return [self.policy.scored_queries(s.seq.num_prefill_tokens, s.start, s.num_new_tokens)
+                for s in out.scheduled]
+
+    def _forget(self, out: SchedulerOutput) -> None:
+        """Preempted sequences recompute their KV from scratch; finished ones are gone."""
+        for seq_id in [s.seq_id for s in out.preempted] + out.finished_seq_ids:
+            self.stats.drop(seq_id)
+
+    def _copy_blocks(self, out: SchedulerOutput) -> None:
+        """Copy-on-write copies of the step's compactions, every layer's keys and values (the block tables
+        already name the copies, so this runs before the forward pass writes into them)."""
+        pairs = [pair for c in out.compactions for pair in c.copies]
+        if not pairs:
+            return
+        src = torch.tensor([p[0] for p in pairs], device=self.model.device)
+        dst = torch.tensor([p[1] for p in pairs], device=self.model.device)
+        for side in (side for layer in self.store.layers for side in layer):
+            for t in (side.data, side.scale, side.zero):
+                if t is not None:
+                    t[dst] = t[src]
+
+    def _observe(self, out: SchedulerOutput, meta) -> None:
+        for layer, per_seq in enumerate(meta.stats):
+            for s, seq_stats in zip(out.scheduled, per_seq):
+                self.stats.observe(layer, s.seq.seq_id, seq_stats.probs_sum, seq_stats.probs_last)
+
+    def _compact(self, c: Compaction, kv: KVCacheManager) -> None:
+        """Move each layer's kept tokens (per KV head, ascending) to the slots ``[dst_first_slot[l],
+        new_num_kv_tokens)``; `Scheduler.update` frees the blocks past them afterwards."""
+        ev, store = self.eviction, self.store
+        blocks = torch.tensor(kv.block_table(c.seq_id)[:kv.blocks_for(c.kv_len)], device=self.model.device)
+        ring = self.ring_slots.assigned[c.seq_id] if self.ring_slots is not None else None
+        for layer, sides in enumerate(store.layers):
+            kept = kept_slots(self.policy, self.stats, c, layer, self.model.spec.n_kv_heads,
+                              ev.sink_tokens, ev.recent_window)  # [KVH, keep_l]
+            for side in sides:
+                old = read_slots(side, store, blocks, c.kv_len, ring)  # everything read before anything is written
+                write_slots(side, store, blocks, arrange(old, kept, c.dst_first_slot[layer]), ring)
+            self.stats.compact(c.seq_id, layer, kept, c.dst_first_slot[layer])
+        if self.ring_slots is not None:
+            self.ring_slots.rewritten(c.seq_id)
+
+
+def arrange(old: torch.Tensor, kept: torch.Tensor, num_empty: int) -> torch.Tensor:
+    """The new slots of one side of one layer: ``num_empty`` empty slots, then the kept tokens ``kept [KVH,
+    keep]`` of ``old [kv_len, KVH, D]`` (each KV head its own) -> ``[num_empty + keep, KVH, D]``. The empty
+    slots hold a copy of the first kept token: a key block quantized per channel then spans only real
+    tokens' values (the copies are masked, never attended)."""
+    moved = old.gather(0, kept.T.unsqueeze(-1).expand(-1, -1, old.shape[-1]))  # [keep, KVH, D]
+    filler = moved[:1] if len(moved) else old.new_zeros(1, *old.shape[1:])
+    return torch.cat([filler.expand(num_empty, -1, -1), moved])
+
+
+def _ring_rows(ring: tuple[int, int], first: int, end: int, ring_tokens: int, device) -> torch.Tensor:
+    """Flat ring rows of the KV slots ``[first, end)`` of the sequence in ring slot ``ring[0]``."""
+    return ring[0] * ring_tokens + torch.arange(first, end, device=device) % ring_tokens
+
+
+def read_slots(side: KVSide, store: PagedKVStore, blocks: torch.Tensor, num_slots: int,
+               ring: tuple[int, int] | None) -> torch.Tensor:
+    """A sequence's KV slots ``[0, num_slots)`` of one side in full precision ``[num_slots, n_kv, D]``:
+    packed blocks dequantized, the slots the ring covers read from it."""
+    if not side.quantized:
+        return side.data[blocks].flatten(0, 1)[:num_slots]
+    dequantize = dequantize_keys if side.is_key else dequantize_values
+    x = dequantize(side.data[blocks], side.scale[blocks], side.zero[blocks], side.bits).flatten(0, 1)[:num_slots]
+    first = store.full_precision_start(num_slots, ring[1])
+    flat_ring = side.ring.view(-1, *side.ring.shape[-2:])
+    x[first:] = flat_ring[_ring_rows(ring, first, num_slots, store.ring_tokens, x.device)].to(x.dtype)
+    return x
+
+
+def write_slots(side: KVSide, store: PagedKVStore, blocks: torch.Tensor, new: torch.Tensor,
+                ring: tuple[int, int] | None) -> None:
+    """Write ``new [n, n_kv, D]`` (full precision) as the sequence's slots ``[0, n)`` of one side: in place
+    at 16 bits; quantized, as a sequence whose ring starts at slot 0 holds them (every full block packed,
+    the slots from the full-precision start on in the ring, which is what later appends read)."""
+    n, n_kv, d = new.shape
+    bs = store.block_size
+    if not side.quantized:
+        slots = blocks[torch.arange(n, device=new.device) // bs] * bs + torch.arange(n, device=new.device) % bs
+        side.data.view(-1, n_kv, d).index_copy_(0, slots, new.to(side.data.dtype))
+        return
+    full = n // bs
+    if full:
+        quantize_blocks(side, new[:full * bs].to(side.scale.dtype).contiguous(), blocks[:full], store.value_group)
+    first = store.full_precision_start(n, 0)
+    side.ring.view(-1, n_kv, d)[_ring_rows(ring, first, n, store.ring_tokens, new.device)] = new[first:].to(
+        side.ring.dtype)

@@ -15,13 +15,12 @@ import numpy as np
 
 from skistune.config import KVConfig
 from skistune.profile.cost import StepCostModel, StepShape, step_shape
-from skistune.runtime.engine import Engine, VirtualClock, scheduler_limits
-from skistune.runtime.eviction_budget import EvictionBudget
+from skistune.runtime.engine import Engine, VirtualClock
 from skistune.runtime.kv_layout import kv_pool_blocks
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
-from skistune.runtime.scheduler import DecodeCompaction, Scheduler, SchedulerOutput
+from skistune.runtime.scheduler import DecodeCompaction, SchedulerOutput
 
 # Knobs whose effect the runtime implements and the simulator models. The other families (eviction,
 # bitwidth, host/disk offload, prefetch) are in the schema but have no behaviour yet: a search leaves them
@@ -184,10 +183,7 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
                                target.spec.vocab_size)
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
                     executor=executor, clock=clock, notes=target.notes,
-                    fast_forward=executor.fast_forward if fast_forward else None)
-    if config.eviction.policy != "none":  # the engine does not pass the model's layer count on (yet)
-        engine.scheduler = Scheduler(scheduler_limits(config), engine.kv, EvictionBudget(
-            config.eviction, target.spec.n_layers, config.prefix_reuse.block_size))
+                    fast_forward=executor.fast_forward if fast_forward else None, n_layers=target.spec.n_layers)
     return engine, executor
 
 

@@ -9,11 +9,10 @@ import torch
 from skistune.config import KVConfig
 from skistune.profile.cost import FEATURES, StepCostModel, step_shape
 from skistune.runtime.block_manager import KVCacheManager
-from skistune.runtime.engine import Engine, VirtualClock, scheduler_limits
-from skistune.runtime.eviction import EvictionBudget, EvictionStats, kept_slots, make_policy
+from skistune.runtime.engine import Engine, VirtualClock
+from skistune.runtime.eviction import EvictionStats, kept_slots, make_policy
 from skistune.runtime.request import Request
 from skistune.runtime.presets import PRESETS
-from skistune.runtime.scheduler import Scheduler
 from skistune.simulator import SimTarget, build_engine
 from skistune.workloads import load_workload, to_requests
 
@@ -104,9 +103,8 @@ def make_engine(num_blocks=64, **knobs):
     cfg = KVConfig().with_knobs({"prefix_reuse.block_size": BLOCK, **knobs})
     clock = VirtualClock()
     ex = SlotExecutor(clock, num_blocks, cfg)
-    eng = Engine(cfg, num_blocks=num_blocks, block_bytes=100, max_context=4096, executor=ex, clock=clock)
-    if cfg.eviction.policy != "none":
-        eng.scheduler = Scheduler(scheduler_limits(cfg), eng.kv, EvictionBudget(cfg.eviction, N_LAYERS, BLOCK))
+    eng = Engine(cfg, num_blocks=num_blocks, block_bytes=100, max_context=4096, executor=ex, clock=clock,
+                 n_layers=N_LAYERS)
     return eng, ex
 
 
