@@ -67,6 +67,8 @@ class PrefillChunk:
     overlay: RingOverlay | None = None
     seq: int = 0  # index of the sequence in the step's batch
     first_slots: tuple[int, ...] = ()  # per layer, the first slot holding a token (empty: no slot is empty)
+    fp_start: int | None = None  # quantized stores: first position read from the ring (slot `ring_slot`)
+    ring_slot: int = 0
 
 
 @dataclass
@@ -202,7 +204,8 @@ def build_attention_metadata(block_tables: list[list[int]], query_lens: list[int
                 _overlay(0, ring.slots[i], fp, ctx, ring.ring_tokens, lists)
                 chunk_overlay = _to_overlay(lists, device)
             prefills.append(PrefillChunk(slice(row, row + q_len), torch.tensor(table[:n_blocks], device=device), ctx,
-                                         _additive(visible).to(device), chunk_overlay, i, first_slots[i]))
+                                         _additive(visible).to(device), chunk_overlay, i, first_slots[i],
+                                         fp if ring else None, ring.slots[i] if ring else 0))
         row += q_len
     width = max((len(t) for t in decode_tables), default=0)
     padded = [t + [0] * (width - len(t)) for t in decode_tables]
@@ -332,7 +335,13 @@ def paged_attention(q: torch.Tensor, key, value, meta: AttentionMetadata, scale:
         else:
             out[meta.decode_rows] = _decode_torch(q, key, value, meta, scale, n_kv, group, layer, stats)
     for chunk in meta.prefills:
-        out[chunk.rows] = _prefill_torch(q, key, value, chunk, scale, group, layer, stats, meta.scored_queries)
+        if q.is_cuda and _triton_available() and not meta.needs_torch and not any(chunk.first_slots):
+            from .triton_attention import paged_prefill
+            out[chunk.rows] = paged_prefill(q[chunk.rows], key, value, chunk.block_ids, chunk.context_len, scale,
+                                            fp_start=chunk.fp_start, slot=chunk.ring_slot,
+                                            ring_tokens=meta.ring_tokens, block_size=meta.block_size)
+        else:
+            out[chunk.rows] = _prefill_torch(q, key, value, chunk, scale, group, layer, stats, meta.scored_queries)
     if stats is not None:
         meta.stats.append(stats)
     return out
