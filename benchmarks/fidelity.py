@@ -4,6 +4,11 @@ For each workload and config, the real runtime serves the workload on the real m
 this CPU, in real time) and the simulator predicts it from the hardware profile. Prints p50/p99 of TTFT,
 TBT and E2E, throughput and peak KV memory, predicted and measured, with relative errors.
 
+The configs cover batching, chunking, prefix reuse, a tight KV pool, and quantized KV (int8, int4, and
+int4 in the tight pool's bytes: more blocks at fewer bits, less the full-precision rings, whose size
+follows max_num_seqs). A profile measured without quantized-KV points predicts the quantized configs
+by extrapolation and says so in the notes (`HardwareProfile.quantized_kv_note`).
+
     python benchmarks/fidelity.py [--profile profiles/cpu-smollm2-135m.json] [--requests 16] [--json]
 """
 from __future__ import annotations
@@ -32,6 +37,10 @@ CONFIGS = {
                     "batching.chunk_size": 512},
     "no-prefix": {"prefix_reuse.enabled": False},
     "tight-kv-edf": {"offload.device_kv_bytes": 96 * 16 * 46080, "batching.policy": "edf"},
+    "int8": {"bitwidth.key_bits": 8, "bitwidth.value_bits": 8},
+    "int4": {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4},
+    "int4-tight-kv": {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4, "batching.max_num_seqs": 16,
+                      "offload.device_kv_bytes": 96 * 16 * 46080},
 }
 
 

@@ -10,8 +10,13 @@ A quantized side also keeps its sequences' newest tokens at full precision in a 
 sequence (`full_precision_ring_tokens`): the tokens of the block still being filled (a per-channel
 key group is complete only with its block) plus the configured ``bitwidth.full_precision_window``.
 That ring is a fixed cost taken from the KV pool before it is cut into blocks.
+
+`kv_traffic` turns the same layout into what a step moves per token of KV it touches: the runtime's
+profiler records measured steps with it and the simulator predicts steps with it.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..config import KVConfig
 from .presets import ModelSpec
@@ -63,12 +68,39 @@ def full_precision_ring_tokens(config: KVConfig) -> int:
     return -(-config.bitwidth.full_precision_window // bs) * bs + bs
 
 
+def quantized_sides(config: KVConfig, spec: ModelSpec) -> int:
+    """Layer sides (a layer's keys, or its values) stored at fewer than 16 bits."""
+    return sum((kb != FULL_PRECISION_BITS) + (vb != FULL_PRECISION_BITS) for kb, vb in layer_bits(config, spec))
+
+
 def ring_bytes(config: KVConfig, spec: ModelSpec, itemsize: int) -> int:
     """Bytes of the full-precision rings of all running sequences (0 when nothing is quantized)."""
-    quantized_sides = sum((kb != FULL_PRECISION_BITS) + (vb != FULL_PRECISION_BITS)
-                          for kb, vb in layer_bits(config, spec))
-    per_token = spec.n_kv_heads * spec.head_dim * itemsize
-    return quantized_sides * config.batching.max_num_seqs * full_precision_ring_tokens(config) * per_token
+    per_token = quantized_sides(config, spec) * spec.n_kv_heads * spec.head_dim * itemsize
+    return config.batching.max_num_seqs * full_precision_ring_tokens(config) * per_token
+
+
+@dataclass(frozen=True)
+class KVTraffic:
+    """What a step moves per token of KV it touches, over all layers, at a config's bits."""
+
+    bytes_per_token: int  # stored: codes + scales + zero points, the token's share of its block (all at 16 bits)
+    quantized_elements_per_token: int = 0  # dequantized on every read, quantized once when its block completes
+    ring_bytes_per_seq: int = 0  # full-precision ring tokens each sequence's attention reads (mean, see kv_traffic)
+
+
+def kv_traffic(config: KVConfig, spec: ModelSpec, itemsize: int) -> KVTraffic:
+    """Per-token KV traffic at ``config``'s bits (``itemsize``: bytes of a 16-bit-side element).
+
+    Attention reads a quantized sequence's newest tokens from its ring: from the block-aligned start of the
+    full-precision window to the end, ``window + (context - window) % block_size`` tokens once the context
+    exceeds the window. That saw-tooth is counted at its mean over a block of decode steps,
+    ``window + block_size // 2`` tokens, so that a step's cost stays linear in its context (which the
+    simulator's decode fast-forward relies on)."""
+    bs = config.prefix_reuse.block_size
+    elements = quantized_sides(config, spec) * spec.n_kv_heads * spec.head_dim
+    ring_tokens = config.bitwidth.full_precision_window + bs // 2
+    return KVTraffic(kv_block_bytes(spec, bs, itemsize, config) // bs, elements,
+                     ring_tokens * elements * itemsize)
 
 
 def kv_pool_bytes(config: KVConfig, device_free_bytes: int) -> int:

@@ -5,6 +5,11 @@ Runs of decode steps in which the batch cannot change (no arrival, no admission,
 preemption, blocks enough) are advanced in one event (`ProfileExecutor.fast_forward`), so the cost grows with events,
 not tokens. With eviction, the scheduler's compactions happen inside such runs too (`Scheduler.plan_decode_run`):
 each sequence's KV slots, hence its blocks and the KV bytes a step reads, follow the budget.
+
+Quantized KV (``bitwidth.*``) enters twice, both from the runtime's own layout (`kv_layout`): the pool
+holds more blocks at fewer bits (less the full-precision rings), and each step reads the bytes of its
+context at the configured bits and pays the profile's dequantization and quantize-on-append terms
+(`kv_layout.kv_traffic`, `profile.cost`).
 """
 from __future__ import annotations
 
@@ -14,23 +19,26 @@ from typing import Sequence
 import numpy as np
 
 from skistune.config import KVConfig
-from skistune.profile.cost import StepCostModel, StepShape, step_shape
+from skistune.profile.cost import StepCostModel, decode_shape, step_shape
 from skistune.runtime.engine import Engine, VirtualClock
-from skistune.runtime.kv_layout import kv_pool_blocks
+from skistune.runtime.kv_layout import KVTraffic, kv_pool_blocks, kv_traffic
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
 from skistune.runtime.scheduler import DecodeCompaction, SchedulerOutput
 
-# Knobs whose effect the runtime implements and the simulator models. The other families (eviction,
-# bitwidth, host/disk offload, prefetch) are in the schema but have no behaviour yet: a search leaves them
-# at their base values and says so.
+# Knobs the optimizer searches: their effect the runtime implements and the simulator models. The other
+# families (eviction, host/disk offload, prefetch) are in the schema without a model yet; a search leaves
+# them at their base values and says so. Bitwidth is modelled (pool capacity, bytes read, (de)quantization)
+# but stays out of the search until the quality floor (issue 9) prices its loss: without it, 2-bit KV would
+# look free to the optimizer.
 MODELED_KNOBS = frozenset({
     "batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill", "batching.chunk_size",
     "batching.policy", "prefix_reuse.enabled", "prefix_reuse.block_size",
     "offload.device_memory_fraction", "offload.device_kv_bytes",
 })
 PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> bytes of one KV element
 
 
 @dataclass(frozen=True)
@@ -39,9 +47,11 @@ class SimTarget:
 
     spec: ModelSpec
     step_cost: StepCostModel
-    kv_itemsize: int  # bytes per stored KV element at 16-bit precision on this device (4 for fp32 on CPU)
+    kv_itemsize: int  # bytes of a KV element at 16-bit precision on this device (4 for fp32 on CPU); what
+    #                   a config stores at its bits follows from it (`kv_layout`)
     device_free_bytes: int  # memory the KV pool fraction applies to
     notes: tuple[str, ...] = ()
+    quantized_kv_note: str | None = None  # added to the notes of configs that quantize KV (see HardwareProfile)
 
 
 def target_from_profile(profile, model: str | None = None) -> SimTarget:
@@ -53,14 +63,28 @@ def target_from_profile(profile, model: str | None = None) -> SimTarget:
         raise ValueError(f"profile {profile.name!r} was measured for {profile.model}, not {model}: measure one with "
                          f"`skistune profile --model {model}`")
     spec = get_preset(profile.model)
-    itemsize = profile.kv_bytes_per_token // (spec.kv_bytes_per_token(8, 8))
+    itemsize = _profile_itemsize(profile, spec)
     if profile.device == "cpu":
         device_free = CPU_KV_SPACE_BYTES
     else:
         device_free = int(getattr(profile.fingerprint, "gpu_memory_bytes", 0) or 0)
         if device_free <= 0:
             raise ValueError(f"profile {profile.name!r}: no device memory recorded for {profile.device}")
-    return SimTarget(spec, profile.step_cost, itemsize, device_free, notes=tuple(profile.notes))
+    return SimTarget(spec, profile.step_cost, itemsize, device_free, notes=tuple(profile.notes),
+                     quantized_kv_note=profile.quantized_kv_note)
+
+
+def _profile_itemsize(profile, spec: ModelSpec) -> int:
+    """The KV element size the profile was measured with, checked against the bytes per token it recorded
+    (the runtime's layout at 16 bits)."""
+    itemsize = DTYPE_BYTES.get(profile.dtype)
+    if itemsize is None:
+        raise ValueError(f"profile {profile.name!r}: KV dtype {profile.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    expected = kv_traffic(KVConfig(), spec, itemsize).bytes_per_token
+    if profile.kv_bytes_per_token != expected:
+        raise ValueError(f"profile {profile.name!r}: {profile.kv_bytes_per_token} KV bytes per token, but "
+                         f"{profile.model} in {profile.dtype} stores {expected}: measure it again")
+    return itemsize
 
 
 class ProfileExecutor:
@@ -68,9 +92,9 @@ class ProfileExecutor:
     deterministic pseudo-random sequence (content is irrelevant to timing; distinct tokens keep output
     blocks from matching each other in the prefix cache by accident)."""
 
-    def __init__(self, step_cost: StepCostModel, kv_bytes_per_token: int, clock: VirtualClock, vocab: int):
+    def __init__(self, step_cost: StepCostModel, kv: KVTraffic, clock: VirtualClock, vocab: int):
         self.step_cost = step_cost
-        self.kv_bytes_per_token = kv_bytes_per_token
+        self.kv = kv
         self.clock = clock
         self.vocab = vocab
         self.num_steps = 0
@@ -85,7 +109,7 @@ class ProfileExecutor:
 
     def execute(self, out: SchedulerOutput, kv) -> dict[str, int]:
         self.num_steps += 1
-        self.clock.advance(self.step_cost.predict_s(step_shape(out, self.kv_bytes_per_token)))
+        self.clock.advance(self.step_cost.predict_s(step_shape(out, self.kv)))
         sampling = [s.seq.seq_id for s in out.scheduled if s.samples]
         return dict(zip(sampling, self.next_tokens(len(sampling))))
 
@@ -141,7 +165,7 @@ class ProfileExecutor:
         """Durations of decode steps of ``batch`` sequences reading ``contexts[j]`` KV tokens in all at step
         j: the predicted time is linear in the KV read, so two predictions give every step's."""
         c0 = int(contexts[0])
-        shapes = [StepShape(batch, batch, (c0 + j * batch) * self.kv_bytes_per_token, 0, batch) for j in (0, 1)]
+        shapes = [decode_shape(batch, c0 + j * batch, self.kv) for j in (0, 1)]
         first, second = (self.step_cost.predict_s(sh) for sh in shapes)
         return first + (second - first) * ((np.asarray(contexts, dtype=np.float64) - c0) / batch)
 
@@ -179,10 +203,11 @@ def _steps_with_blocks(engine: Engine, seqs: list, k_max: int) -> int:
 def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = True) -> tuple[Engine, ProfileExecutor]:
     num_blocks, block_bytes = kv_pool_blocks(config, target.spec, target.kv_itemsize, target.device_free_bytes)
     clock = VirtualClock()
-    executor = ProfileExecutor(target.step_cost, block_bytes // config.prefix_reuse.block_size, clock,
-                               target.spec.vocab_size)
+    kv = kv_traffic(config, target.spec, target.kv_itemsize)
+    executor = ProfileExecutor(target.step_cost, kv, clock, target.spec.vocab_size)
+    extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
-                    executor=executor, clock=clock, notes=target.notes,
+                    executor=executor, clock=clock, notes=target.notes + extrapolated,
                     fast_forward=executor.fast_forward if fast_forward else None, n_layers=target.spec.n_layers)
     return engine, executor
 

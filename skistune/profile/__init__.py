@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cost import FEATURES, StepCostModel, StepShape, design_matrix, step_shape
+from .cost import (
+    ALL_FEATURES,
+    FEATURES,
+    QUANT_FEATURES,
+    StepCostModel,
+    StepShape,
+    decode_shape,
+    design_matrix,
+    step_shape,
+)
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import R2_FLAG_BELOW, FitQuality, LinearFit, StepFit, TransferFit
 from .power import PowerModel
@@ -27,7 +36,8 @@ from .records import LINKS, GridPoint, StepPoint, Timing
 _MEASURING = {"measure_profile", "profile_model", "Grid", "FULL_GRID", "QUICK_GRID"}
 
 __all__ = [
-    "FEATURES", "StepCostModel", "StepShape", "design_matrix", "step_shape",
+    "ALL_FEATURES", "FEATURES", "QUANT_FEATURES", "StepCostModel", "StepShape", "decode_shape", "design_matrix",
+    "step_shape",
     "Fingerprint", "fingerprint_diff", "machine_fingerprint",
     "R2_FLAG_BELOW", "FitQuality", "LinearFit", "StepFit", "TransferFit", "PowerModel",
     "FingerprintWarning", "HardwareProfile", "Measured", "cache_dir", "cached_profile_path", "default_profile",

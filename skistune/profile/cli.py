@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .cost import FEATURES
+from .cost import ALL_FEATURES
 from .profile import FingerprintWarning, HardwareProfile, load_profile
 
 MODEL_HELP = "model preset (smollm2-135m has real weights; larger presets run with random weights, for timing)"
@@ -24,7 +24,8 @@ def _summary(profile: HardwareProfile, path: Path) -> dict:
         "step": {"cost_model": profile.step_cost.to_dict(), "train": fit.train.to_dict(),
                  "held_out": fit.held_out.to_dict() if fit.held_out else None},
         "transfers": {link: m.fit.to_dict() for link, m in profile.transfers.items()},
-        "power": profile.power.to_dict(), "flagged": profile.flagged_fits(), "notes": list(profile.notes),
+        "power": profile.power.to_dict(), "flagged": profile.flagged_fits(),
+        "notes": list(profile.notes) + ([profile.quantized_kv_note] if profile.quantized_kv_note else []),
     }
 
 
@@ -42,7 +43,7 @@ def _errors(quality) -> str:
 
 def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     fit, knee = profile.step_fit, profile.step_cost.knee
-    c = dict(zip(FEATURES, profile.step_cost.coef))
+    c = dict(zip(ALL_FEATURES, profile.step_cost.all_coef))
     rows = [("step fit R² (training points)", _r2(fit.train.r2)),
             ("step error median / max (training)", _errors(fit.train))]
     if fit.held_out is not None:
@@ -56,6 +57,9 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
          f"{c['decode_kv_bytes'] * 1e12:.1f} / {c['prefill_kv_bytes'] * 1e12:.1f} ms"),
         ("step: per prefill query-key pair", f"{c['prefill_pairs'] * 1e9:.2f} ns"),
         ("step: per sampled row", f"{c['samples'] * 1e6:.0f} µs"),
+        ("step: per M quantized KV elements read (decode / prefill) / appended",
+         f"{c['decode_dequant_elements'] * 1e9:.2f} / {c['prefill_dequant_elements'] * 1e9:.2f} / "
+         f"{c['quantize_elements'] * 1e9:.2f} ms" if profile.measures_quantized_kv else "not measured"),
     ]
 
 
@@ -120,7 +124,8 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
     console.print(profile_table(profile, path))
     for flagged in profile.flagged_fits():
         err_console.print(f"[yellow]flagged:[/] {flagged} is below the R² threshold", highlight=False)
-    for note in profile.notes:
+    extrapolated = [profile.quantized_kv_note] if profile.quantized_kv_note else []
+    for note in list(profile.notes) + extrapolated:
         err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     if json_out:
         print_json(_summary(profile, path))
@@ -155,9 +160,10 @@ def profile(
     show: Annotated[Optional[Path], typer.Option(help="print an existing profile instead of measuring")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
 ) -> None:
-    """Measure this machine for a model: whole runtime steps over batch x context and prefill chunks,
-    the attention kernel, the scheduler's overhead, transfers between tiers and power; fit the cost
-    functions the simulator reads and write them to a profile file."""
+    """Measure this machine for a model: whole runtime steps over batch x context and prefill chunks (and
+    a few with 8- and 4-bit KV), the attention kernel at 16/8/4/2 bits, quantize-on-append, the scheduler's
+    overhead, transfers between tiers and power; fit the cost functions the simulator reads and write them
+    to a profile file."""
     from skistune.cli import (
         cli_errors,  # here: skistune.cli imports this module to register the command
     )

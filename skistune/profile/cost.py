@@ -14,6 +14,21 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_pkv     * prefill_kv_bytes a prefill chunk reads its whole cached context's KV once
            + c_pair    * prefill_pairs    prefill attention does work per query-key pair
            + c_sample  * num_samples      LM head over the vocabulary for each sampled row
+           + c_ddq     * decode_dequant_elements   quantized KV elements the decode attention converts
+           + c_pdq     * prefill_dequant_elements  ... and the prefill attention
+           + c_quant   * quantize_elements         elements quantized on append (once per token)
+
+KV bytes are counted at the config's bits (`skistune.runtime.kv_layout.kv_traffic`: packed codes, scales
+and zero points, plus the full-precision ring tokens attention reads), so fewer bits read fewer bytes.
+The dequantization terms say what converting them costs, which differs by where it happens: the PyTorch
+path (CPUs) dequantizes the gathered context into a full-precision copy (on this project's CPU, slower
+than reading the same context at 16 bits); a Triton kernel (CUDA) dequantizes in registers, nearly free
+next to the bytes. Decode and prefill have a term each, as they may take different paths. One model
+expresses both machines; the measured grid decides the coefficients.
+
+The quantized-KV terms (`QUANT_FEATURES`) come after the nine of the first profiles (`FEATURES`): a
+profile measured without quantized points loads with them at zero (its quantized KV is extrapolated from
+the bytes alone, and says so: `HardwareProfile.quantized_kv_note`).
 
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
@@ -24,11 +39,15 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from skistune.runtime.kv_layout import KVTraffic
+
 if TYPE_CHECKING:
     from skistune.runtime.scheduler import SchedulerOutput
 
 FEATURES = ("fixed", "seqs", "tokens", "tokens_past_knee", "multi_token", "decode_kv_bytes", "prefill_kv_bytes",
             "prefill_pairs", "samples")
+QUANT_FEATURES = ("decode_dequant_elements", "prefill_dequant_elements", "quantize_elements")
+ALL_FEATURES = FEATURES + QUANT_FEATURES
 
 
 @dataclass(frozen=True)
@@ -37,55 +56,97 @@ class StepShape:
 
     num_tokens: int  # tokens computed (prefill chunk tokens + one per decode)
     num_seqs: int
-    decode_kv_bytes: int  # KV bytes the decode sequences read (context tokens x bytes per token)
+    decode_kv_bytes: int  # KV bytes the decode sequences read (context tokens x bytes per token, + rings)
     prefill_pairs: int  # sum over prefill chunks of chunk tokens x context tokens
     num_samples: int  # sequences that sample a token this step
-    prefill_kv_bytes: int = 0  # KV bytes the prefill chunks read (their contexts x bytes per token)
+    prefill_kv_bytes: int = 0  # KV bytes the prefill chunks read (their contexts x bytes per token, + rings)
+    decode_dequant_elements: int = 0  # quantized KV elements the decode sequences' contexts hold
+    prefill_dequant_elements: int = 0  # ... the prefill chunks' contexts hold
+    quantize_elements: int = 0  # new tokens' KV elements stored quantized
 
     def features(self, knee: int) -> np.ndarray:
         return np.array([1.0, self.num_seqs, self.num_tokens, max(0, self.num_tokens - knee),
                          float(self.num_tokens > 1), self.decode_kv_bytes, self.prefill_kv_bytes,
-                         self.prefill_pairs, self.num_samples], dtype=np.float64)
+                         self.prefill_pairs, self.num_samples, self.decode_dequant_elements,
+                         self.prefill_dequant_elements, self.quantize_elements], dtype=np.float64)
 
 
 @dataclass(frozen=True)
 class StepCostModel:
-    """Fitted coefficients (seconds per unit of each feature) and the knee in tokens."""
+    """Fitted coefficients (seconds per unit of each feature) and the knee in tokens: ``coef`` for
+    `FEATURES`, ``quant_coef`` for `QUANT_FEATURES` (zero where quantized KV was not measured)."""
 
     coef: tuple[float, ...]
     knee: int
+    quant_coef: tuple[float, ...] = (0.0,) * len(QUANT_FEATURES)
+
+    def __post_init__(self) -> None:
+        if len(self.coef) != len(FEATURES) or len(self.quant_coef) != len(QUANT_FEATURES):
+            raise ValueError(f"step cost model: needs {len(FEATURES)} + {len(QUANT_FEATURES)} coefficients, got "
+                             f"{len(self.coef)} + {len(self.quant_coef)}")
+
+    @classmethod
+    def of(cls, coef, knee: int) -> "StepCostModel":
+        """From one coefficient per feature of `ALL_FEATURES`."""
+        values = tuple(float(c) for c in coef)
+        return cls(values[:len(FEATURES)], knee, values[len(FEATURES):])
+
+    @property
+    def all_coef(self) -> tuple[float, ...]:
+        return self.coef + self.quant_coef
 
     def predict_s(self, shape: StepShape) -> float:
-        return float(shape.features(self.knee) @ np.asarray(self.coef))
+        return float(shape.features(self.knee) @ np.asarray(self.all_coef))
 
     def to_dict(self) -> dict:
-        return {"features": list(FEATURES), "coef": list(self.coef), "knee_tokens": self.knee}
+        return {"features": list(ALL_FEATURES), "coef": list(self.all_coef), "knee_tokens": self.knee}
 
     @classmethod
     def from_dict(cls, data: dict) -> "StepCostModel":
-        if list(data.get("features", [])) != list(FEATURES):
-            raise ValueError(f"step cost model: features {data.get('features')} are not {list(FEATURES)}")
+        """Reads both feature lists: `ALL_FEATURES`, and `FEATURES` alone (profiles measured before quantized
+        KV existed: their quantized terms are zero)."""
+        features = list(data.get("features", []))
+        if features not in (list(ALL_FEATURES), list(FEATURES)):
+            raise ValueError(f"step cost model: features {data.get('features')} are not {list(ALL_FEATURES)}")
         coef = tuple(float(c) for c in data["coef"])
-        if len(coef) != len(FEATURES) or any(c < 0 or c != c for c in coef):
+        if len(coef) != len(features) or any(c < 0 or c != c for c in coef):
             raise ValueError("step cost model: needs one finite, non-negative coefficient per feature")
-        return cls(coef, int(data["knee_tokens"]))
+        return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), int(data["knee_tokens"]))
 
 
 def design_matrix(shapes: Sequence[StepShape], knee: int) -> np.ndarray:
     return np.stack([s.features(knee) for s in shapes])
 
 
-def step_shape(out: "SchedulerOutput", kv_bytes_per_token: int) -> StepShape:
-    """The shape of a scheduled step (``kv_bytes_per_token`` over all layers at the stored precision)."""
-    decode_tokens = prefill_tokens = pairs = samples = 0
+def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:
+    """The shape of a scheduled step, with the KV traffic of its config (`kv_layout.kv_traffic`; an int is
+    the bytes per token of a cache with nothing quantized)."""
+    kv = KVTraffic(kv) if isinstance(kv, int) else kv
+    decode_tokens = decode_seqs = prefill_tokens = prefill_seqs = pairs = samples = 0
     for s in out.scheduled:
         context = s.kv_start + s.num_new_tokens  # KV slots read: fewer than the positions after an eviction
         if s.num_new_tokens == 1:
             decode_tokens += context
+            decode_seqs += 1
         else:
             prefill_tokens += context
+            prefill_seqs += 1
             pairs += s.num_new_tokens * context
         samples += s.samples
+    q = kv.quantized_elements_per_token
     return StepShape(num_tokens=out.num_batched_tokens, num_seqs=len(out.scheduled),
-                     decode_kv_bytes=decode_tokens * kv_bytes_per_token, prefill_pairs=pairs, num_samples=samples,
-                     prefill_kv_bytes=prefill_tokens * kv_bytes_per_token)
+                     decode_kv_bytes=decode_tokens * kv.bytes_per_token + decode_seqs * kv.ring_bytes_per_seq,
+                     prefill_pairs=pairs, num_samples=samples,
+                     prefill_kv_bytes=prefill_tokens * kv.bytes_per_token + prefill_seqs * kv.ring_bytes_per_seq,
+                     decode_dequant_elements=decode_tokens * q, prefill_dequant_elements=prefill_tokens * q,
+                     quantize_elements=out.num_batched_tokens * q)
+
+
+def decode_shape(batch: int, kv_tokens: int, kv: KVTraffic) -> StepShape:
+    """A step of ``batch`` one-token decodes that read ``kv_tokens`` KV slots in all and all sample: what
+    `step_shape` gives for such a step (the simulator's fast-forward predicts runs of them)."""
+    q = kv.quantized_elements_per_token
+    return StepShape(num_tokens=batch, num_seqs=batch,
+                     decode_kv_bytes=kv_tokens * kv.bytes_per_token + batch * kv.ring_bytes_per_seq,
+                     prefill_pairs=0, num_samples=batch, decode_dequant_elements=kv_tokens * q,
+                     quantize_elements=batch * q)

@@ -129,7 +129,7 @@ def fit_step_cost(shapes: Sequence[StepShape], measured_s: Sequence[float], held
     # Ties (no convex kink in the data: every knee past the largest step fits alike) go to the larger
     # knee, so that the slope is carried by `tokens` and the knee says "not seen below this".
     knee = min(knees, key=lambda k: (round(errors[k], 12), -k))
-    model = StepCostModel(tuple(float(c) for c in coefs[knee]), knee)
+    model = StepCostModel.of(coefs[knee], knee)
     predicted = np.array([model.predict_s(s) for s in shapes])
     held = fit_quality(predicted[test], y[test]) if test.any() else None
     return StepFit(model, fit_quality(predicted[~test], y[~test]), held, errors)

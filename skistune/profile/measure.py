@@ -1,5 +1,10 @@
 """Measuring a `HardwareProfile`: the grids (full and ``--quick``), the runtime they run on, and the
-order of the stages (steps, scheduler overhead, attention kernel, transfers, power), then the fits."""
+order of the stages (steps, scheduler overhead, attention kernel, quantize-on-append, transfers, power),
+then the fits.
+
+Quantized KV is measured on a few grid points: whole steps at 8 and 4 bits (enough for the step fit's
+dequantization and quantize-on-append terms: with the 16-bit points they see three ratios of bytes read
+to elements converted), the attention kernel at 8, 4 and 2 bits, and quantize-on-append at each."""
 from __future__ import annotations
 
 import time
@@ -11,19 +16,36 @@ import numpy as np
 import torch
 
 from ..config import KVConfig
+from ..kernels.quant import QUANT_BITS
+from ..runtime.kv_layout import kv_block_bytes, kv_traffic, ring_bytes
 from ..runtime.llm import Runtime
 from ..runtime.presets import get_preset
 from .fingerprint import machine_fingerprint
 from .fit import fit_linear, fit_step_cost, fit_transfer
-from .kernels import ATTENTION_FEATURES, attention_features, attention_timings
+from .kernels import (
+    ATTENTION_FEATURES,
+    QUANTIZE_FEATURES,
+    attention_features,
+    attention_timings,
+    quantize_features,
+    quantize_timings,
+)
 from .power import average_w, find_meter, measured_power, modeled_power
 from .profile import HardwareProfile, Measured
-from .records import GridPoint, StepPoint
+from .records import GridPoint, StepPoint, kv_bits
 from .steps import StepBench, fill_kv
 from .transfers import block_copy_timings, disk_timings, page_cache_dropped
 
 Progress = Callable[[str, int, int], None]  # (what was just measured, units done, units in all)
 DTYPES = {"cpu": torch.float32, "cuda": torch.bfloat16}  # what the runtime serves with on each device
+
+
+def _pool_tokens(decode: list[tuple[int, int]], mixed: list[tuple[int, int, int]], prefill: list[tuple[int, int]],
+                 steps: int, block_size: int) -> int:
+    """KV tokens the largest of these points holds at once, with room for block rounding and growth."""
+    grow = [b * (c + steps + b * c // 4096 + block_size) for b, c in decode]
+    grow += [b * (c + steps + b * c // 4096 + block_size) + n + block_size for b, c, n in mixed]
+    return max(grow + [n + k + block_size for n, k in prefill]) + 64 * block_size
 
 
 @dataclass(frozen=True)
@@ -47,11 +69,21 @@ class Grid:
     disk_bytes: tuple[int, ...]
     transfer_repeats: int
     idle_s: float  # idle power measurement, where a meter exists
+    # quantized KV (keys and values at the same bits): these (batch, context) and (chunk, cached) points again,
+    # as whole steps at each of step_bits and as the attention kernel at each of kernel_bits
+    quant_decode: tuple[tuple[int, int], ...]
+    quant_prefill: tuple[tuple[int, int], ...]
+    step_bits: tuple[int, ...]
+    kernel_bits: tuple[int, ...]
+    quantize_blocks: tuple[int, ...]  # quantize-on-append: full blocks per call, at each of kernel_bits
 
     def __post_init__(self) -> None:
-        for chunk, cached in self.prefill:
+        for chunk, cached in self.prefill + self.quant_prefill:
             if cached % chunk:
                 raise ValueError(f"prefill point ({chunk}, {cached}): cached tokens must be a multiple of the chunk")
+        for bits in self.step_bits + self.kernel_bits:
+            if bits not in QUANT_BITS:
+                raise ValueError(f"quantized grid: {bits} bits is not one of {QUANT_BITS}")
 
     def decode(self) -> list[tuple[int, int]]:
         return [(b, c) for b in self.decode_batches for c in self.decode_contexts
@@ -59,16 +91,26 @@ class Grid:
 
     def units(self) -> int:
         """Progress units: one per grid point, kernel case, transfer stage and the power figure."""
-        steps = len(self.decode()) + len(self.prefill) + len(self.mixed)
-        return steps + len(self.overhead_batches) + len(self.decode()) + len(self.prefill) + 2 + 1
+        plain = len(self.decode()) + len(self.prefill)
+        quant = len(self.quant_decode) + len(self.quant_prefill)
+        steps = plain + len(self.mixed) + len(self.step_bits) * quant
+        kernels = plain + len(self.kernel_bits) * (quant + len(self.quantize_blocks))
+        return steps + len(self.overhead_batches) + kernels + 2 + 1
 
     def pool_tokens(self, block_size: int) -> int:
-        """KV tokens the largest grid point holds at once, with room for block rounding and growth."""
-        steps = self.warmup + self.max_repeats + 8
-        decode = [b * (c + steps + b * c // 4096 + block_size) for b, c in self.decode()]
-        mixed = [b * (c + steps + b * c // 4096 + block_size) + n + block_size for b, c, n in self.mixed]
-        prefill = [n + k + block_size for n, k in self.prefill]
-        return max(decode + mixed + prefill) + 64 * block_size
+        """KV tokens the largest 16-bit grid point holds at once, with room for block rounding and growth."""
+        return _pool_tokens(self.decode(), list(self.mixed), list(self.prefill), self.warmup + self.max_repeats + 8,
+                            block_size)
+
+    def quant_pool_tokens(self, block_size: int) -> int:
+        """The same for the quantized step points."""
+        return _pool_tokens(list(self.quant_decode), [], list(self.quant_prefill), self.warmup + self.max_repeats + 8,
+                            block_size)
+
+    def quant_seqs(self) -> int:
+        """Sequences a quantized step point runs at once (each needs a full-precision ring slot), with room
+        for one that finishes while the next starts."""
+        return max([b for b, _ in self.quant_decode] + [1]) + 2
 
 
 FULL_GRID = Grid(
@@ -78,23 +120,28 @@ FULL_GRID = Grid(
     warmup=2, repeats=5, max_repeats=25, min_time_s=1.0,
     overhead_batches=(1, 4, 16, 64, 256), overhead_repeats=30, kernel_repeats=10,
     copy_blocks=(1, 2, 4, 8, 16, 32, 64), disk_bytes=tuple(4096 * 4 ** i for i in range(8)),
-    transfer_repeats=5, idle_s=2.0)
+    transfer_repeats=5, idle_s=2.0,
+    quant_decode=((1, 512), (4, 2048), (16, 128), (16, 1024), (64, 512)),
+    quant_prefill=((64, 0), (512, 0), (64, 1536), (256, 512)),
+    step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(1, 16, 64, 256, 1024))
 
 QUICK_GRID = Grid(
     decode_batches=(1, 2, 4, 8, 16, 32, 64), decode_contexts=(64, 512, 2048), max_decode_kv_tokens=16384,
     prefill=((32, 0), (256, 0), (128, 256), (32, 512), (256, 512)), mixed=((4, 256, 64), (16, 1024, 128)),
     warmup=1, repeats=3, max_repeats=10, min_time_s=0.3,
     overhead_batches=(1, 16, 128), overhead_repeats=15, kernel_repeats=5,
-    copy_blocks=(1, 4, 16, 64), disk_bytes=(64 << 10, 1 << 20, 4 << 20, 16 << 20), transfer_repeats=5, idle_s=1.0)
+    copy_blocks=(1, 4, 16, 64), disk_bytes=(64 << 10, 1 << 20, 4 << 20, 16 << 20), transfer_repeats=5, idle_s=1.0,
+    quant_decode=((4, 512), (16, 1024), (64, 256)), quant_prefill=((256, 0), (32, 512)),
+    step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(16, 256))
 
 
 def held_out_mask(points: list[StepPoint], every: int = 3) -> list[bool]:
-    """Every ``every``-th interior point of each kind (strictly inside the grid on every axis): the fit
-    is checked on interpolation, never on the edges it would have to extrapolate to."""
+    """Every ``every``-th interior point of each kind and bitwidth (strictly inside its grid on every other
+    axis): the fit is checked on interpolation, never on the edges it would have to extrapolate to."""
     mask = [False] * len(points)
-    for kind in {p.kind for p in points}:
-        members = [i for i, p in enumerate(points) if p.kind == kind]
-        axes = {axis: [points[i].grid[axis] for i in members] for axis in points[members[0]].grid}
+    for group in dict.fromkeys((p.kind, kv_bits(p.grid)) for p in points):
+        members = [i for i, p in enumerate(points) if (p.kind, kv_bits(p.grid)) == group]
+        axes = {axis: [points[i].grid[axis] for i in members] for axis in points[members[0]].grid if axis != "bits"}
         interior = [i for i in members
                     if all(min(axes[a]) < points[i].grid[a] < max(axes[a]) for a in axes)]
         for i in interior[::every]:
@@ -112,17 +159,46 @@ class _Tracker:
             self.progress(label, self.done, self.total)
 
 
-def _measure_steps(bench: StepBench, grid: Grid, tick: _Tracker) -> list[StepPoint]:
+def _bench(runtime: Runtime, grid: Grid) -> StepBench:
+    return StepBench(runtime, warmup=grid.warmup, repeats=grid.repeats, max_repeats=grid.max_repeats,
+                     min_time_s=grid.min_time_s)
+
+
+def _grid_steps(bench: StepBench, decode, prefill, mixed, tick: _Tracker) -> list[StepPoint]:
     points = []
-    for batch, context in grid.decode():
+    tag = "" if bench.bits == 16 else f", {bench.bits}-bit KV"
+    for batch, context in decode:
         points.append(bench.decode(batch, context))
-        tick(f"decode step: batch {batch}, context {context}")
-    for chunk, cached in grid.prefill:
+        tick(f"decode step: batch {batch}, context {context}{tag}")
+    for chunk, cached in prefill:
         points.append(bench.prefill(chunk, cached))
-        tick(f"prefill step: chunk {chunk}, cached {cached}")
-    for batch, context, chunk in grid.mixed:
+        tick(f"prefill step: chunk {chunk}, cached {cached}{tag}")
+    for batch, context, chunk in mixed:
         points.append(bench.mixed(batch, context, chunk))
-        tick(f"mixed step: batch {batch}, context {context}, chunk {chunk}")
+        tick(f"mixed step: batch {batch}, context {context}, chunk {chunk}{tag}")
+    return points
+
+
+def quantized_pool(runtime: Runtime, grid: Grid, bits: int) -> KVConfig:
+    """``runtime``'s config with ``bits``-bit keys and values and a device pool that holds the quantized
+    step points (their blocks at those bits plus every sequence's full-precision ring)."""
+    spec, bs, itemsize = runtime.spec, runtime.store.block_size, runtime.model.dtype.itemsize
+    config = runtime.config.with_knobs({"bitwidth.key_bits": bits, "bitwidth.value_bits": bits,
+                                        "batching.max_num_seqs": grid.quant_seqs()})
+    blocks = -(-grid.quant_pool_tokens(bs) // bs)
+    pool = blocks * kv_block_bytes(spec, bs, itemsize, config) + ring_bytes(config, spec, itemsize)
+    return config.with_knobs({"offload.device_kv_bytes": pool})
+
+
+def _measure_steps(bench: StepBench, grid: Grid, tick: _Tracker) -> list[StepPoint]:
+    """The 16-bit grid on ``bench``'s runtime, then the quantized points on the same model with a KV store
+    at each of the grid's step bits (one store at a time: each is dropped before the next is built)."""
+    points = _grid_steps(bench, grid.decode(), grid.prefill, grid.mixed, tick)
+    for bits in grid.step_bits:
+        quantized = bench.runtime.with_config(quantized_pool(bench.runtime, grid, bits))
+        fill_kv(quantized)
+        points += _grid_steps(_bench(quantized, grid), grid.quant_decode, grid.quant_prefill, (), tick)
+        del quantized
     mask = held_out_mask(points)
     return [StepPoint(p.kind, p.grid, p.shape, p.timing, held) for p, held in zip(points, mask)]
 
@@ -141,14 +217,31 @@ def _overhead(bench: StepBench, grid: Grid, tick: _Tracker) -> Measured:
     return _linear(("fixed", "seqs"), points, lambda p: [1.0, p.grid["batch"]])
 
 
+def _kernel_args(runtime: Runtime, grid: Grid, tick: _Tracker) -> dict:
+    return dict(spec=runtime.spec, block_size=runtime.store.block_size, dtype=runtime.model.dtype,
+                device=runtime.model.device, warmup=2, repeats=grid.kernel_repeats,
+                min_time_s=grid.min_time_s / 4, tick=tick)
+
+
 def _attention(runtime: Runtime, grid: Grid, tick: _Tracker) -> Measured:
-    spec, store = runtime.spec, runtime.store
+    args = _kernel_args(runtime, grid, tick)
     with torch.inference_mode():
-        points = attention_timings(spec, store.block_size, runtime.model.dtype, runtime.model.device,
-                                   decode=grid.decode(), prefill=grid.prefill, warmup=2,
-                                   repeats=grid.kernel_repeats, min_time_s=grid.min_time_s / 4, tick=tick)
-    per_layer_bytes = store.block_bytes // store.block_size // spec.n_layers
-    return _linear(ATTENTION_FEATURES, points, lambda p: attention_features(p, per_layer_bytes))
+        points = attention_timings(**args, decode=grid.decode(), prefill=grid.prefill)
+        points += attention_timings(**args, decode=grid.quant_decode, prefill=grid.quant_prefill,
+                                    bits=grid.kernel_bits)
+    spec, bs, itemsize = runtime.spec, runtime.store.block_size, runtime.model.dtype.itemsize
+    return _linear(ATTENTION_FEATURES, points, lambda p: attention_features(p, spec, bs, itemsize))
+
+
+def _quantize(runtime: Runtime, grid: Grid, tick: _Tracker) -> Measured | None:
+    """Quantize-on-append of one layer (None when the grid measures no quantized bits)."""
+    if not (grid.kernel_bits and grid.quantize_blocks):
+        return None
+    with torch.inference_mode():
+        points = quantize_timings(**_kernel_args(runtime, grid, tick), blocks=grid.quantize_blocks,
+                                  bits=grid.kernel_bits)
+    spec, bs = runtime.spec, runtime.store.block_size
+    return _linear(QUANTIZE_FEATURES, points, lambda p: quantize_features(p, spec, bs))
 
 
 def _transfers(runtime: Runtime, grid: Grid, disk_dir: Path | None, tick: _Tracker) -> dict[str, Measured]:
@@ -183,8 +276,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
     device = runtime.model.device
     tick = _Tracker(grid.units(), progress)
     fill_kv(runtime)
-    bench = StepBench(runtime, warmup=grid.warmup, repeats=grid.repeats, max_repeats=grid.max_repeats,
-                      min_time_s=grid.min_time_s)
+    bench = _bench(runtime, grid)
     meter = find_meter(device.type)
     if meter is None:
         steps = _measure_steps(bench, grid, tick)
@@ -194,6 +286,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
                              [p.held_out for p in steps])
     overhead = _overhead(bench, grid, tick)
     attention = _attention(runtime, grid, tick)
+    quantize = _quantize(runtime, grid, tick)
     transfers = _transfers(runtime, grid, disk_dir, tick)
     fingerprint = machine_fingerprint(device.type)
     power = (modeled_power(device.type, fingerprint.cpu_count) if meter is None
@@ -204,7 +297,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         quick=quick, kv_bytes_per_token=bench.kv_bytes_per_token, block_size=runtime.store.block_size,
         fingerprint=fingerprint, duration_s=time.perf_counter() - started, steps=tuple(steps),
         step_fit=step_fit, overhead=overhead, attention=attention, transfers=transfers, power=power,
-        notes=_notes(runtime, disk_dir))
+        notes=_notes(runtime, disk_dir), quantize=quantize)
 
 
 def _available_bytes(device: str) -> int | None:
@@ -242,9 +335,11 @@ def profile_model(model: str = "smollm2-135m", *, device: str = "cpu", quick: bo
     grid = grid or (QUICK_GRID if quick else FULL_GRID)
     spec, dtype = get_preset(model), DTYPES[device]
     block_size = KVConfig().prefix_reuse.block_size
-    bytes_per_token = spec.n_layers * 2 * spec.n_kv_heads * spec.head_dim * torch.empty((), dtype=dtype).element_size()
+    bytes_per_token = kv_traffic(KVConfig(), spec, dtype.itemsize).bytes_per_token
     pool_bytes = grid.pool_tokens(block_size) * bytes_per_token
-    _check_memory(model, dtype, pool_bytes, device)
+    # the quantized step points' store (fewer tokens at under 16 bits, plus rings) lives next to the 16-bit
+    # one: it is smaller than that one
+    _check_memory(model, dtype, 2 * pool_bytes, device)
     config = KVConfig().with_knobs({"offload.device_kv_bytes": pool_bytes})
     runtime = Runtime.from_preset(model, config, device=device, dtype=dtype)
     name = f"{device}-{model}" + ("-quick" if quick else "")

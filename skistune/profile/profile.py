@@ -4,7 +4,10 @@ load; comparing the fingerprint with this machine's imports torch.
 
 A file that cannot be read back (truncated, corrupted, a field missing or of the wrong type) raises
 ``ValueError`` naming the file and the field; one measured on another fingerprint warns and names what
-differs.
+differs. A file measured before quantized KV existed (no step points below 16 bits, no quantize-on-append
+kernel) still loads: its step costs extrapolate quantized KV from the bytes it reads, and
+`HardwareProfile.quantized_kv_note` says so (the simulator adds it to the notes of every config that
+quantizes KV).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from .cost import StepCostModel
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import FitQuality, LinearFit, StepFit, TransferFit
 from .power import POWER_SOURCES, PowerModel
-from .records import LINKS, GridPoint, StepPoint, entry, integer, items, number, text
+from .records import LINKS, GridPoint, StepPoint, entry, integer, items, kv_bits, number, text
 
 FORMAT = "skistune.hardware_profile"
 FORMAT_VERSION = 1
@@ -56,7 +59,7 @@ class HardwareProfile:
     device: str
     dtype: str
     quick: bool
-    kv_bytes_per_token: int  # at the KV store's dtype, over all layers: what `step_shape` needs
+    kv_bytes_per_token: int  # at 16 bits in the KV store's dtype, over all layers (checked by the simulator)
     block_size: int
     fingerprint: Fingerprint
     duration_s: float
@@ -67,6 +70,7 @@ class HardwareProfile:
     transfers: dict[str, Measured]  # per link: device_to_host, host_to_device, host_to_disk, disk_to_host
     power: PowerModel
     notes: tuple[str, ...] = ()
+    quantize: Measured | None = None  # quantize-on-append of one layer; None in files measured before it existed
 
     @property
     def step_cost(self) -> StepCostModel:
@@ -81,6 +85,20 @@ class HardwareProfile:
             raise ValueError(f"transfer link {link!r}: not in this profile (has {', '.join(self.transfers)})")
         return self.transfers[link].fit.time_s(nbytes)
 
+    @property
+    def measures_quantized_kv(self) -> bool:
+        """Whether the step fit saw steps with quantized KV (else its quantized-KV terms are zero)."""
+        return any(kv_bits(p.grid) != 16 for p in self.steps)
+
+    @property
+    def quantized_kv_note(self) -> str | None:
+        """What a prediction for quantized KV rests on, where it is not measured."""
+        if self.measures_quantized_kv:
+            return None
+        return (f"profile {self.name} has no quantized-KV measurements: the step time of 8/4/2-bit KV is "
+                "extrapolated from the bytes it reads, with (de)quantization taken as free; re-profile "
+                "(`skistune profile`) to measure it")
+
     def power_w(self, utilisation: float = 1.0) -> float:
         return self.power.power_w(utilisation)
 
@@ -88,6 +106,8 @@ class HardwareProfile:
         """Fits whose R² is below the threshold, as ``name (R² value)``."""
         fits = {"step": self.step_fit.train, "scheduler overhead": self.overhead.fit.quality,
                 "paged attention": self.attention.fit.quality}
+        if self.quantize is not None:
+            fits["quantize-on-append"] = self.quantize.fit.quality
         fits |= {f"transfer {link}": m.fit.quality for link, m in self.transfers.items()}
         return [f"{name} (R² {q.r2:.3f})" for name, q in fits.items() if q.flagged]
 
@@ -106,10 +126,16 @@ class HardwareProfile:
             "step": {"points": [_with_residual(p.to_dict(), p.timing.median_s, self.step_cost.predict_s(p.shape))
                                 for p in self.steps], "cost_model": self.step_cost.to_dict(),
                      "fit": _step_fit_dict(self.step_fit)},
-            "overhead": self.overhead.to_dict(), "kernels": {"paged_attention": self.attention.to_dict()},
+            "overhead": self.overhead.to_dict(), "kernels": self._kernels_dict(),
             "transfers": {link: m.to_dict() for link, m in self.transfers.items()},
             "power": {**self.power.to_dict(), "energy_j_per_token": self.energy_j_per_token()},
         }
+
+    def _kernels_dict(self) -> dict:
+        kernels = {"paged_attention": self.attention.to_dict()}
+        if self.quantize is not None:
+            kernels["quantize_append"] = self.quantize.to_dict()
+        return kernels
 
     @classmethod
     def from_dict(cls, data: Any) -> "HardwareProfile":
@@ -118,6 +144,7 @@ class HardwareProfile:
         if integer(data, "version", "profile") != FORMAT_VERSION:
             raise ValueError(f"version: {data['version']} is not {FORMAT_VERSION} (measure it again)")
         step = entry(data, "step", "profile")
+        kernels = entry(data, "kernels", "profile")
         return cls(
             name=text(data, "name", "profile"), model=text(data, "model", "profile"),
             device=text(data, "device", "profile", choices=DEVICES), dtype=text(data, "dtype", "profile"),
@@ -129,9 +156,11 @@ class HardwareProfile:
             steps=tuple(StepPoint.from_dict(p, f"step.points[{i}]")
                         for i, p in enumerate(items(step, "points", "step"))),
             step_fit=_read_step_fit(step), overhead=_read_measured(data, "overhead", _read_linear),
-            attention=_read_measured(entry(data, "kernels", "profile"), "paged_attention", _read_linear, "kernels"),
+            attention=_read_measured(kernels, "paged_attention", _read_linear, "kernels"),
             transfers=_read_transfers(data), power=_read_power(entry(data, "power", "profile")),
-            notes=tuple(str(n) for n in items(data, "notes", "profile", nonempty=False)))
+            notes=tuple(str(n) for n in items(data, "notes", "profile", nonempty=False)),
+            quantize=(_read_measured(kernels, "quantize_append", _read_linear, "kernels")
+                      if isinstance(kernels, dict) and "quantize_append" in kernels else None))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically (a temp file in the same folder, then renamed over ``path``)."""
@@ -265,11 +294,14 @@ def cached_profile_path(model: str, device: str, fingerprint: Fingerprint, folde
 def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder: Path | None = None,
                     progress=None) -> HardwareProfile:
     """The quick profile of this machine for ``model``: from the cache (one per fingerprint and model),
-    else measured now (`QUICK_GRID`: about 35 s on a 2-core CPU, model load included) and cached."""
+    else measured now (`QUICK_GRID`: about 35 s on a 2-core CPU before it measured quantized KV, which adds
+    a few step points and kernel cases) and cached."""
     path = cached_profile_path(model, device, machine_fingerprint(device), folder)
     if path.is_file():
         try:
-            return load_profile(path)
+            cached = load_profile(path)
+            if cached.measures_quantized_kv:  # an entry from before quantized KV is measured again, too
+                return cached
         except ValueError:
             pass  # a damaged cache entry is measured again and overwritten
     from .measure import (

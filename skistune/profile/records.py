@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.kv_layout import FULL_PRECISION_BITS
 from .cost import StepShape
 
 
@@ -88,6 +89,13 @@ class Timing:
 
 
 STEP_KINDS = ("decode", "prefill", "mixed")
+
+
+def kv_bits(grid: dict[str, int]) -> int:
+    """The KV bits (keys and values alike) a grid point was measured at: its ``bits`` coordinate, 16 in
+    files measured before quantized KV existed (they have no such coordinate)."""
+    return grid.get("bits", FULL_PRECISION_BITS)
+
 LINKS = ("device_to_host", "host_to_device", "host_to_disk", "disk_to_host")
 
 
@@ -96,7 +104,7 @@ class StepPoint:
     """One grid point of whole ``Engine.step()`` timings: its coordinates, the step's shape, the time."""
 
     kind: str
-    grid: dict[str, int]  # decode: batch, context; prefill: chunk, cached; mixed: batch, context, chunk
+    grid: dict[str, int]  # decode: batch, context; prefill: chunk, cached; mixed: batch, context, chunk; + bits
     shape: StepShape
     timing: Timing
     held_out: bool = False  # kept out of the fit, to check it on points it has not seen

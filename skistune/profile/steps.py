@@ -7,6 +7,11 @@ its values, so a decode batch at 2048 tokens of context costs one real step, not
 sequence. The KV store is filled with random values once, so that the setup leaves no zeros (and no
 untouched pages) behind. The steps being measured run the real `ModelRunner` and are timed whole:
 schedule + execute + update, which is what the simulator predicts.
+
+A runtime whose KV is quantized measures the same way: its steps read packed blocks and rings, quantize
+the blocks they complete, and every grid point records its bits (``grid["bits"]``). Setup steps still
+claim each new sequence's full-precision ring slot, as the runner would, so that the measured step finds
+its sequences where a served sequence would be.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import numpy as np
 from ..config import KVConfig
 from ..runtime.block_manager import KVCacheManager
 from ..runtime.engine import Engine, WallClock
+from ..runtime.kv_layout import KVTraffic, kv_traffic
 from ..runtime.llm import Runtime
 from ..runtime.model_runner import ModelRunner
 from ..runtime.request import Request
@@ -34,20 +40,32 @@ class StepRecorder:
     """The profiler's executor: runs the real model on the steps it measures and records their shape;
     on setup steps it only returns a token for each sampling sequence."""
 
-    def __init__(self, runner: ModelRunner, kv_bytes_per_token: int, vocab_size: int) -> None:
+    def __init__(self, runner: ModelRunner, kv: KVTraffic, vocab_size: int) -> None:
         self.runner = runner
-        self.kv_bytes_per_token = kv_bytes_per_token
+        self.kv = kv
         self.vocab_size = vocab_size
         self.measure: Callable[[SchedulerOutput], bool] = lambda out: False
         self.shape: StepShape | None = None  # of the last step, if it ran the model
 
     def execute(self, out: SchedulerOutput, kv: KVCacheManager) -> dict[str, int]:
         if self.measure(out):
-            self.shape = step_shape(out, self.kv_bytes_per_token)
+            self.shape = step_shape(out, self.kv)
             return self.runner.execute(out, kv)
         self.shape = None
+        self._claim_rings(out, kv)
         return {s.seq.seq_id: hash((s.seq.seq_id, s.seq.num_tokens)) % self.vocab_size
                 for s in out.scheduled if s.samples}
+
+    def _claim_rings(self, out: SchedulerOutput, kv: KVCacheManager) -> None:
+        """What the runner does with ring slots on a step (quantized stores only): a sequence claims its slot
+        on its first step, at position 0 (a later first step would not be block-aligned: the runner
+        refuses those, as it never sees them when serving)."""
+        slots = self.runner.ring_slots
+        if slots is None:
+            return
+        slots.release_finished(kv)
+        for s in out.scheduled:
+            slots.get(s.seq.seq_id, s.start, self.runner.store.block_size)
 
 
 def fill_kv(runtime: Runtime) -> None:
@@ -62,9 +80,13 @@ class StepBench:
                  seed: int = 0) -> None:
         self.runtime = runtime
         store = runtime.store
-        self.kv_bytes_per_token = store.block_bytes // store.block_size  # at the store's real dtype
-        self.recorder = StepRecorder(ModelRunner(runtime.model, store), self.kv_bytes_per_token,
-                                     runtime.spec.vocab_size)
+        bits = runtime.config.bitwidth
+        if bits.key_bits != bits.value_bits or bits.layer_bits is not None:
+            raise ValueError("profiler: measures keys and values at the same bits in every layer")
+        self.bits = bits.key_bits
+        self.kv = kv_traffic(runtime.config, runtime.spec, store.dtype.itemsize)  # at the store's real dtype
+        self.kv_bytes_per_token = self.kv.bytes_per_token
+        self.recorder = StepRecorder(ModelRunner(runtime.model, store), self.kv, runtime.spec.vocab_size)
         self.warmup, self.repeats, self.max_repeats, self.min_time_s = warmup, repeats, max_repeats, min_time_s
         self.rng = np.random.default_rng(seed)
         self.device = runtime.model.device
@@ -126,7 +148,7 @@ class StepBench:
         self._add_decoders(engine, batch, context, self.warmup + self.max_repeats + 2)
         times_s, shapes = self._run(
             engine, lambda out: len(out.scheduled) == batch and out.num_batched_tokens == batch)
-        return self._point("decode", {"batch": batch, "context": context}, times_s, shapes)
+        return self._point("decode", {"batch": batch, "context": context, "bits": self.bits}, times_s, shapes)
 
     def prefill(self, chunk: int, cached: int) -> StepPoint:
         """A ``chunk``-token prefill chunk after ``cached`` tokens of the same prompt (a multiple of
@@ -140,7 +162,7 @@ class StepBench:
         times_s, shapes = self._run(
             engine, lambda out: len(out.scheduled) == 1 and out.scheduled[0].start == cached
             and out.scheduled[0].num_new_tokens == chunk, one_request_at_a_time)
-        return self._point("prefill", {"chunk": chunk, "cached": cached}, times_s, shapes)
+        return self._point("prefill", {"chunk": chunk, "cached": cached, "bits": self.bits}, times_s, shapes)
 
     def mixed(self, batch: int, context: int, chunk: int) -> StepPoint:
         """``batch`` decodes at ``context`` plus one whole ``chunk``-token prompt, in one step."""
@@ -156,7 +178,8 @@ class StepBench:
         times_s, shapes = self._run(
             engine, lambda out: len(out.scheduled) == batch + 1 and out.num_batched_tokens == batch + chunk,
             prompt_when_all_decode)
-        return self._point("mixed", {"batch": batch, "context": context, "chunk": chunk}, times_s, shapes)
+        return self._point("mixed", {"batch": batch, "context": context, "chunk": chunk, "bits": self.bits},
+                           times_s, shapes)
 
     def overhead(self, batch: int, repeats: int) -> GridPoint:
         """Engine steps of ``batch`` decoding sequences with no model: the runtime's scheduling and

@@ -3,6 +3,7 @@ that `default_profile` caches per fingerprint and model."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -69,6 +70,13 @@ def test_a_damaged_cache_entry_is_measured_again(tmp_path, fake_measure):
     path.write_text('{"format": "skistune.hardware_pro')
     default_profile("smollm2-135m", "cpu", folder=tmp_path)
     assert len(fake_measure) == 1 and load_profile(path).name == "cpu-tiny"
+
+
+def test_a_cache_entry_from_before_quantized_kv_is_measured_again(tmp_path, fake_measure, tiny_profile):
+    path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"), tmp_path)
+    old = replace(tiny_profile, steps=tuple(p for p in tiny_profile.steps if p.grid["bits"] == 16))
+    old.save(path)
+    assert default_profile("smollm2-135m", "cpu", folder=tmp_path) == tiny_profile and len(fake_measure) == 1
 
 
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):

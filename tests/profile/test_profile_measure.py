@@ -1,39 +1,53 @@
-"""A profile measured on a tiny random Llama: every grid point is there with the step shape it asked for,
-the fits have what they need, and the file round-trips exactly."""
+"""A profile measured on a tiny random Llama: every grid point is there (16-bit and quantized) with the step
+shape it asked for, the fits have what they need, and the file round-trips exactly."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from profile_tiny import TINY_GRID, TINY_KV_BYTES_PER_TOKEN
+from profile_tiny import TINY, TINY_GRID, TINY_KV_BYTES_PER_TOKEN
 
+from skistune.config import KVConfig
 from skistune.profile import LINKS, FitQuality, HardwareProfile, load_profile
 from skistune.profile.cost import StepShape
 from skistune.profile.measure import Grid, held_out_mask
-from skistune.profile.records import StepPoint, Timing
+from skistune.profile.records import StepPoint, Timing, kv_bits
+from skistune.runtime.kv_layout import kv_traffic
+
+
+def _traffic(bits: int):
+    return kv_traffic(KVConfig().with_knobs({"bitwidth.key_bits": bits, "bitwidth.value_bits": bits}), TINY, 4)
 
 
 def test_every_grid_point_is_measured_in_order(tiny_profile: HardwareProfile):
     grids = [(p.kind, p.grid) for p in tiny_profile.steps]
-    expected = [("decode", {"batch": b, "context": c}) for b, c in TINY_GRID.decode()]
-    expected += [("prefill", {"chunk": n, "cached": k}) for n, k in TINY_GRID.prefill]
-    expected += [("mixed", {"batch": b, "context": c, "chunk": n}) for b, c, n in TINY_GRID.mixed]
+    expected = [("decode", {"batch": b, "context": c, "bits": 16}) for b, c in TINY_GRID.decode()]
+    expected += [("prefill", {"chunk": n, "cached": k, "bits": 16}) for n, k in TINY_GRID.prefill]
+    expected += [("mixed", {"batch": b, "context": c, "chunk": n, "bits": 16}) for b, c, n in TINY_GRID.mixed]
+    for bits in TINY_GRID.step_bits:
+        expected += [("decode", {"batch": b, "context": c, "bits": bits}) for b, c in TINY_GRID.quant_decode]
+        expected += [("prefill", {"chunk": n, "cached": k, "bits": bits}) for n, k in TINY_GRID.quant_prefill]
     assert grids == expected
     assert tiny_profile.kv_bytes_per_token == TINY_KV_BYTES_PER_TOKEN
     assert tiny_profile.block_size == 16 and tiny_profile.dtype == "float32" and tiny_profile.device == "cpu"
 
 
 def test_measured_steps_have_the_shape_of_their_grid_point(tiny_profile: HardwareProfile):
-    kvb = TINY_KV_BYTES_PER_TOKEN
     for p in tiny_profile.steps:
-        s, g = p.shape, p.grid
+        s, g, kv = p.shape, p.grid, _traffic(kv_bits(p.grid))
+        kvb, ring, q = kv.bytes_per_token, kv.ring_bytes_per_seq, kv.quantized_elements_per_token
         if p.kind == "decode":  # context grows by one token a step: at least the prompt plus one
-            assert (s.num_seqs, s.num_tokens, s.num_samples, s.prefill_pairs) == (g["batch"],) * 3 + (0,)
-            assert g["batch"] * (g["context"] + 1) * kvb <= s.decode_kv_bytes <= g["batch"] * (g["context"] + 16) * kvb
+            b = g["batch"]
+            assert (s.num_seqs, s.num_tokens, s.num_samples, s.prefill_pairs) == (b,) * 3 + (0,)
+            assert b * (g["context"] + 1) * kvb <= s.decode_kv_bytes - b * ring <= b * (g["context"] + 16) * kvb
+            assert s.decode_dequant_elements * kvb == (s.decode_kv_bytes - b * ring) * q
+            assert s.quantize_elements == b * q
         elif p.kind == "prefill":
+            context = g["cached"] + g["chunk"]
             assert s == StepShape(num_tokens=g["chunk"], num_seqs=1, decode_kv_bytes=0,
-                                  prefill_pairs=g["chunk"] * (g["cached"] + g["chunk"]), num_samples=1,
-                                  prefill_kv_bytes=(g["cached"] + g["chunk"]) * kvb)
+                                  prefill_pairs=g["chunk"] * context, num_samples=1,
+                                  prefill_kv_bytes=context * kvb + ring, prefill_dequant_elements=context * q,
+                                  quantize_elements=g["chunk"] * q)
         else:
             batch, chunk = g["batch"], g["chunk"]
             assert (s.num_seqs, s.num_tokens, s.num_samples) == (batch + 1, batch + chunk, batch + 1)
@@ -49,8 +63,8 @@ def test_timings_are_medians_of_enough_repeats(tiny_profile: HardwareProfile):
 
 def test_held_out_points_are_interior_and_kept_out_of_the_fit(tiny_profile: HardwareProfile):
     held = [p for p in tiny_profile.steps if p.held_out]
-    # interior: batch 2 or 4 at context 64 (decode); no prefill or mixed point is inside its grid
-    assert [(p.kind, p.grid) for p in held] == [("decode", {"batch": 2, "context": 64})]
+    # interior: batch 2 or 4 at context 64 (decode); no prefill, mixed or quantized point is inside its grid
+    assert [(p.kind, p.grid) for p in held] == [("decode", {"batch": 2, "context": 64, "bits": 16})]
     assert tiny_profile.step_fit.held_out.points == len(held)
     assert tiny_profile.step_fit.train.points == len(tiny_profile.steps) - len(held)
 
@@ -61,14 +75,19 @@ def test_held_out_mask_takes_every_third_interior_point_of_each_kind():
 
     points = [point("decode", batch=b, context=c) for b in (1, 2, 4, 8, 16, 32, 64) for c in (32, 128, 512)]
     points += [point("prefill", chunk=n, cached=k) for n in (16, 64, 256) for k in (0, 512, 1024)]
+    points += [point("decode", batch=b, context=c, bits=4) for b in (1, 4, 16) for c in (32, 128, 512)]
     held = [(p.kind, p.grid) for p, m in zip(points, held_out_mask(points)) if m]
     assert held == [("decode", {"batch": 2, "context": 128}), ("decode", {"batch": 16, "context": 128}),
-                    ("prefill", {"chunk": 64, "cached": 512})]
+                    ("prefill", {"chunk": 64, "cached": 512}), ("decode", {"batch": 4, "context": 128, "bits": 4})]
 
 
 def test_other_stages_are_measured(tiny_profile: HardwareProfile):
     assert [p.grid["batch"] for p in tiny_profile.overhead.points] == list(TINY_GRID.overhead_batches)
-    assert len(tiny_profile.attention.points) == len(TINY_GRID.decode()) + len(TINY_GRID.prefill)
+    quantized = len(TINY_GRID.kernel_bits) * (len(TINY_GRID.quant_decode) + len(TINY_GRID.quant_prefill))
+    assert len(tiny_profile.attention.points) == len(TINY_GRID.decode()) + len(TINY_GRID.prefill) + quantized
+    assert {kv_bits(p.grid) for p in tiny_profile.attention.points} == {16, 8, 4, 2}
+    assert [(p.grid["bits"], p.grid["blocks"]) for p in tiny_profile.quantize.points] == [
+        (b, n) for b in TINY_GRID.kernel_bits for n in TINY_GRID.quantize_blocks]
     assert sorted(tiny_profile.transfers) == sorted(LINKS)
     for link, measured in tiny_profile.transfers.items():
         assert measured.fit.bytes_per_s > 0 and measured.fit.latency_s >= 0
@@ -95,7 +114,9 @@ def test_file_records_residuals_fits_and_energy(tiny_profile: HardwareProfile, t
     assert point["rel_error"] == pytest.approx(point["predicted_s"] / point["timing"]["median_s"] - 1)
     assert set(data["step"]["fit"]) == {"knee_loss", "train", "held_out"}
     assert data["step"]["fit"]["train"]["flagged"] == (data["step"]["fit"]["train"]["r2"] < 0.95)
-    assert len(data["power"]["energy_j_per_token"]) == len(TINY_GRID.decode())
+    decode_points = len(TINY_GRID.decode()) + len(TINY_GRID.step_bits) * len(TINY_GRID.quant_decode)
+    assert len(data["power"]["energy_j_per_token"]) == decode_points
+    assert set(data["kernels"]) == {"paged_attention", "quantize_append"}
     assert "rel_error" in data["transfers"]["host_to_disk"]["points"][0]
 
 
@@ -108,3 +129,10 @@ def test_r2_below_the_threshold_is_flagged():
 def test_prefill_points_must_fall_on_chunk_boundaries():
     with pytest.raises(ValueError, match="multiple of the chunk"):
         Grid(**{**TINY_GRID.__dict__, "prefill": ((64, 32),)})
+    with pytest.raises(ValueError, match="multiple of the chunk"):
+        Grid(**{**TINY_GRID.__dict__, "quant_prefill": ((64, 32),)})
+
+
+def test_quantized_grid_bits_are_the_runtimes():
+    with pytest.raises(ValueError, match="3 bits is not one of"):
+        Grid(**{**TINY_GRID.__dict__, "step_bits": (3,)})

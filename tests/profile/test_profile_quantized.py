@@ -1,0 +1,82 @@
+"""Quantized KV in profiles: a measured profile has the bitwidth points and says nothing is extrapolated;
+a profile measured before quantized KV existed (the shipped ones, and any such file) still loads, with
+zero quantized-KV terms and a note that says its quantized KV is extrapolated and to re-profile."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from skistune.config import KVConfig
+from skistune.profile import FingerprintWarning, HardwareProfile, load_profile
+from skistune.profile.cost import ALL_FEATURES, FEATURES, QUANT_FEATURES
+from skistune.profile.records import kv_bits
+from skistune.runtime.request import Request
+from skistune.simulator import simulate, target_from_profile
+
+PROFILES = sorted((Path(__file__).resolve().parents[2] / "profiles").glob("*.json"))
+HARDWARE_PROFILES = [p for p in PROFILES if not p.name.startswith("quality-")]
+
+
+def test_a_measured_profile_has_the_bitwidth_points_and_no_note(tiny_profile: HardwareProfile):
+    assert tiny_profile.measures_quantized_kv and tiny_profile.quantized_kv_note is None
+    assert {kv_bits(p.grid) for p in tiny_profile.steps} == {16, 8, 4}
+    assert tiny_profile.step_cost.to_dict()["features"] == list(ALL_FEATURES)
+    assert tiny_profile.quantize.fit.names == ("fixed", "elements")
+
+
+def _as_measured_before_quantized_kv(data: dict) -> None:
+    """The file as the profiler wrote it before quantized KV: 16-bit points only, no bits coordinates, nine
+    features, no quantize-on-append kernel."""
+    step = data["step"]
+    step["points"] = [p for p in step["points"] if p["grid"]["bits"] == 16]
+    for p in step["points"]:
+        del p["grid"]["bits"]
+        for field in QUANT_FEATURES:
+            del p["shape"][field]
+    model = step["cost_model"]
+    model["features"], model["coef"] = list(FEATURES), model["coef"][:len(FEATURES)]
+    attention = data["kernels"]["paged_attention"]
+    attention["points"] = [p for p in attention["points"] if p["grid"].pop("bits") == 16]
+    del data["kernels"]["quantize_append"]
+
+
+def test_an_old_profile_loads_with_zero_quantized_terms_and_a_note(edited, tiny_profile: HardwareProfile):
+    old = load_profile(edited(_as_measured_before_quantized_kv), check_fingerprint=False)
+    assert not old.measures_quantized_kv and old.quantize is None
+    assert old.step_cost.coef == tiny_profile.step_cost.coef  # the nine terms as written
+    assert old.step_cost.quant_coef == (0.0,) * len(QUANT_FEATURES)
+    assert "extrapolated" in old.quantized_kv_note and "re-profile" in old.quantized_kv_note
+
+
+def test_unknown_cost_features_are_still_an_error(edited):
+    def edit(data):
+        data["step"]["cost_model"]["features"] = list(FEATURES[:-1]) + ["hbm_bytes"]
+
+    with pytest.raises(ValueError, match="step cost model: features"):
+        load_profile(edited(edit), check_fingerprint=False)
+
+
+@pytest.fixture(params=HARDWARE_PROFILES, ids=lambda p: p.name)
+def shipped_profile(request) -> HardwareProfile:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FingerprintWarning)
+        return load_profile(request.param)
+
+
+def test_shipped_profiles_load_and_say_whether_quantized_kv_is_measured(shipped_profile: HardwareProfile):
+    measured = any(kv_bits(p.grid) != 16 for p in shipped_profile.steps)
+    assert shipped_profile.measures_quantized_kv == measured
+    assert (shipped_profile.quantized_kv_note is None) == measured
+    target = target_from_profile(shipped_profile)
+    assert target.kv_itemsize == {"float32": 4, "bfloat16": 2}[shipped_profile.dtype]
+
+
+def test_a_quantized_config_simulated_on_an_old_profile_carries_the_note(shipped_profile: HardwareProfile):
+    target = target_from_profile(shipped_profile)
+    reqs = [Request("a", list(range(3, 200)), 4)]
+    int4 = KVConfig().with_knobs({"bitwidth.key_bits": 4, "bitwidth.value_bits": 4, "batching.max_num_seqs": 8})
+    note = shipped_profile.quantized_kv_note
+    assert (note in simulate(int4, reqs, target).notes) == (note is not None)
+    assert note is None or note not in simulate(KVConfig(), reqs, target).notes
