@@ -60,6 +60,10 @@ class ModelRunner:
         self.eviction = eviction
         self.policy = make_policy(eviction)
         self.stats = EvictionStats(self.policy, model.device) if self.policy is not None else None
+        # teacher-forced scoring (perplexity): with keep_logits, every computed token's logits of the last
+        # step, per sequence ``[num_new_tokens, vocab]``, not only the sampled ones
+        self.keep_logits = False
+        self.step_logits: dict[str, torch.Tensor] = {}
 
     def _ring_info(self, out: SchedulerOutput, kv: KVCacheManager) -> RingInfo | None:
         if self.ring_slots is None:
@@ -73,7 +77,10 @@ class ModelRunner:
         if self.stats is not None:
             self._forget(out)
         self._copy_blocks(out)
-        logits, meta = self._forward(out, kv)
+        sample_rows, logits, meta = self._forward(out, kv)
+        if self.keep_logits:
+            self._keep_logits(out, logits)
+            logits = logits[sample_rows]
         if meta.want_stats:
             self._observe(out, meta)
         for c in out.compactions:
@@ -82,9 +89,10 @@ class ModelRunner:
         return dict(zip(sampling_ids, logits.argmax(-1).tolist()))
 
     def _forward(self, out: SchedulerOutput, kv: KVCacheManager):
-        """The forward pass: logits of the sampling sequences' last tokens (of one row when none samples),
-        and the step's attention metadata (with the statistics it collected)."""
-        token_ids, positions, tables, query_lens, context_lens, logit_rows = [], [], [], [], [], []
+        """The forward pass: the rows of the sampling sequences' last tokens, the logits of those rows (of
+        every row with ``keep_logits``; of one row when none samples), and the step's attention metadata
+        (with the statistics it collected)."""
+        token_ids, positions, tables, query_lens, context_lens, sample_rows = [], [], [], [], [], []
         for s in out.scheduled:
             end = s.start + s.num_new_tokens
             token_ids.extend(s.seq.token_ids[s.start:end])
@@ -93,9 +101,9 @@ class ModelRunner:
             query_lens.append(s.num_new_tokens)
             context_lens.append(s.kv_start + s.num_new_tokens)
             if s.samples:
-                logit_rows.append(len(token_ids) - 1)
-        if not logit_rows:  # a step of prefill chunks that all end mid-prompt: KV only
-            logit_rows = [len(token_ids) - 1]
+                sample_rows.append(len(token_ids) - 1)
+        # (a step of prefill chunks that all end mid-prompt needs no logits: one row keeps shapes simple)
+        logit_rows = list(range(len(token_ids))) if self.keep_logits else sample_rows or [len(token_ids) - 1]
         device = self.model.device
         meta = build_attention_metadata(tables, query_lens, context_lens, self.store.block_size,
                                         self._ring_info(out, kv), device,
@@ -103,7 +111,11 @@ class ModelRunner:
                                         scored_queries=self._scored_queries(out))
         logits = self.model.forward(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
                                     self.store, meta, torch.tensor(logit_rows, device=device))
-        return logits, meta
+        return sample_rows, logits, meta
+
+    def _keep_logits(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
+        self.step_logits = dict(zip([s.seq.seq_id for s in out.scheduled],
+                                    logits.split([s.num_new_tokens for s in out.scheduled])))
 
     # ---- eviction ---------------------------------------------------------------------------------
     def _scored_queries(self, out: SchedulerOutput) -> list[int] | None:

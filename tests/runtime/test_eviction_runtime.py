@@ -247,3 +247,18 @@ def test_an_evicting_engine_needs_the_layer_count():
     cfg = evicting().config
     with pytest.raises(ValueError, match="n_layers"):
         Engine(cfg, num_blocks=8, block_bytes=1, max_context=64, executor=None, clock=VirtualClock())
+
+
+def test_keep_logits_gives_every_computed_positions_logits():
+    """Teacher-forced scoring (benchmarks/quality_kv.py): each step's logits of every computed token."""
+    rt = tiny_runtime(**{"batching.chunk_size": 4})
+    eng = rt.new_engine()
+    eng.executor.keep_logits = True
+    ids = prompts(1, [10])[0]
+    eng.add_request(Request("a", ids, 3))
+    rows = []
+    while eng.scheduler.has_work():
+        eng.step()
+        rows.append(eng.executor.step_logits["a"])
+    tokens = ids + eng.records[0].output_token_ids
+    torch.testing.assert_close(torch.cat(rows), dense_logits(TINY, tiny_weights(), tokens[:-1]), atol=1e-4, rtol=0)

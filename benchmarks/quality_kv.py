@@ -1,0 +1,181 @@
+"""Perplexity of SmolLM2-135M through the runtime's own KV path, per KV config: quantized KV and eviction.
+
+Text: the module docstrings of a fixed list of Python standard-library modules (`MODULES`, those with a
+docstring, in that order), joined by blank lines, tokenized, and cut into consecutive windows of
+``--window-tokens`` (1,500) tokens; the first ``--windows`` are scored. Docstrings change between Python
+versions, so the version is printed with the figures.
+
+Each window is served by the real engine (scheduler, eviction budget, block accounting, model runner,
+paged KV store at the config's bits) and teacher-forced: its first ``window - continuation`` tokens are the
+prompt, computed by chunked prefill in chunks of ``--chunk`` (64) tokens; the last ``--continuation``
+(128) are then fed one per decode step, as if generated (the executor "samples" the text's next token).
+Every computed position's logits are kept (`ModelRunner.keep_logits`), so each position's next token is
+scored: ``ppl`` over the whole window, ``last`` over the last ``continuation`` tokens.
+
+Eviction happens while the text is consumed: a sequence is compacted to its budget after every step that
+takes it a block past it, prefill chunks included, so later chunks attend to what the policy kept.
+SnapKV is the exception by design: it keeps the whole prompt until the prompt's last token is computed
+(its observation window is the prompt's end), so over the prompt its perplexity equals full precision;
+its eviction shows only in ``last``, the tokens after the compressed prompt. Budgets are fixed token
+counts, the given fraction of the window (25%: 375 tokens), with the config's defaults otherwise
+(sink_tokens 4, recent_window 64; keys and values at the same bits, group 32, no full-precision window).
+
+    python benchmarks/quality_kv.py [--windows 8] [--window-tokens 1500] [--chunk 64] [--continuation 128]
+                                    [--only full,int8] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from skistune.config import KVConfig
+from skistune.runtime.llm import Runtime
+from skistune.runtime.request import Request
+
+MODULES = (
+    "argparse", "ast", "asyncio", "base64", "bdb", "bisect", "calendar", "cmd", "codecs", "collections",
+    "concurrent.futures", "configparser", "contextlib", "copy", "csv", "datetime", "decimal", "difflib",
+    "doctest", "email", "ftplib", "functools", "getopt", "gettext", "glob", "gzip", "heapq", "hmac", "html",
+    "http.client", "http.cookiejar", "http.server", "imaplib", "inspect", "ipaddress", "json", "locale",
+    "logging", "lzma", "mailbox", "mimetypes", "netrc", "numbers", "operator", "optparse", "os", "pdb",
+    "pickle", "pickletools", "pkgutil", "platform", "plistlib", "poplib", "pprint", "pydoc", "queue", "quopri",
+    "random", "re", "reprlib", "sched", "secrets", "selectors", "shelve", "shlex", "shutil", "smtplib",
+    "socket", "socketserver", "statistics", "string", "struct", "subprocess", "symtable", "tarfile",
+    "tempfile", "textwrap", "threading", "timeit", "tokenize", "trace", "traceback", "types", "typing",
+    "unittest", "urllib.parse", "urllib.request", "uuid", "warnings", "wave", "weakref", "xml.dom.minidom",
+    "zipfile", "zipimport",
+)
+KV_POOL_BYTES = 128 << 20  # a 1,500-token window of SmolLM2 in fp32 is 69 MB of KV
+
+
+def stdlib_text() -> tuple[str, list[str]]:
+    """The joined module docstrings and the modules that had one."""
+    docs, used = [], []
+    for name in MODULES:
+        doc = importlib.import_module(name).__doc__
+        if doc and doc.strip():
+            docs.append(doc.strip())
+            used.append(name)
+    return "\n\n".join(docs), used
+
+
+def configs(window_tokens: int) -> dict[str, dict]:
+    """Name -> knobs, in table order: full precision, quantized KV, then each policy at each budget."""
+    out: dict[str, dict] = {"full": {}}
+    for bits in (8, 4, 2):
+        out[f"int{bits}"] = {"bitwidth.key_bits": bits, "bitwidth.value_bits": bits}
+    for policy in ("streaming", "h2o", "tova", "snapkv"):
+        for pct in (25, 50):
+            budget = {"eviction.policy": policy, "eviction.budget_tokens": window_tokens * pct // 100}
+            out[f"{policy}-{pct}%"] = budget
+            if policy == "streaming":
+                out[f"{policy}-{pct}% no sinks"] = {**budget, "eviction.sink_tokens": 0}
+    return out
+
+
+class TeacherForced:
+    """The engine's executor for scoring a text: runs the real model runner, keeps each computed position's
+    loss on the text's next token, and "samples" that token, so that decode steps consume the text too."""
+
+    def __init__(self, runner, text: list[int]) -> None:
+        runner.keep_logits = True
+        self.runner = runner
+        self.text = text
+        self.nll = torch.full((len(text) - 1,), float("nan"), dtype=torch.float64)
+
+    def execute(self, out, kv) -> dict[str, int]:
+        self.runner.execute(out, kv)
+        forced = {}
+        for s in out.scheduled:
+            logits = self.runner.step_logits[s.seq.seq_id]  # [n, vocab] of positions start .. start + n - 1
+            end = min(s.start + s.num_new_tokens, len(self.text) - 1)
+            targets = torch.tensor(self.text[s.start + 1:end + 1])
+            self.nll[s.start:end] = F.cross_entropy(logits[:end - s.start].double(), targets, reduction="none")
+            if s.samples:
+                forced[s.seq.seq_id] = self.text[s.start + s.num_new_tokens]
+        return forced
+
+
+def window_nll(rt: Runtime, text: list[int], continuation: int) -> torch.Tensor:
+    """Per-position loss ``[len(text) - 1]`` of one window served with ``rt``'s config."""
+    engine = rt.new_engine()
+    scorer = TeacherForced(engine.executor, text)
+    engine.executor = scorer
+    record = engine.add_request(Request("window", text[:len(text) - continuation], continuation))
+    if record.rejected_reason is not None:
+        raise SystemExit(f"window rejected: {record.rejected_reason}")
+    engine.run_until_done()
+    if scorer.nll.isnan().any():
+        raise RuntimeError("a position of the window was never scored")
+    return scorer.nll
+
+
+def measure(base: Runtime, knobs: dict, windows: list[list[int]], continuation: int, chunk: int) -> list[torch.Tensor]:
+    config = KVConfig().with_knobs({"batching.chunk_size": chunk, "batching.max_num_batched_tokens": chunk,
+                                    "batching.max_num_seqs": 1, "offload.device_kv_bytes": KV_POOL_BYTES, **knobs})
+    rt = base.with_config(config)
+    return [window_nll(rt, w, continuation) for w in windows]
+
+
+def summarize(nlls: list[torch.Tensor], full: list[torch.Tensor], continuation: int) -> dict:
+    """Perplexities over all windows' tokens and their change against full precision (mean, worst window)."""
+    def ppl(xs):
+        return math.exp(torch.cat(xs).mean().item())
+
+    last = [x[-continuation:] for x in nlls]
+    per_window = [100 * (math.exp(x.mean().item() - f.mean().item()) - 1) for x, f in zip(nlls, full)]
+    return {"ppl": ppl(nlls), "delta_pct": 100 * (ppl(nlls) / ppl(full) - 1), "worst_window_delta_pct": max(per_window),
+            "ppl_last": ppl(last), "delta_last_pct": 100 * (ppl(last) / ppl([f[-continuation:] for f in full]) - 1)}
+
+
+def print_table(results: dict[str, dict], continuation: int) -> None:
+    print(f"| config | ppl | Δ | worst window Δ | ppl last {continuation} | Δ last {continuation} |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, r in results.items():
+        print(f"| {name} | {r['ppl']:.3f} | {r['delta_pct']:+.2f}% | {r['worst_window_delta_pct']:+.2f}% | "
+              f"{r['ppl_last']:.3f} | {r['delta_last_pct']:+.2f}% |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--window-tokens", type=int, default=1500)
+    ap.add_argument("--chunk", type=int, default=64, help="prefill chunk (tokens per step)")
+    ap.add_argument("--continuation", type=int, default=128, help="last tokens of a window fed as decode steps")
+    ap.add_argument("--only", default="", help="comma-separated config names (full is always measured)")
+    ap.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    base = Runtime.from_preset("smollm2-135m")
+    text, used = stdlib_text()
+    ids = base.tokenizer.encode(text)
+    n = args.window_tokens
+    windows = [ids[i * n:(i + 1) * n] for i in range(min(args.windows, len(ids) // n))]
+    wanted = {"full", *filter(None, args.only.split(","))}
+    results, full = {}, None
+    for name, knobs in configs(n).items():
+        if args.only and name not in wanted:
+            continue
+        t0 = time.perf_counter()
+        nlls = measure(base, knobs, windows, args.continuation, args.chunk)
+        full = full or nlls
+        results[name] = {"knobs": knobs, **summarize(nlls, full, args.continuation)}
+        print(f"{name}: {results[name]['ppl']:.3f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    print(f"SmolLM2-135M, {len(windows)} windows of {n} tokens ({len(ids)} tokens of {len(used)} module docstrings, "
+          f"Python {sys.version.split()[0]}), prefill chunks of {args.chunk}, last {args.continuation} decoded")
+    print_table(results, args.continuation)
+    if args.json:
+        print(json.dumps({"python": sys.version.split()[0], "modules": used, "tokens": len(ids), "windows": len(windows),
+                          "window_tokens": n, "chunk": args.chunk, "continuation": args.continuation,
+                          "configs": results}))
+
+
+if __name__ == "__main__":
+    main()
