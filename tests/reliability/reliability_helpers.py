@@ -90,7 +90,7 @@ def kill_mid_trial(url: str, study_name: str, after: int = 3) -> list[optuna.tri
             return done >= after and [t for t in trials if t.state == RUNNING and t.params
                                       and (datetime.now() - t.datetime_start).total_seconds() < 0.15]
 
-        wait_for(just_started, timeout_s=120, every_s=0.05)
+        wait_for(just_started, timeout_s=300, every_s=0.05)  # generous: a loaded 2-core machine starts workers slowly
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         if proc.poll() is None:
