@@ -15,7 +15,9 @@ rewrites are first made its own (copy-on-write) so that other sequences and the 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
+
+from .tiers import TierManager
 
 NULL_BLOCK = 0
 
@@ -31,7 +33,7 @@ class HasTokens(Protocol):
 class BlockPool:
     """Blocks ``1..num_blocks``, their reference counts and the prefix-cache index."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, on_drop: Callable[[int, int], None] | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"KV pool: needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -39,6 +41,8 @@ class BlockPool:
         self.block_hash: list[int | None] = [None] * (num_blocks + 1)
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks + 1))
         self.cached: dict[int, int] = {}  # block hash -> block id
+        # called with (block id, hash) when a findable cached block is reused: the tiers keep its KV below
+        self.on_drop = on_drop
 
     def num_free(self) -> int:
         return len(self.free_queue)
@@ -71,6 +75,8 @@ class BlockPool:
             if h is not None:
                 if self.cached.get(h) == b:
                     del self.cached[h]
+                    if self.on_drop is not None:
+                        self.on_drop(b, h)
                 self.block_hash[b] = None
             self.ref_cnt[b] = 1
             out.append(b)
@@ -122,8 +128,10 @@ class KVCacheManager:
     """Block tables of the sequences on top of a `BlockPool` (check-then-act: `allocate_slots` returns
     ``None`` when the pool cannot serve the request and the caller decides whom to preempt)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_reuse: bool) -> None:
-        self.pool = BlockPool(num_blocks)
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_reuse: bool,
+                 tiers: TierManager | None = None) -> None:
+        self.tiers = tiers  # None: no host or disk tier, a reused cached block's KV is dropped
+        self.pool = BlockPool(num_blocks, tiers.demote if tiers is not None else None)
         self.block_size = block_size
         self.enable_prefix_reuse = enable_prefix_reuse
         self.tables: dict[str, list[int]] = {}
@@ -194,6 +202,8 @@ class KVCacheManager:
         table = self.tables[seq.seq_id]
         for i in range(done, num_full):
             self.pool.cache(table[i], hashes[i])
+            if self.tiers is not None:
+                self.tiers.write_back_copy(table[i], hashes[i])
         self.num_cached_blocks[seq.seq_id] = num_full
 
     def free(self, seq: HasTokens) -> None:
@@ -202,6 +212,99 @@ class KVCacheManager:
         self.pool.free(table[::-1])
         self.num_cached_blocks.pop(seq.seq_id, None)
         self.num_evicted.pop(seq.seq_id, None)
+
+    # ---- lower tiers (see `tiers`) ------------------------------------------------------------------
+    def promote_prefix(self, seq: HasTokens, max_blocks: int | None = None, prefetch: bool = False) -> int:
+        """Bring the lower-tier blocks that continue the sequence's prefix hits up to the device, as free
+        cached blocks that `get_computed_blocks` then finds (at most ``max_blocks``, and no more than the
+        free blocks; a chain stops at the first miss). Returns the blocks promoted."""
+        tiers = self.tiers
+        if tiers is None or not tiers.levels or not self.enable_prefix_reuse:
+            return 0
+        device_hits, lower = self._prefix_chain(seq)
+        self.pool.touch(device_hits)  # keep this chain's device blocks from being reused by the promotion
+        if not prefetch:
+            self._count_prefetch_hits(device_hits)
+        limit = min(self.pool.num_free(), len(lower) if max_blocks is None else max_blocks)
+        pinned = []
+        for h in lower[:limit]:
+            found = tiers.pin(h)
+            if found is None:
+                break  # a corrupt disk block: the rest of the chain is recomputed
+            pinned.append((h, found))
+        new_blocks = self.pool.allocate(len(pinned)) or []
+        for b, (h, (pool, slot)) in zip(new_blocks, pinned):
+            tiers.promote(pool, slot, b)
+            self.pool.cache(b, h)
+            if prefetch:
+                tiers.prefetched.add(h)
+        self.pool.free(device_hits[::-1] + new_blocks[::-1])
+        if prefetch:
+            tiers.stats.prefetched += len(new_blocks)
+        else:
+            tiers.stats.prefetch_misses += len(new_blocks)
+        return len(new_blocks)
+
+    def _prefix_chain(self, seq: HasTokens) -> tuple[list[int], list[int]]:
+        """(device blocks, lower-tier hashes) of the sequence's leading cached blocks, up to the first
+        lower-tier block missing from the device and after it, those found anywhere below or on it."""
+        max_hit = (len(seq.token_ids) - 1) // self.block_size
+        device, lower = [], []
+        for h in self._hashes(seq)[:max_hit]:
+            b = self.pool.lookup(h)
+            if b is not None:
+                device.append(b)
+            elif self.tiers.lookup(h) is not None:
+                lower.append(h)
+            else:
+                break
+        return device, lower
+
+    def lower_prefix_blocks(self, seq: HasTokens) -> int:
+        """How many of the sequence's leading cached blocks sit in a lower tier."""
+        if self.tiers is None or not self.tiers.levels or not self.enable_prefix_reuse:
+            return 0
+        return len(self._prefix_chain(seq)[1])
+
+    def _count_prefetch_hits(self, device_hits: Sequence[int]) -> None:
+        prefetched = self.tiers.prefetched
+        for b in device_hits:
+            h = self.pool.block_hash[b]
+            if h in prefetched:
+                prefetched.discard(h)
+                self.tiers.stats.prefetch_hits += 1
+
+    def is_swapped(self, seq: HasTokens) -> bool:
+        return self.tiers is not None and seq.seq_id in self.tiers.swapped
+
+    def swap_out(self, seq: HasTokens) -> bool:
+        """Preemption by swap: copy the sequence's KV blocks to the host and free them on the device;
+        False (nothing changed) when the tiers cannot take them: the caller recomputes."""
+        if self.tiers is None or seq.seq_id in self.num_evicted:
+            return False
+        table = self.tables.get(seq.seq_id, [])
+        if not self.tiers.swap_out(seq.seq_id, table[:self.blocks_for(self.num_kv_tokens(seq))]):
+            return False
+        self.free(seq)
+        return True
+
+    def can_swap_in(self, seq: HasTokens, num_new_tokens: int) -> bool:
+        return self.blocks_for(seq.num_computed_tokens + num_new_tokens) <= self.pool.num_free()
+
+    def swap_in(self, seq: HasTokens) -> None:
+        """Bring a swapped sequence's blocks back into fresh device blocks (check `can_swap_in` first);
+        its full blocks are cached again after the step."""
+        n = len(self.tiers.swapped[seq.seq_id])
+        blocks = self.pool.allocate(n)
+        if blocks is None:
+            raise RuntimeError(f"KV pool: swap-in of {seq.seq_id} needs {n} blocks, {self.pool.num_free()} free")
+        self.tiers.swap_in(seq.seq_id, blocks)
+        self.tables[seq.seq_id] = blocks
+        self.num_cached_blocks[seq.seq_id] = 0
+        self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used())
+
+    def take_transfers(self, since: int = 0) -> list:
+        return self.tiers.take_transfers(since) if self.tiers is not None else []
 
     # ---- eviction compactions ---------------------------------------------------------------------
     def prepare_compaction(self, seq: HasTokens, num_kv_tokens: int) -> list[tuple[int, int]] | None:

@@ -12,9 +12,10 @@ from typing import Iterable, Protocol
 from ..config import KVConfig
 from .block_manager import KVCacheManager
 from .eviction_budget import EvictionBudget
-from .metrics import Metrics, compute_metrics
+from .metrics import Metrics, TierMetrics, compute_metrics, tier_metrics
 from .request import Request, RequestRecord
 from .scheduler import Scheduler, SchedulerLimits, SchedulerOutput, Sequence
+from .tiers import TierManager
 
 
 class Executor(Protocol):
@@ -83,6 +84,38 @@ def eviction_budget(config: KVConfig, n_layers: int | None) -> EvictionBudget | 
     return EvictionBudget(config.eviction, n_layers, config.prefix_reuse.block_size)
 
 
+def swap_blocker(config: KVConfig) -> str | None:
+    """Why ``preemption: swap`` falls back to recompute for this config, or None. Swapping moves blocks
+    only: quantized KV keeps a running sequence's newest tokens in a device ring, and eviction keeps
+    per-sequence attention statistics, neither of which a swap carries."""
+    if config.offload.host_kv_bytes == 0:
+        return "no host tier (offload.host_kv_bytes is 0)"
+    bw = config.bitwidth
+    if (bw.key_bits, bw.value_bits) != (16, 16) or (bw.layer_bits is not None
+                                                   and any(p != (16, 16) for p in map(tuple, bw.layer_bits))):
+        return "quantized KV keeps the newest tokens in a device ring"
+    if config.eviction.policy != "none":
+        return "eviction keeps per-sequence statistics on the device"
+    return None
+
+
+def tier_manager(config: KVConfig, block_bytes: int) -> TierManager | None:
+    """The host and disk tiers of a config in blocks (None when both are 0 bytes: nothing moves down)."""
+    off = config.offload
+    host, disk = off.host_kv_bytes // block_bytes, off.disk_kv_bytes // block_bytes
+    if host == 0 and disk == 0:
+        return None
+    swap = config.batching.preemption == "swap" and swap_blocker(config) is None
+    return TierManager(host, disk, write_through=off.write_policy == "write_through",
+                       swap_evicts_prefix=off.demote_first == "preempted", swap=swap)
+
+
+def prefetch_blocks(config: KVConfig) -> int:
+    """Blocks promoted ahead of use per step: ``depth`` blocks (``unit: layers`` is not implemented
+    layer by layer; it prefetches ``depth`` whole blocks too, see docs/tiers.md)."""
+    return config.prefetch.depth if config.prefetch.enabled else 0
+
+
 class Engine:
     """Serves requests through the paged KV cache: ``step()`` schedules, executes and updates. ``n_layers``
     (the model's) is needed with eviction only: the budgets are per layer."""
@@ -93,8 +126,10 @@ class Engine:
                  n_layers: int | None = None) -> None:
         self.config = config
         self.fast_forward = fast_forward
-        self.kv = KVCacheManager(num_blocks, config.prefix_reuse.block_size, config.prefix_reuse.enabled)
-        self.scheduler = Scheduler(scheduler_limits(config), self.kv, eviction_budget(config, n_layers))
+        self.kv = KVCacheManager(num_blocks, config.prefix_reuse.block_size, config.prefix_reuse.enabled,
+                                 tier_manager(config, block_bytes))
+        self.scheduler = Scheduler(scheduler_limits(config), self.kv, eviction_budget(config, n_layers),
+                                   prefetch_blocks(config) if self.kv.tiers is not None else 0)
         self.block_bytes = block_bytes
         self.max_context = max_context
         self.executor = executor
@@ -173,4 +208,11 @@ class Engine:
         return compute_metrics(self.records, duration_s=duration_s,
                                kv_peak_bytes=self.kv.peak_used_blocks * self.block_bytes,
                                kv_capacity_bytes=self.kv.pool.num_blocks * self.block_bytes,
-                               preemptions=self.scheduler.num_preemptions, busy_s=self.busy_s, notes=self.notes)
+                               preemptions=self.scheduler.num_preemptions, busy_s=self.busy_s, notes=self.notes,
+                               tiers=self.tier_metrics())
+
+    def tier_metrics(self) -> TierMetrics | None:
+        tiers = self.kv.tiers
+        if tiers is None:
+            return None
+        return tier_metrics(tiers, self.block_bytes, self.kv.peak_used_blocks)

@@ -9,14 +9,20 @@ pads block tables (see `block_manager`); it stays zero so that padded reads are 
   ``[num_blocks + 1, block_size, n_kv_heads, head_dim / group]``), and a full-precision ``ring
   [slots, ring_tokens, n_kv_heads, head_dim]``: position ``p`` of the sequence in slot ``s`` is at
   ``ring[s, p % ring_tokens]`` (see `kv_layout` for why the ring exists and what it costs).
+
+`TierStore` holds the host and disk pools below it and executes the scheduler's tier transfers.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
 from ..config import KVConfig
+from ..profile.transfers import copy_blocks
+from .disk_pool import DiskPool
+from .tiers import Transfer
 from .kv_layout import FULL_PRECISION_BITS, full_precision_ring_tokens, kv_block_bytes, layer_bits, value_group
 from .presets import ModelSpec
 
@@ -90,3 +96,59 @@ class PagedKVStore:
                 side.ring.uniform_(-1.0, 1.0)
             else:
                 side.data[1:].uniform_(-1.0, 1.0)
+
+
+class TierStore:
+    """The host and disk pools of a `PagedKVStore` and the copies of the scheduler's tier transfers
+    (`tiers.Transfer`). A block of a lower tier holds every layer's packed codes, scales and zeros (or
+    16-bit data) of one device block; the full-precision rings stay on the device (they belong to
+    running sequences). The host pool is pinned memory on CUDA; on a CPU it is host memory like the
+    device pool, but the copies are real and its capacity is enforced."""
+
+    def __init__(self, store: PagedKVStore, host_blocks: int, disk_blocks: int) -> None:
+        self.parts = [t for pair in store.layers for side in pair for t in (side.data, side.scale, side.zero)
+                      if t is not None]  # device tensors indexed by block
+        pin = self.parts[0].device.type == "cuda"
+        self.host = [torch.zeros((host_blocks, *t.shape[1:]), dtype=t.dtype, pin_memory=pin) for t in self.parts]
+        self.part_bytes = [t[0].numel() * t.element_size() for t in self.parts]
+        if sum(self.part_bytes) != store.block_bytes:
+            raise RuntimeError(f"KV tiers: a block is {sum(self.part_bytes)} bytes, the layout says {store.block_bytes}")
+        self.disk = DiskPool(disk_blocks, store.block_bytes) if disk_blocks else None
+
+    def run(self, transfers: list[Transfer]) -> float:
+        """Execute transfers in order; returns the seconds they took."""
+        t0 = time.perf_counter()
+        for t in transfers:
+            getattr(self, f"_{t.src_tier}_to_{t.dst_tier}")(t.src_blocks, t.dst_blocks)
+        if transfers and self.parts[0].device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        return time.perf_counter() - t0
+
+    def _copy(self, srcs: list[torch.Tensor], dsts: list[torch.Tensor], src: list[int], dst: list[int]) -> None:
+        for s, d in zip(srcs, dsts):
+            copy_blocks(s, d, torch.tensor(src, device=s.device), torch.tensor(dst, device=d.device))
+
+    def _device_to_host(self, src: list[int], dst: list[int]) -> None:
+        self._copy(self.parts, self.host, src, dst)
+
+    def _host_to_device(self, src: list[int], dst: list[int]) -> None:
+        self._copy(self.host, self.parts, src, dst)
+
+    def _host_to_disk(self, src: list[int], dst: list[int]) -> None:
+        for s, d in zip(src, dst):
+            self.disk.write(d, _block_bytes(self.host, s))
+
+    def _device_to_disk(self, src: list[int], dst: list[int]) -> None:
+        for s, d in zip(src, dst):
+            self.disk.write(d, _block_bytes(self.parts, s))
+
+    def _disk_to_device(self, src: list[int], dst: list[int]) -> None:
+        for s, d in zip(src, dst):
+            buf = torch.frombuffer(bytearray(self.disk.take(s)), dtype=torch.uint8)
+            for t, piece in zip(self.parts, buf.split(self.part_bytes)):
+                t[d].copy_(piece.view(t.dtype).view(t.shape[1:]))
+
+
+def _block_bytes(tensors: list[torch.Tensor], block: int) -> bytes:
+    """One block of every tensor, as raw bytes in tensor order."""
+    return b"".join(t[block].contiguous().view(torch.uint8).cpu().numpy().tobytes() for t in tensors)

@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from .request import RequestRecord
+from .tiers import TierManager
 
 PERCENTILES = (50, 90, 99)
 
@@ -42,6 +43,39 @@ class Percentiles:
 
 
 @dataclass(frozen=True)
+class TierMetrics:
+    """What the KV tiers did (see `tiers`): bytes per tier and per move, and the time moves took."""
+
+    peak_bytes: dict[str, int]  # tier -> most bytes held at once (device: blocks in use)
+    capacity_bytes: dict[str, int]  # host and disk pools
+    moved_bytes: dict[str, int]  # "src->dst" -> bytes copied
+    transfer_s: float  # time spent copying (runtime: measured; simulator: the profile's transfer fits)
+    stall_s: float  # time steps waited for KV transfers (on-demand copies and late prefetches)
+    promotions: int  # blocks brought up on a prefix hit
+    demotions: int  # cached blocks moved down instead of dropped
+    swapped_out: int  # preempted sequences whose KV went to the host
+    swapped_in: int
+    swap_fallbacks: int  # swap preemptions that recomputed for want of host room
+    prefetched: int  # blocks promoted ahead of use
+    prefetch_hit_rate: float | None  # of the promoted blocks sequences used, the share prefetched (None: none)
+    corrupt_blocks: int  # disk blocks that failed their checksum (recomputed, never used)
+
+
+def tier_metrics(tiers: TierManager, block_bytes: int, device_peak_blocks: int) -> TierMetrics:
+    st = tiers.stats
+    used = st.prefetch_hits + st.prefetch_misses
+    return TierMetrics(
+        peak_bytes={"device": device_peak_blocks * block_bytes, "host": tiers.host.peak_used * block_bytes,
+                    "disk": tiers.disk.peak_used * block_bytes},
+        capacity_bytes={"host": tiers.host.capacity * block_bytes, "disk": tiers.disk.capacity * block_bytes},
+        moved_bytes={link: n * block_bytes for link, n in sorted(st.blocks_moved.items())},
+        transfer_s=st.transfer_s, stall_s=st.stall_s, promotions=st.promotions, demotions=st.demotions,
+        swapped_out=st.swapped_out, swapped_in=st.swapped_in, swap_fallbacks=st.swap_fallbacks,
+        prefetched=st.prefetched, prefetch_hit_rate=st.prefetch_hits / used if used else None,
+        corrupt_blocks=st.corrupt_blocks)
+
+
+@dataclass(frozen=True)
 class Metrics:
     """What a run of a workload achieved. Times in seconds, memory in bytes."""
 
@@ -64,6 +98,7 @@ class Metrics:
     busy_s: float  # time spent computing steps (duration minus idle waits for arrivals)
     rejections: dict[str, str] = field(default_factory=dict)  # request id -> reason
     notes: tuple[str, ...] = ()  # e.g. "random weights: timing only"
+    tiers: TierMetrics | None = None  # None: no host or disk tier
 
     def latency(self, metric: str) -> Percentiles:
         """Percentiles of ``ttft``, ``tbt``, ``e2e`` or ``tpot``."""
@@ -77,7 +112,7 @@ class Metrics:
 
 def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_bytes: int,
                     kv_capacity_bytes: int, preemptions: int, busy_s: float = 0.0,
-                    notes: tuple[str, ...] = ()) -> Metrics:
+                    notes: tuple[str, ...] = (), tiers: TierMetrics | None = None) -> Metrics:
     done = [r for r in records if r.finish_s is not None]
     ttft = [r.token_times_s[0] - r.arrival_s for r in done]
     e2e = [r.finish_s - r.arrival_s for r in done]
@@ -94,4 +129,4 @@ def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_
         preemptions=preemptions, prefix_hit_tokens=sum(r.prefix_hit_tokens for r in records),
         prompt_tokens=sum(r.prompt_len for r in records), busy_s=busy_s,
         rejections={r.request_id: r.rejected_reason for r in records if r.rejected_reason is not None},
-        notes=notes)
+        notes=notes, tiers=tiers)

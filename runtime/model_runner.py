@@ -14,6 +14,9 @@ blocks quantized, and the slots from `PagedKVStore.full_precision_start` on in t
 """
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import torch
 
 from ..config import EvictionConfig
@@ -21,9 +24,10 @@ from ..kernels.attention import RingInfo, build_attention_metadata, quantize_blo
 from ..kernels.quant import dequantize_keys, dequantize_values
 from .block_manager import KVCacheManager
 from .eviction import EvictionStats, kept_slots, make_policy
-from .kv_store import KVSide, PagedKVStore
+from .kv_store import KVSide, PagedKVStore, TierStore
 from .model import LlamaModel
 from .scheduler import Compaction, SchedulerOutput
+from .tiers import TierManager
 
 
 class RingSlots:
@@ -64,6 +68,12 @@ class ModelRunner:
         # step, per sequence ``[num_new_tokens, vocab]``, not only the sampled ones
         self.keep_logits = False
         self.step_logits: dict[str, torch.Tensor] = {}
+        # KV tiers (see `_move_tiers`): the pools of the engine's tiers and the prefetch worker
+        self._tiers: TierManager | None = None
+        self.tier_store: TierStore | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._prefetch_job: Future | None = None
+        self._stream = None
 
     def _ring_info(self, out: SchedulerOutput, kv: KVCacheManager) -> RingInfo | None:
         if self.ring_slots is None:
@@ -76,6 +86,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, kv: KVCacheManager) -> dict[str, int]:
         if self.stats is not None:
             self._forget(out)
+        self._move_tiers(out, kv)
         self._copy_blocks(out)
         sample_rows, logits, meta = self._forward(out, kv)
         if self.keep_logits:
@@ -116,6 +127,48 @@ class ModelRunner:
     def _keep_logits(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
         self.step_logits = dict(zip([s.seq.seq_id for s in out.scheduled],
                                     logits.split([s.num_new_tokens for s in out.scheduled])))
+
+    # ---- tiers: transfers of the step ---------------------------------------------------------------
+    def _tier_store(self, tiers: TierManager) -> TierStore:
+        """The host and disk pools of this engine's tiers (made on first use: the engine sized them)."""
+        if self._tiers is not tiers:
+            self._tiers = tiers
+            self.tier_store = TierStore(self.store, tiers.host.capacity, tiers.disk.capacity)
+            if self.tier_store.disk is not None:
+                tiers.verify_disk = self.tier_store.disk.verify
+        return self.tier_store
+
+    def _move_tiers(self, out: SchedulerOutput, kv: KVCacheManager) -> None:
+        """Wait for the previous step's prefetch, run this step's transfers (both before the forward pass
+        reads or writes any block they touch), then start this step's prefetch on the worker thread (on
+        CUDA, its own stream) to overlap the forward pass."""
+        tiers = kv.tiers
+        if tiers is None:
+            return
+        store = self._tier_store(tiers)
+        waited_from = time.perf_counter()
+        if self._prefetch_job is not None:
+            tiers.stats.transfer_s += self._prefetch_job.result()
+            self._prefetch_job = None
+        tiers.stats.transfer_s += store.run(out.transfers)
+        tiers.stats.stall_s += time.perf_counter() - waited_from
+        if out.prefetch:
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skistune-prefetch")
+            self._prefetch_job = self._worker.submit(self._run_prefetch, store, out.prefetch)
+
+    def _run_prefetch(self, store: TierStore, transfers: list) -> float:
+        if self.model.device.type != "cuda":
+            return store.run(transfers)
+        stream = self._stream = self._stream or torch.cuda.Stream(self.model.device)
+        with torch.cuda.stream(stream):
+            return store.run(transfers)  # (run synchronizes its current stream: this one)
+
+    def finish_prefetch(self) -> None:
+        """Wait for a prefetch still in flight (the next step does so anyway)."""
+        if self._prefetch_job is not None:
+            self._prefetch_job.result()
+            self._prefetch_job = None
 
     # ---- eviction ---------------------------------------------------------------------------------
     def _scored_queries(self, out: SchedulerOutput) -> list[int] | None:

@@ -24,6 +24,7 @@ from typing import Sequence as Sequence_  # `Sequence` is the scheduler's sequen
 from .block_manager import KVCacheManager
 from .eviction_budget import EvictionBudget
 from .request import Request, RequestRecord
+from .tiers import Transfer
 
 PREFIX_POLICY_WINDOW = 64  # waiting sequences scanned for the longest cached prefix (bounds the cost)
 
@@ -120,8 +121,13 @@ class DecodeCompaction(NamedTuple):
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)  # their KV is dropped (recomputed later)
+    swapped: list[Sequence] = field(default_factory=list)  # preempted with their KV swapped to the host
     compactions: list[Compaction] = field(default_factory=list)
     finished_seq_ids: list[str] = field(default_factory=list)  # finished since the previous step
+    # tier moves (see `tiers`): ``transfers`` run in order before the forward pass; ``prefetch`` (blocks of
+    # waiting sequences brought up ahead of use) may overlap it and must be done before the next step's
+    transfers: list[Transfer] = field(default_factory=list)
+    prefetch: list[Transfer] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -206,8 +212,10 @@ class SchedulerLimits:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, eviction: EvictionBudget | None = None) -> None:
+    def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, eviction: EvictionBudget | None = None,
+                 prefetch_blocks: int = 0) -> None:
         self.limits = limits
+        self.prefetch_blocks = prefetch_blocks  # lower-tier blocks promoted ahead of use per step (0: off)
         self.kv = kv
         self.eviction = eviction  # None: nothing is evicted
         self._finished_ids: list[str] = []
@@ -239,19 +247,23 @@ class Scheduler:
         return self.running[-1]
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
-        """Recompute preemption: drop the KV, keep the tokens, queue at the front. Returns the tokens
-        it had been given earlier in this step (an EDF victim may already be scheduled)."""
+        """Preemption: swap the KV to the host when the tiers can take it, else drop it (recompute); keep
+        the tokens, queue at the front. Returns the tokens it had been given earlier in this step (an EDF
+        victim may already be scheduled)."""
         given_back = sum(s.num_new_tokens for s in out.scheduled if s.seq is seq)
         if given_back:
             out.scheduled = [s for s in out.scheduled if s.seq is not seq]
         self.running.remove(seq)
-        self.kv.free(seq)
-        seq.num_computed_tokens = 0
+        if self.kv.swap_out(seq):
+            out.swapped.append(seq)
+        else:
+            self.kv.free(seq)
+            seq.num_computed_tokens = 0
+            out.preempted.append(seq)
         seq.status = SeqStatus.WAITING
         seq.record.preemptions += 1
         self.num_preemptions += 1
         self.waiting.add(seq, front=True)
-        out.preempted.append(seq)
         return given_back
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -274,6 +286,13 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while len(self.waiting) and budget > 0 and len(self.running) < self.limits.max_num_seqs:
             seq = self.waiting.peek(self.kv)
+            if self.kv.is_swapped(seq):
+                n = self._resume_swapped(seq, out, budget)
+                if n == 0:
+                    break
+                budget -= n
+                continue
+            self.kv.promote_prefix(seq)
             hits = self.kv.get_computed_blocks(seq)
             num_computed = len(hits) * self.kv.block_size
             n = self._chunk(seq, num_computed, budget)
@@ -290,13 +309,47 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq.of(seq, num_computed, n, num_computed))
             budget -= n
 
+    def _resume_swapped(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
+        """Bring a swapped sequence back (its blocks from the host) with its next chunk; returns the
+        chunk's tokens, 0 when it does not fit."""
+        n = self._chunk(seq, seq.num_computed_tokens, budget)
+        if n == 0 or not self.kv.can_swap_in(seq, n):
+            return 0
+        self.kv.swap_in(seq)
+        if self.kv.allocate_slots(seq, n) is None:  # unreachable after can_swap_in; a hard invariant
+            raise RuntimeError(f"KV pool: {seq.seq_id} swapped in without room for its next tokens")
+        self.waiting.remove(seq)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        out.scheduled.append(ScheduledSeq.of(seq, seq.num_computed_tokens, n, self.kv.num_kv_tokens(seq)))
+        return n
+
+    def _prefetch(self) -> None:
+        """Promote lower-tier prefix blocks of the waiting sequences, in queue order, up to the prefetch
+        depth in blocks: after every allocation of the step, so none of them can reuse these blocks. It keeps
+        a free block per running sequence (their next tokens) and promotes whole chains only: a block
+        prefetched now and demoted again before use would cost two copies for nothing."""
+        left = min(self.prefetch_blocks, self.kv.pool.num_free() - len(self.running))
+        for seq in itertools.islice(self.waiting, PREFIX_POLICY_WINDOW):
+            if self.kv.is_swapped(seq):
+                continue
+            wanted = self.kv.lower_prefix_blocks(seq)
+            if wanted > left:
+                break
+            left -= self.kv.promote_prefix(seq, max_blocks=wanted, prefetch=True)
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.limits.max_num_batched_tokens)
-        if not out.preempted:  # admitting while preempting would thrash
+        if not out.preempted and not out.swapped:  # admitting while preempting would thrash
             self._schedule_waiting(out, budget)
         if self.eviction is not None:
             self._plan_compactions(out, self.eviction)
+        if self.kv.tiers is not None:
+            out.transfers = self.kv.take_transfers()
+            if self.prefetch_blocks and not out.preempted and not out.swapped:
+                self._prefetch()
+                out.prefetch = self.kv.take_transfers()
         out.finished_seq_ids, self._finished_ids = self._finished_ids, []
         self._check_budgets(out)
         return out
@@ -351,8 +404,14 @@ class Scheduler:
         """Whether the head of the waiting queue could get its first chunk's blocks now (blocks only get
         scarcer during a run of decodes, so a 'no' holds for the whole run)."""
         seq = self.waiting.peek(self.kv)
+        budget = self.limits.max_num_batched_tokens - len(self.running)
+        if self.kv.is_swapped(seq):
+            n = self._chunk(seq, seq.num_computed_tokens, budget)
+            return n > 0 and self.kv.can_swap_in(seq, n)
+        if self.kv.lower_prefix_blocks(seq):
+            return True  # a promotion may make room count differently: let the step decide
         hits = self.kv.get_computed_blocks(seq)
-        n = self._chunk(seq, len(hits) * self.kv.block_size, self.limits.max_num_batched_tokens - len(self.running))
+        n = self._chunk(seq, len(hits) * self.kv.block_size, budget)
         if n == 0:
             return False
         needed = self.kv.blocks_for(len(hits) * self.kv.block_size + n) - len(hits)

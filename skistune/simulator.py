@@ -13,8 +13,8 @@ context at the configured bits and pays the profile's dequantization and quantiz
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
 from skistune.runtime.scheduler import DecodeCompaction, SchedulerOutput
+from skistune.runtime.tiers import Transfer
 
 # Knobs the optimizer searches: their effect the runtime implements and the simulator models. The other
 # families (eviction, host/disk offload, prefetch) are in the schema without a model yet; a search leaves
@@ -36,6 +37,10 @@ MODELED_KNOBS = frozenset({
     "batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill", "batching.chunk_size",
     "batching.policy", "prefix_reuse.enabled", "prefix_reuse.block_size",
     "offload.device_memory_fraction", "offload.device_kv_bytes",
+    # tiers: transfers priced by the profile's transfer fits, prefetch overlapped with the step's compute
+    # (prefetch.unit is not: layer-wise prefetch is not implemented, see docs/tiers.md)
+    "offload.host_kv_bytes", "offload.disk_kv_bytes", "offload.demote_first", "offload.write_policy",
+    "batching.preemption", "prefetch.enabled", "prefetch.depth",
 })
 PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> bytes of one KV element
@@ -52,6 +57,7 @@ class SimTarget:
     device_free_bytes: int  # memory the KV pool fraction applies to
     notes: tuple[str, ...] = ()
     quantized_kv_note: str | None = None  # added to the notes of configs that quantize KV (see HardwareProfile)
+    transfers: dict[str, Any] = field(default_factory=dict)  # link -> fit with time_s(nbytes) (HardwareProfile)
 
 
 def target_from_profile(profile, model: str | None = None) -> SimTarget:
@@ -71,7 +77,8 @@ def target_from_profile(profile, model: str | None = None) -> SimTarget:
         if device_free <= 0:
             raise ValueError(f"profile {profile.name!r}: no device memory recorded for {profile.device}")
     return SimTarget(spec, profile.step_cost, itemsize, device_free, notes=tuple(profile.notes),
-                     quantized_kv_note=profile.quantized_kv_note)
+                     quantized_kv_note=profile.quantized_kv_note,
+                     transfers={link: m.fit for link, m in profile.transfers.items()})
 
 
 def _profile_itemsize(profile, spec: ModelSpec) -> int:
@@ -92,8 +99,11 @@ class ProfileExecutor:
     deterministic pseudo-random sequence (content is irrelevant to timing; distinct tokens keep output
     blocks from matching each other in the prefix cache by accident)."""
 
-    def __init__(self, step_cost: StepCostModel, kv: KVTraffic, clock: VirtualClock, vocab: int):
+    def __init__(self, step_cost: StepCostModel, kv: KVTraffic, clock: VirtualClock, vocab: int,
+                 transfers: dict[str, Any] | None = None, block_bytes: int = 0):
         self.step_cost = step_cost
+        self.transfers = transfers or {}  # link -> transfer fit
+        self.block_bytes = block_bytes
         self.kv = kv
         self.clock = clock
         self.vocab = vocab
@@ -107,9 +117,21 @@ class ProfileExecutor:
         self._tokens_drawn += n
         return (PSEUDO_TOKEN_BASE + (counters * 2654435761) % (self.vocab - PSEUDO_TOKEN_BASE)).tolist()
 
+    def transfer_s(self, transfers: Sequence[Transfer]) -> float:
+        """Predicted time of tier transfers, in order, each over its links (disk -> device through host)."""
+        return sum(self.transfers[link].time_s(len(t.src_blocks) * self.block_bytes)
+                   for t in transfers for link in t.links)
+
     def execute(self, out: SchedulerOutput, kv) -> dict[str, int]:
         self.num_steps += 1
-        self.clock.advance(self.step_cost.predict_s(step_shape(out, self.kv)))
+        step_s = self.step_cost.predict_s(step_shape(out, self.kv))
+        if kv.tiers is not None:  # on-demand copies add; a prefetch overlaps the step, late data stalls it
+            sync_s, prefetch_s = self.transfer_s(out.transfers), self.transfer_s(out.prefetch)
+            late_s = max(0.0, prefetch_s - step_s)
+            kv.tiers.stats.transfer_s += sync_s + prefetch_s
+            kv.tiers.stats.stall_s += sync_s + late_s
+            step_s += sync_s + late_s
+        self.clock.advance(step_s)
         sampling = [s.seq.seq_id for s in out.scheduled if s.samples]
         return dict(zip(sampling, self.next_tokens(len(sampling))))
 
@@ -136,6 +158,12 @@ class ProfileExecutor:
             engine.kv.peak_used_blocks = max(engine.kv.peak_used_blocks, int(used_blocks[:k].max()))
         self.clock.wait_until(float(end_s[k - 1]))
         engine.busy_s += float(end_s[k - 1]) - now_s
+        if engine.kv.tiers is not None:  # demotions and write-through copies of the run, charged at its end
+            moved_s = self.transfer_s(engine.kv.take_transfers())
+            engine.kv.tiers.stats.transfer_s += moved_s
+            engine.kv.tiers.stats.stall_s += moved_s
+            self.clock.advance(moved_s)
+            engine.busy_s += moved_s
         self.num_steps += k
         self.num_fast_forwards += 1
 
@@ -204,12 +232,26 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
     num_blocks, block_bytes = kv_pool_blocks(config, target.spec, target.kv_itemsize, target.device_free_bytes)
     clock = VirtualClock()
     kv = kv_traffic(config, target.spec, target.kv_itemsize)
-    executor = ProfileExecutor(target.step_cost, kv, clock, target.spec.vocab_size)
+    _check_transfer_links(config, target)
+    executor = ProfileExecutor(target.step_cost, kv, clock, target.spec.vocab_size, target.transfers, block_bytes)
     extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
                     executor=executor, clock=clock, notes=target.notes + extrapolated,
                     fast_forward=executor.fast_forward if fast_forward else None, n_layers=target.spec.n_layers)
     return engine, executor
+
+
+def _check_transfer_links(config: KVConfig, target: SimTarget) -> None:
+    """A config with host or disk tiers needs the profile's fits of the links its transfers cross."""
+    needed = set()
+    if config.offload.host_kv_bytes:
+        needed |= {"device_to_host", "host_to_device"}
+    if config.offload.disk_kv_bytes:
+        needed |= {"device_to_host", "host_to_disk", "disk_to_host", "host_to_device"}
+    missing = sorted(needed - set(target.transfers))
+    if missing:
+        raise ValueError(f"offload tiers: the hardware profile has no transfer fit for {', '.join(missing)}: "
+                         "measure one with `skistune profile`")
 
 
 def simulate(config: KVConfig, requests: Sequence[Request], target: SimTarget) -> Metrics:

@@ -1,0 +1,67 @@
+"""The disk tier's storage: one file per pool, a block per ``block_bytes`` at offset ``slot * block_bytes``,
+written with ``os.pwrite`` and read with ``os.pread``, and a CRC32 per block kept in memory.
+
+A block whose bytes no longer match their checksum is never used: `verify` reads and checks it when the
+scheduler is about to promote it (the block manager then treats it as a cache miss and the KV is
+recomputed); the checked bytes are kept for the copy that follows, so the block is read once."""
+from __future__ import annotations
+
+import os
+import tempfile
+import weakref
+import zlib
+
+
+def _close(fd: int, path: str) -> None:
+    os.close(fd)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class DiskPool:
+    def __init__(self, num_blocks: int, block_bytes: int, directory: str | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.block_bytes = block_bytes
+        self.fd, self.path = tempfile.mkstemp(prefix="skistune-kv-", suffix=".bin", dir=directory)
+        os.ftruncate(self.fd, num_blocks * block_bytes)
+        self.crc: dict[int, int] = {}  # slot -> CRC32 of the bytes written there
+        self._checked: dict[int, bytes] = {}  # slot -> bytes verified and not yet copied up
+        self._finalizer = weakref.finalize(self, _close, self.fd, self.path)  # the file goes with the pool
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def write(self, slot: int, data: bytes) -> None:
+        if len(data) != self.block_bytes:
+            raise ValueError(f"disk pool: block of {len(data)} bytes, the pool's are {self.block_bytes}")
+        view, offset = memoryview(data), slot * self.block_bytes
+        while view:  # pwrite may write less than asked
+            n = os.pwrite(self.fd, view, offset)
+            view, offset = view[n:], offset + n
+        self.crc[slot] = zlib.crc32(data)
+        self._checked.pop(slot, None)
+
+    def read(self, slot: int) -> bytes | None:
+        """The block's bytes, or None when they fail their checksum (or were never written)."""
+        data = os.pread(self.fd, self.block_bytes, slot * self.block_bytes)
+        if len(data) != self.block_bytes or self.crc.get(slot) != zlib.crc32(data):
+            return None
+        return data
+
+    def verify(self, slot: int) -> bool:
+        """Read and check a block about to be promoted; keep its bytes for `take`."""
+        data = self.read(slot)
+        if data is None:
+            self.crc.pop(slot, None)
+            return False
+        self._checked[slot] = data
+        return True
+
+    def take(self, slot: int) -> bytes:
+        """The bytes of a block being copied up (checked by `verify`, or read and checked now)."""
+        data = self._checked.pop(slot, None) or self.read(slot)
+        if data is None:
+            raise RuntimeError(f"disk pool: block in slot {slot} failed its checksum after it was promoted")
+        return data

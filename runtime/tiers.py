@@ -1,0 +1,228 @@
+"""KV tiers below the device pool: host and disk pools with capacities in blocks, and the transfers that
+move blocks between them. Pure Python, no torch: the runtime executes the transfers with real copies
+(`kv_store.TierStore`), the simulator prices them with the profile's transfer fits.
+
+What lives in a lower tier:
+- cached prefix blocks (by their chain hash), least recently used first. When the device pool reuses a
+  free-but-cached block, its KV moves down to the host instead of being dropped; when the host is full,
+  the host's least recently used cached block moves down to disk first; the disk drops its least
+  recently used one. A prefix lookup that finds a block in a lower tier promotes it back to the device.
+- swapped sequences (``preemption: swap``): a preempted sequence's blocks move to host slots and come
+  back when it is rescheduled. Only the host holds them: with no room the preemption recomputes.
+
+``demote_first`` decides who yields host room: ``cached_prefix`` keeps cached prefix blocks (a swap only
+takes free host slots), ``preempted`` lets a swap push cached prefix blocks down to disk (or drop them).
+``write_policy: write_through`` copies each block to the host as soon as it is full and cached, so that
+its later demotion costs no transfer; ``write_back`` copies it only when it is demoted.
+
+Every decision appends a `Transfer` to a pending list in decision order. That order is safe to execute
+as is: a slot is always read (moved away) by an earlier transfer than the one that overwrites it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+DEVICE, HOST, DISK = "device", "host", "disk"
+# the profile's measured links each transfer crosses (disk -> device goes through host memory)
+LINKS = {(DEVICE, HOST): ("device_to_host",), (HOST, DEVICE): ("host_to_device",),
+         (HOST, DISK): ("host_to_disk",), (DEVICE, DISK): ("device_to_host", "host_to_disk"),
+         (DISK, DEVICE): ("disk_to_host", "host_to_device")}
+
+
+@dataclass
+class Transfer:
+    """Copy block ``src_blocks[i]`` of ``src_tier`` to block ``dst_blocks[i]`` of ``dst_tier`` (device ids
+    are pool block ids, host and disk ids are slots ``0..capacity-1``)."""
+
+    src_tier: str
+    dst_tier: str
+    src_blocks: list[int]
+    dst_blocks: list[int]
+
+    @property
+    def links(self) -> tuple[str, ...]:
+        return LINKS[(self.src_tier, self.dst_tier)]
+
+
+class TierPool:
+    """Slots of one lower tier: free ones, and the cached prefix blocks it holds (hash -> slot, LRU first).
+    Slots that are neither hold swapped sequences."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        # free slots: those never used (``_fresh`` on, handed out in order: a TiB disk tier has millions
+        # of slots, so they are not listed), then released ones in release order
+        self._fresh = 0
+        self._released: deque[int] = deque()
+        self.cached: OrderedDict[int, int] = OrderedDict()
+        self.peak_used = 0
+
+    def num_free(self) -> int:
+        return self.capacity - self._fresh + len(self._released)
+
+    def num_used(self) -> int:
+        return self.capacity - self.num_free()
+
+    def take(self) -> int:
+        if self._fresh < self.capacity:
+            slot, self._fresh = self._fresh, self._fresh + 1
+        else:
+            slot = self._released.popleft()
+        self.peak_used = max(self.peak_used, self.num_used())
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._released.append(slot)
+
+
+@dataclass
+class TierStats:
+    """Counters of the tiers over a run (bytes come from block counts times the block bytes)."""
+
+    blocks_moved: dict[str, int] = field(default_factory=dict)  # "src->dst" -> blocks
+    demotions: int = 0
+    promotions: int = 0
+    swapped_out: int = 0  # sequences
+    swapped_in: int = 0
+    swap_fallbacks: int = 0  # preemptions that recomputed for want of host room
+    prefetched: int = 0  # blocks promoted ahead of use
+    prefetch_hits: int = 0  # blocks a sequence found on the device thanks to a prefetch
+    prefetch_misses: int = 0  # blocks promoted on demand when the sequence was admitted
+    corrupt_blocks: int = 0  # disk blocks whose checksum failed (dropped: their KV is recomputed)
+    transfer_s: float = 0.0  # time spent copying (filled by the executor)
+    stall_s: float = 0.0  # time the step waited for transfers (filled by the executor)
+
+
+class TierManager:
+    """Lower tiers (host, then disk; a tier of capacity 0 is skipped) and the pending transfers."""
+
+    def __init__(self, host_blocks: int, disk_blocks: int, *, write_through: bool = False,
+                 swap_evicts_prefix: bool = False, swap: bool = False) -> None:
+        self.host = TierPool(HOST, host_blocks)
+        self.disk = TierPool(DISK, disk_blocks)
+        self.levels = [p for p in (self.host, self.disk) if p.capacity > 0]
+        self.write_through = write_through and host_blocks > 0
+        self.swap_evicts_prefix = swap_evicts_prefix
+        self.swap = swap and host_blocks > 0
+        self.swapped: dict[str, list[int]] = {}  # seq id -> host slots, in block-table order
+        self.pending: list[Transfer] = []
+        self.prefetched: set[int] = set()  # hashes promoted ahead of use and not yet used
+        self.stats = TierStats()
+        # set by the runtime: reads a disk slot and checks its checksum (the simulator has no files)
+        self.verify_disk: Callable[[int], bool] | None = None
+
+    # ---- transfers ---------------------------------------------------------------------------------
+    def emit(self, src_tier: str, dst_tier: str, src: int, dst: int) -> None:
+        """Record one block copy, merged into the previous transfer when it crosses the same link (the
+        destinations of one transfer are never its sources: the tiers differ)."""
+        key = f"{src_tier}->{dst_tier}"
+        self.stats.blocks_moved[key] = self.stats.blocks_moved.get(key, 0) + 1
+        last = self.pending[-1] if self.pending else None
+        if last is not None and (last.src_tier, last.dst_tier) == (src_tier, dst_tier):
+            last.src_blocks.append(src)
+            last.dst_blocks.append(dst)
+        else:
+            self.pending.append(Transfer(src_tier, dst_tier, [src], [dst]))
+
+    def take_transfers(self, since: int = 0) -> list[Transfer]:
+        """The pending transfers from index ``since`` on, removed from the pending list."""
+        out, self.pending = self.pending[since:], self.pending[:since]
+        return out
+
+    # ---- cached prefix blocks ----------------------------------------------------------------------
+    def lookup(self, block_hash: int) -> tuple[TierPool, int] | None:
+        for pool in self.levels:
+            slot = pool.cached.get(block_hash)
+            if slot is not None:
+                return pool, slot
+        return None
+
+    def demote(self, block: int, block_hash: int) -> None:
+        """The device is reusing ``block`` (cached, free): keep its KV one tier down."""
+        if self.levels:
+            self.stats.demotions += 1
+            self._store(0, block_hash, DEVICE, block)
+
+    def write_back_copy(self, block: int, block_hash: int) -> None:
+        """Write-through: a block just filled and cached is copied to the host now."""
+        if self.write_through and block_hash not in self.host.cached:
+            self._store(0, block_hash, DEVICE, block)
+
+    def _store(self, level: int, block_hash: int, src_tier: str, src: int) -> None:
+        """Put the block ``src`` of ``src_tier`` into tier ``levels[level]``, making room by moving that
+        tier's least recently used cached block one level down (or dropping it at the bottom)."""
+        pool = self.levels[level]
+        if block_hash in pool.cached:  # already there (write-through, or an older copy)
+            pool.cached.move_to_end(block_hash)
+            return
+        if pool.num_free():
+            slot = pool.take()
+        elif pool.cached:
+            old_hash, slot = pool.cached.popitem(last=False)
+            if level + 1 < len(self.levels):
+                self._store(level + 1, old_hash, pool.name, slot)  # read before this slot is overwritten
+        else:
+            return  # every slot holds a swapped sequence: the block is dropped
+        self.emit(src_tier, pool.name, src, slot)
+        pool.cached[block_hash] = slot
+
+    def pin(self, block_hash: int) -> tuple[TierPool, int] | None:
+        """Take a lower-tier cached block out of its LRU order (so that no demotion reuses its slot while
+        it is promoted); a disk block whose checksum fails is dropped and reported as a miss (None)."""
+        found = self.lookup(block_hash)
+        if found is None:
+            return None
+        pool, slot = found
+        del pool.cached[block_hash]
+        if pool is self.disk and self.verify_disk is not None and not self.verify_disk(slot):
+            self.stats.corrupt_blocks += 1
+            pool.release(slot)
+            return None
+        return found
+
+    def promote(self, pool: TierPool, slot: int, block: int) -> None:
+        """Copy a pinned block up into device ``block`` and free its slot (after the copy is recorded)."""
+        self.emit(pool.name, DEVICE, slot, block)
+        pool.release(slot)
+        self.stats.promotions += 1
+
+    # ---- swapped sequences -------------------------------------------------------------------------
+    def swap_out(self, seq_id: str, blocks: list[int]) -> bool:
+        """Copy a preempted sequence's blocks to host slots; False (nothing done) without room."""
+        if not self.swap:
+            return False
+        room = self.host.num_free() + (len(self.host.cached) if self.swap_evicts_prefix else 0)
+        if len(blocks) > room:
+            self.stats.swap_fallbacks += 1
+            return False
+        while self.host.num_free() < len(blocks):  # push cached prefix blocks down (demote_first: preempted)
+            old_hash, slot = self.host.cached.popitem(last=False)
+            if self.disk.capacity > 0:
+                self._store(1, old_hash, HOST, slot)
+            self.host.release(slot)
+        slots = [self.host.take() for _ in blocks]
+        for b, s in zip(blocks, slots):
+            self.emit(DEVICE, HOST, b, s)
+        self.swapped[seq_id] = slots
+        self.stats.swapped_out += 1
+        return True
+
+    def swap_in(self, seq_id: str, blocks: list[int]) -> None:
+        """Copy a swapped sequence's host slots into the device ``blocks`` and free the slots."""
+        slots = self.swapped.pop(seq_id)
+        for s, b in zip(slots, blocks):
+            self.emit(HOST, DEVICE, s, b)
+        for s in slots:
+            self.host.release(s)
+        self.stats.swapped_in += 1
+
+    def reset(self) -> None:
+        """Forget every cached prefix block (swapped sequences keep their slots)."""
+        for pool in self.levels:
+            for slot in pool.cached.values():
+                pool.release(slot)
+            pool.cached.clear()
+        self.prefetched.clear()

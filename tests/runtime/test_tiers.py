@@ -1,0 +1,205 @@
+"""KV tiers: exact block and slot moves of the torch-free accounting, then the runtime's real copies
+(swap and offload preserve the KV bit for bit, a corrupt disk block is recomputed, never used)."""
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from skistune.runtime.block_manager import KVCacheManager
+from skistune.runtime.tiers import DEVICE, DISK, HOST, TierManager, Transfer
+
+
+@dataclass
+class Seq:
+    seq_id: str
+    token_ids: list[int]
+    num_computed_tokens: int = 0
+
+
+def moves(kv):
+    return [(t.src_tier, t.dst_tier, t.src_blocks, t.dst_blocks) for t in kv.take_transfers()]
+
+
+def run_seq(kv, seq):
+    """Allocate, compute and cache all of a sequence's tokens, then free it."""
+    kv.promote_prefix(seq)
+    hits = kv.get_computed_blocks(seq)
+    assert kv.allocate_slots(seq, len(seq.token_ids) - len(hits) * kv.block_size, hits) is not None
+    seq.num_computed_tokens = len(seq.token_ids)
+    kv.cache_full_blocks(seq)
+    kv.free(seq)
+    return hits
+
+
+def new_kv(num_blocks=4, host=2, disk=1, **kw):
+    return KVCacheManager(num_blocks, 2, True, TierManager(host, disk, **kw))
+
+
+def test_reused_cached_blocks_move_down_a_tier_in_free_order():
+    kv = new_kv()
+    run_seq(kv, Seq("a", [1, 2, 3, 4]))  # blocks 1, 2; freed tail first: free queue 3, 4, 2, 1
+    assert moves(kv) == []
+    run_seq(kv, Seq("b", [9, 8, 7, 6, 5, 4, 3]))  # 4 blocks: 3, 4, then 2 and 1 are reused
+    assert moves(kv) == [(DEVICE, HOST, [2, 1], [0, 1])]
+    assert list(kv.tiers.host.cached.values()) == [0, 1]
+    # b freed tail first: free queue 1 (partial, uncached), 2, 4, 3. c reuses them all: each cached one
+    # goes to the host after the host's least recently used block went to disk (which drops its own)
+    run_seq(kv, Seq("c", [11, 12, 13, 14, 15, 16, 17, 18]))
+    assert moves(kv) == [(HOST, DISK, [0], [0]), (DEVICE, HOST, [2], [0]), (HOST, DISK, [1], [0]),
+                         (DEVICE, HOST, [4], [1]), (HOST, DISK, [0], [0]), (DEVICE, HOST, [3], [0])]
+    assert kv.tiers.host.peak_used == 2 and kv.tiers.disk.peak_used == 1
+
+
+def test_prefix_hit_in_a_lower_tier_is_promoted():
+    kv = new_kv(num_blocks=4, host=4, disk=0)
+    a = Seq("a", [1, 2, 3, 4, 5])
+    run_seq(kv, a)
+    run_seq(kv, Seq("b", [9, 8, 7, 6, 5, 4, 3, 2]))  # pushes a's two full blocks (2, 1) to the host
+    assert moves(kv) == [(DEVICE, HOST, [2, 1], [0, 1])]
+    again = Seq("a2", [1, 2, 3, 4, 5])
+    hits = run_seq(kv, again)
+    assert len(hits) == 2 and kv.tiers.stats.promotions == 2
+    # the promotion takes free blocks 1 and 2 (b's: they go down first), then copies a's blocks up (slot
+    # 1 held a's first block); a2's new block 3 pushes b's block down into the slot just freed
+    assert moves(kv) == [(DEVICE, HOST, [1, 2], [2, 3]), (HOST, DEVICE, [1, 0], [1, 2]), (DEVICE, HOST, [3], [1])]
+    assert len(kv.tiers.host.cached) == 3
+    assert kv.tiers.stats.prefetch_misses == 2
+
+
+def test_write_through_copies_full_blocks_once_and_demotion_is_free():
+    kv = new_kv(num_blocks=4, host=4, disk=0, write_through=True)
+    run_seq(kv, Seq("a", [1, 2, 3, 4, 5]))
+    assert moves(kv) == [(DEVICE, HOST, [1, 2], [0, 1])]
+    run_seq(kv, Seq("b", [9, 8, 7, 6, 5, 4, 3]))  # reuses 2 and 1: already on the host, nothing moves
+    # b reuses 4, 3, 2 and 1 (a's 2 and 1 already on the host: no copy), then writes its own full blocks
+    # 4, 3, 2 through; the host is full at the third, so its least recently used block (slot 1) is dropped
+    assert moves(kv) == [(DEVICE, HOST, [4, 3, 2], [2, 3, 1])]
+    assert kv.tiers.stats.demotions == 2
+
+
+def test_swap_out_and_in_moves_a_sequences_blocks():
+    kv = new_kv(num_blocks=4, host=3, disk=0, swap=True)
+    s = Seq("s", [1, 2, 3, 4, 5])
+    assert kv.allocate_slots(s, 5) == [1, 2, 3]
+    s.num_computed_tokens = 5
+    assert kv.swap_out(s) and kv.block_table("s") == [] and kv.pool.num_free() == 4
+    assert moves(kv) == [(DEVICE, HOST, [1, 2, 3], [0, 1, 2])]
+    t = Seq("t", [1, 2, 3])
+    kv.allocate_slots(t, 3)
+    t.num_computed_tokens = 3
+    assert not kv.swap_out(t) and kv.block_table("t") == [4, 3]  # no host slots left: t keeps its blocks
+    kv.free(t)
+    assert kv.can_swap_in(s, 1)
+    kv.swap_in(s)
+    assert moves(kv) == [(HOST, DEVICE, [0, 1, 2], kv.block_table("s"))]
+    assert kv.tiers.host.num_free() == 3
+
+
+def test_swap_without_host_room_falls_back():
+    kv = new_kv(num_blocks=4, host=2, disk=0, swap=True)
+    s = Seq("s", [1, 2, 3, 4, 5])
+    kv.allocate_slots(s, 5)
+    s.num_computed_tokens = 5
+    assert not kv.swap_out(s) and kv.tiers.stats.swap_fallbacks == 1
+    assert moves(kv) == []
+
+
+def test_swap_may_push_cached_prefix_down_when_preempted_go_first():
+    kv = new_kv(num_blocks=4, host=2, disk=2, swap=True, swap_evicts_prefix=True)
+    run_seq(kv, Seq("a", [1, 2, 3, 4]))
+    run_seq(kv, Seq("b", [9, 8, 7, 6, 5, 4, 3]))
+    moves(kv)
+    s = Seq("s", [7, 7, 7])
+    kv.allocate_slots(s, 3)
+    s.num_computed_tokens = 3
+    assert kv.swap_out(s)
+    assert [m[:2] for m in moves(kv)][-1] == (DEVICE, HOST)
+    assert len(kv.tiers.disk.cached) == 2 and not kv.tiers.host.cached
+
+
+def test_corrupt_disk_block_is_a_miss():
+    kv = new_kv(num_blocks=3, host=0, disk=4)
+    kv.tiers.verify_disk = lambda slot: slot != 1
+    run_seq(kv, Seq("a", [1, 2, 3, 4, 5]))
+    run_seq(kv, Seq("b", [9, 8, 7, 6, 5, 4]))
+    assert moves(kv) == [(DEVICE, DISK, [2, 1], [0, 1])]
+    hits = run_seq(kv, Seq("a2", [1, 2, 3, 4, 5]))
+    assert hits == [] and kv.tiers.stats.corrupt_blocks == 1  # slot 1 holds a's first block: corrupt
+
+
+def test_no_tiers_means_no_transfers():
+    kv = KVCacheManager(4, 2, True)
+    run_seq(kv, Seq("a", [1, 2, 3, 4]))
+    run_seq(kv, Seq("b", [9, 8, 7, 6, 5, 4, 3]))
+    assert kv.take_transfers() == [] and kv.promote_prefix(Seq("a", [1, 2, 3, 4])) == 0
+
+
+# ---- the runtime: real copies between the pools ------------------------------------------------------
+torch = pytest.importorskip("torch")
+from skistune.runtime.request import Request  # noqa: E402
+
+from tiny import tiny_runtime  # noqa: E402
+
+BLOCK_BYTES = 2048  # the tiny model's block: 2 layers x (K, V) x 4 tokens x 2 heads x 16 dims x 4 bytes
+
+
+def serve(rt, prompts, max_new_tokens=12):
+    engine = rt.new_engine()
+    records = [engine.add_request(Request(f"r{i}", p, max_new_tokens)) for i, p in enumerate(prompts)]
+    engine.run_until_done()
+    return [r.output_token_ids for r in records], engine
+
+
+def prompts(n, length=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 100, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def test_swap_preserves_kv_bit_for_bit():
+    ps = prompts(4)
+    reference, _ = serve(tiny_runtime(), ps)
+    knobs = {"offload.device_kv_bytes": 12 * BLOCK_BYTES, "batching.preemption": "swap"}
+    swapped, engine = serve(tiny_runtime(**knobs, **{"offload.host_kv_bytes": 32 * BLOCK_BYTES}), ps)
+    m = engine.metrics(1.0)
+    assert m.preemptions > 0 and m.tiers.swapped_out == m.preemptions == m.tiers.swapped_in
+    assert m.tiers.swap_fallbacks == 0 and swapped == reference
+    # swaps, plus the cached prefix blocks of finished requests demoted when the pool reuses them
+    assert m.tiers.moved_bytes["device->host"] >= m.tiers.moved_bytes["host->device"] > 0
+    assert m.tiers.peak_bytes["host"] <= 32 * BLOCK_BYTES
+
+
+def test_offloaded_prefix_comes_back_from_disk_and_corruption_is_recomputed():
+    rt = tiny_runtime(**{"offload.device_kv_bytes": 5 * BLOCK_BYTES, "offload.disk_kv_bytes": 16 * BLOCK_BYTES})
+    shared, other = prompts(2, length=13, seed=1)
+    reference, _ = serve(tiny_runtime(), [shared], max_new_tokens=4)
+    engine = rt.new_engine()
+    outputs = []
+    for i, p in enumerate([shared, other, shared, other, shared]):
+        rec = engine.add_request(Request(f"r{i}", p, 4))
+        if i == 4:  # flip a byte in every block the disk holds: the hits must be recomputed
+            disk = engine.executor.tier_store.disk
+            for slot in disk.crc:
+                byte = os.pread(disk.fd, 1, slot * disk.block_bytes + 7)
+                os.pwrite(disk.fd, bytes([byte[0] ^ 0xFF]), slot * disk.block_bytes + 7)
+        engine.run_until_done()
+        outputs.append(rec.output_token_ids)
+    m = engine.metrics(1.0)
+    assert len(reference[0]) == 4 and outputs[0] == outputs[2] == outputs[4] == reference[0]
+    assert m.tiers.promotions >= 3 and m.tiers.corrupt_blocks >= 1
+    assert engine.records[2].prefix_hit_tokens == 12 and engine.records[4].prefix_hit_tokens < 12
+
+
+def test_three_times_the_device_pool_completes_with_swap_and_offload():
+    knobs = {"offload.device_kv_bytes": 10 * BLOCK_BYTES, "offload.host_kv_bytes": 24 * BLOCK_BYTES,
+             "offload.disk_kv_bytes": 16 * BLOCK_BYTES, "batching.preemption": "swap",
+             "prefetch.enabled": True, "prefetch.depth": 4}
+    base = prompts(2, length=8, seed=2)
+    ps = [base[i % 2] + q[:4] for i, q in enumerate(prompts(6, length=4, seed=3))]  # 6 x 24 tokens: 36 blocks
+    reference, _ = serve(tiny_runtime(), ps)
+    out, engine = serve(tiny_runtime(**knobs), ps)
+    m = engine.metrics(1.0)
+    assert m.num_finished == 6 and out == reference
+    assert m.tiers.peak_bytes["device"] <= 10 * BLOCK_BYTES and m.tiers.peak_bytes["host"] <= 24 * BLOCK_BYTES
+    kv = engine.kv
+    assert kv.pool.num_free() == kv.pool.num_blocks and not kv.tiers.swapped  # no block leak
+    assert kv.tiers.host.num_used() == len(kv.tiers.host.cached)

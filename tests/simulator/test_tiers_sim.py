@@ -1,0 +1,83 @@
+"""The simulator with KV tiers: the runtime's own tier accounting, transfers priced by the profile's
+transfer fits, prefetch overlapped with the step."""
+from dataclasses import dataclass
+
+import pytest
+
+from skistune.config import KVConfig
+from skistune.profile.cost import FEATURES, StepCostModel
+from skistune.runtime.presets import PRESETS
+from skistune.runtime.request import Request
+from skistune.simulator import MODELED_KNOBS, SimTarget, build_engine, simulate
+
+SPEC = PRESETS["smollm2-135m"]
+BLOCK_BYTES = 2 * 30 * 3 * 64 * 2 * 16  # K and V, 30 layers, 3 KV heads, 64 dims, 2 bytes, 16 tokens
+
+
+@dataclass(frozen=True)
+class Link:
+    latency_s: float
+    bytes_per_s: float
+
+    def time_s(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bytes_per_s
+
+
+LINKS = {name: Link(1e-5, 1e10) for name in ("device_to_host", "host_to_device", "host_to_disk", "disk_to_host")}
+
+
+def target():
+    c = dict(fixed=1e-3, seqs=0.0, tokens=1e-5, tokens_past_knee=0.0, multi_token=0.0, decode_kv_bytes=0.0,
+             prefill_kv_bytes=0.0, prefill_pairs=0.0, samples=0.0)
+    return SimTarget(SPEC, StepCostModel(tuple(c[f] for f in FEATURES), 512), kv_itemsize=2,
+                     device_free_bytes=1 << 30, transfers=LINKS)
+
+
+def prefix_heavy(n=24, prefixes=4, spacing_s=0.5):
+    """Requests one after another, cycling over a few 256-token prefixes (16 blocks each)."""
+    base = [[1000 + 300 * p + i for i in range(256)] for p in range(prefixes)]
+    return [Request(f"r{i}", base[i % prefixes] + [5 + i] * 16, 8, arrival_s=i * spacing_s) for i in range(n)]
+
+
+def config(**knobs):
+    return KVConfig().with_knobs({"offload.device_kv_bytes": 40 * BLOCK_BYTES, **knobs})
+
+
+def test_host_tier_keeps_prefixes_the_device_cannot():
+    reqs = prefix_heavy()
+    without = simulate(config(), reqs, target())
+    with_host = simulate(config(**{"offload.host_kv_bytes": 80 * BLOCK_BYTES}), reqs, target())
+    assert without.tiers is None and without.prefix_hit_tokens == 0  # the device keeps two prefixes of four
+    assert with_host.prefix_hit_tokens == 20 * 256  # every request after the first four hits its prefix
+    assert with_host.tiers.promotions == 20 * 16 and with_host.tiers.transfer_s > 0
+    assert with_host.tiers.peak_bytes["host"] <= 80 * BLOCK_BYTES
+    assert with_host.e2e_s.mean < without.e2e_s.mean  # copying 16 blocks beats recomputing 256 tokens here
+
+
+def test_transfers_add_time_and_prefetch_overlaps_them():
+    reqs = prefix_heavy(spacing_s=0.0)  # all waiting at once: prefetch has sequences to work ahead for
+    knobs = {"offload.host_kv_bytes": 80 * BLOCK_BYTES, "batching.max_num_seqs": 1}  # room to work ahead
+    plain = simulate(config(**knobs), reqs, target())
+    ahead = simulate(config(**knobs, **{"prefetch.enabled": True, "prefetch.depth": 16}), reqs, target())
+    assert plain.tiers.stall_s == pytest.approx(plain.tiers.transfer_s)  # nothing overlaps without prefetch
+    assert ahead.tiers.prefetched > 0 and ahead.tiers.prefetch_hit_rate > 0
+    assert ahead.tiers.stall_s < plain.tiers.stall_s
+
+
+def test_swap_preemption_in_the_simulator_avoids_recompute():
+    reqs = [Request(f"r{i}", [7 + i] * 200, 120) for i in range(6)]
+    base = {"offload.device_kv_bytes": 64 * BLOCK_BYTES, "prefix_reuse.enabled": False}
+    recompute = simulate(config(**base), reqs, target())
+    swap = simulate(config(**base, **{"offload.host_kv_bytes": 64 * BLOCK_BYTES, "batching.preemption": "swap"}),
+                    reqs, target())
+    assert recompute.preemptions > 0 and swap.num_finished == 6
+    assert swap.tiers.swapped_out == swap.preemptions == swap.tiers.swapped_in
+    assert swap.tiers.peak_bytes["host"] <= 64 * BLOCK_BYTES
+
+
+def test_tier_knobs_are_modelled_and_need_transfer_fits():
+    assert {"offload.host_kv_bytes", "batching.preemption", "prefetch.depth"} <= MODELED_KNOBS
+    assert "prefetch.unit" not in MODELED_KNOBS
+    bare = SimTarget(SPEC, target().step_cost, kv_itemsize=2, device_free_bytes=1 << 30)
+    with pytest.raises(ValueError, match="transfer fit"):
+        build_engine(config(**{"offload.host_kv_bytes": 80 * BLOCK_BYTES}), bare)
