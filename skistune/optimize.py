@@ -982,11 +982,16 @@ def _same_behaviour(a: Metrics, b: Metrics) -> bool:
 
 
 def replay_config(problem: Problem, predicted: Evaluation, requests: RequestSet) -> KVConfig:
-    """The config the runtime replays: the same, with the KV pool capped at twice the slice's predicted peak
-    when the simulator shows that changes nothing for the slice. The runtime zero-fills its whole pool
+    """The config the runtime replays: host and disk tiers capped at twice the slice's predicted KV peak
+    (the slice is small), and the device KV pool too when the simulator shows that changes nothing for it. The runtime zero-fills its whole pool
     (4 GiB x the device fraction on a CPU: seconds per config), which would dominate a short validation."""
     config = predicted.config
     cap = max(2 * predicted.figures["kv_peak_bytes"], VALIDATE_MIN_POOL_BYTES)
+    # host and disk tiers are allocated up front too (a 128 GiB host tier cannot be zero-filled here): they
+    # are always capped at the same size, then the device pool only where the simulator shows no difference
+    o = config.offload
+    tiers = {"offload.host_kv_bytes": min(o.host_kv_bytes, int(cap)), "offload.disk_kv_bytes": min(o.disk_kv_bytes, int(cap))}
+    config = config.with_knobs(tiers)
     if config.offload.device_kv_bytes is not None and config.offload.device_kv_bytes <= cap:
         return config
     capped = config.with_knobs({"offload.device_kv_bytes": int(cap)})

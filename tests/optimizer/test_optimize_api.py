@@ -133,10 +133,11 @@ def test_only_modeled_knobs_are_searched_and_the_rest_is_reported():
     space, left_out = modeled_space(load_space("default"), baseline_config())
     searched = {p.name for p in space.params if not p.is_switch}
     assert searched == {k for k in load_space("default").knob_names() if k in MODELED_KNOBS}
-    assert {"eviction.policy", "bitwidth.key_bits", "offload.host_kv_bytes"} <= set(left_out)
+    assert {"eviction.policy", "bitwidth.key_bits", "prefetch.unit"} <= set(left_out)
+    assert "offload.host_kv_bytes" in searched  # tiers are priced by the profile's transfer fits
     note = not_modeled_note(left_out)
     assert note.startswith("not modeled yet, left at defaults: eviction.*, bitwidth.*")
-    assert "offload.host_kv_bytes" in note and "offload.device_memory_fraction" not in note
+    assert "offload.host_kv_bytes" not in note and "offload.device_memory_fraction" not in note
 
 
 def test_the_search_grows_with_the_modeled_knobs():
@@ -149,8 +150,9 @@ def test_the_search_grows_with_the_modeled_knobs():
 
 def test_engine_space_keeps_modeled_fixed_knobs_and_lists_unmodeled_ones():
     space, left_out = modeled_space(load_space("vllm"), baseline_config())
-    assert dict(space.fixed) == {"batching.policy": "fcfs"}
-    assert "offload.write_policy" in left_out  # fixed to write_through by the space, not modeled
+    fixed = dict(space.fixed)
+    assert fixed["batching.policy"] == "fcfs" and fixed["offload.write_policy"] == "write_through"
+    assert "bitwidth.key_bits" in left_out  # searched by the space, not by the optimizer yet (lossy: issue 9)
 
 
 def test_quality_floor_is_zero_loss_without_structural_knobs_and_an_error_with_them(workload, profile):

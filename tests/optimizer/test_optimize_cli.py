@@ -84,7 +84,8 @@ def test_target_searches_what_the_engine_can_deploy(here):
     assert r.exit_code == 0, r.output
     prov = __import__("yaml").safe_load((here / "skistune-tuned.yaml").read_text())["provenance"]
     assert prov["search_space"]["name"] == "vllm"
-    assert "offload.write_policy" in prov["search_space"]["not_modeled"]
+    assert "offload.write_policy" not in prov["search_space"]["not_modeled"]  # tiers are modeled
+    assert any(k.startswith("bitwidth.") for k in prov["search_space"]["not_modeled"])
 
 
 def test_two_worker_processes_share_one_study(here):
