@@ -299,9 +299,9 @@ def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder:
     path = cached_profile_path(model, device, machine_fingerprint(device), folder)
     if path.is_file():
         try:
-            cached = load_profile(path)
-            if cached.measures_quantized_kv:  # an entry from before quantized KV is measured again, too
-                return cached
+            # an entry from before quantized KV was measured is used as it is (its `quantized_kv_note` says
+            # what quantized KV predictions then rest on): `skistune profile` measures it again on demand
+            return load_profile(path)
         except ValueError:
             pass  # a damaged cache entry is measured again and overwritten
     from .measure import (
