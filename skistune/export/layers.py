@@ -3,12 +3,9 @@ for tools that configure KV compression layer by layer (and for reading what a c
 
 Budgets per layer (`layer_budgets`):
 - ``uniform``: every layer keeps the config's budget.
-- ``pyramid``: skistune's linear schedule, from 1.5x the budget at layer 0 down to 0.5x at the last layer.
-  The factors average to 1, so the model keeps as many tokens in total as with ``uniform`` (up to rounding
-  and the cap below). This is skistune's schedule, not kvpress's PyramidKV formula (which derives its
-  bounds from a window and a beta).
-Token budgets are rounded to whole tokens (at least 1); fraction budgets are capped at 1.0 (a layer cannot
-keep more than its whole context), so a pyramid of a fraction above 2/3 keeps a little less in total.
+- ``pyramid``: the runtime's schedule (PyramidKV as kvpress computes it, see
+  `skistune.runtime.eviction_budget`): more tokens in the first layers, fewer in the last, the same mean.
+Fraction budgets are capped at 1.0 (a layer cannot keep more than its whole context).
 ``budget`` is null when the policy is ``none`` (every token kept).
 
 The eviction policy, sinks and recent window, and the quantization's group size and full-precision window
@@ -22,25 +19,23 @@ import yaml
 from skistune.config import KVConfig
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
 from skistune.export.common import comment
+from skistune.runtime.eviction_budget import layer_budgets as runtime_layer_budgets
 from skistune.runtime.presets import ModelSpec
 
-PYRAMID_TOP, PYRAMID_BOTTOM = 1.5, 0.5
+NOMINAL_CONTEXT = 1_000_000  # tokens: long enough that rounding to whole tokens moves a fraction < 1e-6
 
 
 def layer_budgets(config: KVConfig, n_layers: int) -> list[int | float | None]:
-    """The eviction budget of each layer: tokens (int) or a fraction of the context (float); None for
-    every layer when the policy is ``none``."""
+    """The eviction budget of each layer, as the runtime applies it (`runtime.eviction_budget.layer_budgets`,
+    one schedule for both): tokens (int) for a token budget, a fraction of the context (float) for a
+    fractional one (the runtime's schedule on a long nominal context, divided by it); None for every layer
+    when the policy is ``none``."""
     ev = config.eviction
     if ev.policy == "none":
         return [None] * n_layers
-    if ev.layer_schedule == "uniform" or n_layers == 1:
-        factors = [1.0] * n_layers
-    else:  # pyramid: linear from PYRAMID_TOP at layer 0 to PYRAMID_BOTTOM at the last layer
-        step = (PYRAMID_TOP - PYRAMID_BOTTOM) / (n_layers - 1)
-        factors = [PYRAMID_TOP - layer * step for layer in range(n_layers)]
     if ev.budget_tokens is not None:
-        return [max(1, round(ev.budget_tokens * f)) for f in factors]
-    return [min(1.0, round(ev.budget_fraction * f, 6)) for f in factors]
+        return runtime_layer_budgets(ev, n_layers, ev.budget_tokens)  # the context does not enter a token budget
+    return [min(1.0, round(b / NOMINAL_CONTEXT, 6)) for b in runtime_layer_budgets(ev, n_layers, NOMINAL_CONTEXT)]
 
 
 def check_layer_bits(config: KVConfig, model: ModelSpec) -> None:

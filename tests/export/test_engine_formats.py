@@ -8,6 +8,8 @@ import shlex
 import pytest
 import yaml
 
+from skistune.runtime.eviction_budget import layer_budgets as runtime_layer_budgets
+
 from export_cases import DISK, GIB, GOLDEN_CONFIGS, H2O, HOST, HOST_PREFETCH, config_of, golden_config
 from skistune.export import export, layer_budgets
 
@@ -149,8 +151,10 @@ def test_layers_has_one_entry_per_layer_of_the_model(model):
     data = yaml.safe_load(export(config, "layers", model=model).text)
     n = get_preset(model).n_layers
     assert list(data) == list(range(n))
-    assert data[0] == {"nbits_key": 4, "nbits_value": 16, "budget": 384}
-    assert data[n - 1] == {"nbits_key": 4, "nbits_value": 16, "budget": 128}
+    expected = runtime_layer_budgets(config.eviction, n, 256)  # what the runtime keeps per layer
+    assert data[0] == {"nbits_key": 4, "nbits_value": 16, "budget": expected[0]}
+    assert data[n - 1] == {"nbits_key": 4, "nbits_value": 16, "budget": expected[-1]}
+    assert expected[0] > 256 > expected[-1]
 
 
 def test_layers_rejects_per_layer_bits_of_another_model():
@@ -163,11 +167,12 @@ def test_layer_budgets_schedules():
     assert layer_budgets(uniform, 4) == [256] * 4
     pyramid = config_of({**H2O, "eviction.layer_schedule": "pyramid"})
     budgets = layer_budgets(pyramid, 5)
-    assert budgets == [384, 320, 256, 192, 128] and sum(budgets) == 5 * 256
-    assert layer_budgets(pyramid, 1) == [256]
-    fraction = config_of({"eviction.policy": "snapkv", "eviction.budget_fraction": 0.8,
+    assert budgets == runtime_layer_budgets(pyramid.eviction, 5, 256)  # one schedule: the runtime's
+    assert budgets == sorted(budgets, reverse=True) and budgets[0] > 256 > budgets[-1]
+    fraction = config_of({"eviction.policy": "snapkv", "eviction.budget_fraction": 0.5,
                           "eviction.layer_schedule": "pyramid"})
-    assert layer_budgets(fraction, 3) == [1.0, 0.8, 0.4]  # 1.2 capped at the whole context
+    shares = layer_budgets(fraction, 3)
+    assert shares == sorted(shares, reverse=True) and abs(sum(shares) / 3 - 0.5) < 1e-3
     assert layer_budgets(config_of({}), 3) == [None, None, None]
 
 
