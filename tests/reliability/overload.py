@@ -49,17 +49,23 @@ def accounting(engine, requests: Sequence[Request]) -> dict[str, Any]:
             "preemptions": engine.scheduler.num_preemptions, "blocks_balanced": balanced}
 
 
-def runtime_overload(factor: int = FACTOR, n: int = 12, prompt: int = 16, output: int = 16) -> dict[str, Any]:
+def runtime_overload(factor: int = FACTOR, n: int = 12, prompt: int = 16, output: int = 16,
+                     tiers: bool = False) -> dict[str, Any]:
     """The tiny model serving ``n`` requests at once in a cache ``factor`` times too small for them; the
-    greedy tokens must equal those of a run with room for all (recompute loses nothing)."""
+    greedy tokens must equal those of a run with room for all (recompute loses nothing). ``tiers``: with
+    swap preemption, a host tier and a disk tier as large as the device pool, and prefetch."""
     tiny = load_tiny()
     roomy = tiny.tiny_runtime()
     rng = np.random.default_rng(0)
     requests = [Request(f"r{i}", [int(t) for t in rng.integers(3, tiny.TINY.vocab_size, prompt)], output)
                 for i in range(n)]
     pool_blocks = blocks_needed(requests, roomy.config.prefix_reuse.block_size) // factor
-    tight = roomy.with_config(roomy.config.with_knobs({"offload.device_kv_bytes":
-                                                        pool_blocks * roomy.store.block_bytes}))
+    pool_bytes = pool_blocks * roomy.store.block_bytes
+    knobs = {"offload.device_kv_bytes": pool_bytes}
+    if tiers:
+        knobs.update({"batching.preemption": "swap", "offload.host_kv_bytes": pool_bytes,
+                      "offload.disk_kv_bytes": pool_bytes, "prefetch.enabled": True})
+    tight = roomy.with_config(roomy.config.with_knobs(knobs))
     engine = tight.new_engine()
     engine.replay(requests)
     reference = roomy.new_engine()
