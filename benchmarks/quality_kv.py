@@ -18,7 +18,8 @@ SnapKV is the exception by design: it keeps the whole prompt until the prompt's 
 (its observation window is the prompt's end), so over the prompt its perplexity equals full precision;
 its eviction shows only in ``last``, the tokens after the compressed prompt. Budgets are fixed token
 counts, the given fraction of the window (25%: 375 tokens), with the config's defaults otherwise
-(sink_tokens 4, recent_window 64; keys and values at the same bits, group 32, no full-precision window).
+(sink_tokens 4, recent_window 64; keys and values at the same bits, group 32, no full-precision window
+but in the rows that say "+ 128 fp").
 
     python benchmarks/quality_kv.py [--windows 8] [--window-tokens 1500] [--chunk 64] [--continuation 128]
                                     [--only full,int8] [--json]
@@ -71,6 +72,8 @@ def configs(window_tokens: int) -> dict[str, dict]:
     out: dict[str, dict] = {"full": {}}
     for bits in (8, 4, 2):
         out[f"int{bits}"] = {"bitwidth.key_bits": bits, "bitwidth.value_bits": bits}
+    for bits in (4, 2):  # KIVI's setting: the newest 128 tokens stay at full precision
+        out[f"int{bits} + 128 fp"] = {**out[f"int{bits}"], "bitwidth.full_precision_window": 128}
     for policy in ("streaming", "h2o", "tova", "snapkv"):
         for pct in (25, 50):
             budget = {"eviction.policy": policy, "eviction.budget_tokens": window_tokens * pct // 100}
