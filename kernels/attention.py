@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..runtime.kv_layout import full_precision_start
 from .quant import dequantize_keys, dequantize_values, quantize_keys, quantize_values
 
 
@@ -128,10 +129,6 @@ class RingInfo:
     window: int
 
 
-def _fp_start(ctx: int, ring_start: int, ring: RingInfo, block_size: int) -> int:
-    return max(max(0, ctx - ring.window) // block_size * block_size, ring_start)
-
-
 def _overlay(row: int, slot: int, first: int, ctx: int, ring_tokens: int, out: tuple[list, list, list]) -> None:
     for p in range(first, ctx):
         out[0].append(row)
@@ -187,7 +184,7 @@ def build_attention_metadata(block_tables: list[list[int]], query_lens: list[int
         for pos in range(ctx - q_len, ctx):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         n_blocks = -(-ctx // block_size)
-        fp = _fp_start(ctx, ring.ring_starts[i], ring, block_size) if ring else ctx
+        fp = full_precision_start(ctx, ring.ring_starts[i], ring.window, block_size) if ring else ctx
         if q_len == 1:
             if ring:
                 _overlay(len(decode_rows), ring.slots[i], fp, ctx, ring.ring_tokens, overlay)

@@ -12,6 +12,7 @@ Memory layout and quantization scheme: see `skistune.runtime.kv_store` and `skis
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -171,9 +172,15 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
     tl.store(ML + part * 2 * GP + GP + offs_g, l)
 
 
+@functools.cache
+def _dummy(device: torch.device) -> torch.Tensor:
+    """Stands in for absent scale/ring tensors (never read): one per device, not one per layer and step."""
+    return torch.zeros(1, 1, 1, 1, device=device)
+
+
 def _side_args(side, device) -> tuple[list, list[int]]:
     """Tensors and strides of one side; absent scale/ring tensors are replaced by a dummy (never read)."""
-    dummy = torch.zeros(1, 1, 1, 1, device=device)
+    dummy = _dummy(torch.device(device))
     data = side.data
     scale = side.scale if side.quantized else dummy
     zero = side.zero if side.quantized else dummy

@@ -61,6 +61,13 @@ def kv_block_bytes(spec: ModelSpec, block_size: int, itemsize: int, config: KVCo
                for kb, vb in layer_bits(config, spec))
 
 
+def full_precision_start(context_len: int, ring_start: int, window: int, block_size: int) -> int:
+    """First position of a sequence read from its ring rather than from packed blocks: the window's first
+    block (block-aligned so that everything before it is in full, quantized blocks), never before the first
+    position the sequence wrote itself (prefix-cache hits exist only packed)."""
+    return max(max(0, context_len - window) // block_size * block_size, ring_start)
+
+
 def full_precision_ring_tokens(config: KVConfig) -> int:
     """Tokens of a running sequence kept at full precision per quantized side: the window rounded up
     to whole blocks, plus the block being filled."""

@@ -23,7 +23,8 @@ from ..config import KVConfig
 from ..profile.transfers import copy_blocks
 from .disk_pool import DiskPool
 from .tiers import Transfer
-from .kv_layout import FULL_PRECISION_BITS, full_precision_ring_tokens, kv_block_bytes, layer_bits, value_group
+from .kv_layout import (FULL_PRECISION_BITS, full_precision_ring_tokens, full_precision_start, kv_block_bytes,
+                        layer_bits, value_group)
 from .presets import ModelSpec
 
 
@@ -79,11 +80,8 @@ class PagedKVStore:
         return self.layers[i]
 
     def full_precision_start(self, context_len: int, ring_start: int) -> int:
-        """First position of a sequence read from its ring rather than from packed blocks: the window's
-        first block (block-aligned so that everything before it is in full, quantized blocks), never
-        before the first position the sequence wrote itself (prefix-cache hits exist only packed)."""
-        bs = self.block_size
-        return max(max(0, context_len - self.window) // bs * bs, ring_start)
+        """`kv_layout.full_precision_start` at this store's window and block size."""
+        return full_precision_start(context_len, ring_start, self.window, self.block_size)
 
     def fill_random_(self) -> None:
         """Random contents in every block but the null block 0 (which must stay zero), for timing: values
