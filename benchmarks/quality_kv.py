@@ -27,44 +27,19 @@ but in the rows that say "+ 128 fp").
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from skistune.config import KVConfig
+from skistune.quality.corpus import stdlib_text
+from skistune.quality.scoring import window_nll
 from skistune.runtime.llm import Runtime
-from skistune.runtime.request import Request
 
-MODULES = (
-    "argparse", "ast", "asyncio", "base64", "bdb", "bisect", "calendar", "cmd", "codecs", "collections",
-    "concurrent.futures", "configparser", "contextlib", "copy", "csv", "datetime", "decimal", "difflib",
-    "doctest", "email", "ftplib", "functools", "getopt", "gettext", "glob", "gzip", "heapq", "hmac", "html",
-    "http.client", "http.cookiejar", "http.server", "imaplib", "inspect", "ipaddress", "json", "locale",
-    "logging", "lzma", "mailbox", "mimetypes", "netrc", "numbers", "operator", "optparse", "os", "pdb",
-    "pickle", "pickletools", "pkgutil", "platform", "plistlib", "poplib", "pprint", "pydoc", "queue", "quopri",
-    "random", "re", "reprlib", "sched", "secrets", "selectors", "shelve", "shlex", "shutil", "smtplib",
-    "socket", "socketserver", "statistics", "string", "struct", "subprocess", "symtable", "tarfile",
-    "tempfile", "textwrap", "threading", "timeit", "tokenize", "trace", "traceback", "types", "typing",
-    "unittest", "urllib.parse", "urllib.request", "uuid", "warnings", "wave", "weakref", "xml.dom.minidom",
-    "zipfile", "zipimport",
-)
 KV_POOL_BYTES = 128 << 20  # a 1,500-token window of SmolLM2 in fp32 is 69 MB of KV
-
-
-def stdlib_text() -> tuple[str, list[str]]:
-    """The joined module docstrings and the modules that had one."""
-    docs, used = [], []
-    for name in MODULES:
-        doc = importlib.import_module(name).__doc__
-        if doc and doc.strip():
-            docs.append(doc.strip())
-            used.append(name)
-    return "\n\n".join(docs), used
 
 
 def configs(window_tokens: int) -> dict[str, dict]:
@@ -81,43 +56,6 @@ def configs(window_tokens: int) -> dict[str, dict]:
             if policy == "streaming":
                 out[f"{policy}-{pct}% no sinks"] = {**budget, "eviction.sink_tokens": 0}
     return out
-
-
-class TeacherForced:
-    """The engine's executor for scoring a text: runs the real model runner, keeps each computed position's
-    loss on the text's next token, and "samples" that token, so that decode steps consume the text too."""
-
-    def __init__(self, runner, text: list[int]) -> None:
-        runner.keep_logits = True
-        self.runner = runner
-        self.text = text
-        self.nll = torch.full((len(text) - 1,), float("nan"), dtype=torch.float64)
-
-    def execute(self, out, kv) -> dict[str, int]:
-        self.runner.execute(out, kv)
-        forced = {}
-        for s in out.scheduled:
-            logits = self.runner.step_logits[s.seq.seq_id]  # [n, vocab] of positions start .. start + n - 1
-            end = min(s.start + s.num_new_tokens, len(self.text) - 1)
-            targets = torch.tensor(self.text[s.start + 1:end + 1])
-            self.nll[s.start:end] = F.cross_entropy(logits[:end - s.start].double(), targets, reduction="none")
-            if s.samples:
-                forced[s.seq.seq_id] = self.text[s.start + s.num_new_tokens]
-        return forced
-
-
-def window_nll(rt: Runtime, text: list[int], continuation: int) -> torch.Tensor:
-    """Per-position loss ``[len(text) - 1]`` of one window served with ``rt``'s config."""
-    engine = rt.new_engine()
-    scorer = TeacherForced(engine.executor, text)
-    engine.executor = scorer
-    record = engine.add_request(Request("window", text[:len(text) - continuation], continuation))
-    if record.rejected_reason is not None:
-        raise SystemExit(f"window rejected: {record.rejected_reason}")
-    engine.run_until_done()
-    if scorer.nll.isnan().any():
-        raise RuntimeError("a position of the window was never scored")
-    return scorer.nll
 
 
 def measure(base: Runtime, knobs: dict, windows: list[list[int]], continuation: int, chunk: int) -> list[torch.Tensor]:

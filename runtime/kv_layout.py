@@ -110,6 +110,10 @@ def kv_traffic(config: KVConfig, spec: ModelSpec, itemsize: int) -> KVTraffic:
                      ring_tokens * elements * itemsize)
 
 
+class KVPoolTooSmall(ValueError):
+    """The device pool cannot hold one block after the full-precision rings: the config cannot serve here."""
+
+
 def kv_pool_bytes(config: KVConfig, device_free_bytes: int) -> int:
     if config.offload.device_kv_bytes is not None:
         return config.offload.device_kv_bytes
@@ -122,6 +126,6 @@ def kv_pool_blocks(config: KVConfig, spec: ModelSpec, itemsize: int, device_free
     rings = ring_bytes(config, spec, itemsize)
     num_blocks = (kv_pool_bytes(config, device_free_bytes) - rings) // block_bytes
     if num_blocks < 1:
-        raise ValueError(f"offload.device_kv_bytes: smaller than one KV block ({block_bytes} bytes) plus the "
+        raise KVPoolTooSmall(f"offload.device_kv_bytes: smaller than one KV block ({block_bytes} bytes) plus the "
                          f"full-precision rings of quantized KV ({rings} bytes)")
     return num_blocks, block_bytes

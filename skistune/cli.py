@@ -99,3 +99,4 @@ from skistune.export_cli import export  # noqa: E402
 app.command()(export)
 
 import skistune.worker_cli  # noqa: E402,F401  (its import registers `skistune worker`)
+import skistune.quality_cli  # noqa: E402,F401  (its import registers `skistune quality`)

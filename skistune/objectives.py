@@ -41,14 +41,23 @@ MAXIMIZE, MINIMIZE = "maximize", "minimize"
 @dataclass(frozen=True)
 class QualityLoss:
     """Predicted loss against the full-precision, no-eviction cache: relative perplexity increase over
-    the mean and the worst text window, and the share of long-context retrieval accuracy kept."""
+    the mean and the worst text window, and the share of long-context retrieval accuracy kept.
+    ``ppl_mean_bound`` is the one-sided 95% upper bound of the mean from the spread between the profile's
+    windows (what a mean-window floor is checked against: the floor must hold on text the profile did not
+    see); None where the loss is itself a measurement (held-out validation) or exact."""
 
     ppl_mean: float
     ppl_worst: float
     needle_retained: float
+    basis: str = "measured"  # "exact" (nothing lossy), "measured", "proxy: <model>" or why it is unknown
+    ppl_mean_bound: float | None = None
+
+    @property
+    def guarded_mean(self) -> float:
+        return self.ppl_mean if self.ppl_mean_bound is None else self.ppl_mean_bound
 
 
-NO_LOSS = QualityLoss(0.0, 0.0, 1.0)
+NO_LOSS = QualityLoss(0.0, 0.0, 1.0, basis="exact")
 
 
 @dataclass(frozen=True)
@@ -115,14 +124,14 @@ def structural_changes(config: KVConfig) -> list[str]:
     return changes
 
 
-def predict_quality(config: KVConfig, quality_profile: Any = None) -> QualityLoss | None:
-    """Exactly no loss when no structural knob changes; otherwise the quality profile's prediction, or None
-    when there is no quality profile (quality profiles come with a later release)."""
+def predict_quality(config: KVConfig, quality_profile: Any = None, model: str | None = None) -> QualityLoss | None:
+    """Exactly no loss when no structural knob changes; otherwise the quality profile's prediction (a proxy
+    when ``model`` is not the profile's), or None when there is no quality profile."""
     if not structural_changes(config):
         return NO_LOSS
     if quality_profile is None:
         return None
-    return quality_profile.predict(config)
+    return quality_profile.predict(config, model)
 
 
 def _known_quality(point: Point) -> QualityLoss:
@@ -135,8 +144,9 @@ def _known_quality(point: Point) -> QualityLoss:
 
 @dataclass(frozen=True)
 class QualityFloor:
-    """``ppl+1%`` (mean-window perplexity at most 1% above the full cache), ``worst:ppl+3%`` (worst window),
-    ``needle>=0.95`` (at least 95% of the full cache's long-context retrieval accuracy kept)."""
+    """``ppl+1%`` (mean-window perplexity at most 1% above the full cache, checked against the predicted
+    mean's 95% upper bound), ``worst:ppl+3%`` (worst window), ``needle>=0.95`` (at least 95% of the full
+    cache's long-context retrieval accuracy kept)."""
 
     metric: str  # "ppl" or "needle"
     window: str  # "mean" or "worst" (ppl only)
@@ -146,7 +156,7 @@ class QualityFloor:
         loss = _known_quality(point)
         if self.metric == "needle":
             return self.limit - loss.needle_retained
-        return (loss.ppl_worst if self.window == "worst" else loss.ppl_mean) - self.limit
+        return (loss.ppl_worst if self.window == "worst" else loss.guarded_mean) - self.limit
 
     def __str__(self) -> str:
         if self.metric == "needle":

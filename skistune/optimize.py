@@ -117,19 +117,32 @@ def _value(config: KVConfig, dotted: str) -> Any:
     return [list(x) for x in value] if isinstance(value, tuple) else value
 
 
-def not_modeled_note(left_out: Sequence[str]) -> str | None:
-    """``not modeled yet, left at defaults: eviction.*, bitwidth.*, offload.host_kv_bytes``: whole families
-    by ``family.*`` when none of their knobs is modeled."""
-    if not left_out:
-        return None
-    from skistune import simulator
-
+def _family_names(knobs: Sequence[str], searchable: frozenset[str]) -> list[str]:
+    """Knobs as ``family.*`` where none of the family's knobs is searchable, else one by one."""
     names: list[str] = []
     for family in FAMILIES:
-        mine = [k for k in left_out if k.startswith(family + ".")]
-        modeled_here = [k for k in knob_fields() if k.startswith(family + ".") and k in simulator.MODELED_KNOBS]
-        names += [f"{family}.*"] if mine and not modeled_here else mine
-    return "not modeled yet, left at defaults: " + ", ".join(names)
+        mine = [k for k in knobs if k.startswith(family + ".")]
+        searchable_here = [k for k in knob_fields() if k.startswith(family + ".") and k in searchable]
+        names += [f"{family}.*"] if mine and not searchable_here else mine
+    return names
+
+
+def not_modeled_note(left_out: Sequence[str]) -> str | None:
+    """What the search left at the baseline's values, and why: ``lossless search (no --quality floor) ...:
+    eviction.*, bitwidth.*`` for the knobs that change the model's outputs, ``not modeled yet ...`` for the
+    others (whole families by ``family.*`` when none of their knobs is searched)."""
+    from skistune import simulator
+
+    lossy = [k for k in left_out if k in simulator.LOSSY_KNOBS]
+    other = [k for k in left_out if k not in simulator.LOSSY_KNOBS]
+    parts = []
+    if lossy:
+        parts.append("lossless search (no --quality floor), left at defaults: "
+                     + ", ".join(_family_names(lossy, frozenset())) + " (give --quality ppl+1% to search them)")
+    if other:
+        parts.append("not modeled yet, left at defaults: "
+                     + ", ".join(_family_names(other, simulator.MODELED_KNOBS | simulator.LOSSY_KNOBS)))
+    return "; ".join(parts) or None
 
 
 # ---- the problem ------------------------------------------------------------------------------------------
@@ -191,7 +204,8 @@ class Problem:
                 "slo": [str(s) for s in self.slos], "constraints": [c.name for c in self.constraints],
                 "workload": self.workload.digest(), "model": self.model, "profile": self.profile.fingerprint.key(),
                 "step_cost": list(self.target.step_cost.coef), "space": self.space.name,
-                "knobs": [p.name for p in self.space.params]}
+                "knobs": [p.name for p in self.space.params],
+                **({"quality_profile": self.quality_profile.digest()} if self.quality_profile is not None else {})}
 
 
 def _constraints(slos, max_queue_s, energy, quality, custom) -> tuple[Constraint, ...]:
@@ -256,10 +270,31 @@ def _load_workload(workload, model: str):
     return load_workload(workload, requests=DEFAULT_REQUESTS if preset else None)
 
 
+def _quality_setup(floors, objectives, quality_profile, model: str) -> tuple[Any, frozenset[str], list[str]]:
+    """The quality profile, the knobs the search may vary, and notes. Lossy knobs (eviction, KV bits) are
+    searched only under a quality floor or a quality objective: without one they would look free."""
+    from skistune import simulator
+    from skistune.quality import load_quality_profile
+
+    if not floors and not any(o.name == "quality" for o in objectives):
+        return None, simulator.MODELED_KNOBS, []
+    qp = load_quality_profile(quality_profile)
+    if qp is None:
+        raise ValueError("quality: no quality profile to price eviction and KV bits; measure one with "
+                         "`skistune quality` and pass it with --quality-profile")
+    notes = []
+    if model != qp.model:
+        notes.append(f"quality: {model} has no weights here; its quality loss is predicted from the {qp.model} "
+                     "profile (proxy)")
+    return qp, simulator.MODELED_KNOBS | simulator.LOSSY_KNOBS, notes
+
+
 def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", direction=None, constraints=(),
                   energy=None, quality=(), model=DEFAULT_MODEL, profile=None, space=None, target=None,
-                  max_queue_s: float | None = DEFAULT_MAX_QUEUE_S) -> Problem:
-    """Parse and load every input (raising ``ValueError`` on the first bad one) before anything runs."""
+                  max_queue_s: float | None = DEFAULT_MAX_QUEUE_S, quality_profile=None) -> Problem:
+    """Parse and load every input (raising ``ValueError`` on the first bad one) before anything runs.
+    ``quality_profile``: a `QualityProfile` or its file (default: the one shipped for SmolLM2), read only
+    when a quality floor or objective asks for it."""
     from skistune.evaluate import workload_requests
     from skistune.simulator import target_from_profile
 
@@ -269,13 +304,15 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
         raise ValueError(f"max_queue_s: {max_queue_s!r} must be positive (None turns the queueing guard off)")
     full_space = _resolve_space(space, target)
     base = baseline_config()
-    cut, left_out = modeled_space(full_space, base)
+    qp, searchable, quality_notes = _quality_setup(floors, objectives, quality_profile, model)
+    cut, left_out = modeled_space(full_space, base, searchable)
     prof, notes = _load_profile(profile, model)
+    notes = quality_notes + notes
     sim_target = target_from_profile(prof, model)
     w = _load_workload(workload, model)
     problem = Problem(w, model, request_set(workload_requests(w, model)), sim_target, prof, slos, objectives,
                       _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
-                      left_out, base, max_queue_s)
+                      left_out, base, max_queue_s, qp)
     return replace(problem, notes=tuple(n for n in (not_modeled_note(left_out), _power_note(prof), *notes) if n))
 
 
@@ -353,19 +390,29 @@ def point_of(problem: Problem, config: KVConfig, metrics: Metrics, records, rate
     """What the objectives and constraints read, from predicted or measured metrics alike."""
     return Point(config, metrics, rate_rps, energy_j_per_token(metrics, problem.profile.power),
                  goodput_rps(records, metrics.duration_s, problem.slos) if records is not None else math.nan,
-                 predict_quality(config, problem.quality_profile), reference_s)
+                 predict_quality(config, problem.quality_profile, problem.model), reference_s)
 
 
 def figures_of(problem: Problem, point: Point) -> dict[str, Any]:
     m = point.metrics
-    quality = point.quality.ppl_mean if point.quality is not None else None
+    q = point.quality
     return {"rate_rps": point.rate_rps, "ttft_p99_s": m.ttft_s.p99, "tbt_p99_s": m.tbt_s.p99,
             "e2e_p99_s": m.e2e_s.p99, "tpot_p99_s": m.tpot_s.p99, "queue_p99_s": m.ttft_s.p99 - point.queue_reference_s,
             "slo_s": {str(s): s.value_s(m) for s in problem.slos}, "energy_j_per_token": point.energy_j_per_token,
             "goodput_rps": None if point.goodput_rps != point.goodput_rps else point.goodput_rps,  # NaN: not computed
             "kv_peak_bytes": m.kv_peak_bytes,
             "kv_capacity_bytes": m.kv_capacity_bytes, "preemptions": m.preemptions,
-            "finished": m.num_finished, "requests": m.num_requests, "quality_loss": quality}
+            "finished": m.num_finished, "requests": m.num_requests,
+            "quality_loss": None if q is None else _finite(q.ppl_mean),
+            "quality_bound": None if q is None else _finite(q.guarded_mean),
+            "quality_worst": None if q is None else _finite(q.ppl_worst),
+            "needle_retained": None if q is None else q.needle_retained,
+            "quality_basis": None if q is None else q.basis}
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no infinity: a loss outside the quality profile's grid is stored as null."""
+    return x if math.isfinite(x) else None
 
 
 def _violation(constraint: Constraint, point: Point) -> float:
@@ -392,9 +439,26 @@ def score_at(problem: Problem, config: KVConfig, requests: RequestSet, scale: fl
     return evaluation_of(problem, point, scale)
 
 
+def unservable(problem: Problem, config: KVConfig, reason: str) -> Evaluation:
+    """A config whose KV pool cannot even be laid out on this hardware (e.g. full-precision rings for every
+    running sequence slot bigger than the pool): the worst objective values, and ``served`` violated."""
+    values = tuple(0.0 if o.maximize else math.inf for o in problem.objectives)
+    violations = {c.name: (math.inf if c.name == "served" else 0.0) for c in problem.constraints}
+    return Evaluation(config, 0.0, values, violations, {"unservable": reason, "energy_j_per_token": math.inf})
+
+
 def score(problem: Problem, config: KVConfig, requests: RequestSet | None = None, *,
           precision: float = SEARCH_PRECISION) -> Evaluation:
     """A config at its operating point: its capacity (to ``precision``) or the workload's own rate."""
+    from skistune.runtime.kv_layout import KVPoolTooSmall
+
+    try:
+        return _score(problem, config, requests, precision)
+    except KVPoolTooSmall as exc:
+        return unservable(problem, config, str(exc))
+
+
+def _score(problem: Problem, config: KVConfig, requests: RequestSet | None, precision: float) -> Evaluation:
     requests = requests or problem.search
     reference_s = _isolated_ttft_p99(problem, config, requests)
     if not problem.at_capacity:
@@ -517,7 +581,7 @@ def _baseline_params(problem: Problem) -> dict[str, Any]:
             continue
         value = _value(problem.base, p.name)
         fits = value in p.choices if p.kind == "choices" else (
-            p.low is not None and p.low <= value <= p.high)
+            value is not None and p.low is not None and p.low <= value <= p.high)
         if fits:
             params[p.name] = value
     return params
@@ -541,6 +605,41 @@ def open_study(problem: Problem, storage, study_name: str, sampler):
     return study
 
 
+def _ppl_budget(problem: Problem) -> float | None:
+    """The tightest perplexity floor as a relative increase (None when no floor bounds perplexity)."""
+    limits = [limit for metric, _, limit in _constraint_specs(problem)[1] if metric == "ppl"]
+    return min(limits) if limits else None
+
+
+def layer_bits_solvers(problem: Problem) -> dict[str, Callable[[KVConfig], Any]] | None:
+    """The ``layer_bits`` solver of the search space (where it asks for mixed precision): the integer program
+    of `skistune.ilp` choosing each layer's (key, value) bits for the fewest KV bytes per token, within the
+    perplexity floor left after the config's eviction, from the quality profile's per-layer sensitivities.
+    An unreachable budget leaves the config's uniform bits (the floor then rejects or admits it)."""
+    budget = _ppl_budget(problem)
+    qp = problem.quality_profile
+    if qp is None or budget is None:
+        return None
+    from skistune.ilp import DEFAULT_ALLOWED, solve_layer_bits
+    from skistune.runtime.kv_layout import side_block_bytes, value_group
+
+    spec, itemsize = problem.target.spec, problem.target.kv_itemsize
+
+    def solve(config: KVConfig) -> list[list[int]] | None:
+        block, group = config.prefix_reuse.block_size, value_group(config, spec)
+        per_token = {(kb, vb): (side_block_bytes(spec, block, itemsize, kb, True, group)
+                                + side_block_bytes(spec, block, itemsize, vb, False, group)) / block
+                     for kb, vb in DEFAULT_ALLOWED}
+        left = math.log1p(budget) - qp.evict_mean_delta(config)
+        sensitivity = qp.layer_sensitivity(config, spec.n_layers, DEFAULT_ALLOWED)
+        if left <= 0 or sensitivity is None:
+            return None
+        solution = solve_layer_bits(sensitivity, per_token, left, spec.n_layers)
+        return None if not solution.feasible else [list(pair) for pair in solution.layer_bits]
+
+    return {"layer_bits": solve}
+
+
 def _trial_function(problem: Problem, study) -> Callable:
     """The Optuna objective: suggest a config, score it (once per distinct config: a repeat, here or in
     the stored study, reuses the stored figures), store the figures with the trial."""
@@ -550,8 +649,10 @@ def _trial_function(problem: Problem, study) -> Callable:
              for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
              if "config" in t.user_attrs}
 
+    solvers = layer_bits_solvers(problem)
+
     def run(trial):
-        config = suggest_config(trial, problem.space, problem.base)
+        config = suggest_config(trial, problem.space, problem.base, solvers)
         evaluation = cache.get(config)
         if evaluation is None:
             evaluation = cache[config] = score(problem, config)
@@ -756,6 +857,8 @@ def problem_recipe(problem: Problem, *, sampler: str, seed: int, n_trials: int =
             "space": {"source": problem.full_space.source, "yaml": space_text},
             "workload": _workload_record(problem.workload),
             "profile": _pack(json.dumps(problem.profile.to_dict()).encode()),
+            "quality_profile": None if problem.quality_profile is None
+            else _pack(json.dumps(problem.quality_profile.data).encode()),
             "search": {"sampler": sampler, "seed": seed, "n_trials": n_trials}}
 
 
@@ -775,15 +878,18 @@ def problem_from_recipe(recipe: Mapping[str, Any]) -> tuple[Problem, dict[str, A
 
 def _rebuild(recipe: Mapping[str, Any]) -> tuple[Problem, dict[str, Any]]:
     from skistune.profile import HardwareProfile
+    from skistune.quality import QualityProfile
     from skistune.searchspace import parse_space
 
+    packed_quality = recipe.get("quality_profile")
     problem = build_problem(
         _workload_from_record(recipe["workload"]), model=recipe["model"], objective=",".join(recipe["objective"]),
         slo=[SLO(*s) for s in recipe["slo"]], quality=[QualityFloor(*q) for q in recipe["quality"]],
         energy=None if recipe["energy"] is None else EnergyBudget(recipe["energy"]),
         profile=HardwareProfile.from_dict(json.loads(_unpack(recipe["profile"]))),
         space=parse_space(recipe["space"]["yaml"], source=recipe["space"]["source"]),
-        max_queue_s=recipe["max_queue_s"])
+        max_queue_s=recipe["max_queue_s"],
+        quality_profile=None if packed_quality is None else QualityProfile(json.loads(_unpack(packed_quality))))
     return problem, dict(recipe["search"])
 
 
@@ -958,6 +1064,7 @@ class Validation:
     wall_s: float
     role: str = "candidate"  # or "baseline"
     pool_cap_bytes: int | None = None  # the KV pool the replay used, when capped (see `replay_config`)
+    held_out_quality: Any = None  # QualityLoss measured on held-out text (configs with a lossy knob)
 
     @property
     def holds(self) -> bool:
@@ -1000,7 +1107,9 @@ def replay_config(problem: Problem, predicted: Evaluation, requests: RequestSet)
     return capped if _same_behaviour(full, small) else config
 
 
-def _measure(problem: Problem, runtime, predicted: Evaluation, requests: RequestSet, role: str) -> Validation:
+def _measure(problem: Problem, runtime, predicted: Evaluation, requests: RequestSet, role: str,
+             held_out_quality=None) -> Validation:
+    """Replay on the runtime; a measured held-out quality replaces the predicted one in the constraints."""
     from skistune.simulator import with_rate_scale
 
     replayed = replay_config(problem, predicted, requests)
@@ -1011,9 +1120,36 @@ def _measure(problem: Problem, runtime, predicted: Evaluation, requests: Request
     rate = predicted.rate_scale * requests.base_rps
     point = point_of(problem, predicted.config, metrics, engine.records, rate, predicted.figures["ttft_p99_s"]
                      - predicted.figures["queue_p99_s"])
+    if held_out_quality is not None:
+        point = replace(point, quality=held_out_quality)
     measured = evaluation_of(problem, point, predicted.rate_scale)
     return Validation(predicted.config, rate, predicted, measured, wall_s, role,
-                      replayed.offload.device_kv_bytes if replayed != predicted.config else None)
+                      replayed.offload.device_kv_bytes if replayed != predicted.config else None, held_out_quality)
+
+
+def held_out_quality(problem: Problem, configs: Sequence[KVConfig], runtime=None,
+                     progress: Callable[[str], None] | None = None) -> dict[KVConfig, Any]:
+    """Quality loss of each config with a lossy knob, measured on held-out text (windows and passkeys the
+    quality profile never saw) with the real model: ``runtime`` where it has real weights, else the
+    reference model (SmolLM2) loaded here. Empty when the problem has no quality profile."""
+    from skistune.objectives import QualityLoss, structural_changes
+    from skistune.quality import REFERENCE_MODEL
+    from skistune.quality.measure import measure_quality
+    from skistune.quality.scoring import SCORING_KV_BYTES
+
+    lossy = [c for c in dict.fromkeys(configs) if structural_changes(c)]
+    if problem.quality_profile is None or not lossy:
+        return {}
+    if runtime is None or runtime.tokenizer is None:
+        from skistune.runtime.llm import Runtime
+
+        runtime = Runtime.from_preset(REFERENCE_MODEL, KVConfig().with_knobs({"offload.device_kv_bytes": SCORING_KV_BYTES}))
+    needle = any(metric == "needle" for metric, _, _ in _constraint_specs(problem)[1])
+    rows = measure_quality(runtime, lossy, needle=needle,
+                           progress=(lambda label, done, total: progress(label)) if progress else None)
+    basis = "held-out" if runtime.spec.name == problem.model else f"held-out, proxy: {runtime.spec.name}"
+    return {c: QualityLoss(r["ppl_mean"], r["ppl_worst"], r.get("needle_retained") or (0.0 if needle else 1.0),
+                           basis=basis) for c, r in zip(lossy, rows)}
 
 
 def _measured_key(problem: Problem, v: Validation) -> tuple:
@@ -1049,12 +1185,13 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
     runtime = load_runtime(problem) if runtime is None else runtime
     if hasattr(runtime, "result"):  # a Future from `load_runtime_in_background`
         runtime = runtime.result()
+    quality = held_out_quality(problem, configs, runtime, progress)
     out = []
     for i, config in enumerate(configs):
         if progress:
             progress(f"{i + 1}/{len(configs)}")
         out.append(_measure(problem, runtime, score(problem, config, requests, precision=REFINE_PRECISION),
-                            requests, "candidate"))
+                            requests, "candidate", quality.get(config)))
     out.sort(key=lambda v: _measured_key(problem, v))
     if progress:
         progress("the baseline")
@@ -1293,7 +1430,8 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
              timeout: float | None = None, storage: Any = None, study_name: str | None = None, n_jobs: int = 1,
              seed: int = 0, sampler: str = "auto", validate: int = DEFAULT_TOP_K,
              max_queue_s: float | None = DEFAULT_MAX_QUEUE_S, progress: Callable[[Progress], None] | None = None,
-             on_stage: Callable[[str], None] | None = None, runtime: Any = None) -> OptimizeResult:
+             on_stage: Callable[[str], None] | None = None, runtime: Any = None,
+             quality_profile: Any = None) -> OptimizeResult:
     """Search the knobs for the best config under the SLOs and constraints, validate the top ``validate``
     configs on the real runtime (0 skips it), and return the result (``result.write(path)`` saves it).
 
@@ -1302,7 +1440,9 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
     quality, comma-separated names (a Pareto front), or a callable of the `Metrics` (and the config),
     minimised unless ``direction="maximize"``; ``constraints``: callables of the metrics (and the config)
     returning values where <= 0 is feasible; ``energy``: a J/token budget (``"0.5J/token"``); ``quality``:
-    floors (``"ppl+1%"``); ``max_queue_s``: the queueing guard (None: off); ``storage``: an Optuna storage URL
+    floors (``"ppl+1%"``, ``"worst:ppl+3%"``, ``"needle>=0.95"``: eviction and KV bits are searched only under
+    one, priced by ``quality_profile``, a `QualityProfile` or its file, default the shipped SmolLM2 one);
+    ``max_queue_s``: the queueing guard (None: off); ``storage``: an Optuna storage URL
     or object (default: a SQLite file ``skistune-<study>.db`` here); ``study_name``: resume or name the
     study (default: named after the problem); ``n_jobs``: worker processes; ``runtime``: a loaded
     `Runtime` to validate with. An infeasible problem is a result (``result.feasible`` False,
@@ -1313,7 +1453,7 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
         raise ValueError(f"sampler {sampler!r}: use {', '.join(SAMPLERS)}")
     problem = build_problem(workload, slo=slo, objective=objective, direction=direction, constraints=constraints,
                             energy=energy, quality=quality, model=model, profile=profile, space=space,
-                            target=target, max_queue_s=max_queue_s)
+                            target=target, max_queue_s=max_queue_s, quality_profile=quality_profile)
     return solve(problem, n_trials=n_trials, timeout=timeout, storage=storage, study_name=study_name, n_jobs=n_jobs,
                  seed=seed, sampler=sampler, validate=validate, progress=progress, on_stage=on_stage, runtime=runtime)
 

@@ -30,6 +30,9 @@ EnergyOpt = Annotated[Optional[str], typer.Option(
 QualityOpt = Annotated[Optional[list[str]], typer.Option(
     "--quality", help="quality floor, repeatable: ppl+1% (mean-window perplexity increase), worst:ppl+3%, "
                       "needle>=0.95 (share of retrieval accuracy kept)")]
+QualityProfileOpt = Annotated[Optional[str], typer.Option(
+    "--quality-profile", help="quality profile JSON from `skistune quality` (default: the shipped SmolLM2 one); "
+                              "read when --quality or the quality objective asks for it")]
 ObjectiveOpt = Annotated[str, typer.Option(
     "--objective", help="capacity (max request rate under the SLOs), goodput (at the workload's rate), energy "
                         "(J/token), memory (KV peak), quality, or comma-separated names for a Pareto front")]
@@ -103,8 +106,21 @@ def _diff(config, base, names) -> str:
         if value != knob_value(base, name):
             short = name.partition(".")[2]
             label = short if all_short.count(short) == 1 else name
-            out.append(f"{label}={value:.2f}" if isinstance(value, float) else f"{label}={value}")
+            out.append(f"{label}={value:.2f}" if isinstance(value, float) else f"{label}={_short(value)}")
     return ", ".join(out) or "(baseline)"
+
+
+def _short(value: Any) -> Any:
+    """Per-layer bits as runs, ``4/4 x12, 8/8 x18``, instead of thirty pairs."""
+    if not (isinstance(value, list) and value and all(isinstance(p, list) and len(p) == 2 for p in value)):
+        return value
+    runs: list[list] = []
+    for pair in value:
+        if runs and runs[-1][0] == pair:
+            runs[-1][1] += 1
+        else:
+            runs.append([pair, 1])
+    return "[" + ", ".join(f"{k}/{v} x{n}" for (k, v), n in runs) + "]"
 
 
 def best_table(result) -> Table:
@@ -119,12 +135,34 @@ def best_table(result) -> Table:
         t.add_column(f"{s.metric.upper()} {s.percentile} (ms)", justify="right")
     t.add_column(f"J/token ({p.profile.power.source})", justify="right")
     t.add_column("KV peak (MiB)", justify="right")
+    t.add_column("quality Δppl mean (95% bound) / worst" + (" (proxy)" if _proxy(p) else ""), justify="right")
     rows = [(f"#{i + 1}", str(e.trial), e) for i, e in enumerate(result.best)] + [("base", "-", result.baseline)]
     for rank, trial, e in rows:
         t.add_row(rank, trial, *(_value(o, v) for o, v in zip(p.objectives, e.values)),
                   *(_fmt(e.figures["slo_s"].get(str(s)), 1e3) for s in p.slos),
-                  _fmt(e.figures["energy_j_per_token"], digits=3), _fmt(e.figures["kv_peak_bytes"], 2**-20))
+                  _fmt(e.figures["energy_j_per_token"], digits=3), _fmt(e.figures["kv_peak_bytes"], 2**-20),
+                  _quality_cell(e.figures))
     return t
+
+
+def _proxy(problem) -> bool:
+    return problem.quality_profile is not None and problem.quality_profile.model != problem.model
+
+
+def _loss(x) -> str:
+    return "outside profile" if x is None else f"+{100 * x:.2f}%"
+
+
+def _quality_cell(figures: dict) -> str:
+    """Predicted quality loss: none for lossless configs, else mean / worst window ("-": not predicted)."""
+    basis = figures.get("quality_basis")
+    if basis == "exact":
+        return "none (lossless)"
+    if basis is None:
+        return "-"
+    bound = figures.get("quality_bound")
+    guard = f" (≤{_loss(bound)[1:]})" if bound is not None and bound != figures["quality_loss"] else ""
+    return f"{_loss(figures['quality_loss'])}{guard} / {_loss(figures['quality_worst'])}"
 
 
 def knob_lines(result) -> list[str]:
@@ -146,6 +184,9 @@ def validation_table(result) -> Table:
     for s in p.slos:
         t.add_column(f"{s.metric.upper()} {s.percentile} (ms)", justify="right")
     t.add_column("J/token", justify="right")
+    lossy = any(v.held_out_quality is not None for v in result.validated)
+    if lossy:
+        t.add_column("Δppl mean (predicted / held-out)", justify="right")
     t.add_column("holds", justify="center")
     labels = {b.config: f"#{i + 1}" for i, b in enumerate(result.best)}
     for v in result.validated:
@@ -155,7 +196,9 @@ def validation_table(result) -> Table:
         energy = f"{_fmt(v.predicted.figures['energy_j_per_token'], digits=3)} / " \
                  f"{_fmt(v.measured.figures['energy_j_per_token'], digits=3)}"
         holds = "[green]yes[/]" if v.holds else f"[red]no[/] ({', '.join(v.measured.binding)})"
-        t.add_row(label, f"{v.rate_rps:.3g}", *cells, energy, holds)
+        quality = [f"{_loss(v.predicted.figures['quality_loss'])} / {_loss(v.measured.figures['quality_loss'])}"
+                   if v.held_out_quality is not None else "lossless"] if lossy else []
+        t.add_row(label, f"{v.rate_rps:.3g}", *cells, energy, *quality, holds)
     return t
 
 
@@ -261,7 +304,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object 
 
 
 @_cli_errors
-def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt = None, workload: WorkloadOpt = "chat",
+def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt = None,
+             quality_profile: QualityProfileOpt = None, workload: WorkloadOpt = "chat",
              requests: RequestsOpt = None, first: FirstOpt = None, rate_scale: RateScaleOpt = 1.0,
              length_scale: LengthScaleOpt = 1.0, max_input: MaxInputOpt = None, max_output: MaxOutputOpt = None,
              model: ModelOpt = "smollm2-135m", profile: ProfileOpt = None, space: SpaceOpt = None,
@@ -284,7 +328,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     w = _workload(workload, requests, first, rate_scale, length_scale, max_input, max_output)
     problem = build_problem(w, slo=slo or (), objective=objective, energy=energy, quality=quality or (), model=model,
                             profile=_profile(profile, model), space=space, target=target,
-                            max_queue_s=parse_max_queue(max_queue))
+                            max_queue_s=parse_max_queue(max_queue), quality_profile=quality_profile)
     name = study or default_study_name(problem)
     storage = storage or default_storage(name)
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar

@@ -28,19 +28,25 @@ from skistune.runtime.request import Request
 from skistune.runtime.scheduler import DecodeCompaction, SchedulerOutput
 from skistune.runtime.tiers import Transfer
 
-# Knobs the optimizer searches: their effect the runtime implements and the simulator models. The other
-# families (eviction, host/disk offload, prefetch) are in the schema without a model yet; a search leaves
-# them at their base values and says so. Bitwidth is modelled (pool capacity, bytes read, (de)quantization)
-# but stays out of the search until the quality floor (issue 9) prices its loss: without it, 2-bit KV would
-# look free to the optimizer.
+# Knobs the optimizer searches: their effect the runtime implements and the simulator models. Prefetch by
+# layers (`prefetch.unit`) is not implemented (see docs/tiers.md) and stays at its base value.
 MODELED_KNOBS = frozenset({
     "batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill", "batching.chunk_size",
     "batching.policy", "prefix_reuse.enabled", "prefix_reuse.block_size",
     "offload.device_memory_fraction", "offload.device_kv_bytes",
     # tiers: transfers priced by the profile's transfer fits, prefetch overlapped with the step's compute
-    # (prefetch.unit is not: layer-wise prefetch is not implemented, see docs/tiers.md)
     "offload.host_kv_bytes", "offload.disk_kv_bytes", "offload.demote_first", "offload.write_policy",
     "batching.preemption", "prefetch.enabled", "prefetch.depth",
+})
+# Knobs that change the model's outputs. The simulator models their cost (eviction: compactions and the
+# smaller KV read; bits: pool capacity, bytes read, (de)quantization), and a quality profile prices their
+# loss: the optimizer searches them only under a quality floor (or a quality objective), since without one
+# 2-bit KV and a 10% budget would look free.
+LOSSY_KNOBS = frozenset({
+    "eviction.policy", "eviction.budget_tokens", "eviction.budget_fraction", "eviction.sink_tokens",
+    "eviction.recent_window", "eviction.layer_schedule",
+    "bitwidth.key_bits", "bitwidth.value_bits", "bitwidth.group_size", "bitwidth.full_precision_window",
+    "bitwidth.layer_bits",
 })
 PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> bytes of one KV element

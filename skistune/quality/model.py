@@ -1,0 +1,371 @@
+"""`QualityProfile`: measured quality losses of a real model and the combination model that predicts the loss
+of any config from them.
+
+Loss unit. For each measured config and profile window, ``d = mean NLL(config) - mean NLL(full)`` over the
+window's positions, every one predicted through the compressed cache of the text before it (prefill chunks
+and decode steps alike), as in the perplexity evaluations of StreamingLLM, H2O and KIVI. SnapKV compresses
+only when the prompt ends, so over the prompt it loses nothing: its ``d`` is read on the decoded
+continuation (the tokens a served request generates after its prompt) instead (`loss_metric`). A config's
+relative perplexity increase on a window is ``exp(d) - 1``; the mean-window loss is ``exp(mean_w d) - 1``
+(windows are of equal length), the worst-window loss ``max_w exp(d_w) - 1``. A mean-window floor is
+checked against ``exp(mean_w d + t95 * sd_w(d) / sqrt(n)) - 1``, the one-sided 95% upper bound of the mean
+from the spread between windows: the floor is meant to hold on text the profile never saw.
+
+Combination model (no fitted parameters, so every joint config is a held-out check):
+- keys and values add: ``d_bits = d_key(key bits, fp window) + d_value(value bits, group, fp window)``,
+  each from its single-side grid; per-layer bits weight each layer by its measured sensitivity
+  (its share of the summed one-layer-at-2-bits losses), so a uniform assignment predicts exactly the
+  uniform measurement;
+- eviction: the policy's loss at the budget fraction (linear between measured fractions, to 0 at 1.0),
+  at the largest measured sink count not above the config's (0 or 4), scaled by the measured ratio of the
+  variant (recent window 16/256, interpolated in log2 of the window; pyramid schedule) to the reference at
+  the same budget;
+- bits and eviction add in log-perplexity: ``d = d_bits + d_evict`` per window.
+Axes are read conservatively where the grid has no point: a full-precision window between measured ones
+is interpolated, above the largest measured one it counts as that one; a group size without a measurement
+takes the next larger measured group (larger groups lose more). A budget below the smallest measured
+fraction, or sinks below the smallest measured count, cannot be predicted: the loss is infinite, so no
+quality floor admits it.
+
+Passkey retrieval (share of the full cache's accuracy kept): bits use the measurement at the lowest bits any
+layer uses (or the next lower measured bits), eviction the measurement at the largest measured budget not
+above the config's; the two multiply.
+
+Budgets in tokens are read as a fraction of the profile's window length (``budget_tokens /
+window_tokens``): the profile's text is that long. Models other than the profile's use it as a proxy
+(``QualityLoss.basis``), layers mapped by relative depth.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from skistune.config import KVConfig
+from skistune.objectives import NO_LOSS, QualityLoss, structural_changes
+from skistune.quality.grid import REFERENCE_FRACTION, REFERENCE_SINKS
+
+FORMAT = "skistune-quality-profile"
+VERSION = 1
+FULL_BITS = 16
+DEFAULT_RECENT = 64
+ALL_POSITIONS, CONTINUATION = "nll_all_positions", "nll"  # a measurement's per-window mean NLLs
+UNKNOWN = QualityLoss(math.inf, math.inf, 0.0, basis="outside the measured grid")
+
+
+def loss_metric(policy: str | None) -> str:
+    """Which tokens a measurement's loss is read on: every position (the text streamed through the
+    compressed cache), except for SnapKV, which compresses only at the prompt's end and so is read on the
+    decoded continuation alone (fewer tokens: a noisier figure, but not one that hides its loss)."""
+    return CONTINUATION if policy == "snapkv" else ALL_POSITIONS
+
+
+def knob_key(knobs: dict) -> str:
+    """A measurement's identity in the profile file: its knobs as sorted JSON."""
+    return json.dumps(knobs, sort_keys=True, separators=(",", ":"))
+
+
+def _upper_margin(deltas: list[float]) -> float:
+    """One-sided 95% Student-t margin of the mean of per-window values (0 with one window)."""
+    n = len(deltas)
+    if n < 2:
+        return 0.0
+    from scipy.stats import t
+
+    return float(t.ppf(0.95, n - 1)) * statistics.stdev(deltas) / math.sqrt(n)
+
+
+def _interp(x: float, xs: list[float], ys: list[list[float]]) -> list[float] | None:
+    """Per-window values at ``x``, linear between measured points; None below the first point."""
+    if x < xs[0] - 1e-12:
+        return None
+    i = bisect.bisect_right(xs, x + 1e-12) - 1
+    if i == len(xs) - 1:
+        return list(ys[i])
+    t = (x - xs[i]) / (xs[i + 1] - xs[i])
+    return [a + t * (b - a) for a, b in zip(ys[i], ys[i + 1])]
+
+
+class QualityProfile:
+    """A quality profile file's measurements and the predictions made from them."""
+
+    def __init__(self, data: dict, path: str | None = None) -> None:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path or 'quality profile'}: not a skistune quality profile (format {data.get('format')!r})")
+        if data.get("version") != VERSION:
+            raise ValueError(f"{path or 'quality profile'}: quality profile version {data.get('version')!r}, this "
+                             f"skistune reads version {VERSION}: measure again with `skistune quality`")
+        self.data = data
+        self.path = path
+        self.model = data["model"]
+        self.n_layers = data["n_layers"]
+        self.window_tokens = data["corpus"]["window_tokens"]
+        ppl = data["perplexity"]
+        if knob_key({}) not in ppl:
+            raise ValueError(f"{path or 'quality profile'}: no full-precision reference measurement")
+        full = ppl[knob_key({})]
+        self._full = full[ALL_POSITIONS]
+        self._by_kind: dict[str, list[tuple[dict, list[float]]]] = {}
+        for entry in ppl.values():
+            metric = loss_metric(entry["knobs"].get("eviction.policy"))
+            deltas = [c - f for c, f in zip(entry[metric], full[metric])]
+            self._by_kind.setdefault(entry["kind"], []).append((entry["knobs"], deltas))
+        self._layer_share = self._layer_shares()
+        needle = data.get("needle", {})
+        full_needle = needle.get(knob_key({}))
+        self._needle_full = sum(full_needle["found"]) / len(full_needle["found"]) if full_needle else None
+        self._needle = {key: sum(e["found"]) / len(e["found"]) for key, e in needle.items()}
+
+    # ---- files -------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path) -> "QualityProfile":
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read quality profile ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not a quality profile (not UTF-8 text)") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a quality profile (invalid JSON: {exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: not a quality profile (expected a JSON object)")
+        try:
+            return cls(data, str(path))
+        except KeyError as exc:
+            raise ValueError(f"{path}: quality profile lacks {exc}") from None
+
+    # ---- single-knob tables ---------------------------------------------------------------------------
+    def _table(self, kind: str) -> list[tuple[dict, list[float]]]:
+        return self._by_kind.get(kind, [])
+
+    def _layer_shares(self) -> list[float]:
+        """Each layer's share of the summed one-layer sensitivities (uniform when not measured)."""
+        losses = [0.0] * self.n_layers
+        measured = False
+        for knobs, deltas in self._table("layer"):
+            pairs = knobs["bitwidth.layer_bits"]
+            probed = [i for i, p in enumerate(pairs) if tuple(p) != (FULL_BITS, FULL_BITS)]
+            for layer in probed:  # a probe of several layers gives each an equal part
+                losses[layer] = max(0.0, sum(deltas) / len(deltas)) / len(probed)
+            measured = True
+        total = sum(losses)
+        if not measured or total <= 0:
+            return [1.0 / self.n_layers] * self.n_layers
+        return [x / total for x in losses]
+
+    def _side(self, side: str, bits: int, group: int, fp_window: int) -> list[float] | None:
+        """Per-window loss of one side (``key`` or ``value``) at ``bits`` over every layer."""
+        if bits == FULL_BITS:
+            return [0.0] * len(self._full)
+        rows = [(k, d) for k, d in self._table(side) if k[f"bitwidth.{side}_bits"] == bits]
+        if side == "value":
+            groups = sorted({k["bitwidth.group_size"] for k, _ in rows})
+            if not groups:
+                return None
+            larger = [g for g in groups if g >= group]
+            pick = larger[0] if larger else groups[-1]
+            rows = [(k, d) for k, d in rows if k["bitwidth.group_size"] == pick]
+        points = sorted((k["bitwidth.full_precision_window"], d) for k, d in rows)
+        if not points:
+            return None
+        return _interp(fp_window, [float(w) for w, _ in points], [d for _, d in points])
+
+    def shares(self, n_layers: int) -> list[float]:
+        """Each of ``n_layers`` layers' share of the sensitivity (a model of another depth takes the profile
+        layer at the same relative depth; the shares are renormalised to sum to 1)."""
+        if n_layers == self.n_layers:
+            return list(self._layer_share)
+        mapped = [self._layer_share[round(l * (self.n_layers - 1) / max(1, n_layers - 1))] for l in range(n_layers)]
+        total = sum(mapped)
+        return [x / total for x in mapped] if total > 0 else [1.0 / n_layers] * n_layers
+
+    def _pair(self, pair: tuple[int, int], config: KVConfig) -> list[float] | None:
+        bw = config.bitwidth
+        k = self._side("key", pair[0], bw.group_size, bw.full_precision_window)
+        v = self._side("value", pair[1], bw.group_size, bw.full_precision_window)
+        return None if k is None or v is None else [a + b for a, b in zip(k, v)]
+
+    def _bits(self, config: KVConfig) -> list[float] | None:
+        bw = config.bitwidth
+        if bw.layer_bits is None:
+            return self._pair((bw.key_bits, bw.value_bits), config)
+        shares = self.shares(len(bw.layer_bits))
+        total = [0.0] * len(self._full)
+        cache: dict[tuple[int, int], list[float] | None] = {}
+        for share, pair in zip(shares, map(tuple, bw.layer_bits)):
+            if pair not in cache:
+                cache[pair] = self._pair(pair, config)
+            if cache[pair] is None:
+                return None
+            total = [t + share * x for t, x in zip(total, cache[pair])]
+        return total
+
+    def layer_sensitivity(self, config: KVConfig, n_layers: int,
+                          pairs) -> dict[tuple[int, int, int], float] | None:
+        """``{(layer, key_bits, value_bits): mean NLL increase}`` of each layer alone at each pair (at the
+        config's group size and full-precision window), for the per-layer bits program; None when a pair
+        is outside the grid. Summed over layers, an assignment gives exactly the predicted bits loss."""
+        shares = self.shares(n_layers)
+        out = {}
+        for pair in pairs:
+            deltas = self._pair(tuple(pair), config)
+            if deltas is None:
+                return None
+            mean = sum(deltas) / len(deltas)
+            for layer, share in enumerate(shares):
+                out[layer, *pair] = share * mean
+        return out
+
+    def evict_mean_delta(self, config: KVConfig) -> float:
+        """The eviction part of the predicted loss, as mean NLL increase (infinite outside the grid)."""
+        deltas = self._evict(config)
+        return math.inf if deltas is None else sum(deltas) / len(deltas)
+
+    def digest(self) -> str:
+        """Identifies the measurements (a study resumed with another profile is another problem)."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.data["perplexity"], sort_keys=True).encode()).hexdigest()[:16]
+
+    def fraction(self, config: KVConfig) -> float:
+        ev = config.eviction
+        if ev.budget_fraction is not None:
+            return ev.budget_fraction
+        return min(1.0, ev.budget_tokens / self.window_tokens)
+
+    def _evict_curve(self, policy: str, sinks: int) -> tuple[list[float], list[list[float]]] | None:
+        rows = [(k["eviction.budget_fraction"], d) for k, d in self._table("evict")
+                if k["eviction.policy"] == policy and k["eviction.sink_tokens"] == sinks]
+        if not rows:
+            return None
+        rows.sort()
+        xs, ys = [f for f, _ in rows], [d for _, d in rows]
+        if xs[-1] < 1.0:  # nothing is evicted at a budget of the whole context
+            xs.append(1.0)
+            ys.append([0.0] * len(self._full))
+        return xs, ys
+
+    def _evict_at(self, policy: str, sinks: int, fraction: float) -> list[float] | None:
+        curve = self._evict_curve(policy, sinks)
+        return None if curve is None else _interp(fraction, *curve)
+
+    def _variant_ratio(self, policy: str, knob: str, value: Any) -> float | None:
+        ref = self._evict_at(policy, REFERENCE_SINKS, REFERENCE_FRACTION)
+        for knobs, deltas in self._table("evict-variant"):
+            if knobs["eviction.policy"] == policy and knobs.get(knob) == value:
+                if ref is None or sum(ref) <= 0:
+                    return 1.0
+                return max(0.0, sum(deltas) / sum(ref))
+        return None
+
+    def _evict(self, config: KVConfig) -> list[float] | None:
+        ev = config.eviction
+        if ev.policy == "none":
+            return [0.0] * len(self._full)
+        fraction = self.fraction(config)
+        measured_sinks = sorted({k["eviction.sink_tokens"] for k, _ in self._table("evict")
+                                 if k["eviction.policy"] == ev.policy})
+        if not measured_sinks or ev.sink_tokens < measured_sinks[0]:
+            return None
+        base_sinks = max(s for s in measured_sinks if s <= ev.sink_tokens)
+        deltas = self._evict_at(ev.policy, base_sinks, fraction)
+        if deltas is None:
+            return None
+        scale = 1.0
+        if ev.sink_tokens > base_sinks:  # more sinks than measured on the grid: toward the sinks-16 variant
+            r16 = self._variant_ratio(ev.policy, "eviction.sink_tokens", 16)
+            if r16 is not None:
+                scale *= 1 + (r16 - 1) * min(1.0, (ev.sink_tokens - base_sinks) / (16 - base_sinks))
+        if ev.recent_window != DEFAULT_RECENT:
+            scale *= self._recent_ratio(ev.policy, ev.recent_window)
+        if ev.layer_schedule == "pyramid":
+            scale *= self._variant_ratio(ev.policy, "eviction.layer_schedule", "pyramid") or 1.0
+        return [scale * d for d in deltas]
+
+    def _recent_ratio(self, policy: str, recent: int) -> float:
+        """Interpolated in log2(recent window) between the measured 16 / 64 / 256 variants, held outside."""
+        points = [(math.log2(DEFAULT_RECENT), 1.0)]
+        for r in (16, 256):
+            ratio = self._variant_ratio(policy, "eviction.recent_window", r)
+            if ratio is not None:
+                points.append((math.log2(r), ratio))
+        points.sort()
+        x = math.log2(max(1, recent))
+        ys = _interp(min(max(x, points[0][0]), points[-1][0]), [p for p, _ in points], [[r] for _, r in points])
+        return ys[0]
+
+    # ---- needle -----------------------------------------------------------------------------------------
+    def _needle_share(self, key: dict) -> float | None:
+        acc = self._needle.get(knob_key(key))
+        if acc is None or not self._needle_full:
+            return None
+        return min(1.0, acc / self._needle_full)
+
+    def _needle_bits(self, config: KVConfig) -> float:
+        bw = config.bitwidth
+        pairs = bw.layer_bits or ((bw.key_bits, bw.value_bits),)
+        lowest = min(min(p) for p in pairs)
+        if lowest == FULL_BITS:
+            return 1.0
+        measured = sorted({e["knobs"]["bitwidth.key_bits"] for e in self.data.get("needle", {}).values()
+                           if e["kind"] == "needle-bits"})
+        at_or_below = [b for b in measured if b <= lowest]
+        if not at_or_below:
+            return 0.0
+        share = self._needle_share({"bitwidth.key_bits": at_or_below[-1], "bitwidth.value_bits": at_or_below[-1]})
+        return 0.0 if share is None else share
+
+    def _needle_evict(self, config: KVConfig) -> float:
+        ev = config.eviction
+        if ev.policy == "none":
+            return 1.0
+        fraction = self.fraction(config)
+        if fraction >= 1.0:
+            return 1.0
+        measured = sorted(e["knobs"]["eviction.budget_fraction"] for e in self.data.get("needle", {}).values()
+                          if e["kind"] == "needle-evict" and e["knobs"]["eviction.policy"] == ev.policy)
+        at_or_below = [f for f in measured if f <= fraction + 1e-12]
+        if not at_or_below:
+            return 0.0
+        share = self._needle_share({"eviction.policy": ev.policy, "eviction.budget_fraction": at_or_below[-1]})
+        return 0.0 if share is None else share
+
+    # ---- the prediction --------------------------------------------------------------------------------
+    def window_deltas(self, config: KVConfig) -> list[float] | None:
+        """Predicted per-window NLL increase of ``config`` (None where the grid cannot say)."""
+        bits, evict = self._bits(config), self._evict(config)
+        if bits is None or evict is None:
+            return None
+        return [a + b for a, b in zip(bits, evict)]
+
+    def predict(self, config: KVConfig, model: str | None = None) -> QualityLoss:
+        if not structural_changes(config):
+            return NO_LOSS
+        deltas = self.window_deltas(config)
+        if deltas is None:
+            return UNKNOWN
+        n = len(deltas)
+        mean_delta = sum(deltas) / n
+        worst = max(math.exp(d) - 1 for d in deltas)
+        needle = self._needle_bits(config) * self._needle_evict(config)
+        basis = "measured" if model in (None, self.model) else f"proxy: {self.model}"
+        return QualityLoss(max(0.0, math.exp(mean_delta) - 1), max(0.0, worst), needle, basis=basis,
+                           ppl_mean_bound=max(0.0, math.exp(mean_delta + _upper_margin(deltas)) - 1))
+
+    def combination_checks(self) -> list[dict]:
+        """Each measured joint config: predicted and measured mean-window loss, and whether the prediction
+        is within the goal (20% relative or 0.5 percentage points, whichever is larger)."""
+        out = []
+        for knobs, deltas in self._table("joint"):
+            config = KVConfig().with_knobs(knobs)
+            predicted = self.predict(config).ppl_mean
+            measured = math.exp(sum(deltas) / len(deltas)) - 1
+            error = abs(predicted - measured)
+            out.append({"knobs": knobs, "predicted": predicted, "measured": measured, "error_pp": 100 * error,
+                        "within_goal": error <= max(0.2 * abs(measured), 0.005)})
+        return out

@@ -1,0 +1,117 @@
+"""`skistune quality`: measure the quality cost of eviction and low-bit KV on the real model (progress bar,
+resumable), or ``--show`` a profile; either way print the single-knob losses and the combination check."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from skistune.cli import app, cli_errors, console, err_console, print_json
+
+
+def _pct(x: float) -> str:
+    return "∞" if x == float("inf") else f"{100 * x:+.2f}%"
+
+
+def _headline(profile) -> list[tuple[str, dict]]:
+    """Representative single-knob configs (those the grid measured) for the summary table."""
+    rows = [("int8 keys+values", {"bitwidth.key_bits": 8, "bitwidth.value_bits": 8}),
+            ("int4 keys+values", {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4}),
+            ("int2 keys+values", {"bitwidth.key_bits": 2, "bitwidth.value_bits": 2})]
+    for policy in ("streaming", "h2o", "snapkv", "tova"):
+        for fraction in (0.25, 0.5):
+            rows.append((f"{policy} {fraction:.0%}", {"eviction.policy": policy, "eviction.budget_fraction": fraction}))
+    return rows
+
+
+def quality_table(profile) -> tuple[Table, list[dict]]:
+    from skistune.config import KVConfig
+
+    corpus = profile.data["corpus"]
+    table = Table(title=f"Quality of {profile.model} ({profile.data['protocol']['grid']} grid, "
+                        f"{profile.data['protocol']['windows']} windows of {corpus['window_tokens']} tokens, "
+                        f"Python {corpus['python']} docstrings)", title_justify="left")
+    for col in ("config", "ppl Δ mean", "ppl Δ worst window", "passkey kept"):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    rows = []
+    for name, knobs in _headline(profile):
+        loss = profile.predict(KVConfig().with_knobs(knobs))
+        rows.append({"config": name, "knobs": knobs, "ppl_mean": loss.ppl_mean, "ppl_worst": loss.ppl_worst,
+                     "needle_retained": loss.needle_retained})
+        table.add_row(name, _pct(loss.ppl_mean), _pct(loss.ppl_worst), f"{loss.needle_retained:.0%}")
+    return table, rows
+
+
+def combination_table(checks: list[dict]) -> Table:
+    table = Table(title="Combination model: joint configs, predicted from single knobs vs measured",
+                  title_justify="left")
+    for col in ("joint config", "predicted", "measured", "error", "within goal"):
+        table.add_column(col, justify="left" if col == "joint config" else "right")
+    for c in checks:
+        knobs = ", ".join(f"{k.split('.')[1]}={v}" for k, v in c["knobs"].items() if k != "bitwidth.layer_bits")
+        if "bitwidth.layer_bits" in c["knobs"]:
+            knobs = (knobs + ", " if knobs else "") + "per-layer bits"
+        table.add_row(knobs, _pct(c["predicted"]), _pct(c["measured"]), f"{c['error_pp']:.2f} pp",
+                      "yes" if c["within_goal"] else "[red]no[/]")
+    return table
+
+
+@app.command()
+@cli_errors
+def quality(
+    model: Annotated[str, typer.Option(help="model with real weights to measure")] = "smollm2-135m",
+    quick: Annotated[bool, typer.Option("--quick", help="a small grid (about 3 minutes on 2 CPU cores)")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="profile file to write [default: profiles/quality-MODEL.json, "
+                                                     "quality-MODEL-quick.json with --quick]")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="measure everything again instead of resuming the "
+                                                          "measurements already in --out")] = False,
+    show: Annotated[Optional[Path], typer.Option(help="print an existing quality profile; measure nothing")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
+) -> None:
+    """Measure the quality cost of eviction and low-bit KV on the real model, through the runtime's own KV
+    path: perplexity increase on standard-library docstrings (mean and worst window) and passkey retrieval,
+    per knob, per layer, and for joint configs that check the combination model."""
+    from skistune.quality import QualityProfile
+    from skistune.quality.grid import GRIDS
+
+    if show is not None:
+        profile = QualityProfile.load(show)
+        path = show
+    else:
+        path = out or Path("profiles") / f"quality-{model}{'-quick' if quick else ''}.json"
+        profile = _measure(model, GRIDS["quick" if quick else "full"], path, resume=not fresh)
+    table, rows = quality_table(profile)
+    console.print(table)
+    checks = profile.data.get("combination", [])
+    if checks:
+        console.print(combination_table(checks))
+    console.print(f"profile: {path}", highlight=False)
+    if json_out:
+        print_json({"path": str(path), "model": profile.model, "grid": profile.data["protocol"]["grid"],
+                    "measured_s": profile.data.get("measured_s"), "headline": rows, "combination": checks})
+
+
+def _measure(model: str, grid, path: Path, *, resume: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from skistune.config import KVConfig
+    from skistune.quality.measure import build_profile
+    from skistune.quality.scoring import SCORING_KV_BYTES
+    from skistune.runtime.llm import Runtime
+    from skistune.runtime.presets import get_preset
+
+    if not get_preset(model).has_real_weights:
+        raise ValueError(f"model {model}: no real weights here; quality is measured on smollm2-135m and used as a "
+                         "proxy for other models")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console) as bar:
+        task = bar.add_task(f"loading {model}", total=None)
+        runtime = Runtime.from_preset(model, KVConfig().with_knobs({"offload.device_kv_bytes": SCORING_KV_BYTES}))
+
+        def advance(label: str, done: int, total: int) -> None:
+            bar.update(task, description=label, completed=done, total=total)
+
+        return build_profile(runtime, grid, path, resume=resume, progress=advance)

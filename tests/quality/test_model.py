@@ -1,0 +1,148 @@
+"""The combination model on a hand-made profile: every prediction computed by hand from `synthetic`."""
+import json
+import math
+
+import pytest
+
+from skistune.config import KVConfig
+from skistune.objectives import NO_LOSS
+from skistune.quality import QualityProfile
+
+from quality_synthetic import profile_data, spread
+
+BITS4 = {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4}
+
+
+def h2o(fraction, **extra):
+    return {"eviction.policy": "h2o", "eviction.budget_fraction": fraction, **extra}
+
+
+@pytest.fixture(scope="module")
+def qp():
+    return QualityProfile(profile_data())
+
+
+def mean_loss(qp, knobs):
+    return math.log1p(qp.predict(KVConfig().with_knobs(knobs)).ppl_mean)
+
+
+def test_lossless_configs_lose_exactly_nothing(qp):
+    assert qp.predict(KVConfig()) is NO_LOSS
+    assert qp.predict(KVConfig().with_knobs({"batching.max_num_seqs": 8, "offload.host_kv_bytes": 1 << 30})) is NO_LOSS
+
+
+def test_keys_and_values_add_in_log_perplexity_per_window(qp):
+    loss = qp.predict(KVConfig().with_knobs(BITS4))
+    windows = [a + b for a, b in zip(spread(0.01), spread(0.02))]
+    assert loss.ppl_mean == pytest.approx(math.exp(sum(windows) / 2) - 1)
+    assert loss.ppl_worst == pytest.approx(math.exp(max(windows)) - 1)
+    assert loss.ppl_worst > loss.ppl_mean and loss.basis == "measured"
+    margin = 6.313752 * 0.02 / math.sqrt(2) / math.sqrt(2)  # t(0.95, 1 dof) x sd of [0.02, 0.04] / sqrt(2)
+    assert loss.ppl_mean_bound == pytest.approx(math.exp(0.03 + margin) - 1, rel=1e-5)
+    assert loss.guarded_mean == loss.ppl_mean_bound
+
+
+@pytest.mark.parametrize("knobs, expected", [
+    ({**BITS4, "bitwidth.full_precision_window": 128}, 0.03 * 0.25),
+    ({**BITS4, "bitwidth.full_precision_window": 64}, 0.03 * 0.625),  # linear between 0 and 128
+    ({**BITS4, "bitwidth.full_precision_window": 1024}, 0.03 * 0.25),  # held at the largest measured
+    ({**BITS4, "bitwidth.group_size": 16}, 0.03),  # no group 16 measured: the next larger (32)
+    ({**BITS4, "bitwidth.group_size": 128}, 0.01 + 0.03),  # none larger: the largest (64)
+    ({"bitwidth.key_bits": 2, "bitwidth.value_bits": 16}, 0.2),
+    ({"bitwidth.key_bits": 8, "bitwidth.value_bits": 2}, 0.001 + 0.3),
+])
+def test_bits_read_the_single_side_grids_conservatively(qp, knobs, expected):
+    assert mean_loss(qp, knobs) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("knobs, expected", [
+    (h2o(0.25), 0.06), (h2o(0.375), 0.04), (h2o(0.75), 0.01), (h2o(1.0), 0.0),
+    ({"eviction.policy": "h2o", "eviction.budget_tokens": 500}, 0.02),  # 500 of the profile's 1000-token windows
+    (h2o(0.5, **{"eviction.recent_window": 16}), 0.02 * 1.5),
+    (h2o(0.5, **{"eviction.recent_window": 32}), 0.02 * 1.25),  # log2 between 16 and 64
+    (h2o(0.5, **{"eviction.recent_window": 4096}), 0.02 * 0.5),  # held at the largest measured (256)
+    (h2o(0.5, **{"eviction.layer_schedule": "pyramid"}), 0.02 * 0.8),
+    ({"eviction.policy": "streaming", "eviction.budget_fraction": 0.25, "eviction.sink_tokens": 0}, 0.5),
+    ({"eviction.policy": "streaming", "eviction.budget_fraction": 0.25, "eviction.sink_tokens": 2}, 0.5),
+    ({**BITS4, **h2o(0.5)}, 0.03 + 0.02),
+])
+def test_eviction_interpolates_the_budget_and_scales_by_measured_variants(qp, knobs, expected):
+    assert mean_loss(qp, knobs) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("knobs", [h2o(0.1), h2o(0.5, **{"eviction.sink_tokens": 0}),
+                                   {"eviction.policy": "tova", "eviction.budget_fraction": 0.5}])
+def test_outside_the_grid_is_infinite_loss_not_a_guess(qp, knobs):
+    loss = qp.predict(KVConfig().with_knobs(knobs))
+    assert loss.ppl_mean == math.inf and loss.needle_retained == 0.0 and "outside" in loss.basis
+
+
+def test_per_layer_bits_weight_layers_by_measured_sensitivity(qp):
+    uniform = [[4, 4]] * 4
+    assert mean_loss(qp, {"bitwidth.layer_bits": uniform}) == pytest.approx(mean_loss(qp, BITS4))
+    assert qp.shares(4) == pytest.approx([0.5, 0.0, 0.25, 0.25])
+    first_at_2 = [[2, 2], [16, 16], [16, 16], [16, 16]]
+    assert mean_loss(qp, {"bitwidth.layer_bits": first_at_2}) == pytest.approx(0.5 * (0.2 + 0.3))
+    second_at_2 = [[16, 16], [2, 2], [16, 16], [16, 16]]
+    assert mean_loss(qp, {"bitwidth.layer_bits": second_at_2}) == pytest.approx(0.0)
+
+
+def test_a_deeper_model_maps_layers_by_relative_depth(qp):
+    shares = qp.shares(8)
+    assert sum(shares) == pytest.approx(1.0)
+    assert shares == pytest.approx([0.25, 0.25, 0.0, 0.0, 0.125, 0.125, 0.125, 0.125])
+
+
+def test_layer_sensitivities_sum_to_the_predicted_loss_of_an_assignment(qp):
+    config = KVConfig()
+    sens = qp.layer_sensitivity(config, 4, [(4, 4), (2, 2), (16, 16)])
+    assignment = [(2, 2), (4, 4), (16, 16), (4, 4)]
+    total = sum(sens[layer, *pair] for layer, pair in enumerate(assignment))
+    assert total == pytest.approx(mean_loss(qp, {"bitwidth.layer_bits": [list(p) for p in assignment]}))
+    assert qp.layer_sensitivity(config, 4, [(4, 3)]) is None  # 3 bits were never measured
+
+
+@pytest.mark.parametrize("knobs, kept", [
+    (BITS4, 0.75), ({"bitwidth.key_bits": 8, "bitwidth.value_bits": 8}, 1.0), ({"bitwidth.key_bits": 2}, 0.0),
+    ({"bitwidth.key_bits": 16, "bitwidth.value_bits": 4}, 0.75),  # the lowest bits any side uses
+    (h2o(0.3), 0.25), (h2o(0.2), 0.0), (h2o(0.6), 0.5),  # the largest measured budget not above
+    ({"eviction.policy": "tova", "eviction.budget_fraction": 0.9}, 0.0),  # never measured: nothing assumed
+    ({**BITS4, **h2o(0.5)}, 0.375),  # independent failures: shares multiply
+])
+def test_passkey_share_kept_is_conservative_between_measurements(qp, knobs, kept):
+    assert qp.predict(KVConfig().with_knobs(knobs)).needle_retained == pytest.approx(kept)
+
+
+def test_another_model_is_a_proxy(qp):
+    assert qp.predict(KVConfig().with_knobs(BITS4), "llama-3-8b").basis == "proxy: smollm2-135m"
+
+
+def test_combination_checks_compare_joint_measurements_with_predictions():
+    joint = (({**BITS4, **h2o(0.5)}, 0.05), ({"bitwidth.key_bits": 4, **h2o(0.25)}, 0.2))
+    checks = QualityProfile(profile_data(joint=joint)).combination_checks()
+    exact, off = checks
+    assert exact["within_goal"] and exact["error_pp"] == pytest.approx(0.0, abs=1e-9)
+    assert off["predicted"] == pytest.approx(math.exp(0.07) - 1)
+    assert off["measured"] == pytest.approx(math.exp(0.2) - 1) and not off["within_goal"]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{", "invalid JSON"), ("[]", "expected a JSON object"), ('{"format": "x"}', "not a skistune quality profile"),
+    ('{"format": "skistune-quality-profile", "version": 0}', "version 0"),
+])
+def test_bad_files_raise_one_line_errors_naming_the_file(tmp_path, text, match):
+    path = tmp_path / "q.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        QualityProfile.load(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_file_and_incomplete_profile(tmp_path):
+    with pytest.raises(ValueError, match="cannot read quality profile"):
+        QualityProfile.load(tmp_path / "none.json")
+    data = profile_data()
+    del data["n_layers"]
+    (tmp_path / "q.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="lacks 'n_layers'"):
+        QualityProfile.load(tmp_path / "q.json")
