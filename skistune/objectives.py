@@ -124,14 +124,16 @@ def structural_changes(config: KVConfig) -> list[str]:
     return changes
 
 
-def predict_quality(config: KVConfig, quality_profile: Any = None, model: str | None = None) -> QualityLoss | None:
+def predict_quality(config: KVConfig, quality_profile: Any = None, model: str | None = None,
+                    context_tokens: int | None = None) -> QualityLoss | None:
     """Exactly no loss when no structural knob changes; otherwise the quality profile's prediction (a proxy
-    when ``model`` is not the profile's), or None when there is no quality profile."""
+    when ``model`` is not the profile's; token budgets over ``context_tokens``), or None when there is no
+    quality profile."""
     if not structural_changes(config):
         return NO_LOSS
     if quality_profile is None:
         return None
-    return quality_profile.predict(config, model)
+    return quality_profile.predict(config, model, context_tokens)
 
 
 def _known_quality(point: Point) -> QualityLoss:

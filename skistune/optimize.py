@@ -21,6 +21,7 @@ validate the winners on the real runtime, and write the tuned config.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -184,6 +185,15 @@ class Problem:
     max_queue_s: float | None
     quality_profile: Any = None
     notes: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def context_tokens(self) -> int:
+        """The 90th percentile of the workload's request contexts (prompt plus output tokens): what a token
+        eviction budget is a fraction of, for the quality prediction."""
+        import numpy as np
+
+        lengths = [len(r.prompt_token_ids) + r.max_new_tokens for r in self.search.requests]
+        return int(np.percentile(lengths, 90)) if lengths else 0
 
     @property
     def at_capacity(self) -> bool:
@@ -390,7 +400,7 @@ def point_of(problem: Problem, config: KVConfig, metrics: Metrics, records, rate
     """What the objectives and constraints read, from predicted or measured metrics alike."""
     return Point(config, metrics, rate_rps, energy_j_per_token(metrics, problem.profile.power),
                  goodput_rps(records, metrics.duration_s, problem.slos) if records is not None else math.nan,
-                 predict_quality(config, problem.quality_profile, problem.model), reference_s)
+                 predict_quality(config, problem.quality_profile, problem.model, problem.context_tokens), reference_s)
 
 
 def figures_of(problem: Problem, point: Point) -> dict[str, Any]:
@@ -630,7 +640,7 @@ def layer_bits_solvers(problem: Problem) -> dict[str, Callable[[KVConfig], Any]]
         per_token = {(kb, vb): (side_block_bytes(spec, block, itemsize, kb, True, group)
                                 + side_block_bytes(spec, block, itemsize, vb, False, group)) / block
                      for kb, vb in DEFAULT_ALLOWED}
-        left = math.log1p(budget) - qp.evict_mean_delta(config)
+        left = math.log1p(budget) - qp.evict_mean_delta(config, problem.context_tokens)
         sensitivity = qp.layer_sensitivity(config, spec.n_layers, DEFAULT_ALLOWED)
         if left <= 0 or sensitivity is None:
             return None

@@ -31,8 +31,8 @@ Passkey retrieval (share of the full cache's accuracy kept): bits use the measur
 layer uses (or the next lower measured bits), eviction the measurement at the largest measured budget not
 above the config's; the two multiply.
 
-Budgets in tokens are read as a fraction of the profile's window length (``budget_tokens /
-window_tokens``): the profile's text is that long. Models other than the profile's use it as a proxy
+Budgets in tokens are read as a fraction of the context they apply to: the workload's (the optimizer
+passes its 90th-percentile request context, prompt plus output) or, without one, the profile's window. Models other than the profile's use it as a proxy
 (``QualityLoss.basis``), layers mapped by relative depth.
 """
 from __future__ import annotations
@@ -221,9 +221,9 @@ class QualityProfile:
                 out[layer, *pair] = share * mean
         return out
 
-    def evict_mean_delta(self, config: KVConfig) -> float:
+    def evict_mean_delta(self, config: KVConfig, context_tokens: int | None = None) -> float:
         """The eviction part of the predicted loss, as mean NLL increase (infinite outside the grid)."""
-        deltas = self._evict(config)
+        deltas = self._evict(config, context_tokens)
         return math.inf if deltas is None else sum(deltas) / len(deltas)
 
     def digest(self) -> str:
@@ -232,11 +232,13 @@ class QualityProfile:
 
         return hashlib.sha256(json.dumps(self.data["perplexity"], sort_keys=True).encode()).hexdigest()[:16]
 
-    def fraction(self, config: KVConfig) -> float:
+    def fraction(self, config: KVConfig, context_tokens: int | None = None) -> float:
+        """The budget as a fraction of the context: a token budget over ``context_tokens`` (the workload's
+        context length), or over the profile's window length when none is given."""
         ev = config.eviction
         if ev.budget_fraction is not None:
             return ev.budget_fraction
-        return min(1.0, ev.budget_tokens / self.window_tokens)
+        return min(1.0, ev.budget_tokens / (context_tokens or self.window_tokens))
 
     def _evict_curve(self, policy: str, sinks: int) -> tuple[list[float], list[list[float]]] | None:
         rows = [(k["eviction.budget_fraction"], d) for k, d in self._table("evict")
@@ -263,11 +265,11 @@ class QualityProfile:
                 return max(0.0, sum(deltas) / sum(ref))
         return None
 
-    def _evict(self, config: KVConfig) -> list[float] | None:
+    def _evict(self, config: KVConfig, context_tokens: int | None = None) -> list[float] | None:
         ev = config.eviction
         if ev.policy == "none":
             return [0.0] * len(self._full)
-        fraction = self.fraction(config)
+        fraction = self.fraction(config, context_tokens)
         measured_sinks = sorted({k["eviction.sink_tokens"] for k, _ in self._table("evict")
                                  if k["eviction.policy"] == ev.policy})
         if not measured_sinks or ev.sink_tokens < measured_sinks[0]:
@@ -320,11 +322,11 @@ class QualityProfile:
         share = self._needle_share({"bitwidth.key_bits": at_or_below[-1], "bitwidth.value_bits": at_or_below[-1]})
         return 0.0 if share is None else share
 
-    def _needle_evict(self, config: KVConfig) -> float:
+    def _needle_evict(self, config: KVConfig, context_tokens: int | None) -> float:
         ev = config.eviction
         if ev.policy == "none":
             return 1.0
-        fraction = self.fraction(config)
+        fraction = self.fraction(config, context_tokens)
         if fraction >= 1.0:
             return 1.0
         measured = sorted(e["knobs"]["eviction.budget_fraction"] for e in self.data.get("needle", {}).values()
@@ -336,23 +338,25 @@ class QualityProfile:
         return 0.0 if share is None else share
 
     # ---- the prediction --------------------------------------------------------------------------------
-    def window_deltas(self, config: KVConfig) -> list[float] | None:
+    def window_deltas(self, config: KVConfig, context_tokens: int | None = None) -> list[float] | None:
         """Predicted per-window NLL increase of ``config`` (None where the grid cannot say)."""
-        bits, evict = self._bits(config), self._evict(config)
+        bits, evict = self._bits(config), self._evict(config, context_tokens)
         if bits is None or evict is None:
             return None
         return [a + b for a, b in zip(bits, evict)]
 
-    def predict(self, config: KVConfig, model: str | None = None) -> QualityLoss:
+    def predict(self, config: KVConfig, model: str | None = None, context_tokens: int | None = None) -> QualityLoss:
+        """The predicted loss of ``config`` (a proxy for a ``model`` other than the profile's; token budgets
+        read against ``context_tokens``, see `fraction`)."""
         if not structural_changes(config):
             return NO_LOSS
-        deltas = self.window_deltas(config)
+        deltas = self.window_deltas(config, context_tokens)
         if deltas is None:
             return UNKNOWN
         n = len(deltas)
         mean_delta = sum(deltas) / n
         worst = max(math.exp(d) - 1 for d in deltas)
-        needle = self._needle_bits(config) * self._needle_evict(config)
+        needle = self._needle_bits(config) * self._needle_evict(config, context_tokens)
         basis = "measured" if model in (None, self.model) else f"proxy: {self.model}"
         return QualityLoss(max(0.0, math.exp(mean_delta) - 1), max(0.0, worst), needle, basis=basis,
                            ppl_mean_bound=max(0.0, math.exp(mean_delta + _upper_margin(deltas)) - 1))

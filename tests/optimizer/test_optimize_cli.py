@@ -36,7 +36,7 @@ def test_writes_the_tuned_config_with_provenance_and_a_json_summary(here):
     db = here / f"skistune-{summary['study']}.db"  # the embedded default storage, named after the study
     assert db.is_file() and [p.name for p in here.iterdir() if p.name.startswith(".")] == []
     assert "Best configs" in r.stdout and "gain over the baseline" in r.stdout
-    assert "not modeled yet, left at defaults: eviction.*, bitwidth.*" in r.stderr
+    assert "lossless search (no --quality floor), left at defaults: eviction.*, bitwidth.*" in r.stderr
 
 
 def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_alone(here):

@@ -146,3 +146,10 @@ def test_missing_file_and_incomplete_profile(tmp_path):
     (tmp_path / "q.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="lacks 'n_layers'"):
         QualityProfile.load(tmp_path / "q.json")
+
+
+def test_a_token_budget_is_a_fraction_of_the_context_it_serves(qp):
+    budget = KVConfig().with_knobs({"eviction.policy": "h2o", "eviction.budget_tokens": 1000})
+    assert qp.fraction(budget) == 1.0  # the profile's 1000-token windows
+    assert qp.fraction(budget, context_tokens=4000) == 0.25
+    assert math.log1p(qp.predict(budget, context_tokens=4000).ppl_mean) == pytest.approx(0.06)
