@@ -65,6 +65,7 @@ ENGINE_TARGETS = ("vllm", "sglang")  # engines with a shipped space of what thei
 SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random")
 HEARTBEAT_S = 5  # RDB storages: a trial whose worker stopped beating this long x 4 is marked failed
 PROBLEM_ATTR = "skistune.problem"
+VALIDATED_ATTR = "skistune.validated"  # the last validation's replays, for `skistune report`
 
 
 # ---- baseline and search space ----------------------------------------------------------------------------
@@ -1137,6 +1138,14 @@ def _measure(problem: Problem, runtime, predicted: Evaluation, requests: Request
                       replayed.offload.device_kv_bytes if replayed != predicted.config else None, held_out_quality)
 
 
+def validation_record(v: Validation) -> dict[str, Any]:
+    """A validation as JSON (stored with the study): the config, the role, the rate, predicted and measured
+    figures and whether the measurement held every constraint."""
+    return {"role": v.role, "config": v.config.to_dict(), "rate_rps": v.rate_rps, "holds": v.holds,
+            "binding": v.measured.binding, "wall_s": v.wall_s, "predicted": dict(v.predicted.figures),
+            "measured": dict(v.measured.figures)}
+
+
 def held_out_quality(problem: Problem, configs: Sequence[KVConfig], runtime=None,
                      progress: Callable[[str], None] | None = None) -> dict[KVConfig, Any]:
     """Quality loss of each config with a lossy knob, measured on held-out text (windows and passkeys the
@@ -1428,6 +1437,8 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
                          runtime=runtime, progress=lambda m: stage(f"validating {m} on the real runtime")) \
         if top_k else []
     best, notes = _chosen(refined, validated)
+    if validated:
+        study.set_user_attr(VALIDATED_ATTR, [validation_record(v) for v in validated])
     by_config = {e.config: e for e in refined}
     pareto = [by_config.get(e.config, e) for e in front]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
