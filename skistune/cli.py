@@ -100,3 +100,4 @@ app.command()(export)
 
 import skistune.worker_cli  # noqa: E402,F401  (its import registers `skistune worker`)
 import skistune.quality_cli  # noqa: E402,F401  (its import registers `skistune quality`)
+import skistune.report_cli  # noqa: E402,F401  (its import registers `skistune report`)

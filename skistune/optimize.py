@@ -588,6 +588,9 @@ def _baseline_params(problem: Problem) -> dict[str, Any]:
     """The baseline as a trial's parameters (those the space can express): the first trial of a study."""
     params = {}
     for p in problem.space.params:
+        if p.is_switch and p.kind == "choices" and False in p.choices:
+            params[p.name] = False  # a switch off: no solver fills knobs the baseline leaves at their values
+            continue
         if p.is_switch or p.kind in ("same_as", "solver"):
             continue
         value = _value(problem.base, p.name)
@@ -1103,8 +1106,12 @@ def replay_config(problem: Problem, predicted: Evaluation, requests: RequestSet)
     """The config the runtime replays: host and disk tiers capped at twice the slice's predicted KV peak
     (the slice is small), and the device KV pool too when the simulator shows that changes nothing for it. The runtime zero-fills its whole pool
     (4 GiB x the device fraction on a CPU: seconds per config), which would dominate a short validation."""
+    from skistune.runtime.kv_layout import ring_bytes
+
     config = predicted.config
-    cap = max(2 * predicted.figures["kv_peak_bytes"], VALIDATE_MIN_POOL_BYTES)
+    # the full-precision rings of quantized KV come out of the device pool before any block (`kv_layout`)
+    rings = ring_bytes(config, problem.target.spec, problem.target.kv_itemsize)
+    cap = max(2 * predicted.figures["kv_peak_bytes"], VALIDATE_MIN_POOL_BYTES) + rings
     # host and disk tiers are allocated up front too (a 128 GiB host tier cannot be zero-filled here): they
     # are always capped at the same size, then the device pool only where the simulator shows no difference
     o = config.offload

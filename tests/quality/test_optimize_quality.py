@@ -74,6 +74,7 @@ def test_every_feasible_trial_is_within_the_floor(workload, hw, qp):
     result = skistune.optimize(workload, slo="p99=200ms", quality="ppl+5%", quality_profile=qp, profile=hw,
                                n_trials=16, validate=0, storage=optuna.storages.InMemoryStorage())
     evaluations = [Evaluation.from_trial(t) for t in result.study.get_trials() if "config" in t.user_attrs]
+    assert evaluations[0].config == baseline_config()  # the enqueued baseline: no solver fills its layer bits
     assert any(e.config.eviction.policy != "none" or e.config.bitwidth.key_bits != 16 for e in evaluations)
     for e in evaluations:
         if e.feasible:

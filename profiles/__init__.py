@@ -1,0 +1,1 @@
+"""Measured hardware and quality profiles shipped with skistune (package data: the JSON files here)."""

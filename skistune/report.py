@@ -1,0 +1,668 @@
+"""`skistune report`: what a study found, read back from its Optuna storage alone (the study holds the
+recipe of its problem, every trial's figures and the last validation's replays).
+
+    build_report(study_name, storage=...) -> Report   the best configs, the trade-off (Pareto) front, the
+                                                        constraints that bind, predicted vs validated figures
+                                                        and the knobs' importance (Optuna's fANOVA)
+    report_tables(report) -> [rich Table]              the terminal view (and the HTML's tables)
+    write_report(report, out_dir) -> {name: Path}       pareto.png, latency-cdf.png, memory-timeline.png and a
+                                                        self-contained report.html (PNGs embedded in base64)
+
+The latency CDFs and the memory timeline are simulated replays (the runtime keeps no per-step samples),
+and say so. Nothing here writes to the study: `optuna-dashboard <storage-url>` reads the same storage.
+Plots use matplotlib's object API (`Figure`, no pyplot): no backend or other global state is touched.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from skistune.config import KVConfig
+from skistune.optimize import (RECIPE_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed, infeasibility, ranked,
+                               score)
+
+DEFAULT_TOP_K = 5  # best configs shown
+FILES = {"pareto": "pareto.png", "latency": "latency-cdf.png", "memory": "memory-timeline.png",
+         "html": "report.html"}
+LATENCY_METRICS = ("ttft", "tbt", "e2e")
+_RATE_OBJECTIVES = ("capacity", "goodput")  # objectives in req/s: the plot's x axis when the study has one
+
+
+# ---- loading ------------------------------------------------------------------------------------------------
+def load_study(study_name: str, storage: Any = None) -> tuple[Any, Problem, str]:
+    """The study (read only), its problem rebuilt from the stored recipe, and the storage's label (no
+    password). ``storage`` None: ``skistune-<study>.db`` in this folder, as `skistune optimize` names it."""
+    import optuna
+
+    from skistune.optimize import (_existing_sqlite, _storage_label, default_storage, open_storage,
+                                   problem_from_recipe)
+
+    storage = default_storage(study_name) if storage is None else storage
+    _existing_sqlite(storage)  # opening a missing SQLite file would create an empty one
+    try:
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage))
+    except KeyError:
+        raise ValueError(f"study {study_name!r}: not in storage {_storage_label(storage)} (pass --storage, or "
+                         "create it with skistune optimize --study NAME)") from None
+    recipe = study.user_attrs.get(RECIPE_ATTR)
+    if recipe is None:
+        raise ValueError(f"study {study_name!r}: holds no skistune recipe (made by another tool or an older "
+                         "skistune); optuna-dashboard can still show it")
+    if "unsupported" in recipe:
+        raise ValueError(f"study {study_name!r}: its problem is Python code the report cannot rebuild "
+                         f"({recipe['unsupported'].split(';')[0]})")
+    problem, _ = problem_from_recipe(recipe)
+    return study, problem, _storage_label(storage)
+
+
+# ---- the report's data --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Report:
+    """What a study found. ``best``: feasible configs, best first objective first (trial figures, at the
+    search's precision); ``pareto``: the feasible configs no other beats on the throughput axis, J/token,
+    quality loss and the study's other objectives together; ``baseline``: vLLM's defaults scored the same
+    way; ``validated``: the last validation's records (`optimize.validation_record`), winner first,
+    baseline last; ``binding``/``closest``: trials each constraint ruled out, configs closest to feasible;
+    ``importance``: each knob's share of the first objective's variance (empty with ``importance_note``
+    saying why)."""
+
+    problem: Problem
+    study: Any
+    storage: str
+    evaluations: tuple[Evaluation, ...]
+    best: tuple[Evaluation, ...]
+    pareto: tuple[Evaluation, ...]
+    baseline: Evaluation
+    validated: tuple[Mapping[str, Any], ...]
+    binding: Mapping[str, int]
+    closest: tuple[Evaluation, ...]
+    importance: Mapping[str, float]
+    importance_method: str
+    importance_note: str | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.best)
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+
+def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_TOP_K) -> Report:
+    """Load the study and gather the report's data (scores the baseline once: about a second)."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k: {top_k!r} must be an integer >= 1")
+    study, problem, label = load_study(study_name, storage)
+    evaluations = completed(study)
+    binding, closest = infeasibility(evaluations)
+    importance, method, note = knob_importance(study, problem)
+    return Report(problem, study, label, tuple(evaluations), tuple(ranked(problem, evaluations)[:top_k]),
+                  tuple(tradeoff_front(problem, evaluations)), score(problem, problem.base),
+                  tuple(study.user_attrs.get(VALIDATED_ATTR, ())), binding, tuple(closest), importance, method, note)
+
+
+def _rate_index(problem: Problem) -> int | None:
+    """The study's capacity or goodput objective (the first one), if it has one."""
+    return next((i for i, o in enumerate(problem.objectives) if o.name in _RATE_OBJECTIVES), None)
+
+
+def throughput_axis(problem: Problem) -> tuple[str, Callable[[Evaluation], float]]:
+    """The front's and the plot's rate axis: the study's capacity or goodput objective, else the rate each
+    config was scored at."""
+    i = _rate_index(problem)
+    if i is None:
+        return "rate (req/s)", lambda e: e.figures.get("rate_rps", 0.0)
+    return f"{problem.objectives[i].name} (req/s)", lambda e: e.values[i]
+
+
+def quality_loss(e: Evaluation) -> float:
+    """Predicted mean-window loss: 0 for lossless configs (or no quality profile), inf outside the profile."""
+    loss = e.figures.get("quality_loss")
+    if loss is not None:
+        return loss
+    return 0.0 if e.figures.get("quality_basis") in (None, "exact") else math.inf
+
+
+def _other_objectives(problem: Problem) -> list[int]:
+    """The study's objectives the front adds to the rate, J/token and quality loss axes (e.g. memory)."""
+    return [i for i, o in enumerate(problem.objectives)
+            if i != _rate_index(problem) and o.name not in ("energy", "quality")]
+
+
+def _gains(problem: Problem, e: Evaluation) -> tuple[float, ...]:
+    """The front's axes, each as "higher is better": throughput, -J/token, -quality loss, then the study's
+    other objectives."""
+    _, rate = throughput_axis(problem)
+    others = [e.values[i] if problem.objectives[i].maximize else -e.values[i] for i in _other_objectives(problem)]
+    return (rate(e), -e.figures.get("energy_j_per_token", math.inf), -quality_loss(e), *others)
+
+
+def front_axes(problem: Problem) -> list[str]:
+    """The names of `_gains`' axes, with the better direction."""
+    others = [problem.objectives[i] for i in _other_objectives(problem)]
+    return [f"{throughput_axis(problem)[0]} ↑", "J/token ↓", "quality loss ↓",
+            *(f"{o.name} {'↑' if o.maximize else '↓'}" for o in others)]
+
+
+def tradeoff_front(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
+    """The feasible, distinct configs that no other beats on every axis of `_gains`, best first objective
+    first (a superset of the study's own Pareto front, up to ties)."""
+    pool = ranked(problem, evaluations)
+    gains = [_gains(problem, e) for e in pool]
+
+    def beaten(g: tuple) -> bool:
+        return any(all(x >= y for x, y in zip(h, g)) and h != g for h in gains)
+
+    return [e for e, g in zip(pool, gains) if not beaten(g)]
+
+
+def knob_importance(study, problem: Problem) -> tuple[dict[str, float], str, str | None]:
+    """Each searched knob's importance for the first objective over the complete trials: fANOVA (Optuna's,
+    random forests from scikit-learn) or, without scikit-learn, PED-ANOVA. Knobs that only some trials
+    have (conditional ones) are left out, as Optuna does. Returns (importances, method, note)."""
+    from importlib.util import find_spec
+
+    import optuna
+
+    fanova = find_spec("sklearn") is not None
+    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0) if fanova else \
+        optuna.importance.PedAnovaImportanceEvaluator()
+    method = "fANOVA" if fanova else "PED-ANOVA (no scikit-learn for fANOVA)"
+    if len(completed(study)) < 2:
+        return {}, method, "knob importance: not computed (fewer than 2 complete trials)"
+    first = problem.objectives[0]
+    sign = -1.0 if first.maximize and not fanova else 1.0  # PED-ANOVA ranks low values as good
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = optuna.importance.get_param_importances(study, evaluator=evaluator,
+                                                            target=lambda t: sign * t.values[0])
+    except (ValueError, ZeroDivisionError) as exc:  # e.g. no knob that every trial has
+        return {}, method, f"knob importance: not computed ({str(exc).strip() or type(exc).__name__})"
+    except RuntimeError:  # fANOVA's "zero total variance"
+        found = {}
+    found = {k: float(v) for k, v in found.items()}
+    if not any(v > 0 for v in found.values()):
+        return {}, method, (f"knob importance: not computed ({first.name} does not vary over the trials that "
+                            "share their knobs; run more trials)")
+    return found, method, None
+
+
+# ---- simulated replays --------------------------------------------------------------------------------------
+def latency_samples(report: Report) -> dict[str, dict[str, np.ndarray]] | None:
+    """TTFT, TBT (every gap between tokens) and E2E of each request, simulated for the best config and the
+    baseline on the search's requests at the best config's operating rate (None: no feasible config)."""
+    from skistune.simulator import build_engine, with_rate_scale
+
+    if not report.best:
+        return None
+    best = report.best[0]
+    out = {}
+    for label, config in (("best (#1)", best.config), ("baseline", report.problem.base)):
+        engine, _ = build_engine(config, report.problem.target)
+        engine.replay(with_rate_scale(report.problem.search.requests, best.rate_scale))
+        done = [r for r in engine.records if r.finish_s is not None]
+        out[label] = {"ttft": np.array([r.token_times_s[0] - r.arrival_s for r in done]),
+                      "tbt": np.concatenate([np.diff(r.token_times_s) for r in done] or [np.zeros(0)]),
+                      "e2e": np.array([r.finish_s - r.arrival_s for r in done])}
+    return out
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """KV bytes in use per tier (device: blocks held by sequences; host and disk: cached prefix blocks and
+    swapped sequences) sampled around each engine step (`sampled_replay`), with each tier's capacity."""
+
+    label: str
+    time_s: np.ndarray  # [samples]
+    used_bytes: Mapping[str, np.ndarray]  # tier -> [samples]
+    capacity_bytes: Mapping[str, int]
+
+
+def sampled_replay(config: KVConfig, requests, target, rate_scale: float, label: str) -> Timeline:
+    """Simulate ``requests`` at ``rate_scale`` and sample the tiers before and after every step and after
+    every fast-forwarded run of steps, by wrapping this engine's ``step`` and ``fast_forward`` (the runtime's
+    loop is unchanged). Lines between the samples are then flat through idle waits and steady through runs."""
+    from skistune.simulator import build_engine, with_rate_scale
+
+    engine, _ = build_engine(config, target)
+    kv, samples = engine.kv, [(0.0, 0, 0, 0)]
+
+    def sample() -> None:
+        lower = (kv.tiers.host.num_used(), kv.tiers.disk.num_used()) if kv.tiers is not None else (0, 0)
+        samples.append((engine.clock.now(), kv.pool.num_used(), *lower))
+
+    step, fast_forward = engine.step, engine.fast_forward
+
+    def sampled_step():
+        sample()  # at the step's start: the blocks held through any idle wait before it
+        finished = step()
+        sample()
+        return finished
+
+    def sampled_fast_forward(eng, next_arrival_s: float) -> None:
+        fast_forward(eng, next_arrival_s)
+        sample()
+
+    engine.step = sampled_step
+    engine.fast_forward = sampled_fast_forward if fast_forward is not None else None
+    engine.replay(with_rate_scale(requests, rate_scale))
+    data = np.array(samples, dtype=np.float64)  # [samples, 4]: time, device, host, disk blocks
+    lower = (kv.tiers.host.capacity, kv.tiers.disk.capacity) if kv.tiers is not None else (0, 0)
+    capacity = dict(zip(("device", "host", "disk"), (kv.pool.num_blocks, *lower)))
+    used = {tier: data[:, i + 1] * engine.block_bytes for i, tier in enumerate(capacity) if capacity[tier]}
+    return Timeline(label, data[:, 0], used, {t: n * engine.block_bytes for t, n in capacity.items() if n})
+
+
+def memory_timeline(report: Report) -> Timeline | None:
+    """The validated winner replayed (simulated) on the validation slice at its validated rate, with the KV
+    pools the runtime replay used (`optimize.replay_config`); without a validation stored, the best config
+    on the search's requests at its operating rate. None: no feasible config and no validation."""
+    from skistune.optimize import replay_config, score_at, validation_requests
+    from skistune.runtime.kv_layout import KVPoolTooSmall
+
+    p = report.problem
+    winner = next((v for v in report.validated if v["role"] == "candidate"), None)
+    if winner is not None:
+        requests = validation_requests(p)
+        scale = winner["rate_rps"] / requests.base_rps
+        predicted = score_at(p, KVConfig.from_dict(winner["config"]), requests, scale)
+        label = (f"simulated replay of the validation slice ({len(requests.requests)} requests at "
+                 f"{winner['rate_rps']:.3g} req/s), validated winner")
+        try:
+            config = replay_config(p, predicted, requests)
+        except KVPoolTooSmall:  # the capped pool cannot hold the config's full-precision rings: uncapped
+            config = predicted.config
+        return sampled_replay(config, requests.requests, p.target, scale, label)
+    if not report.best:
+        return None
+    best = report.best[0]
+    label = (f"simulated replay of the search workload ({len(p.search.requests)} requests at "
+             f"{best.figures['rate_rps']:.3g} req/s), best config #1; no validated run in the study")
+    return sampled_replay(best.config, p.search.requests, p.target, best.rate_scale, label)
+
+
+# ---- tables -------------------------------------------------------------------------------------------------
+def _view(report: Report, rows: Sequence[Evaluation]) -> Any:
+    """What `optimize_cli`'s tables read from a result: the problem, the rows, the baseline."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(problem=report.problem, best=list(rows), baseline=report.baseline)
+
+
+def best_configs_table(report: Report):
+    from skistune.optimize_cli import best_table
+
+    table = best_table(_view(report, report.best))
+    p = report.problem
+    table.title = (f"Best configs of study {report.name} ({len(report.evaluations)} trials), predicted on "
+                   f"{len(p.workload)} requests of {p.workload.name} at the search's precision")
+    return table
+
+
+def pareto_table(report: Report):
+    from rich.table import Table
+
+    from skistune.optimize_cli import _diff, _fmt, _quality_cell
+
+    axis, rate = throughput_axis(report.problem)
+    axes = front_axes(report.problem)
+    t = Table(title=f"Pareto front: {_count(len(report.pareto), 'feasible config')} no other beats on "
+                    f"{', '.join(axes[:-1])} and {axes[-1]} together", title_justify="left")
+    for col, justify in (("trial", "left"), (axis, "right"), ("J/token", "right"), ("KV peak (MiB)", "right"),
+                         ("quality Δppl mean / worst", "right"), ("knobs changed from the baseline", "left")):
+        t.add_column(col, justify=justify, overflow="fold")
+    names = [q.name for q in report.problem.space.params if not q.is_switch]
+    for e in [*report.pareto, report.baseline]:
+        t.add_row("base" if e is report.baseline else str(e.trial), f"{rate(e):.4g}",
+                  _fmt(e.figures["energy_j_per_token"], digits=3), _fmt(e.figures["kv_peak_bytes"], 2**-20),
+                  _quality_cell(e.figures), _diff(e.config, report.problem.base, names))
+    return t
+
+
+def violations_table(report: Report):
+    """Per constraint: the trials it ruled out, and its value (<= 0 met) for #1 (or the config closest to
+    feasible, when none is) and the baseline."""
+    from rich.table import Table
+
+    first = report.best[0] if report.best else (report.closest[0] if report.closest else None)
+    who = "#1" if report.best else f"closest (trial {first.trial})" if first is not None else "-"
+    t = Table(title="Constraints: trials each ruled out, and each one's value (<= 0 is met: relative excess "
+                    "over the limit)", title_justify="left")
+    for col in ("constraint", "trials violating it", who, "baseline"):
+        t.add_column(col, justify="left" if col == "constraint" else "right")
+    for c in report.problem.constraints:
+        values = [e.violations.get(c.name) if e is not None else None for e in (first, report.baseline)]
+        t.add_row(c.name, f"{report.binding.get(c.name, 0)} of {len(report.evaluations)}",
+                  *("-" if v is None else f"{v:+.3g}" for v in values))
+    return t
+
+
+_FIDELITY = (("TTFT p99 (ms)", "ttft_p99_s", 1e3), ("TBT p99 (ms)", "tbt_p99_s", 1e3),
+             ("E2E p99 (ms)", "e2e_p99_s", 1e3), ("J/token", "energy_j_per_token", 1.0),
+             ("KV peak (MiB)", "kv_peak_bytes", 2**-20))
+
+
+def _versus(predicted: float | None, measured: float | None, scale: float) -> str:
+    """``predicted / measured (error)``, the error of the prediction relative to the measurement."""
+    if predicted is None or measured is None or not math.isfinite(predicted) or not math.isfinite(measured):
+        return "-"
+    error = f" ({(predicted - measured) / measured:+.0%})" if measured else ""
+    return f"{_num(predicted * scale)} / {_num(measured * scale)}{error}"
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def validation_fidelity_table(report: Report):
+    """Predicted vs measured figures of the last validation (the simulator's error in brackets)."""
+    from rich.table import Table
+
+    first = report.validated[0]["measured"].get("requests")
+    t = Table(title=f"Predicted vs validated on the real runtime ({first} requests, lengths capped, replayed "
+                    "at the rate the simulator chose): predicted / measured (prediction error)",
+              title_justify="left")
+    for col in ("config", "rate (req/s)", *(name for name, _, _ in _FIDELITY), "holds"):
+        t.add_column(col, justify="left" if col == "config" else "right")
+    labels = {e.config: f"#{i + 1}" for i, e in enumerate(report.best)}
+    for v in report.validated:
+        config = KVConfig.from_dict(v["config"])
+        label = "base" if v["role"] == "baseline" else labels.get(config, "candidate")
+        holds = "[green]yes[/]" if v["holds"] else f"[red]no[/] ({', '.join(v['binding'])})"
+        t.add_row(label, f"{v['rate_rps']:.3g}",
+                  *(_versus(v["predicted"].get(key), v["measured"].get(key), scale) for _, key, scale in _FIDELITY),
+                  holds)
+    return t
+
+
+def importance_table(report: Report):
+    from rich.table import Table
+
+    trials = len(report.evaluations)
+    t = Table(title=f"Knob importance for {report.problem.objectives[0].name} ({report.importance_method} over "
+                    f"{trials} trials; knobs only some trials set are left out)", title_justify="left")
+    for col, justify in (("knob", "left"), ("importance", "right"), ("", "left")):
+        t.add_column(col, justify=justify)
+    for knob, value in report.importance.items():
+        t.add_row(knob, f"{value:.3f}", "█" * round(30 * value))
+    return t
+
+
+def report_tables(report: Report) -> list:
+    """The report's tables in order; those without data (no feasible config, no validation, no importance)
+    are left out."""
+    tables = [best_configs_table(report), pareto_table(report)] if report.feasible else []
+    tables.append(violations_table(report))
+    if report.validated:
+        tables.append(validation_fidelity_table(report))
+    if report.importance:
+        tables.append(importance_table(report))
+    return tables
+
+
+def report_lines(report: Report) -> list[str]:
+    """Notes under the tables: the best configs' knobs, the problem's notes, what is missing and why."""
+    from skistune.optimize_cli import knob_lines
+
+    lines = knob_lines(_view(report, report.best)) if report.feasible else [
+        f"no config met every constraint in {len(report.evaluations)} trials; see the constraints table"]
+    lines += [f"note: {n}" for n in report.problem.notes]
+    if not report.validated:
+        lines.append("note: no validated run in the study (skistune optimize --validate K replays the top K on "
+                     "the real runtime)")
+    if report.importance_note:
+        lines.append(f"note: {report.importance_note}")
+    return lines
+
+
+# ---- plots --------------------------------------------------------------------------------------------------
+def _png(fig) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _scatter_trials(ax, report: Report, rate: Callable[[Evaluation], float]):
+    """Every scored trial: infeasible ones as grey crosses, feasible ones coloured by quality loss (%).
+    Returns the feasible points' collection (None: none; for a colour bar) and whether any is lossy."""
+    finite = [e for e in report.evaluations if math.isfinite(e.figures.get("energy_j_per_token", math.inf))]
+    bad = [e for e in finite if not e.feasible]
+    if bad:
+        ax.scatter([rate(e) for e in bad], [e.figures["energy_j_per_token"] for e in bad], marker="x",
+                   color="0.6", label=f"infeasible ({_count(len(bad), 'trial')})")
+    good = ranked(report.problem, finite)
+    if not good:
+        return None, False
+    losses = np.array([min(quality_loss(e), 1.0) * 100 for e in good])  # outside the profile: shown at 100%
+    lossy = bool(losses.max() > 0)
+    label = "feasible" if lossy else "feasible (all lossless: quality loss 0)"
+    points = ax.scatter([rate(e) for e in good], [e.figures["energy_j_per_token"] for e in good],
+                        c=losses if lossy else "tab:blue", cmap="viridis" if lossy else None, s=30, label=label)
+    return points, lossy
+
+
+def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float]) -> None:
+    """Ring the front's configs and label them, one label for configs within 2% of the axes of each other
+    (e.g. configs that differ in an objective off the plot, such as memory)."""
+    if not report.pareto:
+        return
+    points = [(rate(e), e.figures["energy_j_per_token"]) for e in report.pareto]
+    ax.plot(*zip(*points), "o", mfc="none", mec="black", ms=12, mew=1.5, zorder=4,
+            label=f"Pareto front ({_count(len(report.pareto), 'config')})")
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    ranks = {e.config: f"#{i + 1} " for i, e in enumerate(report.best)}
+    labels: dict[tuple[int, int], tuple[tuple[float, float], list[str]]] = {}
+    for e, (x, y) in zip(report.pareto, points):
+        cell = (round(50 * (x - x0) / (x1 - x0)), round(50 * (y - y0) / (y1 - y0)))
+        labels.setdefault(cell, ((x, y), []))[1].append(f"{ranks.get(e.config, '')}trial {e.trial}")
+    for xy, names in labels.values():
+        ax.annotate(", ".join(names), xy, textcoords="offset points", xytext=(7, 7), fontsize=8, zorder=5)
+
+
+def plot_pareto(report: Report) -> bytes:
+    """Throughput (capacity) vs J/token, quality loss as colour: the front ringed, the baseline a star."""
+    from matplotlib.figure import Figure
+
+    axis, rate = throughput_axis(report.problem)
+    fig = Figure(figsize=(8.5, 5.5), dpi=110)
+    ax = fig.add_subplot()
+    points, lossy = _scatter_trials(ax, report, rate)
+    if lossy:
+        fig.colorbar(points, ax=ax, label="predicted quality loss, Δppl mean (%)")
+    base = report.baseline
+    ax.plot([rate(base)], [base.figures["energy_j_per_token"]], "*", color="tab:red", ms=16, zorder=3,
+            label="baseline (vLLM defaults)")
+    _mark_front(ax, report, rate)
+    ax.set_xlabel(axis)
+    ax.set_ylabel(f"J/token ({report.problem.profile.power.source})")
+    ax.set_title(f"Study {report.name}: {len(report.evaluations)} trials, predicted by the simulator",
+                 fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]], slos) -> None:
+    """One metric's CDFs (ms, or s past 10 s; log scale when the values span over 100x) with its SLOs."""
+    positive = [v[metric][v[metric] > 0] for v in samples.values()]
+    top_s = max((v.max() for v in positive if v.size), default=0.0)
+    scale, unit = (1e3, "ms") if top_s < 10 else (1.0, "s")
+    for (label, values), color in zip(samples.items(), ("tab:blue", "tab:red")):
+        x = np.sort(values[metric]) * scale
+        if x.size:
+            ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", color=color, label=label)
+    for s in (s for s in slos if s.metric == metric):
+        ax.axvline(s.limit_s * scale, color="black", ls="--", lw=1, label=f"SLO {s}")
+    if all(v.size for v in positive) and top_s > 100 * min(v.min() for v in positive):
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{metric.upper()} ({unit})")
+    ax.set_ylabel("fraction of token gaps" if metric == "tbt" else "fraction of requests")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def plot_latency_cdf(report: Report, samples: Mapping[str, Mapping[str, np.ndarray]]) -> bytes:
+    """CDFs of TTFT, TBT and E2E of the best config and the baseline, with the SLO limits."""
+    from matplotlib.figure import Figure
+
+    best = report.best[0]
+    fig = Figure(figsize=(13, 4.2), dpi=110)
+    for ax, metric in zip(fig.subplots(1, len(LATENCY_METRICS)), LATENCY_METRICS):
+        _cdf_panel(ax, metric, samples, report.problem.slos)
+    fig.suptitle(f"Latency CDFs, simulated on {len(report.problem.search.requests)} requests at the best config's "
+                 f"operating rate ({best.figures['rate_rps']:.3g} req/s)", fontsize=10)
+    return _png(fig)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def plot_memory_timeline(timeline: Timeline) -> bytes:
+    """KV MiB in use per tier over (simulated) time; a tier's capacity is drawn where the line nears it."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 4.5), dpi=110)
+    ax = fig.add_subplot()
+    styles = {"device": ("tab:blue", "-"), "host": ("tab:orange", "--"), "disk": ("tab:green", ":")}
+    for tier, used in timeline.used_bytes.items():
+        capacity, (color, style) = timeline.capacity_bytes[tier], styles[tier]
+        ax.plot(timeline.time_s, used / 2**20, color=color, ls=style, lw=1.4, drawstyle="steps-post",  # held between steps
+                label=f"{tier} (pool {_mib(capacity)}, peak {_mib(used.max())})")
+        if used.max() >= 0.2 * capacity:
+            ax.axhline(capacity / 2**20, color=color, ls="-.", lw=1, label=f"{tier} pool capacity")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("KV in use (MiB)")
+    ax.set_title(timeline.label, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: lines fill the axes
+    return _png(fig)
+
+
+def render_plots(report: Report) -> tuple[dict[str, bytes], list[str]]:
+    """The PNGs by name (`FILES`), and a note for each plot left out."""
+    images, missing = {"pareto": plot_pareto(report)}, []
+    samples = latency_samples(report)
+    if samples is None:
+        missing.append("no latency CDF: no config met every constraint")
+    else:
+        images["latency"] = plot_latency_cdf(report, samples)
+    timeline = memory_timeline(report)
+    if timeline is None:
+        missing.append("no memory timeline: no config met every constraint and none was validated")
+    else:
+        images["memory"] = plot_memory_timeline(timeline)
+    return images, missing
+
+
+# ---- HTML and files -----------------------------------------------------------------------------------------
+def _plain(cell: Any) -> str:
+    """A rich cell as plain text (markup such as ``[green]yes[/]`` removed)."""
+    from rich.errors import MarkupError
+    from rich.text import Text
+
+    if isinstance(cell, Text):
+        return cell.plain
+    try:
+        return Text.from_markup(str(cell)).plain
+    except MarkupError:
+        return str(cell)
+
+
+def table_html(table) -> str:
+    """A rich `Table` as an HTML table (its title as the caption)."""
+    columns = table.columns
+    head = "".join(f"<th>{html.escape(_plain(c.header))}</th>" for c in columns)
+    cells = [list(c.cells) for c in columns]
+    rows = "".join("<tr>" + "".join(f"<td class='{c.justify}'>{html.escape(_plain(col[i]))}</td>"
+                                    for c, col in zip(columns, cells)) + "</tr>"
+                   for i in range(table.row_count))
+    caption = f"<caption>{html.escape(_plain(table.title))}</caption>" if table.title else ""
+    return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+_CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}"
+        "table{border-collapse:collapse;margin:1.5em 0;font-size:0.9em}"
+        "caption{text-align:left;font-weight:600;padding:0.4em 0}"
+        "th,td{border:1px solid #ccc;padding:0.25em 0.6em}th{background:#f0f0f0}td.right{text-align:right}"
+        "img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}code{background:#f4f4f4;padding:0 0.3em}")
+_TITLES = {"pareto": "Pareto front: rate vs J/token vs quality loss", "latency": "Latency CDFs: best vs baseline",
+           "memory": "KV memory per tier over time"}
+
+
+def report_html(report: Report, images: Mapping[str, bytes], notes: Sequence[str] = ()) -> str:
+    """One self-contained page: the problem, the tables, the plots (base64 PNGs) and the notes."""
+    p = report.problem
+    facts = [f"storage <code>{html.escape(report.storage)}</code>",
+             f"workload {html.escape(p.workload.name)} ({len(p.workload)} requests)",
+             f"objectives {html.escape(', '.join(o.name for o in p.objectives))}",
+             f"constraints {html.escape(', '.join(c.name for c in p.constraints))}",
+             f"profile {html.escape(p.profile.name)}", f"{len(report.evaluations)} complete trials"]
+    name = html.escape(report.name)
+    head = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>skistune report: {name}</title>"
+            f"<style>{_CSS}</style></head><body><h1>skistune report: study {name}</h1>")
+    parts = [head, "<p>" + " · ".join(facts) + "</p>"]
+    parts += [table_html(t) for t in report_tables(report)]
+    parts.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in [*report_lines(report), *notes])
+                 + "</ul>")
+    for name, png in images.items():
+        parts.append(f"<h2>{_TITLES[name]}</h2><img alt='{name}' "
+                     f"src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>")
+    parts.append(f"<p>Browse every trial: <code>optuna-dashboard {html.escape(report.storage)}</code></p>"
+                 "</body></html>")
+    return "\n".join(parts)
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """The output folder, checked before any work: it may exist, but not as a file."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out-dir {out}: is a file; give a folder")
+    return out
+
+
+def write_report(report: Report, out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
+    """Write the PNGs and report.html into ``out_dir`` (created if missing). Returns the files by name
+    (`FILES`) and a note for each plot left out."""
+    from skistune.optimize import write_atomic
+
+    out = check_out_dir(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    images, missing = render_plots(report)
+    files = {}
+    for name, png in images.items():
+        files[name] = out / FILES[name]
+        files[name].write_bytes(png)
+    files["html"] = write_atomic(out / FILES["html"], report_html(report, images, [f"note: {m}" for m in missing]))
+    return files, missing
+
+
+def summary(report: Report, files: Mapping[str, Path]) -> dict[str, Any]:
+    """The report as JSON: best configs, front, baseline, binding constraints, validation, importance, files."""
+    def scored(e: Evaluation) -> dict[str, Any]:
+        return {"trial": e.trial, "config": e.config.to_dict(), "values": list(e.values),
+                "figures": dict(e.figures)}
+
+    return {"study": report.name, "storage": report.storage, "trials": len(report.evaluations),
+            "feasible": report.feasible, "objectives": [o.name for o in report.problem.objectives],
+            "best": [scored(e) for e in report.best], "pareto": [scored(e) for e in report.pareto],
+            "baseline": scored(report.baseline), "binding": dict(report.binding),
+            "validated": [dict(v) for v in report.validated], "importance": dict(report.importance),
+            "importance_method": report.importance_method, "files": {k: str(v) for k, v in files.items()}}

@@ -1,0 +1,165 @@
+"""`skistune report`: the report's data from a study's storage alone, the Pareto front, the simulated
+replays behind the plots, the files (valid PNGs, a self-contained HTML page), the command's `--json` line
+and its one-line errors (exit 2)."""
+import dataclasses
+import json
+import shutil
+
+import optuna
+import pytest
+from report_fixtures import fake_validation, make_study
+from typer.testing import CliRunner
+
+from skistune.cli import app
+from skistune.optimize import VALIDATED_ATTR
+from skistune.report import (FILES, build_report, memory_timeline, report_tables, sampled_replay, table_html,
+                             tradeoff_front, write_report)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """4 trials of 16 chat requests under TBT p99 <= 200 ms, no validation: (result, storage URL)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return make_study(tmp_path_factory.mktemp("study"))
+
+
+@pytest.fixture(scope="module")
+def report(study):
+    return build_report("t", storage=study[1])
+
+
+@pytest.fixture
+def validated_storage(study, tmp_path):
+    """A copy of the study with validation records set by hand (simulated, not the real model)."""
+    result, url = study
+    copy = tmp_path / "v.db"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    storage = f"sqlite:///{copy}"
+    records = fake_validation(result.problem, result.best[0].config)
+    optuna.load_study(study_name="t", storage=storage).set_user_attr(VALIDATED_ATTR, records)
+    return storage
+
+
+def test_report_reads_the_study_back_best_first_with_the_baseline_scored_alike(study, report):
+    result, _ = study
+    assert report.name == "t" and len(report.evaluations) == 4 and report.feasible
+    assert [e.values[0] for e in report.best] == sorted((e.values[0] for e in report.best), reverse=True)
+    assert all(e.feasible for e in report.best) and len({e.config for e in report.best}) == len(report.best)
+    assert report.baseline.config == result.problem.base and report.baseline.trial is None
+    assert report.validated == () and report.binding == {"tbt:p99<=200ms": 1}  # trial 2 breaks the SLO
+    assert report.importance_method == "fANOVA" and report.importance_note is None
+    assert sum(report.importance.values()) == pytest.approx(1.0)
+    assert set(report.importance) <= {p.name for p in result.problem.space.params}
+
+
+def test_front_keeps_exactly_the_configs_no_other_beats_on_rate_energy_and_quality(report):
+    base = report.best[0]
+
+    def variant(trial, rate, energy, loss, max_num_seqs):
+        figures = {**base.figures, "energy_j_per_token": energy, "quality_loss": loss, "quality_basis": "measured"}
+        return dataclasses.replace(base, config=base.config.with_knobs({"batching.max_num_seqs": max_num_seqs}),
+                                   values=(rate,), figures=figures, trial=trial)
+
+    pool = [variant(0, 2.0, 1.0, 0.00, 1), variant(1, 3.0, 1.0, 0.01, 2),  # faster but lossy: both kept
+            variant(2, 2.0, 1.5, 0.00, 3),  # beaten by 0 (same rate and loss, more energy)
+            variant(3, 1.0, 0.5, 0.00, 4),  # cheapest: kept
+            variant(4, 2.0, 1.0, 0.02, 5)]  # beaten by 0
+    infeasible = dataclasses.replace(variant(5, 9.0, 0.1, 0.0, 6), violations={"served": 1.0})
+    front = tradeoff_front(report.problem, [*pool, infeasible])
+    assert [e.trial for e in front] == [1, 0, 3]  # best first objective first
+
+
+def test_tables_and_html_carry_the_same_rows(report):
+    tables = report_tables(report)
+    titles = [str(t.title).split(" ")[0] for t in tables]
+    assert titles == ["Best", "Pareto", "Constraints:", "Knob"]  # no validation stored: no fidelity table
+    assert tables[0].row_count == len(report.best) + 1 and tables[1].row_count == len(report.pareto) + 1
+    violations = table_html(tables[2])
+    assert "<td class='left'>tbt:p99&lt;=200ms</td><td class='right'>1 of 4</td>" in violations
+    assert violations.count("<tr>") == 1 + len(report.problem.constraints)
+
+
+def test_write_report_writes_three_pngs_and_a_self_contained_html(report, tmp_path):
+    files, missing = write_report(report, tmp_path / "out")
+    assert missing == [] and set(files) == set(FILES)
+    for name in ("pareto", "latency", "memory"):
+        assert files[name].name == FILES[name] and files[name].read_bytes().startswith(PNG_SIGNATURE)
+    page = files["html"].read_text()
+    assert page.count("data:image/png;base64,") == 3 and page.count("<table>") == 4
+    assert "Best configs of study t (4 trials)" in page and "Pareto front" in page and "Knob importance" in page
+    assert f"optuna-dashboard {report.storage}" in page and "no validated run in the study" in page
+    assert "<script" not in page and "http" not in page  # nothing fetched from elsewhere
+
+
+def test_validated_records_give_the_fidelity_table_and_the_timeline_of_the_validation_slice(validated_storage):
+    rep = build_report("t", storage=validated_storage)
+    assert [v["role"] for v in rep.validated] == ["candidate", "baseline"]
+    fidelity = table_html(report_tables(rep)[3])
+    assert "Predicted vs validated" in fidelity and fidelity.count("(-9%)") == 3  # measured = 1.1 x predicted
+    assert "<td class='left'>base</td>" in fidelity and "no (tbt:p99&lt;=200ms)" in fidelity
+    timeline = memory_timeline(rep)
+    assert timeline.label.startswith("simulated replay of the validation slice (6 requests")
+    assert list(timeline.used_bytes) == ["device"] and (timeline.time_s[1:] >= timeline.time_s[:-1]).all()
+    device = timeline.used_bytes["device"]
+    assert device[0] == device[-1] == 0 and 0 < device.max() <= timeline.capacity_bytes["device"]
+
+
+def test_sampled_replay_follows_every_tier_and_never_exceeds_the_peak(report):
+    p = report.problem
+    config = p.base.with_knobs({"offload.host_kv_bytes": 1 << 30, "offload.device_kv_bytes": 64 << 20})
+    timeline = sampled_replay(config, p.search.requests, p.target, 0.02, "tiers")
+    assert list(timeline.used_bytes) == ["device", "host"] and timeline.capacity_bytes["host"] > 0
+    engine_peak = report.best[0].figures["kv_peak_bytes"]
+    assert timeline.used_bytes["device"].max() <= timeline.capacity_bytes["device"] < engine_peak
+    assert timeline.used_bytes["host"].max() > 0  # the small device pool demotes cached prefix blocks
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, ["report", *args])
+
+
+def test_command_defaults_to_the_study_file_and_folder_here_and_ends_with_json(study, tmp_path, monkeypatch):
+    shutil.copy(study[1].removeprefix("sqlite:///"), tmp_path / "skistune-t.db")  # `default_storage("t")`
+    monkeypatch.chdir(tmp_path)
+    r = invoke("t", "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["study"] == "t" and summary["trials"] == 4 and summary["feasible"]
+    assert summary["best"][0]["trial"] == 3 and summary["importance_method"] == "fANOVA"
+    assert summary["files"] == {k: f"skistune-report-t/{v}" for k, v in FILES.items()}
+    assert all((tmp_path / path).is_file() for path in summary["files"].values())
+    assert "Best configs of study t" in r.stdout and "Knob importance for capacity" in r.stdout
+
+
+def test_infeasible_study_reports_the_binding_constraint_without_the_best_config_plots(tmp_path):
+    _, storage = make_study(tmp_path, name="hard", n_trials=2, slo="p99=1ms")
+    r = invoke("hard", "--storage", storage, "--out-dir", str(tmp_path / "out"), "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not summary["feasible"] and summary["binding"]["tbt:p99<=1ms"] == 2 and set(summary["files"]) == {
+        "pareto", "html"}
+    assert "no config met every constraint in 2 trials" in r.stdout and "closest" in r.stdout
+    assert "no latency CDF" in r.stderr and "no memory timeline" in r.stderr
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no-file", "no such database file"),
+    ("no-study", "study 'nope': not in storage"),
+    ("no-recipe", "holds no skistune recipe"),
+    ("out-is-file", "is a file; give a folder"),
+])
+def test_bad_input_is_one_line_and_exit_2(study, tmp_path, case, message):
+    storage = study[1]
+    name, extra = {"no-file": ("t", ["--storage", f"sqlite:///{tmp_path / 'missing.db'}"]),
+                   "no-study": ("nope", ["--storage", storage]),
+                   "no-recipe": ("plain", ["--storage", storage]),
+                   "out-is-file": ("t", ["--storage", storage, "--out-dir", str(tmp_path / "f")])}[case]
+    if case == "no-recipe":
+        optuna.create_study(study_name="plain", storage=storage, load_if_exists=True)
+    (tmp_path / "f").write_text("")
+    r = invoke(name, *extra)
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+    assert not (tmp_path / "missing.db").exists()
