@@ -84,7 +84,7 @@ def quality(
         profile = _measure(model, GRIDS["quick" if quick else "full"], path, resume=not fresh)
     table, rows = quality_table(profile)
     console.print(table)
-    checks = profile.data.get("combination", [])
+    checks = profile.combination_checks()  # by this version's model (the file's copy is the measuring run's)
     if checks:
         console.print(combination_table(checks))
     console.print(f"profile: {path}", highlight=False)

@@ -27,8 +27,7 @@ HELD_OUT_NEEDLE = ((1024, 0.3), (2048, 0.6))  # placements and (seed 1) keys no 
 
 def _protocol(grid: Grid) -> dict:
     return {"grid": grid.name, "windows": grid.windows, "continuation": grid.continuation, "chunk": SCORING_CHUNK,
-            "needle_placements": [list(p) for p in grid.needle_placements],
-            "loss_tokens": "the continuation (decoded) tokens of each window"}
+            "needle_placements": [list(p) for p in grid.needle_placements]}
 
 
 def _window_losses(runtime, config: KVConfig, windows: list[list[int]], continuation: int) -> dict:
