@@ -51,10 +51,15 @@ class QualityLoss:
     needle_retained: float
     basis: str = "measured"  # "exact" (nothing lossy), "measured", "proxy: <model>" or why it is unknown
     ppl_mean_bound: float | None = None
+    ppl_worst_bound: float | None = None  # one-sided 95% prediction bound for a window not in the profile
 
     @property
     def guarded_mean(self) -> float:
         return self.ppl_mean if self.ppl_mean_bound is None else self.ppl_mean_bound
+
+    @property
+    def guarded_worst(self) -> float:
+        return self.ppl_worst if self.ppl_worst_bound is None else max(self.ppl_worst, self.ppl_worst_bound)
 
 
 NO_LOSS = QualityLoss(0.0, 0.0, 1.0, basis="exact")
@@ -147,7 +152,8 @@ def _known_quality(point: Point) -> QualityLoss:
 @dataclass(frozen=True)
 class QualityFloor:
     """``ppl+1%`` (mean-window perplexity at most 1% above the full cache, checked against the predicted
-    mean's 95% upper bound), ``worst:ppl+3%`` (worst window), ``needle>=0.95`` (at least 95% of the full
+    mean's 95% upper bound), ``worst:ppl+3%`` (the worst profile window or the 95% prediction bound for a
+    window the profile did not see, whichever is larger), ``needle>=0.95`` (at least 95% of the full
     cache's long-context retrieval accuracy kept)."""
 
     metric: str  # "ppl" or "needle"
@@ -158,7 +164,7 @@ class QualityFloor:
         loss = _known_quality(point)
         if self.metric == "needle":
             return self.limit - loss.needle_retained
-        return (loss.ppl_worst if self.window == "worst" else loss.guarded_mean) - self.limit
+        return (loss.guarded_worst if self.window == "worst" else loss.guarded_mean) - self.limit
 
     def __str__(self) -> str:
         if self.metric == "needle":

@@ -417,6 +417,7 @@ def figures_of(problem: Problem, point: Point) -> dict[str, Any]:
             "quality_loss": None if q is None else _finite(q.ppl_mean),
             "quality_bound": None if q is None else _finite(q.guarded_mean),
             "quality_worst": None if q is None else _finite(q.ppl_worst),
+            "quality_worst_bound": None if q is None else _finite(q.guarded_worst),
             "needle_retained": None if q is None else q.needle_retained,
             "quality_basis": None if q is None else q.basis}
 

@@ -2,6 +2,7 @@
 resumable), or ``--show`` a profile; either way print the single-knob losses and the combination check."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -16,12 +17,16 @@ def _pct(x: float) -> str:
 
 
 def _headline(profile) -> list[tuple[str, dict]]:
-    """Representative single-knob configs (those the grid measured) for the summary table."""
-    rows = [("int8 keys+values", {"bitwidth.key_bits": 8, "bitwidth.value_bits": 8}),
-            ("int4 keys+values", {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4}),
-            ("int2 keys+values", {"bitwidth.key_bits": 2, "bitwidth.value_bits": 2})]
+    """Representative configs (on the grid's points) for the summary table."""
+    rows = []
+    for bits in (8, 4, 2):
+        both = {"bitwidth.key_bits": bits, "bitwidth.value_bits": bits}
+        rows.append((f"int{bits} keys+values", both))
+        if bits < 8:
+            rows.append((f"int{bits} keys+values, newest 128 at 16 bits",
+                         {**both, "bitwidth.full_precision_window": 128}))
     for policy in ("streaming", "h2o", "snapkv", "tova"):
-        for fraction in (0.25, 0.5):
+        for fraction in (0.1, 0.25, 0.5):
             rows.append((f"{policy} {fraction:.0%}", {"eviction.policy": policy, "eviction.budget_fraction": fraction}))
     return rows
 
@@ -38,8 +43,9 @@ def quality_table(profile) -> tuple[Table, list[dict]]:
     rows = []
     for name, knobs in _headline(profile):
         loss = profile.predict(KVConfig().with_knobs(knobs))
-        rows.append({"config": name, "knobs": knobs, "ppl_mean": loss.ppl_mean, "ppl_worst": loss.ppl_worst,
-                     "needle_retained": loss.needle_retained})
+        finite = math.isfinite(loss.ppl_mean)  # outside the profile's grid: null in JSON, ∞ in the table
+        rows.append({"config": name, "knobs": knobs, "ppl_mean": loss.ppl_mean if finite else None,
+                     "ppl_worst": loss.ppl_worst if finite else None, "needle_retained": loss.needle_retained})
         table.add_row(name, _pct(loss.ppl_mean), _pct(loss.ppl_worst), f"{loss.needle_retained:.0%}")
     return table, rows
 

@@ -9,7 +9,9 @@ continuation (the tokens a served request generates after its prompt) instead (`
 relative perplexity increase on a window is ``exp(d) - 1``; the mean-window loss is ``exp(mean_w d) - 1``
 (windows are of equal length), the worst-window loss ``max_w exp(d_w) - 1``. A mean-window floor is
 checked against ``exp(mean_w d + t95 * sd_w(d) / sqrt(n)) - 1``, the one-sided 95% upper bound of the mean
-from the spread between windows: the floor is meant to hold on text the profile never saw.
+from the spread between windows, and a worst-window floor against the larger of the worst profile window and
+``exp(mean_w d + t95 * sd_w(d) * sqrt(1 + 1/n)) - 1``, the one-sided 95% prediction bound for one more
+window: the floors are meant to hold on text the profile never saw.
 
 Combination model (no fitted parameters, so every joint config is a held-out check):
 - keys and values add: ``d_bits = d_key(key bits, fp window) + d_value(value bits, group, fp window)``,
@@ -68,14 +70,16 @@ def knob_key(knobs: dict) -> str:
     return json.dumps(knobs, sort_keys=True, separators=(",", ":"))
 
 
-def _upper_margin(deltas: list[float]) -> float:
-    """One-sided 95% Student-t margin of the mean of per-window values (0 with one window)."""
+def _upper_margin(deltas: list[float], new_window: bool = False) -> float:
+    """One-sided 95% Student-t margin above the mean of per-window values: for the mean itself, or (with
+    ``new_window``) for one more window (a prediction interval); 0 with one window."""
     n = len(deltas)
     if n < 2:
         return 0.0
     from scipy.stats import t
 
-    return float(t.ppf(0.95, n - 1)) * statistics.stdev(deltas) / math.sqrt(n)
+    spread = math.sqrt(1 + 1 / n) if new_window else 1 / math.sqrt(n)
+    return float(t.ppf(0.95, n - 1)) * statistics.stdev(deltas) * spread
 
 
 def _interp(x: float, xs: list[float], ys: list[list[float]]) -> list[float] | None:
@@ -359,7 +363,8 @@ class QualityProfile:
         needle = self._needle_bits(config) * self._needle_evict(config, context_tokens)
         basis = "measured" if model in (None, self.model) else f"proxy: {self.model}"
         return QualityLoss(max(0.0, math.exp(mean_delta) - 1), max(0.0, worst), needle, basis=basis,
-                           ppl_mean_bound=max(0.0, math.exp(mean_delta + _upper_margin(deltas)) - 1))
+                           ppl_mean_bound=max(0.0, math.exp(mean_delta + _upper_margin(deltas)) - 1),
+                           ppl_worst_bound=max(0.0, math.exp(mean_delta + _upper_margin(deltas, True)) - 1))
 
     def combination_checks(self) -> list[dict]:
         """Each measured joint config: predicted and measured mean-window loss, and whether the prediction

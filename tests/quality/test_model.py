@@ -153,3 +153,10 @@ def test_a_token_budget_is_a_fraction_of_the_context_it_serves(qp):
     assert qp.fraction(budget) == 1.0  # the profile's 1000-token windows
     assert qp.fraction(budget, context_tokens=4000) == 0.25
     assert math.log1p(qp.predict(budget, context_tokens=4000).ppl_mean) == pytest.approx(0.06)
+
+
+def test_the_worst_window_floor_reads_a_prediction_bound_for_unseen_windows(qp):
+    loss = qp.predict(KVConfig().with_knobs(BITS4))
+    margin = 6.313752 * 0.02 / math.sqrt(2) * math.sqrt(1.5)  # t(0.95, 1) x sd x sqrt(1 + 1/n)
+    assert loss.ppl_worst_bound == pytest.approx(math.exp(0.03 + margin) - 1, rel=1e-5)
+    assert loss.guarded_worst == max(loss.ppl_worst, loss.ppl_worst_bound) > loss.ppl_worst
