@@ -256,19 +256,24 @@ def _read_power(data: Any) -> PowerModel:
                       number(data, "dynamic_w", "power"), text(data, "note", "power"))
 
 
-def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True) -> HardwareProfile:
-    """Read and validate a profile file; warn (`FingerprintWarning`) if it was measured elsewhere."""
+def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
+    """A JSON file's contents, or ``ValueError`` naming the file and what is wrong (``what``: "profile")."""
     try:
         raw = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read profile ({exc.strerror or exc})") from None
+        raise ValueError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a profile (not UTF-8 text; corrupted?)") from None
+        raise ValueError(f"{path}: not a {what} (not UTF-8 text; corrupted?)") from None
     try:
-        data = json.loads(raw)
+        return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON at line {exc.lineno} column {exc.colno} "
                          f"({exc.msg}; truncated or corrupted?)") from None
+
+
+def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True) -> HardwareProfile:
+    """Read and validate a profile file; warn (`FingerprintWarning`) if it was measured elsewhere."""
+    data = read_json_file(path, "profile")
     try:
         profile = HardwareProfile.from_dict(data)
     except ValueError as exc:

@@ -126,16 +126,9 @@ class QualityProfile:
     # ---- files -------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path) -> "QualityProfile":
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read quality profile ({exc.strerror})") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not a quality profile (not UTF-8 text)") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a quality profile (invalid JSON: {exc.msg} at line {exc.lineno})") from None
+        from skistune.profile.profile import read_json_file
+
+        data = read_json_file(path, "quality profile")
         if not isinstance(data, dict):
             raise ValueError(f"{path}: not a quality profile (expected a JSON object)")
         try:

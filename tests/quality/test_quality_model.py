@@ -127,7 +127,7 @@ def test_combination_checks_compare_joint_measurements_with_predictions():
 
 
 @pytest.mark.parametrize("text, match", [
-    ("{", "invalid JSON"), ("[]", "expected a JSON object"), ('{"format": "x"}', "not a skistune quality profile"),
+    ("{", "not valid JSON"), ("[]", "expected a JSON object"), ('{"format": "x"}', "not a skistune quality profile"),
     ('{"format": "skistune-quality-profile", "version": 0}', "version 0"),
 ])
 def test_bad_files_raise_one_line_errors_naming_the_file(tmp_path, text, match):
