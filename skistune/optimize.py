@@ -1220,6 +1220,8 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
         out.append(_measure(problem, runtime, score(problem, config, requests, precision=REFINE_PRECISION),
                             requests, "candidate", quality.get(config)))
     out.sort(key=lambda v: _measured_key(problem, v))
+    if out[0].config == problem.base:  # the winner is the baseline: one replay, not two (two would show noise)
+        return out + [replace(out[0], role="baseline")]
     if progress:
         progress("the baseline")
     base = score_at(problem, problem.base, requests, out[0].predicted.rate_scale)
@@ -1279,7 +1281,8 @@ class OptimizeResult:
             return {}
         tuned, base = self.validated[0], self.validated[-1]
         out: dict[str, Any] = {"rate_rps": tuned.rate_rps, "tuned_holds": tuned.holds, "baseline_holds": base.holds,
-                               "baseline_binding": base.measured.binding}
+                               "baseline_binding": base.measured.binding,
+                               "is_baseline": tuned.config == base.config}
         for o, t, b in zip(self.problem.objectives, tuned.measured.values, base.measured.values):
             if o.name != "capacity":
                 out[o.name] = _ratio(t, b, o.maximize)

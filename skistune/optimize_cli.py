@@ -204,6 +204,9 @@ def validation_table(result) -> Table:
 
 def gain_lines(result) -> list[str]:
     lines = []
+    if result.best and result.best[0].config == result.baseline.config:
+        return ["the best config found is the baseline itself (vLLM defaults): nothing to change for this workload "
+                "on this hardware"]
     for name, ratio in result.gain().items():
         lines.append(f"gain over the baseline (vLLM defaults), predicted: {name} x{_fmt(ratio, digits=2)}")
     measured = result.measured_gain()
@@ -213,7 +216,7 @@ def gain_lines(result) -> list[str]:
         tuned = "holds every constraint" if measured["tuned_holds"] else "breaks a constraint"
         lines.append(f"measured at {measured['rate_rps']:.3g} req/s: the tuned config {tuned}; the baseline {base}")
         lines += [f"gain over the baseline, measured: {k} x{_fmt(v, digits=2)}" for k, v in measured.items()
-                  if k not in ("rate_rps", "tuned_holds", "baseline_holds", "baseline_binding")]
+                  if k not in ("rate_rps", "tuned_holds", "baseline_holds", "baseline_binding", "is_baseline")]
     return lines
 
 

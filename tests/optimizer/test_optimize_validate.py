@@ -77,3 +77,27 @@ def test_top_config_and_baseline_are_measured_on_the_real_runtime(profile, monke
     assert prov["requests"] == 3 and len(prov["runs"]) == 2 and prov["runs"][0]["measured"]["tbt_p99_s"] > 0
     assert set(r.measured_gain()) >= {"rate_rps", "tuned_holds", "baseline_holds"}
     assert r.write(tmp_path / "t.yaml").is_file()
+
+
+def test_a_winning_baseline_is_replayed_once_and_reported_as_the_baseline(profile, monkeypatch):
+    """When the measured winner is the baseline itself, its one replay stands for both roles: a second
+    replay of the same config would only show the machine's noise as a 'gain' (or a loss)."""
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=profile)
+    other = opt.baseline_config().with_knobs({"batching.max_num_seqs": 8})
+    replays = []
+
+    def fake_measure(problem_, runtime, predicted, requests, role, quality=None):
+        replays.append((predicted.config, role))
+        violation = -0.5 if predicted.config == problem.base else +0.5  # the baseline holds, the other breaks
+        return _validation(problem, predicted.config, 1.0, violation)
+
+    monkeypatch.setattr(opt, "_measure", fake_measure)
+    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
+    requests = opt.validation_requests(problem, 2)
+    out = opt.validate(problem, [other, problem.base], runtime=object(), requests=requests)
+    assert [(v.config, v.role) for v in out] == [(problem.base, "candidate"), (other, "candidate"),
+                                                 (problem.base, "baseline")]
+    assert len(replays) == 2 and out[-1].measured is out[0].measured
+    replays.clear()
+    out = opt.validate(problem, [other], runtime=object(), requests=requests)  # another winner: baseline replayed
+    assert [r[1] for r in replays] == ["candidate", "baseline"] and out[-1].config == problem.base
