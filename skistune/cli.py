@@ -1,26 +1,34 @@
 """The `skistune` command line: thin commands over the library.
 
 Domain errors (``ValueError``, ``OSError``) are caught at this edge and printed as one line with exit
-code 2; commands that print figures take ``--json`` and then end with one JSON object on the last line.
+code 2, and so are click's own usage errors (unknown option, missing or bad value): ``error: <what>
+(see skistune <command> --help)``. Commands that print figures take ``--json`` and then end with one JSON
+object on the last line.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Find the best KV-cache settings for serving an LLM under latency, energy and "
-                       "quality constraints.")
 console = Console()
 err_console = Console(stderr=True)
 
 EXIT_BAD_INPUT = 2
+
+
+def print_error(message: str) -> None:
+    """``error: <message>`` as one line on stderr (the message is text, never rich markup)."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def cli_errors(fn: Callable) -> Callable:
@@ -31,11 +39,76 @@ def cli_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except (ValueError, OSError, KeyError) as exc:
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+            print_error(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return wrapper
+
+
+# click's error base class, whether typer uses the installed click or (typer >= 0.2x) a vendored copy
+CLICK_EXCEPTION = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _command_path(ctx: Any) -> str:
+    """``skistune`` and the subcommands of ``ctx`` (whatever the program was called)."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(["skistune", *reversed(names)])
+
+
+def usage_error_line(exc: Exception, command: str = "skistune") -> str:
+    """click's error as one line, with the command whose help to read (the error's own context's when it
+    has one, else ``command``)."""
+    message = " ".join(line.strip() for line in exc.format_message().splitlines() if line.strip())
+    ctx = getattr(exc, "ctx", None)
+    return f"{message} (see {_command_path(ctx) if ctx is not None else command} --help)"
+
+
+class OneLineErrors(TyperGroup):
+    """The root command: click's usage errors (those of every subcommand too: they are parsed inside the
+    root's ``invoke``) become one line on stderr, ``error: <message> (see skistune <cmd> --help)``, with
+    click's exit code (2), instead of the boxed usage panel. Help, ``no_args_is_help``, ``typer.Exit``
+    codes and Ctrl-C are untouched."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _one_line_errors("skistune"):
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        # an option's parse errors carry no context: name the command that the arguments lead to
+        args = [*getattr(ctx, "_protected_args", ()), *ctx.args]
+        with _one_line_errors(" ".join(["skistune", *self._subcommands(ctx, args)])):
+            return super().invoke(ctx)
+
+    def _subcommands(self, ctx: Any, args: list[str]) -> list[str]:
+        """The leading ``args`` that name a subcommand, a subcommand of that, ..."""
+        names, command = [], self
+        for name in args:
+            sub = command.get_command(ctx, name) if hasattr(command, "get_command") else None
+            if sub is None:
+                break
+            names.append(name)
+            command = sub
+        return names
+
+
+@contextlib.contextmanager
+def _one_line_errors(command: str) -> Iterator[None]:
+    """Print click's error (not the help that ``no_args_is_help`` raises) as one line; exit with its code."""
+    try:
+        yield
+    except CLICK_EXCEPTION as exc:
+        if "NoArgsIsHelpError" in {c.__name__ for c in type(exc).__mro__}:
+            raise
+        print_error(usage_error_line(exc, command))
+        raise typer.Exit(exc.exit_code) from None
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=OneLineErrors,
+                  help="Find the best KV-cache settings for serving an LLM under latency, energy and "
+                       "quality constraints.")
 
 
 def print_json(figures: dict) -> None:
@@ -72,7 +145,7 @@ def demo(
         metrics = engine.replay(requests)
     completions = [rt.tokenizer.decode(r.output_token_ids) for r in engine.records]
     for p, c in zip(prompts, completions):
-        console.print(f"[bold]{p}[/]{c}", highlight=False)
+        console.print(f"[bold]{escape(p)}[/]{escape(c)}", highlight=False)
     console.print(metrics_table(metrics, "Measured on this machine"))
     console.print(summary_table(metrics))
     if json_out:

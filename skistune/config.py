@@ -314,6 +314,8 @@ def load_config(path: str) -> KVConfig:
             text = fh.read()
     except OSError as exc:
         raise ValueError(f"{path}: cannot read config ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a config (not UTF-8 text; binary or corrupted?)") from None
     try:
         return KVConfig.from_json(text) if path.endswith(".json") else KVConfig.from_yaml(text)
     except (ValueError, TypeError) as exc:

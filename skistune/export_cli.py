@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.syntax import Syntax
 
 from skistune.cli import cli_errors, console, err_console, print_json
@@ -57,16 +58,16 @@ def _print_result(result: ExportResult, out: Optional[Path]) -> None:
     elif out is None:
         typer.echo(result.text, nl=False)
     else:
-        err_console.print(f"wrote {out} ({result.target} {result.engine_version})", highlight=False)
+        err_console.print(f"wrote {escape(str(out))} ({result.target} {result.engine_version})", highlight=False)
     if result.command:
-        err_console.print(f"[bold]command:[/] {result.command}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold]command:[/] {escape(result.command)}", highlight=False, soft_wrap=True)
     for w in result.warnings:
-        err_console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] {escape(str(w))}", highlight=False, soft_wrap=True)
     for note in result.notes:
-        err_console.print(f"[dim]note:[/] {note}", highlight=False, soft_wrap=True)
+        err_console.print(f"[dim]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
     if result.out_of_scope:
         err_console.print(f"[dim]not part of a {result.target} file (export them to an engine):[/] "
-                          f"{', '.join(result.out_of_scope)}", highlight=False, soft_wrap=True)
+                          f"{escape(', '.join(result.out_of_scope))}", highlight=False, soft_wrap=True)
 
 
 @cli_errors

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from skistune.cli import app, cli_errors, console, err_console, print_json
@@ -93,7 +94,7 @@ def quality(
     checks = profile.combination_checks()  # by this version's model (the file's copy is the measuring run's)
     if checks:
         console.print(combination_table(checks))
-    console.print(f"profile: {path}", highlight=False)
+    console.print(f"profile: {escape(str(path))}", highlight=False)
     if json_out:
         print_json({"path": str(path), "model": profile.model, "grid": profile.data["protocol"]["grid"],
                     "measured_s": profile.data.get("measured_s"), "headline": rows, "combination": checks})

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from skistune.cli import app, cli_errors, console, err_console, print_json
 
@@ -44,8 +45,8 @@ def report(study: StudyArg, storage: StorageOpt = None, out_dir: OutDirOpt = Non
     with err_console.status("simulating the replays and drawing the plots"):
         files, missing = write_report(rep, out)
     for note in missing:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
-    console.print(f"wrote {', '.join(str(p) for p in files.values())}; browse every trial with optuna-dashboard "
-                  f"{rep.storage}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
+    console.print(escape(f"wrote {', '.join(str(p) for p in files.values())}; browse every trial with "
+                         f"optuna-dashboard {rep.storage}"), highlight=False, soft_wrap=True)
     if json_out:
         print_json(summary(rep, files))

@@ -129,6 +129,8 @@ def _read_space(spec: str) -> tuple[str, str]:
         return Path(spec).read_text(encoding="utf-8"), spec
     except OSError as exc:
         raise ValueError(f"{spec}: cannot read search space ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{spec}: not a search space (not UTF-8 text; binary or corrupted?)") from None
 
 
 def parse_space(text: str, source: str = "<string>") -> SearchSpace:

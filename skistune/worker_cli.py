@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 from skistune.cli import app, cli_errors, err_console, print_json
 
@@ -71,9 +72,10 @@ def worker(storage: StorageArg, study: StudyArg, trials: TrialsOpt = 10, timeout
     job = join_study(storage, study, seed=seed)  # every check before the first trial (and the progress bar)
     run = _run(job, trials, timeout)
     best, objective = _best(job), job.problem.objectives[0].name
-    err_console.print(f"worker (seed {job.seed}) finished {run.finished} trials of study {study} in "
-                      f"{_storage_label(storage)}; the study has {run.complete_in_study} complete trials; best "
-                      f"{objective} so far: {'-' if best is None else f'{best:.4g}'}", highlight=False, soft_wrap=True)
+    err_console.print(escape(f"worker (seed {job.seed}) finished {run.finished} trials of study {study} in "
+                             f"{_storage_label(storage)}; the study has {run.complete_in_study} complete trials; "
+                             f"best {objective} so far: {'-' if best is None else f'{best:.4g}'}"),
+                      highlight=False, soft_wrap=True)
     if json_out:
         print_json({"study": study, "storage": _storage_label(storage), "seed": job.seed, "finished": run.finished,
                     "failed": run.failed, "complete_in_study": run.complete_in_study, "objective": objective,

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .cost import ALL_FEATURES
@@ -123,10 +124,10 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
 
     console.print(profile_table(profile, path))
     for flagged in profile.flagged_fits():
-        err_console.print(f"[yellow]flagged:[/] {flagged} is below the R² threshold", highlight=False)
+        err_console.print(f"[yellow]flagged:[/] {escape(str(flagged))} is below the R² threshold", highlight=False)
     extrapolated = [profile.quantized_kv_note] if profile.quantized_kv_note else []
     for note in list(profile.notes) + extrapolated:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
     if json_out:
         print_json(_summary(profile, path))
 
@@ -140,7 +141,7 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
             warnings.simplefilter("always", FingerprintWarning)
             shown = load_profile(show)
         for warning in caught:
-            err_console.print(f"[yellow]warning:[/] {warning.message}", highlight=False, soft_wrap=True)
+            err_console.print(f"[yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
         _report(shown, show, json_out)
         return
     profile = _measure(model, device, quick, disk_dir, err_console)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from skistune.workloads.load import load_workload
@@ -60,7 +61,7 @@ def parse_window(window: str | None) -> tuple[float, float] | None:
 def print_notes(workload: Workload) -> None:
     """What the reader changed or noticed, on stderr so that --json output stays one object."""
     for note in workload.notes:
-        err_console.print(f"[yellow]note:[/] {workload.name}: {note}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]note:[/] {escape(f'{workload.name}: {note}')}", highlight=False, soft_wrap=True)
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -109,7 +110,7 @@ def show(workload: WorkloadArg, format: FormatOpt = None, skip_bad_rows: SkipBad
         from skistune.workloads.plot import plot_workload  # matplotlib loads only when asked for
 
         plot_workload(loaded, plot)
-        err_console.print(f"wrote {plot}", highlight=False)
+        err_console.print(f"wrote {escape(str(plot))}", highlight=False)
     if json_output:
         print_json({**stats.as_dict(), "source": loaded.source, "transforms": list(loaded.transforms),
                     "notes": list(loaded.notes)})

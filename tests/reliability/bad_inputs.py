@@ -40,13 +40,17 @@ INPUT_FILES: dict[str, str | bytes] = {
     "c_range.yaml": "batching:\n  max_num_seqs: 0\n", "c_type.yaml": "batching:\n  max_num_seqs: many\n",
     "c_list.yaml": "- 1\n", "c_family.yaml": "turbo:\n  on: true\n", "c_bad.json": "{",
     "c_not_mapping.yaml": "batching: 5\n", "garbage.db": b"not a database" * 100,
+    # not UTF-8; names and values with square brackets (rich markup if printed unescaped)
+    "c_not_utf8.yaml": b"\xff\xfe\x00garbage", "c_not_utf8.json": b"\xff\xfe\x00garbage",
+    "not_utf8.yaml": b"\xff\xfe\x00garbage", "c[b]_unknown.yaml": "batching:\n  nope: 1\n",
+    "[red]space.yaml": SPACE_HEAD + "  batching.nope: {choices: [1, 2]}\n",
 }
 
 
 @dataclass(frozen=True)
 class BadInput:
     name: str
-    kind: str  # trace, slo, energy, quality, space, profile, config, storage, study, option
+    kind: str  # trace, slo, energy, quality, space, profile, config, storage, study, option, usage
     argv: tuple[str, ...]  # {in}: the inputs folder; {db}/{pydb}: the existing studies; {out}; {profile}
     expect: str  # what the one-line error must name
 
@@ -166,6 +170,28 @@ CASES: tuple[BadInput, ...] = (
     BadInput("max-queue not a time", "option", optimize(max_queue="soon"), "--max-queue 'soon'"),
     BadInput("out is a folder", "option", optimize(out="{in}"), "is a folder"),
     BadInput("out folder missing", "option", optimize(out="/no/such/dir/x.yaml"), "does not exist"),
+    BadInput("config not UTF-8", "config", evaluate("{in}/c_not_utf8.yaml"), "c_not_utf8.yaml: not a config"),
+    BadInput("export config not UTF-8", "config", ("export", "{in}/c_not_utf8.json", "--to", "vllm"),
+             "c_not_utf8.json: not a config (not UTF-8"),
+    BadInput("space not UTF-8", "space", optimize(space="{in}/not_utf8.yaml"), "not_utf8.yaml: not a search space"),
+    BadInput("config named with brackets", "config", evaluate("{in}/c[b]_unknown.yaml"),
+             "c[b]_unknown.yaml: batching.nope: unknown knob"),
+    BadInput("space named like markup", "space", optimize(space="{in}/[red]space.yaml"),
+             "[red]space.yaml: knobs: batching.nope: unknown knob"),
+    BadInput("slo with brackets", "slo", optimize(slo="p99=[b]ms"), "SLO 'p99=[b]ms'"),
+    # click's own errors, one line naming the command whose help to read
+    BadInput("option without its value", "usage", ("profile", "--quick", "--show"),
+             "error: Option '--show' requires an argument. (see skistune profile --help)"),
+    BadInput("command unknown", "usage", ("nonexistent",), "error: No such command 'nonexistent'. (see skistune --help)"),
+    BadInput("option unknown", "usage", optimize(zzz="1"), "No such option: --zzz (see skistune optimize --help)"),
+    BadInput("option not an integer", "usage", optimize(trials="many"),
+             "Invalid value for '--trials'"),
+    BadInput("argument missing", "usage", ("export", "--to", "vllm"),
+             "error: Missing argument 'config'. (see skistune export --help)"),
+    BadInput("subcommand option unknown", "usage", ("workload", "show", "chat", "--nope"),
+             "No such option: --nope (see skistune workload show --help)"),
+    BadInput("option value of a subcommand missing", "usage", ("export", "{in}/c_bad.json", "--to"),
+             "Option '--to' requires an argument. (see skistune export --help)"),
 )
 
 

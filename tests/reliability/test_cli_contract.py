@@ -1,0 +1,62 @@
+"""The edges of the CLI contract that the bad-input corpus does not show: the loaders name a file that is
+not UTF-8 text, and turning click's usage errors into one line leaves help, ``no_args_is_help`` and the
+exit codes of commands as they were."""
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from skistune.cli import app, cli_errors
+from skistune.config import load_config
+from skistune.searchspace import load_space
+
+NOT_UTF8 = b"\xff\xfe\x00garbage"
+
+
+@pytest.mark.parametrize("name", ["tuned.yaml", "tuned.json"])
+def test_load_config_names_a_file_that_is_not_utf8(tmp_path, name):
+    (tmp_path / name).write_bytes(NOT_UTF8)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{tmp_path / name}: not a config (not UTF-8 text")):
+        load_config(str(tmp_path / name))
+
+
+def test_load_space_names_a_file_that_is_not_utf8(tmp_path):
+    (tmp_path / "space.yaml").write_bytes(NOT_UTF8)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{tmp_path / 'space.yaml'}: not a search space (not UTF-8")):
+        load_space(tmp_path / "space.yaml")
+
+
+def test_help_and_no_args_print_the_help_as_before():
+    runner = CliRunner()
+    shown = runner.invoke(app, ["--help"])
+    assert shown.exit_code == 0 and "Usage:" in shown.stdout and "optimize" in shown.stdout and not shown.stderr
+    sub = runner.invoke(app, ["optimize", "--help"])
+    assert sub.exit_code == 0 and "--slo" in sub.stdout and not sub.stderr
+    for argv in ([], ["workload"]):  # no_args_is_help: the help on stdout, exit code 2, no "error:"
+        bare = runner.invoke(app, argv)
+        assert bare.exit_code == 2 and "Usage:" in bare.stdout and "error:" not in bare.output, argv
+
+
+def test_exit_codes_of_commands_and_their_errors_pass_through():
+    probe = typer.Typer(cls=type(typer.main.get_command(app)))
+
+    @probe.command()
+    @cli_errors
+    def run(code: int = 0, fail: str = "") -> None:
+        if fail:
+            raise ValueError(fail)
+        raise typer.Exit(code)
+
+    @probe.command()
+    def other() -> None:  # two commands: a group, as skistune is
+        pass
+
+    runner = CliRunner()
+    assert runner.invoke(probe, ["run", "--code", "3"]).exit_code == 3
+    assert runner.invoke(probe, ["run"]).exit_code == 0
+    failed = runner.invoke(probe, ["run", "--fail", "[1, 2] and a[b]"])
+    assert failed.exit_code == 2 and failed.stderr == "error: [1, 2] and a[b]\n"
+    usage = runner.invoke(probe, ["run", "--code", "x"])
+    assert usage.exit_code == 2 and usage.stderr.startswith("error: Invalid value for '--code'")
+    assert usage.stderr.endswith("(see skistune run --help)\n") and usage.stderr.count("\n") == 1
