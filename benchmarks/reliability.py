@@ -1,6 +1,7 @@
 """Reliability figures: workers sharing one PostgreSQL study, trials lost when a worker is killed mid-trial
-(PostgreSQL and the default SQLite file), the bad-input corpus, and requests lost under 3x KV overload.
-The checks are the reliability suite's own (tests/reliability), run once and counted.
+(PostgreSQL and the default SQLite file), the bad-input corpus, and requests lost under 3x KV overload
+(recompute preemption; swap + host + disk tiers, with and without prefetch, a disk block corrupted on
+purpose). The checks are the reliability suite's own (tests/reliability), run once and counted.
 
     python benchmarks/reliability.py [--json]
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests" / "reliability"))  # the suite's helpers: 
 
 import optuna
 from bad_inputs import CASES, prepare, run_case
-from overload import runtime_overload, simulator_overload
+from overload import runtime_overload, simulator_overload, tiered_overload
 from pg_server import PostgresServer, unavailable_reason
 from reliability_helpers import (COMPLETE, PROFILE, RUNNING, SLO, create_study, finished, kill_mid_trial,
                                  resume_after_kill, run_workers, stored_trials)
@@ -92,6 +93,24 @@ def postgres_figures(folder: Path, profile) -> dict:
         server.stop()
 
 
+def tier_rows(name: str, t: dict) -> list[tuple]:
+    """The rows of one tiered overload run (`overload.tiered_overload`)."""
+    moved = ", ".join(f"{link} {n}" for link, n in t["blocks_moved_by_link"].items())
+    return [(f"requests lost at 3x KV overload: runtime, {name}", f"{t['lost']} of {t['requests']}", "0"),
+            (f"  {name}: runtime error", t["error"] or "none", "none"),
+            (f"  {name}: requests completed, tokens as without pressure",
+             f"{t['finished']}, {'yes' if t['tokens_as_without_pressure'] else 'no'}", f"{t['requests']}, yes"),
+            (f"  {name}: sequences swapped out / in (fallbacks to recompute)",
+             f"{t['swapped_out']} / {t['swapped_in']} ({t['swap_fallbacks']})", "-"),
+            (f"  {name}: blocks offloaded / promoted / prefetched",
+             f"{t['blocks_offloaded']} / {t['blocks_promoted']} / {t['blocks_prefetched']}", "-"),
+            (f"  {name}: blocks moved", f"{t['blocks_moved']} ({moved})", "-"),
+            (f"  {name}: corrupted disk block detected (of corrupted)",
+             f"{int(t['corrupted_block_detected'])} of {t['disk_blocks_corrupted']}", "all"),
+            (f"  {name}: checksum failures of blocks not corrupted", t["checksum_failures_not_corrupted"], "0"),
+            (f"  {name}: block accounting balanced", "yes" if t["blocks_balanced"] else "no", "yes")]
+
+
 def table(f: dict) -> str:
     pg, sq, bad, rt, sim = f["postgres"], f["crash_sqlite"], f["bad_inputs"], f["overload_runtime"], f["overload_sim"]
     w, c = pg.get("workers", {}), pg.get("crash", {})
@@ -103,8 +122,8 @@ def table(f: dict) -> str:
             ("finished trials lost, worker SIGKILLed (SQLite)", sq["trials_lost"], "0"),
             ("bad inputs handled (of tried)", f"{bad['handled']} of {bad['tried']}", "all"),
             ("requests lost at 3x KV overload: runtime, recompute", f"{rt['lost']} of {rt['requests']}", "0"),
-            ("requests lost at 3x KV overload: runtime, swap + host + disk + prefetch",
-             f"{f['overload_runtime_tiers']['lost']} of {f['overload_runtime_tiers']['requests']}", "0"),
+            *tier_rows("swap + host + disk + prefetch", f["overload_runtime_tiers"]),
+            *tier_rows("swap + host + disk, no prefetch", f["overload_runtime_tiers_no_prefetch"]),
             ("requests lost at 3x KV overload: simulator", f"{sim['lost']} of {sim['requests']}", "0")]
     return "\n".join(["| figure | value | goal |", "|---|---:|---:|"] + [f"| {a} | {b} | {g} |" for a, b, g in rows])
 
@@ -123,7 +142,8 @@ def main() -> None:
         figures = {"postgres": postgres_figures(folder, profile),
                    "crash_sqlite": crash_figures(f"sqlite:///{folder / 'crash.db'}", profile),
                    "bad_inputs": bad_input_figures(folder / "bad", profile),
-                   "overload_runtime": runtime_overload(), "overload_runtime_tiers": runtime_overload(tiers=True),
+                   "overload_runtime": runtime_overload(), "overload_runtime_tiers": tiered_overload(),
+                   "overload_runtime_tiers_no_prefetch": tiered_overload(prefetch=False),
                    "overload_sim": simulator_overload(profile)}
     print(table(figures))
     if args.json:
