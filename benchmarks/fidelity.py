@@ -41,6 +41,14 @@ CONFIGS = {
     "int4": {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4},
     "int4-tight-kv": {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4, "batching.max_num_seqs": 16,
                       "offload.device_kv_bytes": 96 * 16 * 46080},
+    "h2o-50": {"eviction.policy": "h2o", "eviction.budget_fraction": 0.5},
+    "snapkv-30-pyramid": {"eviction.policy": "snapkv", "eviction.budget_fraction": 0.3,
+                          "eviction.layer_schedule": "pyramid"},
+    # the tight device pool with a host tier: prefixes demoted and promoted, blocks ahead or layer by layer
+    "host-prefetch-blocks": {"offload.device_kv_bytes": 96 * 16 * 46080, "offload.host_kv_bytes": 512 << 20,
+                             "prefetch.enabled": True, "prefetch.depth": 8},
+    "host-prefetch-layers": {"offload.device_kv_bytes": 96 * 16 * 46080, "offload.host_kv_bytes": 512 << 20,
+                             "prefetch.enabled": True, "prefetch.unit": "layers", "prefetch.depth": 2},
 }
 
 

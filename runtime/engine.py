@@ -111,9 +111,16 @@ def tier_manager(config: KVConfig, block_bytes: int) -> TierManager | None:
 
 
 def prefetch_blocks(config: KVConfig) -> int:
-    """Blocks promoted ahead of use per step: ``depth`` blocks (``unit: layers`` is not implemented
-    layer by layer; it prefetches ``depth`` whole blocks too, see docs/tiers.md)."""
-    return config.prefetch.depth if config.prefetch.enabled else 0
+    """Blocks of waiting sequences promoted ahead of use per step (``unit: blocks``): ``depth`` blocks."""
+    p = config.prefetch
+    return p.depth if p.enabled and p.unit == "blocks" else 0
+
+
+def layerwise_depth(config: KVConfig) -> int:
+    """``unit: layers``: a step's host -> device copies run layer by layer alongside its forward pass, at
+    most ``depth`` layers ahead of the compute (0: off). See docs/tiers.md."""
+    p = config.prefetch
+    return p.depth if p.enabled and p.unit == "layers" else 0
 
 
 class Engine:

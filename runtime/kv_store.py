@@ -22,7 +22,7 @@ import torch
 from ..config import KVConfig
 from ..profile.transfers import copy_blocks
 from .disk_pool import DiskPool
-from .tiers import Transfer
+from .tiers import DISK, HOST, Transfer
 from .kv_layout import (FULL_PRECISION_BITS, full_precision_ring_tokens, full_precision_start, kv_block_bytes,
                         layer_bits, value_group)
 from .presets import ModelSpec
@@ -106,6 +106,11 @@ class TierStore:
     def __init__(self, store: PagedKVStore, host_blocks: int, disk_blocks: int) -> None:
         self.parts = [t for pair in store.layers for side in pair for t in (side.data, side.scale, side.zero)
                       if t is not None]  # device tensors indexed by block
+        # which of them belong to each layer (layer-wise loading copies one layer's at a time)
+        per_layer = [sum(t is not None for side in pair for t in (side.data, side.scale, side.zero))
+                     for pair in store.layers]
+        starts = [sum(per_layer[:i]) for i in range(len(per_layer))]
+        self.layer_parts = [list(range(s, s + n)) for s, n in zip(starts, per_layer)]
         pin = self.parts[0].device.type == "cuda"
         self.host = [torch.zeros((host_blocks, *t.shape[1:]), dtype=t.dtype, pin_memory=pin) for t in self.parts]
         self.part_bytes = [t[0].numel() * t.element_size() for t in self.parts]
@@ -113,24 +118,29 @@ class TierStore:
             raise RuntimeError(f"KV tiers: a block is {sum(self.part_bytes)} bytes, the layout says {store.block_bytes}")
         self.disk = DiskPool(disk_blocks, store.block_bytes) if disk_blocks else None
 
-    def run(self, transfers: list[Transfer]) -> float:
-        """Execute transfers in order; returns the seconds they took."""
+    def run(self, transfers: list[Transfer], layer: int | None = None) -> float:
+        """Execute transfers in order, every layer's KV or only ``layer``'s (host <-> device copies only:
+        a disk block holds every layer); returns the seconds they took."""
         t0 = time.perf_counter()
+        parts = range(len(self.parts)) if layer is None else self.layer_parts[layer]
         for t in transfers:
-            getattr(self, f"_{t.src_tier}_to_{t.dst_tier}")(t.src_blocks, t.dst_blocks)
+            if layer is not None and DISK in (t.src_tier, t.dst_tier):
+                raise ValueError("disk transfers move whole blocks, not one layer's KV")
+            if DISK in (t.src_tier, t.dst_tier):
+                getattr(self, f"_{t.src_tier}_to_{t.dst_tier}")(t.src_blocks, t.dst_blocks)
+            else:
+                self._copy(parts, t.src_tier == HOST, t.src_blocks, t.dst_blocks)
         if transfers and self.parts[0].device.type == "cuda":
             torch.cuda.current_stream().synchronize()
         return time.perf_counter() - t0
 
-    def _copy(self, srcs: list[torch.Tensor], dsts: list[torch.Tensor], src: list[int], dst: list[int]) -> None:
-        for s, d in zip(srcs, dsts):
-            copy_blocks(s, d, torch.tensor(src, device=s.device), torch.tensor(dst, device=d.device))
-
-    def _device_to_host(self, src: list[int], dst: list[int]) -> None:
-        self._copy(self.parts, self.host, src, dst)
-
-    def _host_to_device(self, src: list[int], dst: list[int]) -> None:
-        self._copy(self.host, self.parts, src, dst)
+    def _copy(self, parts, from_host: bool, src: list[int], dst: list[int]) -> None:
+        """Copy blocks of the chosen parts between the device tensors and their host pools."""
+        srcs, dsts = (self.host, self.parts) if from_host else (self.parts, self.host)
+        src_ids = torch.tensor(src, device=srcs[0].device)
+        dst_ids = torch.tensor(dst, device=dsts[0].device)
+        for i in parts:
+            copy_blocks(srcs[i], dsts[i], src_ids, dst_ids)
 
     def _host_to_disk(self, src: list[int], dst: list[int]) -> None:
         for s, d in zip(src, dst):

@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 from ..config import KVConfig
-from .engine import Clock, Engine, WallClock
+from .engine import Clock, Engine, WallClock, layerwise_depth
 from .kv_layout import CPU_KV_SPACE_BYTES, kv_pool_blocks
 from .kv_store import PagedKVStore
 from .metrics import Metrics
@@ -72,7 +72,7 @@ class Runtime:
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
         return Engine(self.config, num_blocks=self.store.num_blocks, block_bytes=self.store.block_bytes,
                       max_context=self.spec.max_context,
-                      executor=ModelRunner(self.model, self.store, self.config.eviction),
+                      executor=ModelRunner(self.model, self.store, self.config.eviction, layerwise_depth(self.config)),
                       clock=clock or WallClock(), eos_token_id=eos, notes=self.notes, n_layers=self.spec.n_layers)
 
     def replay(self, requests: Sequence[Request]) -> Metrics:

@@ -5,6 +5,8 @@ Weights use the Hugging Face layout and RoPE convention (rotate-half); see `weig
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -65,12 +67,16 @@ class LlamaModel:
         return F.linear(F.silu(gate) * up, self.w[f"layers.{i}.down_proj"])
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, store: PagedKVStore,
-                meta: AttentionMetadata, logit_rows: torch.Tensor) -> torch.Tensor:
-        """Logits ``[len(logit_rows), vocab]`` of the chosen rows of a step of ``[T]`` tokens."""
+                meta: AttentionMetadata, logit_rows: torch.Tensor,
+                before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Logits ``[len(logit_rows), vocab]`` of the chosen rows of a step of ``[T]`` tokens.
+        ``before_layer(i)`` runs before layer i touches its KV (layer-wise loading waits there)."""
         eps = self.spec.rms_eps
         h = F.embedding(input_ids, self.w["embed_tokens"])  # [T, hidden]
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
         for i in range(self.spec.n_layers):
+            if before_layer is not None:
+                before_layer(i)
             h = h + self._attention(i, rms_norm(h, self.w[f"layers.{i}.input_norm"], eps), cos, sin, store, meta)
             h = h + self._mlp(i, rms_norm(h, self.w[f"layers.{i}.post_attn_norm"], eps))
         h = rms_norm(h[logit_rows], self.w["norm"], eps)

@@ -14,6 +14,7 @@ blocks quantized, and the slots from `PagedKVStore.full_precision_start` on in t
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -27,7 +28,7 @@ from .eviction import EvictionStats, kept_slots, make_policy
 from .kv_store import KVSide, PagedKVStore, TierStore
 from .model import LlamaModel
 from .scheduler import Compaction, SchedulerOutput
-from .tiers import TierManager
+from .tiers import TierManager, Transfer, layered_split
 
 
 class RingSlots:
@@ -56,8 +57,51 @@ class RingSlots:
         self.assigned[seq_id] = (self.assigned[seq_id][0], 0)
 
 
+class LayerLoader:
+    """A step's host <-> device copies run layer by layer on the prefetch worker while the forward pass
+    computes (``prefetch.unit: layers``): layer i's copies finish before layer i reads or writes its KV,
+    and the loader runs at most ``depth`` layers ahead of the compute."""
+
+    def __init__(self, n_layers: int, depth: int) -> None:
+        self.depth = depth
+        self.ready = [threading.Event() for _ in range(n_layers)]
+        self.reached = [threading.Event() for _ in range(n_layers)]  # the compute got to layer i
+        self.stall_s = 0.0
+
+    def load(self, store: TierStore, transfers: list[Transfer], stream=None) -> float:
+        """The worker's side: every layer's copies in order; the seconds they took."""
+        started = time.perf_counter()
+        try:
+            self._load(store, transfers, stream)
+        finally:  # a failed copy must not leave the forward pass waiting: its error surfaces after the step
+            for ready in self.ready:
+                ready.set()
+        return time.perf_counter() - started
+
+    @torch.inference_mode()  # (a worker thread: the mode is per thread, and the KV store is an inference tensor)
+    def _load(self, store: TierStore, transfers: list[Transfer], stream) -> None:
+        for i, ready in enumerate(self.ready):
+            if i >= self.depth:
+                self.reached[i - self.depth].wait()
+            if stream is None:
+                store.run(transfers, layer=i)
+            else:
+                with torch.cuda.stream(stream):
+                    store.run(transfers, layer=i)  # (run synchronizes its current stream: this one)
+            ready.set()
+
+    def before_layer(self, i: int) -> None:
+        """The forward pass's side, before layer i: let the loader go on, wait for layer i's KV."""
+        self.reached[i].set()
+        if not self.ready[i].is_set():
+            waited = time.perf_counter()
+            self.ready[i].wait()
+            self.stall_s += time.perf_counter() - waited
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaModel, store: PagedKVStore, eviction: EvictionConfig = EvictionConfig()) -> None:
+    def __init__(self, model: LlamaModel, store: PagedKVStore, eviction: EvictionConfig = EvictionConfig(),
+                 layerwise_depth: int = 0) -> None:
         self.model = model
         self.store = store
         self.ring_slots = RingSlots(store.slots) if store.quantized else None
@@ -74,6 +118,8 @@ class ModelRunner:
         self._worker: ThreadPoolExecutor | None = None
         self._prefetch_job: Future | None = None
         self._stream = None
+        self.layerwise_depth = layerwise_depth  # > 0: host <-> device copies go layer by layer (`LayerLoader`)
+        self._loader: tuple[LayerLoader, Future] | None = None
 
     def _ring_info(self, out: SchedulerOutput, kv: KVCacheManager) -> RingInfo | None:
         if self.ring_slots is None:
@@ -88,7 +134,10 @@ class ModelRunner:
             self._forget(out)
         self._move_tiers(out, kv)
         self._copy_blocks(out)
-        sample_rows, logits, meta = self._forward(out, kv)
+        try:
+            sample_rows, logits, meta = self._forward(out, kv)
+        finally:
+            self._finish_layer_loads(kv)
         if self.keep_logits:
             self._keep_logits(out, logits)
             logits = logits[sample_rows]
@@ -121,7 +170,8 @@ class ModelRunner:
                                         first_slots=[s.seq.kv_first_slot for s in out.scheduled],
                                         scored_queries=self._scored_queries(out))
         logits = self.model.forward(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
-                                    self.store, meta, torch.tensor(logit_rows, device=device))
+                                    self.store, meta, torch.tensor(logit_rows, device=device),
+                                    before_layer=self._loader[0].before_layer if self._loader else None)
         return sample_rows, logits, meta
 
     def _keep_logits(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
@@ -150,19 +200,47 @@ class ModelRunner:
         if self._prefetch_job is not None:
             tiers.stats.transfer_s += self._prefetch_job.result()
             self._prefetch_job = None
-        tiers.stats.transfer_s += store.run(out.transfers)
+        # layer by layer only where no copy-on-write copy reads a block before the forward pass
+        whole, layered = (layered_split(out.transfers) if self.layerwise_depth and not out.compactions
+                          else (out.transfers, []))
+        tiers.stats.transfer_s += store.run(whole)
         tiers.stats.stall_s += time.perf_counter() - waited_from
+        if layered:
+            loader = LayerLoader(self.model.spec.n_layers, self.layerwise_depth)
+            self._loader = (loader, self._submit(loader.load, store, layered, self._side_stream()))
         if out.prefetch:
-            if self._worker is None:
-                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skistune-prefetch")
-            self._prefetch_job = self._worker.submit(self._run_prefetch, store, out.prefetch)
+            self._prefetch_job = self._submit(self._run_prefetch, store, out.prefetch)
 
-    def _run_prefetch(self, store: TierStore, transfers: list) -> float:
+    def _submit(self, fn, *args) -> Future:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="skistune-prefetch")
+        return self._worker.submit(fn, *args)
+
+    def _side_stream(self):
+        """The CUDA stream tier copies overlap the compute on (None on a CPU)."""
         if self.model.device.type != "cuda":
+            return None
+        self._stream = self._stream or torch.cuda.Stream(self.model.device)
+        return self._stream
+
+    @torch.inference_mode()  # (runs on the worker thread)
+    def _run_prefetch(self, store: TierStore, transfers: list) -> float:
+        stream = self._side_stream()
+        if stream is None:
             return store.run(transfers)
-        stream = self._stream = self._stream or torch.cuda.Stream(self.model.device)
         with torch.cuda.stream(stream):
             return store.run(transfers)  # (run synchronizes its current stream: this one)
+
+    def _finish_layer_loads(self, kv: KVCacheManager) -> None:
+        """After the forward pass: the layer-wise copies' time, and how long the layers waited for them."""
+        if self._loader is None:
+            return
+        loader, job = self._loader
+        self._loader = None
+        for reached in loader.reached:  # (all set already, unless the forward pass failed)
+            reached.set()
+        kv.tiers.stats.transfer_s += job.result()
+        kv.tiers.stats.stall_s += loader.stall_s
 
     def finish_prefetch(self) -> None:
         """Wait for a prefetch still in flight (the next step does so anyway)."""

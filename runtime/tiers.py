@@ -226,3 +226,25 @@ class TierManager:
                 pool.release(slot)
             pool.cached.clear()
         self.prefetched.clear()
+
+
+# ---- layer-wise loading (``prefetch.unit: layers``) -------------------------------------------------------
+def layered_split(transfers: list[Transfer]) -> tuple[list[Transfer], list[Transfer]]:
+    """A step's transfers as (those run whole before the forward pass, those run layer by layer alongside
+    it). Disk I/O moves whole blocks (one positional read or write per block, every layer at once), so
+    everything up to the last transfer touching the disk runs first, whole; the rest (host <-> device
+    copies) may go layer by layer. Decision order stays an execution order: the whole part completes
+    before any layer of the rest, and each layer runs the rest in order."""
+    last_disk = max((i for i, t in enumerate(transfers) if DISK in (t.src_tier, t.dst_tier)), default=-1)
+    return transfers[:last_disk + 1], transfers[last_disk + 1:]
+
+
+def layered_step_s(compute_s: float, transfer_s: float, n_layers: int) -> float:
+    """A step whose KV copies run layer by layer ahead of its compute: layer i computes once its KV is in
+    and layer i-1 is done. With uniform layers (copy t = T/L, compute c = C/L each) the last layer ends at
+    max(C + t, T + c): the copies hide behind the compute but the first layer's, or the compute behind
+    the copies but the last layer's. (How far ahead the loader may run, ``depth``, does not change this
+    time for uniform layers; it bounds the staging a real engine needs.)"""
+    if transfer_s <= 0:
+        return compute_s
+    return max(compute_s + transfer_s / n_layers, transfer_s + compute_s / n_layers)

@@ -187,12 +187,17 @@ class OffloadConfig(_Family):
 
 @dataclass(frozen=True)
 class PrefetchConfig(_Family):
-    """Bringing offloaded KV back before it is needed, overlapped with compute."""
+    """Bringing offloaded KV back before it is needed, overlapped with compute. ``unit: blocks``: the
+    lower-tier prefix blocks of waiting sequences are promoted ahead of their admission, ``depth`` blocks
+    per step, while steps compute. ``unit: layers``: a step's own host <-> device copies run layer by layer
+    beside its forward pass, ``depth`` layers ahead of the compute at most (LMCache's layer-wise loading,
+    SGLang's HiCache). See docs/tiers.md."""
 
     section = "prefetch"
     enabled: bool = knob(False, "prefetch offloaded KV ahead of use", choices=(False, True))
-    depth: int = knob(2, "how far ahead transfers start", low=1, high=64)
-    unit: str = knob("blocks", "what depth counts", choices=("layers", "blocks"))
+    depth: int = knob(2, "how far ahead transfers start (blocks per step, or layers)", low=1, high=64)
+    unit: str = knob("blocks", "blocks: promote waiting sequences' blocks ahead of admission; layers: load "
+                     "each step's blocks layer by layer beside its forward pass", choices=("layers", "blocks"))
 
 
 @dataclass(frozen=True)

@@ -20,23 +20,22 @@ import numpy as np
 
 from skistune.config import KVConfig
 from skistune.profile.cost import StepCostModel, decode_shape, step_shape
-from skistune.runtime.engine import Engine, VirtualClock
+from skistune.runtime.engine import Engine, VirtualClock, layerwise_depth
 from skistune.runtime.kv_layout import KVTraffic, kv_pool_blocks, kv_traffic
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
 from skistune.runtime.scheduler import DecodeCompaction, SchedulerOutput
-from skistune.runtime.tiers import Transfer
+from skistune.runtime.tiers import Transfer, layered_split, layered_step_s
 
-# Knobs the optimizer searches: their effect the runtime implements and the simulator models. Prefetch by
-# layers (`prefetch.unit`) is not implemented (see docs/tiers.md) and stays at its base value.
+# Knobs the optimizer searches: their effect the runtime implements and the simulator models.
 MODELED_KNOBS = frozenset({
     "batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill", "batching.chunk_size",
     "batching.policy", "prefix_reuse.enabled", "prefix_reuse.block_size",
     "offload.device_memory_fraction", "offload.device_kv_bytes",
     # tiers: transfers priced by the profile's transfer fits, prefetch overlapped with the step's compute
     "offload.host_kv_bytes", "offload.disk_kv_bytes", "offload.demote_first", "offload.write_policy",
-    "batching.preemption", "prefetch.enabled", "prefetch.depth",
+    "batching.preemption", "prefetch.enabled", "prefetch.depth", "prefetch.unit",
 })
 # Knobs that change the model's outputs. The simulator models their cost (eviction: compactions and the
 # smaller KV read; bits: pool capacity, bytes read, (de)quantization), and a quality profile prices their
@@ -106,8 +105,9 @@ class ProfileExecutor:
     blocks from matching each other in the prefix cache by accident)."""
 
     def __init__(self, step_cost: StepCostModel, kv: KVTraffic, clock: VirtualClock, vocab: int,
-                 transfers: dict[str, Any] | None = None, block_bytes: int = 0):
+                 transfers: dict[str, Any] | None = None, block_bytes: int = 0, layerwise_layers: int = 0):
         self.step_cost = step_cost
+        self.layerwise_layers = layerwise_layers  # > 0 (the model's layers): copies overlap layer by layer
         self.transfers = transfers or {}  # link -> transfer fit
         self.block_bytes = block_bytes
         self.kv = kv
@@ -132,11 +132,14 @@ class ProfileExecutor:
         self.num_steps += 1
         step_s = self.step_cost.predict_s(step_shape(out, self.kv))
         if kv.tiers is not None:  # on-demand copies add; a prefetch overlaps the step, late data stalls it
-            sync_s, prefetch_s = self.transfer_s(out.transfers), self.transfer_s(out.prefetch)
-            late_s = max(0.0, prefetch_s - step_s)
-            kv.tiers.stats.transfer_s += sync_s + prefetch_s
-            kv.tiers.stats.stall_s += sync_s + late_s
-            step_s += sync_s + late_s
+            whole, layered = (layered_split(out.transfers) if self.layerwise_layers and not out.compactions
+                              else (out.transfers, []))
+            sync_s, layered_s, prefetch_s = (self.transfer_s(t) for t in (whole, layered, out.prefetch))
+            pipelined_s = layered_step_s(step_s, layered_s, self.layerwise_layers)  # the runtime's `LayerLoader`
+            late_s = max(0.0, prefetch_s - pipelined_s)
+            kv.tiers.stats.transfer_s += sync_s + layered_s + prefetch_s
+            kv.tiers.stats.stall_s += sync_s + (pipelined_s - step_s) + late_s
+            step_s = pipelined_s + sync_s + late_s
         self.clock.advance(step_s)
         sampling = [s.seq.seq_id for s in out.scheduled if s.samples]
         return dict(zip(sampling, self.next_tokens(len(sampling))))
@@ -239,7 +242,8 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
     clock = VirtualClock()
     kv = kv_traffic(config, target.spec, target.kv_itemsize)
     _check_transfer_links(config, target)
-    executor = ProfileExecutor(target.step_cost, kv, clock, target.spec.vocab_size, target.transfers, block_bytes)
+    executor = ProfileExecutor(target.step_cost, kv, clock, target.spec.vocab_size, target.transfers, block_bytes,
+                               target.spec.n_layers if layerwise_depth(config) else 0)
     extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
                     executor=executor, clock=clock, notes=target.notes + extrapolated,
