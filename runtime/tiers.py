@@ -177,11 +177,17 @@ class TierManager:
             return None
         pool, slot = found
         del pool.cached[block_hash]
-        if pool is self.disk and self.verify_disk is not None and not self.verify_disk(slot):
+        # a block demoted to disk in this same schedule is still a pending write: nothing to check yet (the
+        # write runs before the read that promotes it, in decision order)
+        if pool is self.disk and self.verify_disk is not None and not self._pending_write(slot) \
+                and not self.verify_disk(slot):
             self.stats.corrupt_blocks += 1
             pool.release(slot)
             return None
         return found
+
+    def _pending_write(self, disk_slot: int) -> bool:
+        return any(t.dst_tier == DISK and disk_slot in t.dst_blocks for t in self.pending)
 
     def promote(self, pool: TierPool, slot: int, block: int) -> None:
         """Copy a pinned block up into device ``block`` and free its slot (after the copy is recorded)."""

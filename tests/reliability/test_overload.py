@@ -41,17 +41,11 @@ def test_real_runtime_at_3x_with_swap_host_and_disk_loses_no_request(tiered):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="a disk block looked up in the same schedule() that demoted it there is "
-                   "checked (TierManager.pin -> DiskPool.verify) before the step's transfers write it: it fails "
-                   "its CRC and is recomputed though nothing corrupted it")
 def test_no_checksum_failure_but_the_corrupted_block(tiered):
     assert tiered["checksum_failures_not_corrupted"] == 0, tiered
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the prefetch worker thread copies into the host pool (made under "
-                   "torch.inference_mode in ModelRunner.execute) outside inference mode: RuntimeError as soon as "
-                   "a prefetch demotes a cached block to the host (ModelRunner._run_prefetch)")
 def test_real_runtime_at_3x_with_swap_host_disk_and_prefetch_loses_no_request():
     figures = tiered_overload(prefetch=True)
     assert_every_request_served_through_the_tiers(figures)

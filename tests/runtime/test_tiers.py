@@ -127,6 +127,17 @@ def test_corrupt_disk_block_is_a_miss():
     assert hits == [] and kv.tiers.stats.corrupt_blocks == 1  # slot 1 holds a's first block: corrupt
 
 
+def test_a_block_demoted_to_disk_in_this_schedule_is_not_checked_before_its_write():
+    kv = new_kv(num_blocks=4, host=0, disk=4)
+    kv.tiers.verify_disk = lambda slot: False  # every block on disk would fail its checksum if read now
+    run_seq(kv, Seq("a", [1, 2, 3, 4, 5]))
+    run_seq(kv, Seq("b", [9, 8, 7, 6, 5, 4, 3, 2]))  # a's blocks go to disk: writes still pending
+    assert [t.dst_tier for t in kv.tiers.pending] == [DISK]
+    assert kv.tiers.pin(next(iter(kv.tiers.disk.cached))) is not None  # not a miss: the write comes first
+    kv.take_transfers()  # the step ran them: now a read is checked
+    assert kv.tiers.pin(next(iter(kv.tiers.disk.cached))) is None and kv.tiers.stats.corrupt_blocks == 1
+
+
 def test_no_tiers_means_no_transfers():
     kv = KVCacheManager(4, 2, True)
     run_seq(kv, Seq("a", [1, 2, 3, 4]))
