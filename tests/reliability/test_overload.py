@@ -45,11 +45,24 @@ def test_no_checksum_failure_but_the_corrupted_block(tiered):
     assert tiered["checksum_failures_not_corrupted"] == 0, tiered
 
 
+@pytest.fixture(scope="module")
+def tiered_prefetch():
+    return tiered_overload(prefetch=True)
+
+
 @pytest.mark.slow
-def test_real_runtime_at_3x_with_swap_host_disk_and_prefetch_loses_no_request():
-    figures = tiered_overload(prefetch=True)
-    assert_every_request_served_through_the_tiers(figures)
-    assert figures["blocks_prefetched"] > 0
+def test_real_runtime_at_3x_with_swap_host_disk_and_prefetch_loses_no_request(tiered_prefetch):
+    assert_every_request_served_through_the_tiers(tiered_prefetch)
+    assert tiered_prefetch["blocks_prefetched"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="Scheduler.schedule takes the step's transfers (out.transfers) before "
+                   "_prefetch pins blocks: a block demoted to disk earlier in the same schedule is no longer in "
+                   "TierManager.pending, so pin checks its slot before the write (here the corrupted slot, "
+                   "freed and re-used for an intact block) and reports it corrupt")
+def test_no_checksum_failure_but_the_corrupted_block_with_prefetch(tiered_prefetch):
+    assert tiered_prefetch["checksum_failures_not_corrupted"] == 0, tiered_prefetch
 
 
 def test_simulated_runtime_at_3x_its_kv_capacity_loses_no_request(profile):
