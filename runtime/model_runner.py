@@ -116,7 +116,7 @@ class ModelRunner:
         self._tiers: TierManager | None = None
         self.tier_store: TierStore | None = None
         self._worker: ThreadPoolExecutor | None = None
-        self._prefetch_job: Future | None = None
+        self._prefetch_job: tuple[Future, list[Transfer]] | None = None  # (the worker's job, its transfers)
         self._stream = None
         self.layerwise_depth = layerwise_depth  # > 0: host <-> device copies go layer by layer (`LayerLoader`)
         self._loader: tuple[LayerLoader, Future] | None = None
@@ -197,19 +197,18 @@ class ModelRunner:
             return
         store = self._tier_store(tiers)
         waited_from = time.perf_counter()
-        if self._prefetch_job is not None:
-            tiers.stats.transfer_s += self._prefetch_job.result()
-            self._prefetch_job = None
+        self._wait_prefetch()
         # layer by layer only where no copy-on-write copy reads a block before the forward pass
         whole, layered = (layered_split(out.transfers) if self.layerwise_depth and not out.compactions
                           else (out.transfers, []))
         tiers.stats.transfer_s += store.run(whole)
+        tiers.ran(whole)
         tiers.stats.stall_s += time.perf_counter() - waited_from
         if layered:
             loader = LayerLoader(self.model.spec.n_layers, self.layerwise_depth)
             self._loader = (loader, self._submit(loader.load, store, layered, self._side_stream()))
         if out.prefetch:
-            self._prefetch_job = self._submit(self._run_prefetch, store, out.prefetch)
+            self._prefetch_job = (self._submit(self._run_prefetch, store, out.prefetch), out.prefetch)
 
     def _submit(self, fn, *args) -> Future:
         if self._worker is None:
@@ -242,11 +241,12 @@ class ModelRunner:
         kv.tiers.stats.transfer_s += job.result()
         kv.tiers.stats.stall_s += loader.stall_s
 
-    def finish_prefetch(self) -> None:
-        """Wait for a prefetch still in flight (the next step does so anyway)."""
+    def _wait_prefetch(self) -> None:
         if self._prefetch_job is not None:
-            self._prefetch_job.result()
+            job, transfers = self._prefetch_job
             self._prefetch_job = None
+            self._tiers.stats.transfer_s += job.result()
+            self._tiers.ran(transfers)
 
     # ---- eviction ---------------------------------------------------------------------------------
     def _scored_queries(self, out: SchedulerOutput) -> list[int] | None:

@@ -113,6 +113,9 @@ class TierManager:
         self.stats = TierStats()
         # set by the runtime: reads a disk slot and checks its checksum (the simulator has no files)
         self.verify_disk: Callable[[int], bool] | None = None
+        # disk slots whose write was decided but not yet run (with `verify_disk` only): a block demoted in
+        # this schedule, or by a prefetch still in flight, is not checked before its write lands
+        self.unwritten_disk: set[int] = set()
 
     # ---- transfers ---------------------------------------------------------------------------------
     def emit(self, src_tier: str, dst_tier: str, src: int, dst: int) -> None:
@@ -120,6 +123,8 @@ class TierManager:
         destinations of one transfer are never its sources: the tiers differ)."""
         key = f"{src_tier}->{dst_tier}"
         self.stats.blocks_moved[key] = self.stats.blocks_moved.get(key, 0) + 1
+        if dst_tier == DISK and self.verify_disk is not None:
+            self.unwritten_disk.add(dst)
         last = self.pending[-1] if self.pending else None
         if last is not None and (last.src_tier, last.dst_tier) == (src_tier, dst_tier):
             last.src_blocks.append(src)
@@ -177,17 +182,20 @@ class TierManager:
             return None
         pool, slot = found
         del pool.cached[block_hash]
-        # a block demoted to disk in this same schedule is still a pending write: nothing to check yet (the
-        # write runs before the read that promotes it, in decision order)
-        if pool is self.disk and self.verify_disk is not None and not self._pending_write(slot) \
+        # a block whose write to disk has not run yet has nothing to check (the write runs before the read
+        # that promotes it: decision order, and a step waits for the previous prefetch first)
+        if pool is self.disk and self.verify_disk is not None and slot not in self.unwritten_disk \
                 and not self.verify_disk(slot):
             self.stats.corrupt_blocks += 1
             pool.release(slot)
             return None
         return found
 
-    def _pending_write(self, disk_slot: int) -> bool:
-        return any(t.dst_tier == DISK and disk_slot in t.dst_blocks for t in self.pending)
+    def ran(self, transfers: list[Transfer]) -> None:
+        """The runtime executed these transfers: their disk blocks can be checked from now on."""
+        for t in transfers:
+            if t.dst_tier == DISK:
+                self.unwritten_disk.difference_update(t.dst_blocks)
 
     def promote(self, pool: TierPool, slot: int, block: int) -> None:
         """Copy a pinned block up into device ``block`` and free its slot (after the copy is recorded)."""

@@ -57,10 +57,6 @@ def test_real_runtime_at_3x_with_swap_host_disk_and_prefetch_loses_no_request(ti
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="Scheduler.schedule takes the step's transfers (out.transfers) before "
-                   "_prefetch pins blocks: a block demoted to disk earlier in the same schedule is no longer in "
-                   "TierManager.pending, so pin checks its slot before the write (here the corrupted slot, "
-                   "freed and re-used for an intact block) and reports it corrupt")
 def test_no_checksum_failure_but_the_corrupted_block_with_prefetch(tiered_prefetch):
     assert tiered_prefetch["checksum_failures_not_corrupted"] == 0, tiered_prefetch
 
