@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -363,7 +364,7 @@ def _solve_with_progress(problem, *, n_trials: int, **options: Any):
 
 def _report(result, out: Path, json_out: bool) -> None:
     for note in result.notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     if not result.feasible:
         infeasible_report(result)
         if json_out:
@@ -371,15 +372,15 @@ def _report(result, out: Path, json_out: bool) -> None:
         raise typer.Exit(EXIT_INFEASIBLE)
     console.print(best_table(result))
     for line in knob_lines(result):
-        console.print(line, highlight=False, soft_wrap=True)
+        console.print(escape(line), highlight=False, soft_wrap=True)
     if result.validated:
         console.print(validation_table(result))
     for line in gain_lines(result):
-        console.print(line, highlight=False)
+        console.print(escape(line), highlight=False)
     path = result.write(out)
     name = result.study.study_name
-    console.print(f"wrote {path} (study {name} in {result.storage}; the same command, or --study {name}, adds "
-                  "trials)", highlight=False, soft_wrap=True)
+    console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command, or --study {name}, "
+                         "adds trials)"), highlight=False, soft_wrap=True)
     if json_out:
         print_json(_summary(result, path))
 
