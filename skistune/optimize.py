@@ -66,6 +66,7 @@ SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random")
 HEARTBEAT_S = 5  # RDB storages: a trial whose worker stopped beating this long x 4 is marked failed
 PROBLEM_ATTR = "skistune.problem"
 VALIDATED_ATTR = "skistune.validated"  # the last validation's replays, for `skistune report`
+ILP_ATTR = "skistune.ilp"  # a trial's integer-program runs: {program: {calls, solve_s}}
 
 
 # ---- baseline and search space ----------------------------------------------------------------------------
@@ -626,11 +627,12 @@ def _ppl_budget(problem: Problem) -> float | None:
     return min(limits) if limits else None
 
 
-def layer_bits_solvers(problem: Problem) -> dict[str, Callable[[KVConfig], Any]] | None:
+def layer_bits_solvers(problem: Problem, stats=None) -> dict[str, Callable[[KVConfig], Any]] | None:
     """The ``layer_bits`` solver of the search space (where it asks for mixed precision): the integer program
     of `skistune.ilp` choosing each layer's (key, value) bits for the fewest KV bytes per token, within the
     perplexity floor left after the config's eviction, from the quality profile's per-layer sensitivities.
-    An unreachable budget leaves the config's uniform bits (the floor then rejects or admits it)."""
+    An unreachable budget leaves the config's uniform bits (the floor then rejects or admits it). ``stats``
+    (`skistune.ilp.SolverStats`) counts the program's runs and solve times."""
     budget = _ppl_budget(problem)
     qp = problem.quality_profile
     if qp is None or budget is None:
@@ -649,7 +651,7 @@ def layer_bits_solvers(problem: Problem) -> dict[str, Callable[[KVConfig], Any]]
         sensitivity = qp.layer_sensitivity(config, spec.n_layers, DEFAULT_ALLOWED)
         if left <= 0 or sensitivity is None:
             return None
-        solution = solve_layer_bits(sensitivity, per_token, left, spec.n_layers)
+        solution = solve_layer_bits(sensitivity, per_token, left, spec.n_layers, stats=stats)
         return None if not solution.feasible else [list(pair) for pair in solution.layer_bits]
 
     return {"layer_bits": solve}
@@ -664,10 +666,16 @@ def _trial_function(problem: Problem, study) -> Callable:
              for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
              if "config" in t.user_attrs}
 
-    solvers = layer_bits_solvers(problem)
+    from skistune.ilp import SolverStats
+
+    stats = SolverStats()
+    solvers = layer_bits_solvers(problem, stats)
 
     def run(trial):
+        calls, solve_s = stats.calls, stats.total_s
         config = suggest_config(trial, problem.space, problem.base, solvers)
+        if stats.calls > calls:  # stored with the trial: every worker's runs add up in the study
+            trial.set_user_attr(ILP_ATTR, {"layer_bits": {"calls": stats.calls - calls, "solve_s": stats.total_s - solve_s}})
         evaluation = cache.get(config)
         if evaluation is None:
             evaluation = cache[config] = score(problem, config)
@@ -1429,6 +1437,23 @@ def _chosen(refined: list[Evaluation], validated: list[Validation]) -> tuple[lis
     return first + [e for e in refined if e.config != winner.config], notes
 
 
+def ilp_note(study) -> str | None:
+    """How often the integer programs ran inside the study's trials, and their solve times."""
+    import optuna
+
+    runs: dict[str, list] = {}
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    for t in trials:
+        for program, r in t.user_attrs.get(ILP_ATTR, {}).items():
+            runs.setdefault(program, []).append((r["calls"], r["solve_s"]))
+    parts = []
+    for program, rs in runs.items():
+        calls, total = sum(c for c, _ in rs), sum(s for _, s in rs)
+        parts.append(f"{program} integer program solved {calls} times in {len(rs)} of {len(trials)} trials, "
+                     f"{1e3 * total / calls:.0f} ms each on average")
+    return "; ".join(parts) or None
+
+
 def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
            on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
     """After the search: the baseline, the Pareto front, the refined top-k, their validation (``top_k`` 0
@@ -1453,7 +1478,7 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     by_config = {e.config: e for e in refined}
     pareto = [by_config.get(e.config, e) for e in front]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
-            "trials": len(evaluations), "notes": notes}
+            "trials": len(evaluations), "notes": notes + [n for n in (ilp_note(study),) if n]}
 
 
 def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any = "capacity", direction: Any = None,

@@ -80,6 +80,14 @@ def test_every_feasible_trial_is_within_the_floor(workload, hw, qp):
         if e.feasible:
             assert e.figures["quality_bound"] <= 0.05
     assert result.best[0].figures["quality_loss"] <= 0.05
+    # the per-layer bits program ran inside trials that turned mixed precision on (not where eviction alone
+    # spends the floor), and the result says how often
+    ran = [t for t in result.study.get_trials() if "skistune.ilp" in t.user_attrs]
+    mixed = [t for t in result.study.get_trials() if t.params.get("mixed_precision")]
+    assert ran and {t.number for t in ran} <= {t.number for t in mixed}
+    calls = sum(t.user_attrs["skistune.ilp"]["layer_bits"]["calls"] for t in ran)
+    assert any(n.startswith(f"layer_bits integer program solved {calls} times in {len(ran)} of 16 trials")
+               for n in result.notes)
 
 
 def test_the_layer_bits_program_fills_per_layer_bits_within_the_floor(workload, hw, qp):
