@@ -627,12 +627,29 @@ def _ppl_budget(problem: Problem) -> float | None:
     return min(limits) if limits else None
 
 
+LAYER_BITS_SOLVES = 5  # integer programs per config at most (see `layer_bits_solvers`)
+
+
+def _ppl_excess(problem: Problem, config: KVConfig) -> float:
+    """How far the config's predicted quality is above the tightest perplexity floor, in log-perplexity
+    (<= 0: every ppl floor holds), reading the bounds the floors read (`QualityFloor.violation`)."""
+    loss = predict_quality(config, problem.quality_profile, problem.model, problem.context_tokens)
+    excess = -math.inf
+    for metric, window, limit in _constraint_specs(problem)[1]:
+        if metric == "ppl":
+            guarded = loss.guarded_worst if window == "worst" else loss.guarded_mean
+            excess = max(excess, math.log1p(guarded) - math.log1p(limit))
+    return excess
+
+
 def layer_bits_solvers(problem: Problem, stats=None) -> dict[str, Callable[[KVConfig], Any]] | None:
     """The ``layer_bits`` solver of the search space (where it asks for mixed precision): the integer program
     of `skistune.ilp` choosing each layer's (key, value) bits for the fewest KV bytes per token, within the
     perplexity floor left after the config's eviction, from the quality profile's per-layer sensitivities.
-    An unreachable budget leaves the config's uniform bits (the floor then rejects or admits it). ``stats``
-    (`skistune.ilp.SolverStats`) counts the program's runs and solve times."""
+    The program budgets the predicted mean; the floors read 95% bounds above it (`QualityProfile.predict`),
+    whose margin grows with the loss, so where the full budget's solution breaks a floor the budget is
+    bisected (at most `LAYER_BITS_SOLVES` programs) for the largest one whose solution holds. An unreachable budget leaves the config's uniform bits (the floor then
+    rejects or admits it). ``stats`` (`skistune.ilp.SolverStats`) counts the program's runs and solve times."""
     budget = _ppl_budget(problem)
     qp = problem.quality_profile
     if qp is None or budget is None:
@@ -649,10 +666,23 @@ def layer_bits_solvers(problem: Problem, stats=None) -> dict[str, Callable[[KVCo
                      for kb, vb in DEFAULT_ALLOWED}
         left = math.log1p(budget) - qp.evict_mean_delta(config, problem.context_tokens)
         sensitivity = qp.layer_sensitivity(config, spec.n_layers, DEFAULT_ALLOWED)
-        if left <= 0 or sensitivity is None:
+        if sensitivity is None:
             return None
-        solution = solve_layer_bits(sensitivity, per_token, left, spec.n_layers, stats=stats)
-        return None if not solution.feasible else [list(pair) for pair in solution.layer_bits]
+        if left <= 0:
+            return None
+        # bisection on the mean's budget for the largest one whose solution also holds the floors' bounds
+        best, low, high, budget_now = None, 0.0, left, left
+        for _ in range(LAYER_BITS_SOLVES):
+            solution = solve_layer_bits(sensitivity, per_token, budget_now, spec.n_layers, stats=stats)
+            bits = [list(pair) for pair in solution.layer_bits] if solution.feasible else None
+            if bits is not None and _ppl_excess(problem, config.with_knobs({"bitwidth.layer_bits": bits})) <= 0:
+                best, low = bits, budget_now
+                if budget_now == left:
+                    break
+            else:
+                high = budget_now
+            budget_now = (low + high) / 2
+        return best
 
     return {"layer_bits": solve}
 
