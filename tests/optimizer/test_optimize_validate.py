@@ -97,7 +97,27 @@ def test_a_winning_baseline_is_replayed_once_and_reported_as_the_baseline(profil
     out = opt.validate(problem, [other, problem.base], runtime=object(), requests=requests)
     assert [(v.config, v.role) for v in out] == [(problem.base, "candidate"), (other, "candidate"),
                                                  (problem.base, "baseline")]
-    assert len(replays) == 2 and out[-1].measured is out[0].measured
+    n = opt.VALIDATE_REPEATS
+    assert len(replays) == 2 * n and out[-1].measured is out[0].measured
+    assert [r[0] for r in replays[:2]] == [other, problem.base]  # replays interleaved
     replays.clear()
     out = opt.validate(problem, [other], runtime=object(), requests=requests)  # another winner: baseline replayed
-    assert [r[1] for r in replays] == ["candidate", "baseline"] and out[-1].config == problem.base
+    assert [r[1] for r in replays] == ["candidate"] * n + ["baseline"] * n and out[-1].config == problem.base
+
+
+def test_the_better_of_two_replays_counts(profile, monkeypatch):
+    """A stall that breaks one replay of a config does not decide its validation; a config slow in every
+    replay still breaks."""
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=profile)
+    other = opt.baseline_config().with_knobs({"batching.max_num_seqs": 8})
+    violations = {problem.base: iter([+0.5, -0.2, +0.3, -0.1]), other: iter([+0.4, +0.6])}
+
+    def fake_measure(problem_, runtime, predicted, requests, role, quality=None):
+        return _validation(problem, predicted.config, 1.0, next(violations[predicted.config]))
+
+    monkeypatch.setattr(opt, "_measure", fake_measure)
+    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
+    monkeypatch.setattr(opt, "VALIDATE_REPEATS", 2)
+    out = opt.validate(problem, [other, problem.base], runtime=object(), requests=opt.validation_requests(problem, 2))
+    assert [(v.config, v.holds) for v in out] == [(problem.base, True), (other, False), (problem.base, True)]
+    assert out[0].measured.violations["tbt:p99<=200ms"] == -0.2 and out[1].measured.violations["tbt:p99<=200ms"] == 0.4
