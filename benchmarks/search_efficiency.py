@@ -1,0 +1,633 @@
+"""Search efficiency: how close the optimizer gets to the exhaustive optimum of a grid it can score whole.
+
+Each scenario is an optimizer problem (`skistune.optimize.build_problem`: a small preset workload, an
+objective, SLOs, a quality floor where the scenario has one, the shipped CPU profile so that the figures
+do not depend on this machine) over a reduced, all-categorical search space written here. Its whole grid
+is enumerated through `suggest_config` itself (a stand-in trial answers each `suggest_*` call with every
+choice in turn), so `when:` conditions, inactive knobs and solver-filled knobs are handled exactly as in
+a trial, and points that build the same config collapse; every distinct config is then scored with
+`skistune.optimize.score`, as a trial scores it. Where the space has the ``layer_bits`` solver (a quality
+floor with ``mixed_precision``), the grid holds what the optimizer's space holds: the integer program's
+per-layer bits at every mixed-precision point. The table is cached (``--cache-dir``, keyed by the scenario,
+the profiles, the skistune version and its source), so a re-run only redoes the searches.
+
+Then three searchers, each one run of the largest budget per seed, read at every budget (best feasible
+objective among the first N trials; infeasible trials never count):
+
+    skistune  the optimizer's own trial path: `make_sampler("auto")` (TPE, multivariate, grouped) seeded as
+              `solve` seeds it, the baseline enqueued first (`open_study`), `_trial_function` with the
+              ``layer_bits`` solver (its runs and solve times are counted)
+    tpe       Optuna's `TPESampler(seed=s)` with default settings on the same trial function, without the
+              solver (mixed precision then only reaches uniform bits) and without the baseline
+    random    Optuna's `RandomSampler(seed=s)`, likewise
+
+All of them score through a lookup into the table (a config the table lacks is scored with `score` and
+memoized; how many is reported). The figure is best / optimum (optimum / best for minimised objectives),
+mean and min over the seeds. Goal (issue 6): skistune's min over 5 seeds >= 0.99 at 200 trials in every
+scenario.
+
+    python benchmarks/search_efficiency.py [--scenarios NAME ...] [--seeds 5] [--budgets 50 100 200]
+                                           [--cache-dir DIR] [--fresh] [--jobs 1] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "profiles" / "cpu-smollm2-135m.json"
+DEFAULT_CACHE = Path.home() / ".cache" / "skistune" / "search_efficiency"
+BUDGETS = (50, 100, 200)
+SEEDS = 5
+GOAL = 0.99  # of the optimum, at the largest budget, in every seed
+NEAR = 0.99  # "near-optimal" grid points: within 1% of the optimum
+SEARCHERS = ("skistune", "tpe", "random")
+CACHE_FORMAT = 1
+
+
+# ---- scenarios ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scenario:
+    """A problem for `build_problem` and its search space (YAML, the format of searchspace/default.yaml)."""
+
+    name: str
+    what: str
+    workload: str  # a preset
+    requests: int
+    shape: Mapping[str, Any]  # `load_workload` options: lengths and rate scaled to what the CPU model serves
+    objective: str
+    slo: tuple[str, ...]
+    space: str
+    quality: tuple[str, ...] = ()
+
+    def definition(self) -> dict[str, Any]:
+        return {"name": self.name, "workload": self.workload, "requests": self.requests, "shape": dict(self.shape),
+                "objective": self.objective, "slo": list(self.slo), "quality": list(self.quality),
+                "space": self.space}
+
+    def problem(self, profile: str | os.PathLike = PROFILE):
+        from skistune.optimize import build_problem
+        from skistune.searchspace import parse_space
+        from skistune.workloads import load_workload
+
+        w = load_workload(self.workload, requests=self.requests, seed=0, **self.shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the shipped profile's fingerprint is not this machine's
+            return build_problem(w, slo=list(self.slo), objective=self.objective, quality=list(self.quality),
+                                 profile=os.fspath(profile), space=parse_space(self.space, source=f"<{self.name}>"))
+
+
+_BATCHING = """
+  batching.max_num_seqs: {choices: [%s]}
+  batching.max_num_batched_tokens: {choices: [2048, 4096, 8192]}
+  batching.chunked_prefill: {choices: [false, true]}
+  batching.chunk_size: {choices: [%s], when: {batching.chunked_prefill: [true]}}
+  batching.policy: {choices: [fcfs, prefix, edf]}"""
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "chat-goodput", "chat, 60 requests at 0.6 req/s: goodput under TTFT p90 <= 1.5 s and TBT p90 <= 500 ms",
+        "chat", 60, {"length_scale": 0.25, "max_input": 1024, "max_output": 128, "rate_rps": 0.6},
+        "goodput", ("ttft:p90<=1500ms", "p90=500ms"),
+        "name: chat-goodput\ndescription: batching and prefix reuse\nknobs:" + _BATCHING % (
+            "2, 4, 8, 16, 32, 64, 256", "32, 64, 128, 256, 512, 2048") + """
+  prefix_reuse.enabled: {choices: [false, true]}
+  prefix_reuse.block_size: {choices: [8, 16, 32, 64]}
+"""),
+    Scenario(
+        "chat-capacity", "chat, 16 requests: capacity (req/s) under TBT p99 <= 500 ms",
+        "chat", 16, {"length_scale": 0.25, "max_input": 1024, "max_output": 64, "rate_rps": 0.5},
+        "capacity", ("p99=500ms",),
+        "name: chat-capacity\ndescription: batching and prefix reuse\nknobs:" + _BATCHING % (
+            "4, 8, 16, 32, 64, 256", "16, 32, 48, 64, 96, 128, 256, 2048") + """
+  prefix_reuse.enabled: {choices: [false, true]}
+  prefix_reuse.block_size: {choices: [8, 16, 32, 64]}
+"""),
+    Scenario(
+        "agent-energy", "agent (prefix-heavy), 30 requests at 0.25 req/s: energy per token under TTFT p90 <= 8 s and "
+        "E2E p90 <= 12 s",
+        "agent", 30, {"length_scale": 0.1, "max_input": 4096, "max_output": 256, "rate_rps": 0.25},
+        "energy", ("ttft:p90<=8s", "e2e:p90<=12s"),
+        "name: agent-energy\ndescription: batching and prefix reuse\nknobs:" + _BATCHING % (
+            "2, 4, 8, 16, 32, 64, 256", "128, 256, 512, 1024, 2048") + """
+  prefix_reuse.enabled: {choices: [false, true]}
+  prefix_reuse.block_size: {choices: [8, 16, 32, 64]}
+"""),
+    Scenario(
+        "long-context-memory", "long-context, 20 requests at 0.05 req/s: peak KV memory under TTFT p90 <= 30 s and "
+        "E2E p99 <= 120 s",
+        "long-context", 20, {"length_scale": 0.25, "max_input": 6144, "max_output": 128, "rate_rps": 0.05},
+        "memory", ("ttft:p90<=30s", "e2e:p99<=120s"),
+        "name: long-context-memory\ndescription: batching and prefix reuse\nknobs:" + _BATCHING % (
+            "1, 2, 3, 4, 6, 8, 256", "256, 512, 1024, 2048") + """
+  prefix_reuse.enabled: {choices: [false, true]}
+  prefix_reuse.block_size: {choices: [8, 16, 32, 64]}
+"""),
+    Scenario(
+        "chat-quality-memory", "chat, 40 requests at 0.5 req/s: peak KV memory under ppl+1%, TTFT p50 <= 2 s and "
+        "TBT p99 <= 1 s (eviction, KV bits, per-layer bits from the integer program)",
+        "chat", 40, {"length_scale": 0.25, "max_input": 1024, "max_output": 128, "rate_rps": 0.5},
+        "memory", ("ttft:p50<=2s", "p99=1s"), """
+name: chat-quality-memory
+description: lossy knobs under a quality floor
+switches:
+  mixed_precision: {choices: [false, true]}
+knobs:
+  eviction.policy: {choices: [none, streaming, h2o, snapkv]}
+  eviction.budget_fraction: {choices: [0.3, 0.5, 0.9], when: {eviction.policy: [streaming, h2o, snapkv]}}
+  bitwidth.key_bits: {choices: [16, 8, 4, 2]}
+  bitwidth.value_bits: {choices: [16, 8, 4, 2]}
+  bitwidth.group_size: {choices: [32, 128]}
+  bitwidth.full_precision_window: {choices: [0, 128]}
+  bitwidth.layer_bits: {solver: layer_bits, when: {mixed_precision: [true]}}
+  batching.max_num_seqs: {choices: [8, 32, 256]}
+""", quality=("ppl+1%",)),
+)
+
+
+# ---- the grid -------------------------------------------------------------------------------------------
+class GridTrial:
+    """Stands in for an Optuna trial: answers the i-th ``suggest_*`` call with choice ``path[i]`` (the first
+    choice past the path), and records how many choices each call had."""
+
+    def __init__(self, path: Sequence[int]):
+        self.path = list(path)
+        self.taken: list[int] = []
+        self.counts: list[int] = []
+        self.params: dict[str, Any] = {}
+
+    def _choose(self, name: str, options: list) -> Any:
+        i = len(self.taken)
+        k = self.path[i] if i < len(self.path) else 0
+        self.taken.append(k)
+        self.counts.append(len(options))
+        self.params[name] = options[k]
+        return options[k]
+
+    def suggest_categorical(self, name: str, choices: Sequence) -> Any:
+        return self._choose(name, list(choices))
+
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1, log: bool = False) -> int:
+        if log:
+            raise ValueError(f"{name}: a log-scale range has no finite grid here; list its values with choices")
+        return self._choose(name, list(range(low, high + 1, step)))
+
+    def suggest_float(self, name: str, *args: Any, **kwargs: Any) -> float:
+        raise ValueError(f"{name}: a float range has no finite grid here; list its values with choices")
+
+
+def grid_leaves(space, base, solvers: Mapping[str, Callable] | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
+    """Every point of the space as (params, config): depth first over the choices of each ``suggest_*``
+    call `suggest_config` makes, so a knob exists only where its conditions hold, exactly as in a trial."""
+    from skistune.searchspace import suggest_config
+
+    stack: list[tuple[int, ...]] = [()]
+    while stack:
+        path = stack.pop()
+        trial = GridTrial(path)
+        config = suggest_config(trial, space, base, solvers)
+        yield trial.params, config
+        for j in range(len(path), len(trial.taken)):  # the first choice was taken past the path: branch the rest
+            stack.extend(tuple(trial.taken[:j]) + (k,) for k in range(trial.counts[j] - 1, 0, -1))
+
+
+def distinct_configs(space, base, solvers=None) -> tuple[list, int]:
+    """The distinct configs of the grid, in enumeration order, and the number of grid points."""
+    seen: dict[Any, None] = {}
+    leaves = 0
+    for _, config in grid_leaves(space, base, solvers):
+        leaves += 1
+        seen.setdefault(config, None)
+    return list(seen), leaves
+
+
+# ---- ratios ---------------------------------------------------------------------------------------------
+def ratio(best: float | None, optimum: float, maximize: bool) -> float:
+    """How close ``best`` is to ``optimum``: best / optimum (maximise) or optimum / best (minimise); 0 when
+    no feasible config was found."""
+    if best is None:
+        return 0.0
+    if maximize:
+        return best / optimum if optimum > 0 else (1.0 if best >= optimum else 0.0)
+    if best <= 0:
+        return 1.0 if optimum <= best else 0.0
+    return optimum / best
+
+
+def best_so_far(trials: Sequence[tuple[float, bool]], budgets: Sequence[int],
+                maximize: bool) -> dict[int, float | None]:
+    """The best feasible value among the first ``b`` trials, for each budget ``b``."""
+    out: dict[int, float | None] = {}
+    best = None
+    pick = max if maximize else min
+    for n, (value, feasible) in enumerate(trials, start=1):
+        if feasible and value == value:
+            best = value if best is None else pick(best, value)
+        if n in budgets:
+            out[n] = best
+    for b in budgets:
+        out.setdefault(b, best)
+    return out
+
+
+# ---- the exhaustive table ---------------------------------------------------------------------------------
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def code_digest() -> str:
+    """The installed skistune's version and every Python source file of it (the simulator and the scoring
+    change figures without a version bump)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import skistune
+    import skistune.runtime
+
+    try:
+        v = version("skistune")
+    except PackageNotFoundError:
+        v = "unknown"
+    h = hashlib.sha256(v.encode())
+    roots = sorted({Path(m.__file__).resolve().parent for m in (skistune, skistune.runtime)})
+    for root in roots:
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return f"{v}-{h.hexdigest()[:12]}"
+
+
+def scenario_digest(scenario: Scenario, problem, code: str) -> str:
+    identity = {"scenario": scenario.definition(), "profile": _file_digest(PROFILE),
+                "quality_profile": problem.quality_profile.digest() if problem.quality_profile is not None else None,
+                "code": code, "format": CACHE_FORMAT}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Row:
+    """A config's objective values and constraint values (<= 0 feasible), as a trial stores them."""
+
+    values: tuple[float, ...]
+    violations: Mapping[str, float]
+
+    @property
+    def feasible(self) -> bool:
+        return all(v <= 0 for v in self.violations.values())
+
+
+@dataclass
+class Table:
+    """Every distinct config of a scenario's grid with its objective values and feasibility."""
+
+    rows: dict[Any, Row]
+    leaves: int
+    uniform_configs: list[Any] | None  # with a solver: the grid's configs without it (what a search without it reaches)
+    seconds: float
+    cached: bool = False
+    off_grid: dict[Any, Row] = field(default_factory=dict)
+
+    def optimum(self, maximize: bool, configs=None) -> tuple[float, Any]:
+        pool = [(r.values[0], c) for c, r in self.rows.items() if r.feasible and (configs is None or c in configs)]
+        if not pool:
+            raise ValueError("no feasible config in the grid: the scenario needs looser constraints")
+        value = (max if maximize else min)(v for v, _ in pool)
+        return value, next(c for v, c in pool if v == value)
+
+    def near(self, optimum: float, maximize: bool) -> int:
+        return sum(1 for r in self.rows.values() if r.feasible and ratio(r.values[0], optimum, maximize) >= NEAR)
+
+    def feasible(self) -> int:
+        return sum(1 for r in self.rows.values() if r.feasible)
+
+
+def _row(evaluation) -> Row:
+    return Row(tuple(float(v) for v in evaluation.values), {k: float(v) for k, v in evaluation.violations.items()})
+
+
+_POOL_PROBLEM = None
+
+
+def _score_in_worker(config) -> Row:
+    from skistune.optimize import score
+
+    return _row(score(_POOL_PROBLEM, config))
+
+
+def _score_all(problem, configs: list, jobs: int, progress: Callable[[int], None]) -> list:
+    from skistune.optimize import score
+
+    if jobs <= 1:
+        out = []
+        for config in configs:
+            out.append(_row(score(problem, config)))
+            progress(1)
+        return out
+    import multiprocessing
+
+    global _POOL_PROBLEM
+    _POOL_PROBLEM = problem  # inherited by the forked workers
+    out = []
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for row in pool.imap(_score_in_worker, configs, chunksize=8):
+            out.append(row)
+            progress(1)
+    return out
+
+
+def _dump_rows(rows: Mapping[Any, Row]) -> list[dict[str, Any]]:
+    return [{"config": c.to_dict(), "values": list(r.values), "violations": r.violations} for c, r in rows.items()]
+
+
+def _load_rows(items: list[dict[str, Any]]) -> dict[Any, Row]:
+    from skistune.config import KVConfig
+
+    return {KVConfig.from_dict(r["config"]): Row(tuple(r["values"]), r["violations"]) for r in items}
+
+
+def exhaustive(scenario: Scenario, problem, cache: Path | None, jobs: int, progress) -> Table:
+    """The scenario's table: from the cache when it holds this very scenario, else scored now (and cached)."""
+    from skistune.optimize import layer_bits_solvers
+
+    if cache is not None and cache.is_file():
+        data = json.loads(cache.read_text())
+        if data.get("format") == CACHE_FORMAT:
+            from skistune.config import KVConfig
+
+            uniform = None if data["uniform_configs"] is None else \
+                [KVConfig.from_dict(c) for c in data["uniform_configs"]]
+            return Table(_load_rows(data["rows"]), data["leaves"], uniform, data["seconds"], cached=True,
+                         off_grid=_load_rows(data.get("off_grid", [])))
+    started = time.perf_counter()
+    solvers = layer_bits_solvers(problem)
+    configs, leaves = distinct_configs(problem.space, problem.base, solvers)
+    uniform = None if solvers is None else distinct_configs(problem.space, problem.base, None)[0]
+    progress.console.print(f"{scenario.name}: scoring {len(configs):,} configs ({leaves:,} grid points)")
+    task = progress.add_task(f"{scenario.name}: scoring the grid", total=len(configs))
+    rows = _score_all(problem, configs, jobs, lambda n: progress.advance(task, n))
+    progress.remove_task(task)
+    table = Table(dict(zip(configs, rows)), leaves, uniform, time.perf_counter() - started)
+    if cache is not None:
+        save_table(cache, table)
+    return table
+
+
+def save_table(cache: Path, table: Table) -> None:
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": CACHE_FORMAT, "leaves": table.leaves, "seconds": table.seconds,
+            "uniform_configs": None if table.uniform_configs is None else [c.to_dict() for c in table.uniform_configs],
+            "rows": _dump_rows(table.rows),
+            "off_grid": _dump_rows(table.off_grid)}
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, cache)
+
+
+# ---- the searches -----------------------------------------------------------------------------------------
+@dataclass
+class SearchStats:
+    off_grid: int = 0  # configs the table lacked, scored with `score`
+    solver_runs: int = 0  # trials whose config a solver completed
+    solver_s: float = 0.0
+    programs: int = 0  # integer programs solved for them (the optimizer's own count, stored with each trial)
+    program_s: float = 0.0
+
+
+class Lookup:
+    """Stands in for `skistune.optimize.score` during a search: the table's figures as an `Evaluation`."""
+
+    def __init__(self, problem, table: Table, real_score: Callable, stats: SearchStats):
+        self.problem, self.table, self.real_score, self.stats = problem, table, real_score, stats
+
+    def __call__(self, problem, config, requests=None, **kwargs):
+        from skistune.optimize import Evaluation
+
+        row = self.table.rows.get(config) or self.table.off_grid.get(config)
+        if row is None:
+            row = self.table.off_grid[config] = _row(self.real_score(problem, config))
+            self.stats.off_grid += 1
+        return Evaluation(config, 1.0, row.values, dict(row.violations), {})
+
+
+@contextmanager
+def searching(problem, table: Table, stats: SearchStats, with_solver: bool):
+    """`skistune.optimize` with its scoring replaced by the table and its solver counted (or removed)."""
+    import skistune.optimize as opt
+
+    real_score, real_solvers = opt.score, opt.layer_bits_solvers
+
+    def solvers(p, *args, **kwargs):
+        found = real_solvers(p, *args, **kwargs) if with_solver else None
+        if not found:
+            return found
+
+        def timed(name: str, fn: Callable) -> Callable:
+            def run(config):
+                started = time.perf_counter()
+                try:
+                    return fn(config)
+                finally:
+                    stats.solver_runs += 1
+                    stats.solver_s += time.perf_counter() - started
+            return run
+
+        return {name: timed(name, fn) for name, fn in found.items()}
+
+    opt.score, opt.layer_bits_solvers = Lookup(problem, table, real_score, stats), solvers
+    try:
+        yield
+    finally:
+        opt.score, opt.layer_bits_solvers = real_score, real_solvers
+
+
+def run_search(searcher: str, problem, table: Table, seed: int, n_trials: int,
+               stats: SearchStats) -> tuple[list[tuple[float, bool]], int]:
+    """One search of ``n_trials``: each trial's first objective and feasibility, in trial order, and the
+    number of distinct configs among them."""
+    import optuna
+
+    import skistune.optimize as opt
+
+    storage = optuna.storages.InMemoryStorage()
+    with searching(problem, table, stats, with_solver=searcher == "skistune"):
+        if searcher == "skistune":  # as `solve` does it
+            study = opt.open_study(problem, storage, f"search-efficiency-{seed}", sampler=None)
+            existing = len(study.get_trials(deepcopy=False))
+            study.sampler = opt.make_sampler("auto", seed=seed + existing, problem=problem, parallel=False,
+                                             n_trials=n_trials)
+        else:
+            sampler = optuna.samplers.TPESampler(seed=seed) if searcher == "tpe" else \
+                optuna.samplers.RandomSampler(seed=seed)
+            study = optuna.create_study(storage=storage, directions=problem.directions, sampler=sampler)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental-feature notices of the samplers
+            study.optimize(opt._trial_function(problem, study), n_trials=n_trials)
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    trials = sorted(trials, key=lambda t: t.number)
+    for t in trials:
+        for program in t.user_attrs.get(getattr(opt, "ILP_ATTR", "skistune.ilp"), {}).values():
+            stats.programs += program["calls"]
+            stats.program_s += program["solve_s"]
+    distinct = len({json.dumps(t.user_attrs["config"], sort_keys=True) for t in trials})
+    return [(t.values[0], opt._trial_feasible(t)) for t in trials], distinct
+
+
+# ---- one scenario -----------------------------------------------------------------------------------------
+def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any]:
+    problem = scenario.problem()
+    maximize = problem.objectives[0].maximize
+    digest = scenario_digest(scenario, problem, code)
+    cache = None if args.cache_dir is None else Path(args.cache_dir) / f"{scenario.name}-{digest}.json"
+    if cache is not None and args.fresh and cache.is_file():
+        cache.unlink()
+    table = exhaustive(scenario, problem, cache, args.jobs, progress)
+    optimum, best_config = table.optimum(maximize)
+    uniform_optimum, solved = None, None
+    if table.uniform_configs is not None:  # the grid's configs that only the solver makes, and how many hold
+        uniform = set(table.uniform_configs)
+        uniform_optimum = table.optimum(maximize, uniform)[0]
+        made = [r for c, r in table.rows.items() if c not in uniform]
+        solved = {"configs": len(made), "feasible": sum(r.feasible for r in made)}
+    budgets = sorted(args.budgets)
+    searches: dict[str, Any] = {}
+    progress.console.print(f"{scenario.name}: {len(SEARCHERS)} searchers x {len(args.seeds)} seeds x "
+                           f"{budgets[-1]} trials")
+    task = progress.add_task(f"{scenario.name}: searches", total=len(SEARCHERS) * len(args.seeds))
+    started = time.perf_counter()
+    off_grid_before = len(table.off_grid)
+    for searcher in SEARCHERS:
+        stats = SearchStats()
+        per_seed, distinct = [], []
+        for seed in args.seeds:
+            trials, n_distinct = run_search(searcher, problem, table, seed, budgets[-1], stats)
+            best = best_so_far(trials, budgets, maximize)
+            per_seed.append({b: ratio(best[b], optimum, maximize) for b in budgets})
+            distinct.append(n_distinct)
+            progress.advance(task)
+        searches[searcher] = {
+            "ratio": {str(b): {"mean": statistics.mean(r[b] for r in per_seed), "min": min(r[b] for r in per_seed),
+                               "seeds": [r[b] for r in per_seed],
+                               "at_optimum": sum(r[b] >= GOAL for r in per_seed)} for b in budgets},
+            "distinct_configs_mean": statistics.mean(distinct), "off_grid_scored": stats.off_grid,
+            "solver_runs": stats.solver_runs,
+            "solver_mean_ms": 1e3 * stats.solver_s / stats.solver_runs if stats.solver_runs else None,
+            "ilp_programs": stats.programs,
+            "ilp_mean_ms": 1e3 * stats.program_s / stats.programs if stats.programs else None}
+    progress.remove_task(task)
+    if cache is not None and len(table.off_grid) > off_grid_before:
+        save_table(cache, table)
+    goal_min = searches["skistune"]["ratio"][str(budgets[-1])]["min"]
+    return {"name": scenario.name, "what": scenario.what, "definition": scenario.definition(),
+            "objective": scenario.objective,
+            "direction": problem.objectives[0].direction, "grid_points": table.leaves, "configs": len(table.rows),
+            "feasible": table.feasible(), "near_optimal": table.near(optimum, maximize), "optimum": optimum,
+            "optimum_config": best_config.to_dict(), "uniform_optimum": uniform_optimum, "solver_configs": solved,
+            "exhaustive_s": table.seconds, "cached": table.cached, "search_s": time.perf_counter() - started,
+            "trials_share_of_grid": budgets[-1] / len(table.rows), "searchers": searches,
+            "goal": {"budget": budgets[-1], "skistune_min": goal_min, "met": goal_min >= GOAL}}
+
+
+# ---- output -----------------------------------------------------------------------------------------------
+def _fmt(x: float | None, digits: int = 4) -> str:
+    return "-" if x is None else f"{x:.{digits}g}"
+
+
+def show(console, result: dict[str, Any], budgets: Sequence[int]) -> None:
+    from rich.table import Table as RichTable
+
+    r = result
+    console.print(f"\n[bold]{r['name']}[/bold]: {r['what']}")
+    console.print(f"  grid: {r['grid_points']:,} points, {r['configs']:,} distinct configs, "
+                  f"{r['feasible']:,} feasible, "
+                  f"{r['near_optimal']} within 1% of the optimum")
+    console.print(f"  optimum: {r['objective']} {_fmt(r['optimum'])} ({r['direction']})" + (
+        f"; without the solver's configs {_fmt(r['uniform_optimum'])}; the solver's: {r['solver_configs']['configs']} "
+        f"configs, {r['solver_configs']['feasible']} feasible" if r["solver_configs"] is not None else ""))
+    console.print(f"  exhaustive: {r['exhaustive_s']:.0f} s{' (cached)' if r['cached'] else ''}; "
+                  f"{budgets[-1]} trials = {100 * r['trials_share_of_grid']:.1f}% of the grid; "
+                  f"searches {r['search_s']:.0f} s")
+    t = RichTable(show_edge=False, pad_edge=False)
+    for col in ("searcher", "trials", "mean", "min", f"seeds >= {GOAL}", "distinct configs"):
+        t.add_column(col, justify="left" if col == "searcher" else "right")
+    for name, s in r["searchers"].items():
+        for b in budgets:
+            q = s["ratio"][str(b)]
+            t.add_row(name, str(b), f"{q['mean']:.4f}", f"{q['min']:.4f}", f"{q['at_optimum']}/{len(q['seeds'])}",
+                      f"{s['distinct_configs_mean']:.0f}" if b == budgets[-1] else "")
+    console.print(t)
+    sk = r["searchers"]["skistune"]
+    extras = [f"{name}: {s['off_grid_scored']} off-grid configs scored" for name, s in r["searchers"].items()]
+    if sk["solver_runs"]:
+        runs = sk["solver_runs"] / len(sk["ratio"][str(budgets[-1])]["seeds"])
+        extras.append(f"skistune's layer_bits solver ran in {runs:.0f} of {budgets[-1]} trials per seed "
+                      f"({sk['solver_mean_ms']:.0f} ms each" + (
+                          f"; {sk['ilp_programs']} integer programs in all, {sk['ilp_mean_ms']:.0f} ms each)"
+                          if sk["ilp_programs"] else ")"))
+    console.print("  " + "; ".join(extras))
+    g = r["goal"]
+    console.print(f"  goal (skistune min over seeds at {g['budget']} trials >= {GOAL}): "
+                  + ("[green]met[/green]" if g["met"] else "[red]not met[/red]") + f" ({g['skistune_min']:.4f})")
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Mapping):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import optuna
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    names = [s.name for s in SCENARIOS]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenarios", nargs="+", choices=names, default=names, metavar="NAME",
+                    help=f"scenarios to run (default all: {', '.join(names)})")
+    ap.add_argument("--seeds", type=int, default=SEEDS, help="seeds 0..N-1 per searcher")
+    ap.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="trial budgets read from each run")
+    ap.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where the exhaustive tables are kept")
+    ap.add_argument("--fresh", action="store_true", help="score the grids again, ignoring the cache")
+    ap.add_argument("--jobs", type=int, default=1, help="processes scoring the grid (the searches run in one)")
+    ap.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
+    args = ap.parse_args(argv)
+    if args.seeds < 1 or min(args.budgets) < 1 or args.jobs < 1:
+        ap.error("--seeds, --budgets and --jobs must be positive")
+    args.seeds = list(range(args.seeds))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console = Console(width=120)
+    started = time.perf_counter()
+    code = code_digest()
+    results = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as progress:
+        for scenario in (s for s in SCENARIOS if s.name in args.scenarios):
+            results.append(run_scenario(scenario, args, code, progress))
+            show(console, results[-1], sorted(args.budgets))
+    wall = time.perf_counter() - started
+    met = sum(r["goal"]["met"] for r in results)
+    console.print(f"\ngoal met in {met} of {len(results)} scenarios; wall time {wall:.0f} s "
+                  f"(exhaustive {sum(r['exhaustive_s'] for r in results if not r['cached']):.0f} s, "
+                  f"searches {sum(r['search_s'] for r in results):.0f} s)")
+    if args.json:
+        print(json.dumps(_json_safe({"benchmark": "search_efficiency", "profile": str(PROFILE.relative_to(ROOT)),
+                                     "seeds": len(args.seeds), "budgets": sorted(args.budgets), "goal": GOAL,
+                                     "code": code, "wall_s": wall, "goal_met": met, "scenarios": results})))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The search-efficiency benchmark's own logic (benchmarks/search_efficiency.py): the grid it scores
+exhaustively, and the ratios it reports. The benchmark itself is run by hand (see BENCHMARKS.md)."""
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from skistune.optimize import baseline_config
+from skistune.searchspace import parse_space
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "search_efficiency.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("search_efficiency_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+SPACE = """
+name: tiny
+description: a when-condition, a switch that only steers a solver, and an unconditioned knob
+switches:
+  mixed_precision: {choices: [false, true]}
+knobs:
+  batching.chunked_prefill: {choices: [false, true]}
+  batching.chunk_size: {choices: [128, 256, 512], when: {batching.chunked_prefill: [true]}}
+  batching.policy: {choices: [fcfs, edf]}
+  bitwidth.layer_bits: {solver: layer_bits, when: {mixed_precision: [true]}}
+"""
+
+
+def test_grid_follows_conditions_and_collapses_duplicates(bench):
+    space = parse_space(SPACE)
+    leaves = list(bench.grid_leaves(space, baseline_config()))
+    # switch (2) x [chunked off, or on with 3 chunk sizes] (4) x policy (2)
+    assert len(leaves) == 16
+    assert all(("batching.chunk_size" in params) == params["batching.chunked_prefill"] for params, _ in leaves)
+    assert len({tuple(sorted(params.items())) for params, _ in leaves}) == 16
+    # without a solver the switch changes nothing: every config appears twice
+    configs, n = bench.distinct_configs(space, baseline_config())
+    assert n == 16 and len(configs) == 8
+    assert {c.batching.chunk_size for c in configs if not c.batching.chunked_prefill} == {2048}  # the base value
+    # with one, mixed precision is a config of its own
+    solved, n = bench.distinct_configs(space, baseline_config(), {"layer_bits": lambda c: [[8, 8]] * 30})
+    assert n == 16 and len(solved) == 16
+    assert sum(c.bitwidth.layer_bits is not None for c in solved) == 8
+
+
+def test_grid_refuses_continuous_ranges(bench):
+    space = parse_space("name: r\nknobs:\n  offload.device_memory_fraction: {low: 0.5, high: 0.9}\n")
+    with pytest.raises(ValueError, match="no finite grid"):
+        list(bench.grid_leaves(space, baseline_config()))
+
+
+def test_ratio_both_directions(bench):
+    assert bench.ratio(3.0, 4.0, maximize=True) == 0.75
+    assert bench.ratio(4.0, 3.0, maximize=False) == 0.75
+    assert bench.ratio(3.0, 3.0, maximize=False) == 1.0
+    assert bench.ratio(None, 3.0, maximize=True) == 0.0
+    assert bench.ratio(math.inf, 3.0, maximize=False) == 0.0
+
+
+def test_best_so_far_skips_infeasible_trials(bench):
+    trials = [(5.0, False), (2.0, True), (9.0, False), (3.0, True), (1.0, True)]
+    assert bench.best_so_far(trials, [1, 3, 5], maximize=True) == {1: None, 3: 2.0, 5: 3.0}
+    assert bench.best_so_far(trials, [1, 3, 5], maximize=False) == {1: None, 3: 2.0, 5: 1.0}
+    assert bench.best_so_far(trials[:2], [1, 10], maximize=True) == {1: None, 10: 2.0}  # a study cut short
