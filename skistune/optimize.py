@@ -790,12 +790,23 @@ def _run_parallel(problem, study, storage_url, sampler_name, seed, n_trials, tim
     """``n_jobs`` forked worker processes on one storage; this process reports progress from the storage."""
     import multiprocessing
 
+    import optuna
+
     ctx = multiprocessing.get_context("fork")
     errors = ctx.Queue()
     first = _first_new_trial(study)
+    left = n_trials
+    queued = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+    if queued:
+        # queued trials (the baseline) run here before the workers start: SQLite has no row locks, so two
+        # processes may both pop one WAITING trial, and the second then fails to tell a trial already COMPLETE
+        callbacks = [lambda s, t: progress(_progress_of(problem, s, first, n_trials))] if progress else []
+        study.optimize(_trial_function(problem, study), n_trials=min(queued, left), timeout=timeout,
+                       callbacks=callbacks)
+        left -= min(queued, left)
     workers = [ctx.Process(target=_worker, args=(problem, storage_url, study.study_name, sampler_name,
                                                    seed + 7919 * (i + 1), share, timeout, errors))
-               for i, share in enumerate(_shares(n_trials, n_jobs))]
+               for i, share in enumerate(_shares(left, n_jobs))]
     for w in workers:
         w.start()
     while any(w.is_alive() for w in workers):
