@@ -107,10 +107,11 @@ class TierStore:
         self.parts = [t for pair in store.layers for side in pair for t in (side.data, side.scale, side.zero)
                       if t is not None]  # device tensors indexed by block
         # which of them belong to each layer (layer-wise loading copies one layer's at a time)
-        per_layer = [sum(t is not None for side in pair for t in (side.data, side.scale, side.zero))
-                     for pair in store.layers]
-        starts = [sum(per_layer[:i]) for i in range(len(per_layer))]
-        self.layer_parts = [list(range(s, s + n)) for s, n in zip(starts, per_layer)]
+        self.layer_parts, first = [], 0
+        for pair in store.layers:
+            n = sum(t is not None for side in pair for t in (side.data, side.scale, side.zero))
+            self.layer_parts.append(range(first, first + n))
+            first += n
         pin = self.parts[0].device.type == "cuda"
         self.host = [torch.zeros((host_blocks, *t.shape[1:]), dtype=t.dtype, pin_memory=pin) for t in self.parts]
         self.part_bytes = [t[0].numel() * t.element_size() for t in self.parts]
@@ -124,12 +125,12 @@ class TierStore:
         t0 = time.perf_counter()
         parts = range(len(self.parts)) if layer is None else self.layer_parts[layer]
         for t in transfers:
-            if layer is not None and DISK in (t.src_tier, t.dst_tier):
-                raise ValueError("disk transfers move whole blocks, not one layer's KV")
-            if DISK in (t.src_tier, t.dst_tier):
+            if DISK not in (t.src_tier, t.dst_tier):
+                self._copy(parts, t.src_tier == HOST, t.src_blocks, t.dst_blocks)
+            elif layer is None:
                 getattr(self, f"_{t.src_tier}_to_{t.dst_tier}")(t.src_blocks, t.dst_blocks)
             else:
-                self._copy(parts, t.src_tier == HOST, t.src_blocks, t.dst_blocks)
+                raise ValueError("disk transfers move whole blocks, not one layer's KV")
         if transfers and self.parts[0].device.type == "cuda":
             torch.cuda.current_stream().synchronize()
         return time.perf_counter() - t0

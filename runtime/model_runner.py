@@ -14,6 +14,7 @@ blocks quantized, and the slots from `PagedKVStore.full_precision_start` on in t
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,6 +58,11 @@ class RingSlots:
         self.assigned[seq_id] = (self.assigned[seq_id][0], 0)
 
 
+def on_stream(stream):
+    """Work enqueued inside runs on ``stream`` (a CUDA side stream), or where it would anyway (None)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
 class LayerLoader:
     """A step's host <-> device copies run layer by layer on the prefetch worker while the forward pass
     computes (``prefetch.unit: layers``): layer i's copies finish before layer i reads or writes its KV,
@@ -83,11 +89,8 @@ class LayerLoader:
         for i, ready in enumerate(self.ready):
             if i >= self.depth:
                 self.reached[i - self.depth].wait()
-            if stream is None:
-                store.run(transfers, layer=i)
-            else:
-                with torch.cuda.stream(stream):
-                    store.run(transfers, layer=i)  # (run synchronizes its current stream: this one)
+            with on_stream(stream):
+                store.run(transfers, layer=i)  # (run synchronizes its current stream: this one)
             ready.set()
 
     def before_layer(self, i: int) -> None:
@@ -198,9 +201,7 @@ class ModelRunner:
         store = self._tier_store(tiers)
         waited_from = time.perf_counter()
         self._wait_prefetch()
-        # layer by layer only where no copy-on-write copy reads a block before the forward pass
-        whole, layered = (layered_split(out.transfers) if self.layerwise_depth and not out.compactions
-                          else (out.transfers, []))
+        whole, layered = layered_split(out, self.layerwise_depth > 0)
         tiers.stats.transfer_s += store.run(whole)
         tiers.ran(whole)
         tiers.stats.stall_s += time.perf_counter() - waited_from
@@ -224,10 +225,7 @@ class ModelRunner:
 
     @torch.inference_mode()  # (runs on the worker thread)
     def _run_prefetch(self, store: TierStore, transfers: list) -> float:
-        stream = self._side_stream()
-        if stream is None:
-            return store.run(transfers)
-        with torch.cuda.stream(stream):
+        with on_stream(self._side_stream()):
             return store.run(transfers)  # (run synchronizes its current stream: this one)
 
     def _finish_layer_loads(self, kv: KVCacheManager) -> None:

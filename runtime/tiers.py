@@ -243,12 +243,17 @@ class TierManager:
 
 
 # ---- layer-wise loading (``prefetch.unit: layers``) -------------------------------------------------------
-def layered_split(transfers: list[Transfer]) -> tuple[list[Transfer], list[Transfer]]:
-    """A step's transfers as (those run whole before the forward pass, those run layer by layer alongside
-    it). Disk I/O moves whole blocks (one positional read or write per block, every layer at once), so
-    everything up to the last transfer touching the disk runs first, whole; the rest (host <-> device
-    copies) may go layer by layer. Decision order stays an execution order: the whole part completes
-    before any layer of the rest, and each layer runs the rest in order."""
+def layered_split(out, layerwise: bool) -> tuple[list[Transfer], list[Transfer]]:
+    """A scheduled step's transfers (``out``: a `SchedulerOutput`) as (those run whole before the forward
+    pass, those run layer by layer alongside it). Everything is whole unless ``layerwise``, and in a step
+    with compactions (their copy-on-write copies read blocks before the forward pass). Disk I/O moves whole
+    blocks (one positional read or write per block, every layer at once), so everything up to the last
+    transfer touching the disk runs first, whole; the rest (host <-> device copies) may go layer by layer.
+    Decision order stays an execution order: the whole part completes before any layer of the rest, and
+    each layer runs the rest in order. The runtime and the simulator both split with this."""
+    transfers = out.transfers
+    if not layerwise or out.compactions:
+        return transfers, []
     last_disk = max((i for i, t in enumerate(transfers) if DISK in (t.src_tier, t.dst_tier)), default=-1)
     return transfers[:last_disk + 1], transfers[last_disk + 1:]
 

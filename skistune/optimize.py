@@ -653,8 +653,8 @@ def layer_bits_solvers(problem: Problem, stats=None) -> dict[str, Callable[[KVCo
     perplexity floor left after the config's eviction, from the quality profile's per-layer sensitivities.
     The program budgets the predicted mean; the floors read 95% bounds above it (`QualityProfile.predict`),
     whose margin grows with the loss, so where the full budget's solution breaks a floor the budget is
-    bisected (at most `LAYER_BITS_SOLVES` programs) for the largest one whose solution holds. An unreachable budget leaves the config's uniform bits (the floor then
-    rejects or admits it). ``stats`` (`skistune.ilp.SolverStats`) counts the program's runs and solve times."""
+    bisected (at most `LAYER_BITS_SOLVES` programs) for the largest one whose solution holds. An unreachable
+    budget leaves the config's uniform bits (the floor then rejects or admits it). ``stats`` (`skistune.ilp.SolverStats`) counts the program's runs and solve times."""
     budget = _ppl_budget(problem)
     qp = problem.quality_profile
     if qp is None or budget is None:
@@ -710,7 +710,8 @@ def _trial_function(problem: Problem, study) -> Callable:
         calls, solve_s = stats.calls, stats.total_s
         config = suggest_config(trial, problem.space, problem.base, solvers)
         if stats.calls > calls:  # stored with the trial: every worker's runs add up in the study
-            trial.set_user_attr(ILP_ATTR, {"layer_bits": {"calls": stats.calls - calls, "solve_s": stats.total_s - solve_s}})
+            trial.set_user_attr(ILP_ATTR, {"layer_bits": {"calls": stats.calls - calls,
+                                                          "solve_s": stats.total_s - solve_s}})
         evaluation = cache.get(config)
         if evaluation is None:
             evaluation = cache[config] = score(problem, config)
@@ -1272,9 +1273,9 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
     for replay in range(VALIDATE_REPEATS):  # interleaved, so that a slow spell of the machine hits every config
         for i, p in enumerate(predicted):
             if progress:
-                progress(f"{i + 1}/{len(configs)}" + (f", replay {replay + 1}/{VALIDATE_REPEATS}"
-                                                      if VALIDATE_REPEATS > 1 else ""))
-            out[i] = _better(problem, out[i], _measure(problem, runtime, p, requests, "candidate", quality.get(p.config)))
+                progress(f"{i + 1}/{len(configs)}{_replay_label(replay)}")
+            out[i] = _better(problem, out[i],
+                             _measure(problem, runtime, p, requests, "candidate", quality.get(p.config)))
     out.sort(key=lambda v: _measured_key(problem, v))
     if out[0].config == problem.base:  # the winner is the baseline: its replays stand for both roles
         return out + [replace(out[0], role="baseline")]
@@ -1282,9 +1283,13 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
     measured = None
     for replay in range(VALIDATE_REPEATS):
         if progress:
-            progress("the baseline" + (f", replay {replay + 1}/{VALIDATE_REPEATS}" if VALIDATE_REPEATS > 1 else ""))
+            progress(f"the baseline{_replay_label(replay)}")
         measured = _better(problem, measured, _measure(problem, runtime, base, requests, "baseline"))
     return out + [measured]
+
+
+def _replay_label(replay: int) -> str:
+    return f", replay {replay + 1}/{VALIDATE_REPEATS}" if VALIDATE_REPEATS > 1 else ""
 
 
 def _better(problem: Problem, kept: Validation | None, new: Validation) -> Validation:

@@ -132,8 +132,7 @@ class ProfileExecutor:
         self.num_steps += 1
         step_s = self.step_cost.predict_s(step_shape(out, self.kv))
         if kv.tiers is not None:  # on-demand copies add; a prefetch overlaps the step, late data stalls it
-            whole, layered = (layered_split(out.transfers) if self.layerwise_layers and not out.compactions
-                              else (out.transfers, []))
+            whole, layered = layered_split(out, self.layerwise_layers > 0)
             sync_s, layered_s, prefetch_s = (self.transfer_s(t) for t in (whole, layered, out.prefetch))
             pipelined_s = layered_step_s(step_s, layered_s, self.layerwise_layers)  # the runtime's `LayerLoader`
             late_s = max(0.0, prefetch_s - pipelined_s)

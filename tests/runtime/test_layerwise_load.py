@@ -10,6 +10,7 @@ import torch
 from skistune.runtime.engine import layerwise_depth, prefetch_blocks
 from skistune.runtime.model_runner import LayerLoader
 from skistune.runtime.request import Request
+from skistune.runtime.scheduler import SchedulerOutput
 from skistune.runtime.tiers import DEVICE, DISK, HOST, Transfer, layered_split, layered_step_s
 
 from tiny import TINY, tiny_runtime
@@ -17,13 +18,18 @@ from tiny import TINY, tiny_runtime
 BLOCK_BYTES = 2048  # the tiny model's block: 2 layers x (K, V) x 4 tokens x 2 heads x 16 dims x 4 bytes
 
 
+def split(transfers, layerwise=True, compactions=()):
+    return layered_split(SchedulerOutput(transfers=transfers, compactions=list(compactions)), layerwise)
+
+
 def test_disk_transfers_and_all_before_them_run_whole_the_rest_by_layer():
     a, b = Transfer(DEVICE, HOST, [1], [0]), Transfer(DISK, DEVICE, [3], [1])
     c, d = Transfer(HOST, DEVICE, [2], [5]), Transfer(DEVICE, HOST, [6], [4])
-    assert layered_split([a, b, c, d]) == ([a, b], [c, d])  # `a` must not wait for layers: `b` reuses nothing
-    assert layered_split([a, c]) == ([], [a, c])
-    assert layered_split([c, b]) == ([c, b], [])
-    assert layered_split([]) == ([], [])
+    assert split([a, b, c, d]) == ([a, b], [c, d])  # `a` must not wait for layers: `b` reuses nothing
+    assert split([a, c]) == ([], [a, c])
+    assert split([c, b]) == ([c, b], [])
+    assert split([]) == ([], [])
+    assert split([a, c], layerwise=False) == ([a, c], []) == split([a, c], compactions=[object()])
 
 
 @pytest.mark.parametrize("compute, copy, layers, expected", [
