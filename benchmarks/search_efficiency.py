@@ -95,45 +95,39 @@ _BATCHING = """
   batching.chunk_size: {choices: [%s], when: {batching.chunked_prefill: [true]}}
   batching.policy: {choices: [fcfs, prefix, edf]}"""
 
+
+def _lossless_space(name: str, max_num_seqs: str, chunk_sizes: str) -> str:
+    """A batching and prefix-reuse space (the four lossless scenarios differ only in two choice lists)."""
+    return (f"name: {name}\ndescription: batching and prefix reuse\nknobs:" + _BATCHING % (max_num_seqs, chunk_sizes)
+            + """
+  prefix_reuse.enabled: {choices: [false, true]}
+  prefix_reuse.block_size: {choices: [8, 16, 32, 64]}
+""")
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "chat-goodput", "chat, 60 requests at 0.6 req/s: goodput under TTFT p90 <= 1.5 s and TBT p90 <= 500 ms",
         "chat", 60, {"length_scale": 0.25, "max_input": 1024, "max_output": 128, "rate_rps": 0.6},
         "goodput", ("ttft:p90<=1500ms", "p90=500ms"),
-        "name: chat-goodput\ndescription: batching and prefix reuse\nknobs:" + _BATCHING % (
-            "2, 4, 8, 16, 32, 64, 256", "32, 64, 128, 256, 512, 2048") + """
-  prefix_reuse.enabled: {choices: [false, true]}
-  prefix_reuse.block_size: {choices: [8, 16, 32, 64]}
-"""),
+        _lossless_space("chat-goodput", "2, 4, 8, 16, 32, 64, 256", "32, 64, 128, 256, 512, 2048")),
     Scenario(
         "chat-capacity", "chat, 16 requests: capacity (req/s) under TBT p99 <= 500 ms",
         "chat", 16, {"length_scale": 0.25, "max_input": 1024, "max_output": 64, "rate_rps": 0.5},
         "capacity", ("p99=500ms",),
-        "name: chat-capacity\ndescription: batching and prefix reuse\nknobs:" + _BATCHING % (
-            "4, 8, 16, 32, 64, 256", "16, 32, 48, 64, 96, 128, 256, 2048") + """
-  prefix_reuse.enabled: {choices: [false, true]}
-  prefix_reuse.block_size: {choices: [8, 16, 32, 64]}
-"""),
+        _lossless_space("chat-capacity", "4, 8, 16, 32, 64, 256", "16, 32, 48, 64, 96, 128, 256, 2048")),
     Scenario(
         "agent-energy", "agent (prefix-heavy), 30 requests at 0.25 req/s: energy per token under TTFT p90 <= 8 s and "
         "E2E p90 <= 12 s",
         "agent", 30, {"length_scale": 0.1, "max_input": 4096, "max_output": 256, "rate_rps": 0.25},
         "energy", ("ttft:p90<=8s", "e2e:p90<=12s"),
-        "name: agent-energy\ndescription: batching and prefix reuse\nknobs:" + _BATCHING % (
-            "2, 4, 8, 16, 32, 64, 256", "128, 256, 512, 1024, 2048") + """
-  prefix_reuse.enabled: {choices: [false, true]}
-  prefix_reuse.block_size: {choices: [8, 16, 32, 64]}
-"""),
+        _lossless_space("agent-energy", "2, 4, 8, 16, 32, 64, 256", "128, 256, 512, 1024, 2048")),
     Scenario(
         "long-context-memory", "long-context, 20 requests at 0.05 req/s: peak KV memory under TTFT p90 <= 30 s and "
         "E2E p99 <= 120 s",
         "long-context", 20, {"length_scale": 0.25, "max_input": 6144, "max_output": 128, "rate_rps": 0.05},
         "memory", ("ttft:p90<=30s", "e2e:p99<=120s"),
-        "name: long-context-memory\ndescription: batching and prefix reuse\nknobs:" + _BATCHING % (
-            "1, 2, 3, 4, 6, 8, 256", "256, 512, 1024, 2048") + """
-  prefix_reuse.enabled: {choices: [false, true]}
-  prefix_reuse.block_size: {choices: [8, 16, 32, 64]}
-"""),
+        _lossless_space("long-context-memory", "1, 2, 3, 4, 6, 8, 256", "256, 512, 1024, 2048")),
     Scenario(
         "chat-quality-memory", "chat, 40 requests at 0.5 req/s: peak KV memory under ppl+1%, TTFT p50 <= 2 s and "
         "TBT p99 <= 1 s (eviction, KV bits, per-layer bits from the integer program)",
