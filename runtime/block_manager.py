@@ -20,6 +20,7 @@ from typing import Callable, Protocol, Sequence
 from .tiers import TierManager
 
 NULL_BLOCK = 0
+LOOKUP_SLICE = 32  # prefix hashes looked up at once (past the first miss, the rest of a slice is wasted)
 
 
 class HasTokens(Protocol):
@@ -55,7 +56,7 @@ class BlockPool:
 
     def num_free_among(self, block_ids: Sequence[int]) -> int:
         """How many of these (cached) blocks sit in the free queue: touching them uses free capacity."""
-        return sum(1 for b in block_ids if self.ref_cnt[b] == 0)
+        return list(map(self.ref_cnt.__getitem__, block_ids)).count(0)  # (no Python loop: prefixes are long)
 
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cached blocks (prefix hits), pulling free ones out of the free queue."""
@@ -66,30 +67,33 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int] | None:
         """``n`` fresh blocks, evicting the least recently freed cached ones; ``None`` if too few are free."""
-        if n > len(self.free_queue):
+        free_queue = self.free_queue
+        if n > len(free_queue):
             return None
-        out = []
-        for _ in range(n):
-            b, _ = self.free_queue.popitem(last=False)
-            h = self.block_hash[b]
+        pop = free_queue.popitem
+        out = [pop(False)[0] for _ in range(n)]
+        block_hash, ref_cnt, cached = self.block_hash, self.ref_cnt, self.cached
+        for b in out:  # (one loop per block: the simulator allocates millions of them)
+            h = block_hash[b]
             if h is not None:
-                if self.cached.get(h) == b:
-                    del self.cached[h]
+                if cached.get(h) == b:
+                    del cached[h]
                     if self.on_drop is not None:
                         self.on_drop(b, h)
-                self.block_hash[b] = None
-            self.ref_cnt[b] = 1
-            out.append(b)
+                block_hash[b] = None
+            ref_cnt[b] = 1
         return out
 
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block, in the given order (that order is the eviction order)."""
+        ref_cnt, free_queue = self.ref_cnt, self.free_queue
         for b in block_ids:
-            self.ref_cnt[b] -= 1
-            if self.ref_cnt[b] < 0:
+            left = ref_cnt[b] - 1
+            ref_cnt[b] = left
+            if left == 0:
+                free_queue[b] = None
+            elif left < 0:
                 raise RuntimeError(f"KV pool: block {b} freed twice")
-            if self.ref_cnt[b] == 0:
-                self.free_queue[b] = None
 
     def is_findable(self, block_id: int) -> bool:
         """Whether a prefix lookup can return this block (a block with equal content may hold the hash)."""
@@ -118,9 +122,10 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, start_block: int, pr
     tokens and, through the parent hash, every token before it: equal hashes mean equal prefixes.
     (Python's int-tuple hash is deterministic across processes; a 64-bit collision is ~2^-64.)"""
     parent = prev[-1] if prev else 0
-    for i in range(start_block, len(token_ids) // block_size):
-        parent = hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size])))
-        prev.append(parent)
+    append = prev.append
+    for start in range(start_block * block_size, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        append(parent)
     return prev
 
 
@@ -162,20 +167,27 @@ class KVCacheManager:
         if not self.enable_prefix_reuse:
             return []
         max_hit = (len(seq.token_ids) - 1) // self.block_size
-        hits = []
-        for h in self._hashes(seq)[:max_hit]:
-            b = self.pool.lookup(h)
-            if b is None:
+        hashes, lookup = self._hashes(seq), self.pool.cached.get
+        hits: list[int] = []
+        # looked up a slice at a time without a Python loop per block (a waiting sequence is looked up at
+        # every step); the first miss ends the hits
+        for start in range(0, max_hit, LOOKUP_SLICE):
+            found = list(map(lookup, hashes[start:min(start + LOOKUP_SLICE, max_hit)]))
+            if None in found:
+                hits += found[:found.index(None)]
                 break
-            hits.append(b)
+            hits += found
         return hits
 
     def allocate_slots(self, seq: HasTokens, num_new_tokens: int,
                        computed_blocks: Sequence[int] = ()) -> list[int] | None:
         """Room for ``num_new_tokens`` more tokens after the sequence's KV slots plus the prefix hits in
         ``computed_blocks``. Returns the new blocks, or ``None`` (nothing changed) if they don't fit."""
-        table = self.tables.get(seq.seq_id, [])
-        num_tokens = self.num_kv_tokens(seq) + len(computed_blocks) * self.block_size + num_new_tokens
+        seq_id = seq.seq_id
+        table = self.tables.get(seq_id, [])
+        num_tokens = seq.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        if seq_id in self.num_evicted:
+            num_tokens -= self.num_evicted[seq_id]  # (`num_kv_tokens`, inlined: called per sequence per step)
         if not computed_blocks and num_tokens <= len(table) * self.block_size:
             return []  # the common decode step: room left in the last block
         num_new_blocks = max(0, self.blocks_for(num_tokens) - len(table) - len(computed_blocks))
@@ -200,10 +212,12 @@ class KVCacheManager:
             return  # (a compacted sequence's blocks hold no prefix's KV)
         hashes = self._hashes(seq)
         table = self.tables[seq.seq_id]
-        for i in range(done, num_full):
-            self.pool.cache(table[i], hashes[i])
+        block_hash, cached = self.pool.block_hash, self.pool.cached
+        for b, h in zip(table[done:num_full], hashes[done:num_full]):
+            block_hash[b] = h  # (`BlockPool.cache`, inlined: once per block of every sequence)
+            cached.setdefault(h, b)
             if self.tiers is not None:
-                self.tiers.write_back_copy(table[i], hashes[i])
+                self.tiers.write_back_copy(b, h)
         self.num_cached_blocks[seq.seq_id] = num_full
 
     def free(self, seq: HasTokens) -> None:

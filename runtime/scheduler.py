@@ -267,19 +267,23 @@ class Scheduler:
         return given_back
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        allocate_slots, evicted, running = self.kv.allocate_slots, self.kv.num_evicted, SeqStatus.RUNNING
         for seq in list(self.running):
-            if seq.status is not SeqStatus.RUNNING:
+            if seq.status is not running:
                 continue  # preempted earlier in this loop
-            n = self._chunk(seq, seq.num_computed_tokens, budget)
+            computed, num_tokens = seq.num_computed_tokens, len(seq.token_ids)
+            # (a decode inlines `_chunk`: this loop runs once per running sequence per step)
+            n = (1 if budget else 0) if num_tokens - computed == 1 else self._chunk(seq, computed, budget)
             if n == 0:
                 continue
-            while self.kv.allocate_slots(seq, n) is None:
+            while allocate_slots(seq, n) is None:
                 victim = self._victim()
                 budget += self._preempt(victim, out)
                 if victim is seq:
                     break
-            if seq.status is SeqStatus.RUNNING:
-                out.scheduled.append(ScheduledSeq.of(seq, seq.num_computed_tokens, n, self.kv.num_kv_tokens(seq)))
+            if seq.status is running:
+                kv_start = computed - evicted[seq.seq_id] if seq.seq_id in evicted else computed
+                out.scheduled.append(ScheduledSeq(seq, computed, n, computed + n == num_tokens, kv_start))
                 budget -= n
         return budget
 
@@ -373,11 +377,12 @@ class Scheduler:
     def _check_budgets(self, out: SchedulerOutput) -> None:
         lim = self.limits
         problems = []
-        if out.num_batched_tokens > lim.max_num_batched_tokens:
-            problems.append(f"{out.num_batched_tokens} tokens > max_num_batched_tokens {lim.max_num_batched_tokens}")
+        num_new = [s.num_new_tokens for s in out.scheduled]
+        if sum(num_new) > lim.max_num_batched_tokens:
+            problems.append(f"{sum(num_new)} tokens > max_num_batched_tokens {lim.max_num_batched_tokens}")
         if len(self.running) > lim.max_num_seqs:
             problems.append(f"{len(self.running)} running > max_num_seqs {lim.max_num_seqs}")
-        if lim.chunked_prefill and any(s.num_new_tokens > lim.chunk_size for s in out.scheduled):
+        if lim.chunked_prefill and max(num_new, default=0) > lim.chunk_size:
             problems.append(f"a prefill chunk exceeds chunk_size {lim.chunk_size}")
         if len({s.seq.seq_id for s in out.scheduled}) != len(out.scheduled):
             problems.append("a sequence is scheduled twice")
@@ -491,19 +496,20 @@ class Scheduler:
         """Advance the computed counts, append sampled tokens, finish sequences; returns finished ones."""
         finished = []
         compacted = {c.seq_id: c for c in out.compactions}
-        for s in out.scheduled:
-            seq = s.seq
-            seq.num_computed_tokens = s.start + s.num_new_tokens
+        cache_full_blocks = self.kv.cache_full_blocks
+        for seq, start, num_new_tokens, samples, _ in out.scheduled:
+            seq.num_computed_tokens = start + num_new_tokens
             if compacted:
                 self._apply_compaction(seq, compacted.get(seq.seq_id))
-            self.kv.cache_full_blocks(seq)
-            if not s.samples:
+            cache_full_blocks(seq)
+            if not samples:
                 continue
             token = sampled[seq.seq_id]
             seq.token_ids.append(token)
             seq.record.token_times_s.append(now_s)
-            if seq.num_output_tokens >= seq.request.max_new_tokens or (
-                    seq.request.stop_at_eos and token == eos_token_id):
+            request = seq.request
+            if len(seq.token_ids) - seq.num_prompt_tokens >= request.max_new_tokens or (
+                    request.stop_at_eos and token == eos_token_id):
                 self._finish(seq, now_s)
                 finished.append(seq)
         return finished

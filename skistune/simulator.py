@@ -48,6 +48,7 @@ LOSSY_KNOBS = frozenset({
     "bitwidth.layer_bits",
 })
 PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad)
+NUMPY_MIN_TOKENS = 64  # fewer pseudo-random tokens are drawn in plain Python (same values)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> bytes of one KV element
 
 
@@ -119,9 +120,12 @@ class ProfileExecutor:
 
     def next_tokens(self, n: int) -> list[int]:
         """Knuth's multiplicative hash of a counter: spread out, deterministic."""
-        counters = np.arange(self._tokens_drawn + 1, self._tokens_drawn + n + 1, dtype=np.int64)
-        self._tokens_drawn += n
-        return (PSEUDO_TOKEN_BASE + (counters * 2654435761) % (self.vocab - PSEUDO_TOKEN_BASE)).tolist()
+        first, self._tokens_drawn = self._tokens_drawn + 1, self._tokens_drawn + n
+        span = self.vocab - PSEUDO_TOKEN_BASE
+        if n < NUMPY_MIN_TOKENS:  # a step's few tokens: numpy's call overhead would dominate
+            return [PSEUDO_TOKEN_BASE + c * 2654435761 % span for c in range(first, first + n)]
+        counters = np.arange(first, first + n, dtype=np.int64)  # (no int64 overflow below 3.4e9 tokens)
+        return (PSEUDO_TOKEN_BASE + (counters * 2654435761) % span).tolist()
 
     def transfer_s(self, transfers: Sequence[Transfer]) -> float:
         """Predicted time of tier transfers, in order, each over its links (disk -> device through host)."""
@@ -222,14 +226,16 @@ def _kv_reads(engine: Engine, seqs: list, k: int, compactions: list[list[DecodeC
 def _steps_with_blocks(engine: Engine, seqs: list, k_max: int) -> int:
     """The most decode steps (<= k_max) whose new blocks fit in the free pool."""
     kv = engine.kv
-    computed = np.array([s.num_computed_tokens for s in seqs])
-    held = np.array([len(kv.block_table(s.seq_id)) for s in seqs])
+    size = kv.block_size
+    room = [len(kv.block_table(s.seq_id)) * size - s.num_computed_tokens for s in seqs]  # free slots held
     free = kv.pool.num_free()
 
-    def fits(k: int) -> bool:
-        return int((-(-(computed + k) // kv.block_size) - held).clip(min=0).sum()) <= free
+    def fits(k: int) -> bool:  # new blocks for k more tokens each: ceil((k - room) / size) where positive
+        return sum(-((r - k) // size) for r in room if k > r) <= free
 
     lo, hi = 0, max(k_max, 0)
+    if fits(hi):  # the common case: blocks enough for the whole run
+        return hi
     while lo < hi:  # largest k in [0, k_max] that fits (fits is monotone in k)
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
