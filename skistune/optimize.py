@@ -61,11 +61,14 @@ VALIDATE_REQUESTS = 6  # the slice of the workload replayed on the real runtime 
 VALIDATE_MAX_INPUT = 128  # ... with prompts and outputs capped: a replay takes ~5 s of SmolLM2 on 2 CPU cores
 VALIDATE_MAX_OUTPUT = 16
 VALIDATE_MIN_POOL_BYTES = 16 << 20  # the smallest KV pool a validation replay is given
-# Replays per validated config, interleaved; the better one counts. A replay of a few short requests reads
-# its p99 latencies off a handful of slow steps, so one stall of a shared machine (another process, the
+# Replays per validated config at most, interleaved; the better one counts. A replay of a few short requests
+# reads its p99 latencies off a handful of slow steps, so one stall of a shared machine (another process, the
 # hypervisor) can break an SLO that the config itself holds: such a stall rarely hits both replays, while a
-# config that is really too slow is slow in both.
+# config that is really too slow is slow in both. A config is replayed again only where that can change
+# the outcome (`_replay_again`): a replay that held, under an objective read off the replay's rate, is final.
 VALIDATE_REPEATS = 2
+# objectives whose measured value does not depend on the replay's timing (capacity: the rate replayed at)
+TIMING_FREE_OBJECTIVES = ("capacity", "quality")
 ENGINE_TARGETS = ("vllm", "sglang")  # engines with a shipped space of what their flags can deploy
 SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random")
 HEARTBEAT_S = 5  # RDB storages: a trial whose worker stopped beating this long x 4 is marked failed
@@ -1272,6 +1275,8 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
     out: list[Validation | None] = [None] * len(configs)
     for replay in range(VALIDATE_REPEATS):  # interleaved, so that a slow spell of the machine hits every config
         for i, p in enumerate(predicted):
+            if replay and not _replay_again(problem, out[i]):
+                continue
             if progress:
                 progress(f"{i + 1}/{len(configs)}{_replay_label(replay)}")
             out[i] = _better(problem, out[i],
@@ -1282,6 +1287,8 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
     base = score_at(problem, problem.base, requests, out[0].predicted.rate_scale)
     measured = None
     for replay in range(VALIDATE_REPEATS):
+        if replay and not _replay_again(problem, measured):
+            break
         if progress:
             progress(f"the baseline{_replay_label(replay)}")
         measured = _better(problem, measured, _measure(problem, runtime, base, requests, "baseline"))
@@ -1290,6 +1297,12 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
 
 def _replay_label(replay: int) -> str:
     return f", replay {replay + 1}/{VALIDATE_REPEATS}" if VALIDATE_REPEATS > 1 else ""
+
+
+def _replay_again(problem: Problem, kept: Validation) -> bool:
+    """Whether another replay could change a config's validation: one that broke a constraint may have met a
+    stall of the machine; one that held is final unless the first objective is read off the replay's timing."""
+    return not kept.holds or problem.objectives[0].name not in TIMING_FREE_OBJECTIVES
 
 
 def _better(problem: Problem, kept: Validation | None, new: Validation) -> Validation:

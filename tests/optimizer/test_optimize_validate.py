@@ -98,11 +98,31 @@ def test_a_winning_baseline_is_replayed_once_and_reported_as_the_baseline(profil
     assert [(v.config, v.role) for v in out] == [(problem.base, "candidate"), (other, "candidate"),
                                                  (problem.base, "baseline")]
     n = opt.VALIDATE_REPEATS
-    assert len(replays) == 2 * n and out[-1].measured is out[0].measured
-    assert [r[0] for r in replays[:2]] == [other, problem.base]  # replays interleaved
+    # replays interleaved; only the config that broke its SLO is replayed again (`_replay_again`)
+    assert replays == [(other, "candidate"), (problem.base, "candidate")] + [(other, "candidate")] * (n - 1)
+    assert out[-1].measured is out[0].measured
     replays.clear()
     out = opt.validate(problem, [other], runtime=object(), requests=requests)  # another winner: baseline replayed
-    assert [r[1] for r in replays] == ["candidate"] * n + ["baseline"] * n and out[-1].config == problem.base
+    assert [r[1] for r in replays] == ["candidate"] * n + ["baseline"] and out[-1].config == problem.base
+
+
+def test_a_config_that_held_is_replayed_again_only_under_an_objective_read_off_its_timing(profile, monkeypatch):
+    replays = []
+
+    def fake_measure(problem_, runtime, predicted, requests, role, quality=None):
+        replays.append(predicted.config)
+        return _validation(problem_, predicted.config, 1.0, -0.5)  # every replay holds
+
+    monkeypatch.setattr(opt, "_measure", fake_measure)
+    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
+    monkeypatch.setattr(opt, "VALIDATE_REPEATS", 2)
+    other = opt.baseline_config().with_knobs({"batching.max_num_seqs": 8})
+    for objective, replays_each in (("capacity", 1), ("energy", 2)):
+        problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", objective=objective,
+                                    profile=profile)
+        replays.clear()
+        opt.validate(problem, [other], runtime=object(), requests=opt.validation_requests(problem, 2))
+        assert replays == [other] * replays_each + [problem.base] * replays_each, objective
 
 
 def test_the_better_of_two_replays_counts(profile, monkeypatch):
