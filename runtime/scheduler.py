@@ -405,6 +405,18 @@ class Scheduler:
             return None
         return self.running
 
+    def max_decode_run(self, seqs: list[Sequence]) -> int:
+        """The most decode steps a run of ``seqs`` (the `steady_decodes`) may take: up to the first finish,
+        which ends the run (`advance_decodes` finishes whoever reaches its last token in the last step). With
+        eviction or tiers the run stops before that step, which stays a normal one: a sequence is not
+        compacted in the step it finishes (`plan_decode_run` does not model that), and a step's tier
+        transfers and prefetches are its own (a run charges its transfers at its end and prefetches none)."""
+        left = min(s.request.max_new_tokens - (len(s.token_ids) - s.num_prompt_tokens) for s in seqs)
+        return left if self._runs_may_finish() else left - 1
+
+    def _runs_may_finish(self) -> bool:
+        return self.eviction is None and self.kv.tiers is None
+
     def _might_admit(self) -> bool:
         """Whether the head of the waiting queue could get its first chunk's blocks now (blocks only get
         scarcer during a run of decodes, so a 'no' holds for the whole run)."""
@@ -456,16 +468,19 @@ class Scheduler:
         return events
 
     def advance_decodes(self, step_end_s: list[float], new_tokens: list[list[int]],
-                        compactions: Sequence_[list[DecodeCompaction]] = ()) -> None:
+                        compactions: Sequence_[list[DecodeCompaction]] = ()) -> list[Sequence]:
         """Apply ``len(step_end_s)`` decode steps of every running sequence at once, with the compactions
-        of `plan_decode_run` (by sequence, in the order of ``running``). The caller (the simulator) has
-        checked with `steady_decodes` and the block counts that nothing else would happen: no admission,
-        no finish before the last of these steps, blocks enough at every step. Sequences are advanced from
-        one compaction to the next in step order, so that the blocks in use never exceed those of the
-        same steps taken one at a time."""
+        of `plan_decode_run` (by sequence, in the order of ``running``), and finish the sequences whose
+        last token is the last step's, as `update` would; returns them. The caller (the simulator) has
+        checked with `steady_decodes`, `max_decode_run` and the block counts that nothing else would
+        happen: no admission, no finish before the last of these steps, blocks enough at every step.
+        Sequences are advanced from one compaction to the next in step order, so that the blocks in use
+        never exceed those of the same steps taken one at a time. (Sampled tokens are not checked for EOS:
+        the simulator's engine has none.)"""
         k = len(step_end_s)
+        last_step = k if self._runs_may_finish() else k + 1  # the run may end with finishes (`max_decode_run`)
         for seq in self.running:
-            if seq.num_output_tokens + k >= seq.request.max_new_tokens:
+            if seq.num_output_tokens + last_step > seq.request.max_new_tokens:
                 raise RuntimeError(f"fast-forward of {k} steps is not steady for {seq}: it would finish")
         done = [0] * len(self.running)
         events = sorted((e.step, i, e) for i, per_seq in enumerate(compactions) for e in per_seq)
@@ -477,6 +492,10 @@ class Scheduler:
             seq.kv_first_slot = event.first_slot
         for i, seq in enumerate(self.running):
             self._advance_decode(seq, done[i], k, step_end_s, new_tokens[i])
+        finished = [seq for seq in self.running if seq.num_output_tokens >= seq.request.max_new_tokens]
+        for seq in finished:  # after every allocation of the last step, in the order `update` finishes them
+            self._finish(seq, step_end_s[-1])
+        return finished
 
     def _advance_decode(self, seq: Sequence, begin: int, end: int, step_end_s: list[float],
                         new_tokens: list[int]) -> None:

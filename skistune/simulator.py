@@ -148,24 +148,31 @@ class ProfileExecutor:
         return dict(zip(sampling, self.next_tokens(len(sampling))))
 
     def fast_forward(self, engine: Engine, next_arrival_s: float) -> None:
+        """Advance runs of pure decode steps of the running batch that start before the next arrival, each
+        in one event: a run that ends with a finish leaves a smaller batch, which may run on at once."""
+        while self._advance_run(engine, next_arrival_s):
+            pass
+
+    def _advance_run(self, engine: Engine, next_arrival_s: float) -> bool:
         """Advance the longest run of pure decode steps of the running batch that starts before the next
-        arrival, finishes no sequence and fits the free blocks, in one event."""
+        arrival, finishes no sequence before its last step and fits the free blocks, in one event; returns
+        whether it ended with a finish (no arrival or full pool stopped it) and the rest may run on."""
         seqs = engine.scheduler.steady_decodes()
         if seqs is None:
-            return
-        k_max = min(s.request.max_new_tokens - s.num_output_tokens for s in seqs) - 1  # the finish is a normal step
-        run = self._decode_run(engine, seqs, k_max)
+            return False
+        run = self._decode_run(engine, seqs, engine.scheduler.max_decode_run(seqs))
         if run is None:
-            return
+            return False
         step_s, compactions, used_blocks = run
         now_s = self.clock.now()
         end_s = now_s + np.cumsum(step_s)
         k = int(np.searchsorted(end_s - step_s, next_arrival_s, side="left"))  # steps starting before it
         if k < 1:
-            return
-        tokens = self.next_tokens(k * len(seqs))
-        engine.scheduler.advance_decodes(end_s[:k].tolist(), [tokens[i * k:(i + 1) * k] for i in range(len(seqs))],
-                                         [[e for e in per_seq if e.step <= k] for per_seq in compactions])
+            return False
+        n = len(seqs)
+        tokens = self.next_tokens(k * n)  # drawn step by step, in batch order: as k single steps draw them
+        finished = engine.scheduler.advance_decodes(end_s[:k].tolist(), [tokens[i::n] for i in range(n)],
+                                                    [[e for e in per_seq if e.step <= k] for per_seq in compactions])
         if used_blocks is not None:  # blocks freed by compactions: the peak is that of the steps one at a time
             engine.kv.peak_used_blocks = max(engine.kv.peak_used_blocks, int(used_blocks[:k].max()))
         self.clock.wait_until(float(end_s[k - 1]))
@@ -178,6 +185,7 @@ class ProfileExecutor:
             engine.busy_s += moved_s
         self.num_steps += k
         self.num_fast_forwards += 1
+        return bool(finished)
 
     def _decode_run(self, engine: Engine, seqs: list, k_max: int
                     ) -> tuple[np.ndarray, list[list[DecodeCompaction]], np.ndarray | None] | None:

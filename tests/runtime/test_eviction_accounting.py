@@ -322,6 +322,7 @@ def test_simulator_fast_forward_with_eviction_equals_stepping(knobs):
     for a, b in zip(eng_fast.records, eng_slow.records):
         np.testing.assert_allclose(a.token_times_s, b.token_times_s, rtol=1e-9, atol=1e-9)
         assert a.preemptions == b.preemptions and a.prefix_hit_tokens == b.prefix_hit_tokens
+        assert a.output_token_ids == b.output_token_ids
     assert fast.kv_peak_bytes == slow.kv_peak_bytes and fast.preemptions == slow.preemptions
     assert eng_fast.kv.pool.num_free() == eng_fast.kv.pool.num_blocks
 

@@ -67,8 +67,21 @@ def test_fast_forward_equals_stepping_one_step_at_a_time(knobs):
     for a, b in zip(eng_fast.records, eng_slow.records):
         np.testing.assert_allclose(a.token_times_s, b.token_times_s, rtol=1e-9, atol=1e-9)
         assert a.preemptions == b.preemptions and a.prefix_hit_tokens == b.prefix_hit_tokens
+        assert a.output_token_ids == b.output_token_ids  # a run draws its tokens as its steps would
+        assert a.finish_s == pytest.approx(b.finish_s, rel=1e-9)
     assert fast.kv_peak_bytes == slow.kv_peak_bytes and fast.preemptions == slow.preemptions
     assert eng_fast.kv.pool.num_free() == eng_fast.kv.pool.num_blocks
+
+
+def test_a_run_of_decodes_ends_with_the_finish_and_the_rest_runs_on():
+    reqs = [Request("a", list(range(100)), 10), Request("b", list(range(200, 240)), 30)]
+    m, engine, executor = run(KVConfig(), reqs, ff=True)
+    # one step prefills both (each samples its first token); a run takes both to a's last token and
+    # finishes it, the next run takes b alone to its own
+    assert executor.num_fast_forwards == 2 and executor.num_steps == 30
+    assert m.num_finished == 2 and engine.kv.pool.num_free() == engine.kv.pool.num_blocks
+    assert [len(r.token_times_s) for r in engine.records] == [10, 30]
+    assert engine.records[0].finish_s == engine.records[0].token_times_s[-1]
 
 
 def test_simulation_is_deterministic():
