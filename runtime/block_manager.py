@@ -60,10 +60,11 @@ class BlockPool:
 
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cached blocks (prefix hits), pulling free ones out of the free queue."""
-        for b in block_ids:
-            if self.ref_cnt[b] == 0:
-                del self.free_queue[b]
-            self.ref_cnt[b] += 1
+        ref_cnt, free_queue = self.ref_cnt, self.free_queue
+        for b in block_ids:  # (a long prefix hit touches hundreds of blocks)
+            if ref_cnt[b] == 0:
+                del free_queue[b]
+            ref_cnt[b] += 1
 
     def allocate(self, n: int) -> list[int] | None:
         """``n`` fresh blocks, evicting the least recently freed cached ones; ``None`` if too few are free."""
@@ -72,14 +73,14 @@ class BlockPool:
             return None
         pop = free_queue.popitem
         out = [pop(False)[0] for _ in range(n)]
-        block_hash, ref_cnt, cached = self.block_hash, self.ref_cnt, self.cached
+        block_hash, ref_cnt, cached, on_drop = self.block_hash, self.ref_cnt, self.cached, self.on_drop
         for b in out:  # (one loop per block: the simulator allocates millions of them)
             h = block_hash[b]
             if h is not None:
                 if cached.get(h) == b:
                     del cached[h]
-                    if self.on_drop is not None:
-                        self.on_drop(b, h)
+                    if on_drop is not None:
+                        on_drop(b, h)
                 block_hash[b] = None
             ref_cnt[b] = 1
         return out

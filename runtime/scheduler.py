@@ -388,7 +388,7 @@ class Scheduler:
             problems.append("a sequence is scheduled twice")
         if self.kv.pool.num_used() > self.kv.pool.num_blocks:
             problems.append("more blocks in use than the pool has")
-        if any(c.new_num_kv_tokens >= c.kv_len for c in out.compactions):
+        if out.compactions and any(c.new_num_kv_tokens >= c.kv_len for c in out.compactions):
             problems.append("a compaction frees no KV slot")
         if problems:
             raise RuntimeError("scheduler invariant broken: " + "; ".join(problems))
@@ -399,7 +399,7 @@ class Scheduler:
         prefill, no admission possible), else None."""
         if not self.running or len(self.running) > self.limits.max_num_batched_tokens:
             return None
-        if any(s.num_computed_tokens != s.num_tokens - 1 for s in self.running):
+        if any(s.num_computed_tokens != len(s.token_ids) - 1 for s in self.running):
             return None
         if len(self.waiting) and len(self.running) < self.limits.max_num_seqs and self._might_admit():
             return None
