@@ -195,8 +195,9 @@ class ProfileExecutor:
             k_max = _steps_with_blocks(engine, seqs, k_max)
             if k_max < 2:
                 return None
-            context = sum(s.num_tokens for s in seqs)
-            return self._decode_step_times(len(seqs), context + len(seqs) * np.arange(k_max)), [], None
+            context = sum(len(s.token_ids) for s in seqs)  # every sequence reads one slot more a step
+            first, per_step = self._decode_cost_line(len(seqs), context)
+            return first + per_step * np.arange(k_max, dtype=np.float64), [], None
         k_max, compactions = engine.scheduler.plan_decode_run(seqs, k_max)
         if k_max < 2:
             return None
@@ -213,9 +214,14 @@ class ProfileExecutor:
         """Durations of decode steps of ``batch`` sequences reading ``contexts[j]`` KV tokens in all at step
         j: the predicted time is linear in the KV read, so two predictions give every step's."""
         c0 = int(contexts[0])
-        shapes = [decode_shape(batch, c0 + j * batch, self.kv) for j in (0, 1)]
-        first, second = (self.step_cost.predict_s(sh) for sh in shapes)
-        return first + (second - first) * ((np.asarray(contexts, dtype=np.float64) - c0) / batch)
+        first, per_step = self._decode_cost_line(batch, c0)
+        return first + per_step * ((np.asarray(contexts, dtype=np.float64) - c0) / batch)
+
+    def _decode_cost_line(self, batch: int, c0: int) -> tuple[float, float]:
+        """(time of a decode step of ``batch`` sequences reading ``c0`` KV tokens in all, time added when
+        each reads one more)."""
+        first, second = (self.step_cost.predict_s(decode_shape(batch, c0 + j * batch, self.kv)) for j in (0, 1))
+        return first, second - first
 
 
 def _kv_reads(engine: Engine, seqs: list, k: int, compactions: list[list[DecodeCompaction]]) -> np.ndarray:
