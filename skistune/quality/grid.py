@@ -114,6 +114,15 @@ FULL_JOINT = (
     {"bitwidth.key_bits": 2, "bitwidth.value_bits": 4, "bitwidth.full_precision_window": 64},
     {**_both(4), **_evict("tova", 0.2, **{"eviction.sink_tokens": 0})},
     {**_evict("snapkv", 0.6, **{"eviction.recent_window": 32})},
+    # added after the combination model was revised on the ten above (recent window read as a share of the
+    # budget; SnapKV's bits read on its decoded tokens): held out from that revision
+    {**_both(8, **{"bitwidth.value_bits": 4, "bitwidth.group_size": 32}), **_evict("snapkv", 0.5)},
+    {"bitwidth.key_bits": 4, "bitwidth.value_bits": 8, "bitwidth.full_precision_window": 128,
+     **_evict("streaming", 0.5)},
+    {**_evict("h2o", 0.5, **{"eviction.recent_window": 32})},
+    {**_both(4, **{"bitwidth.group_size": 64}), **_evict("tova", 0.35)},
+    {**_evict("snapkv", 0.3, **{"eviction.recent_window": 128, "eviction.layer_schedule": "pyramid"})},
+    {"bitwidth.key_bits": 2, "bitwidth.value_bits": 8, "bitwidth.full_precision_window": 128, **_evict("h2o", 0.5)},
 )
 QUICK_JOINT = (
     {**_both(4), **_evict("h2o", 0.5)},

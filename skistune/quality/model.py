@@ -13,15 +13,17 @@ from the spread between windows, and a worst-window floor against the larger of 
 ``exp(mean_w d + t95 * sd_w(d) * sqrt(1 + 1/n)) - 1``, the one-sided 95% prediction bound for one more
 window: the floors are meant to hold on text the profile never saw.
 
-Combination model (no fitted parameters, so every joint config is a held-out check):
+Combination model (no fitted parameters; its structure was last revised after the first 11 joint configs
+of the grid, so only the later ones are held-out checks of it, see BENCHMARKS.md):
 - keys and values add: ``d_bits = d_key(key bits, fp window) + d_value(value bits, group, fp window)``,
   each from its single-side grid; per-layer bits weight each layer by its measured sensitivity
   (its share of the summed one-layer-at-2-bits losses), so a uniform assignment predicts exactly the
   uniform measurement;
 - eviction: the policy's loss at the budget fraction (linear between measured fractions, to 0 at 1.0),
   at the largest measured sink count not above the config's (0 or 4), scaled by the measured ratio of the
-  variant (recent window 16/256, interpolated in log2 of the window; pyramid schedule) to the reference at
-  the same budget;
+  variant (recent window 16/256, interpolated in log2 of the window and read at the share of the budget it
+  takes, see `_recent_effect`; pyramid schedule) to the reference at the same budget;
+- every part is read on the tokens the config's loss is read on (`loss_metric`: SnapKV's decoded tokens);
 - bits and eviction add in log-perplexity: ``d = d_bits + d_evict`` per window.
 Axes are read conservatively where the grid has no point: a full-precision window between measured ones
 is interpolated, above the largest measured one it counts as that one; a group size without a measurement
@@ -112,10 +114,11 @@ class QualityProfile:
             raise ValueError(f"{path or 'quality profile'}: no full-precision reference measurement")
         full = ppl[knob_key({})]
         self._full = full[ALL_POSITIONS]
-        self._by_kind: dict[str, list[tuple[dict, list[float]]]] = {}
+        # per kind: (knobs, per-window deltas on each metric the entry has)
+        self._by_kind: dict[str, list[tuple[dict, dict[str, list[float]]]]] = {}
         for entry in ppl.values():
-            metric = loss_metric(entry["knobs"].get("eviction.policy"))
-            deltas = [c - f for c, f in zip(entry[metric], full[metric])]
+            deltas = {m: [c - f for c, f in zip(entry[m], full[m])] for m in (ALL_POSITIONS, CONTINUATION)
+                      if m in entry and m in full}
             self._by_kind.setdefault(entry["kind"], []).append((entry["knobs"], deltas))
         self._layer_share = self._layer_shares()
         needle = data.get("needle", {})
@@ -137,8 +140,11 @@ class QualityProfile:
             raise ValueError(f"{path}: quality profile lacks {exc}") from None
 
     # ---- single-knob tables ---------------------------------------------------------------------------
-    def _table(self, kind: str) -> list[tuple[dict, list[float]]]:
-        return self._by_kind.get(kind, [])
+    def _table(self, kind: str, metric: str | None = None) -> list[tuple[dict, list[float]]]:
+        """A kind's measurements, each as its per-window deltas read on ``metric`` (default: the entry's own,
+        `loss_metric` of its policy)."""
+        return [(knobs, deltas[metric or loss_metric(knobs.get("eviction.policy"))])
+                for knobs, deltas in self._by_kind.get(kind, [])]
 
     def _layer_shares(self) -> list[float]:
         """Each layer's share of the summed one-layer sensitivities (uniform when not measured)."""
@@ -155,11 +161,11 @@ class QualityProfile:
             return [1.0 / self.n_layers] * self.n_layers
         return [x / total for x in losses]
 
-    def _side(self, side: str, bits: int, group: int, fp_window: int) -> list[float] | None:
-        """Per-window loss of one side (``key`` or ``value``) at ``bits`` over every layer."""
+    def _side(self, side: str, bits: int, group: int, fp_window: int, metric: str) -> list[float] | None:
+        """Per-window loss of one side (``key`` or ``value``) at ``bits`` over every layer, read on ``metric``."""
         if bits == FULL_BITS:
             return [0.0] * len(self._full)
-        rows = [(k, d) for k, d in self._table(side) if k[f"bitwidth.{side}_bits"] == bits]
+        rows = [(k, d) for k, d in self._table(side, metric) if k[f"bitwidth.{side}_bits"] == bits]
         if side == "value":
             groups = sorted({k["bitwidth.group_size"] for k, _ in rows})
             if not groups:
@@ -182,9 +188,12 @@ class QualityProfile:
         return [x / total for x in mapped] if total > 0 else [1.0 / n_layers] * n_layers
 
     def _pair(self, pair: tuple[int, int], config: KVConfig) -> list[float] | None:
+        """Keys and values at ``pair`` bits, read on the tokens the config's loss is read on (`loss_metric`):
+        a SnapKV config's loss is its decoded continuation's, so its bits part must be too."""
         bw = config.bitwidth
-        k = self._side("key", pair[0], bw.group_size, bw.full_precision_window)
-        v = self._side("value", pair[1], bw.group_size, bw.full_precision_window)
+        metric = loss_metric(config.eviction.policy)
+        k = self._side("key", pair[0], bw.group_size, bw.full_precision_window, metric)
+        v = self._side("value", pair[1], bw.group_size, bw.full_precision_window, metric)
         return None if k is None or v is None else [a + b for a, b in zip(k, v)]
 
     def _bits(self, config: KVConfig) -> list[float] | None:
@@ -281,12 +290,21 @@ class QualityProfile:
             if r16 is not None:
                 scale *= 1 + (r16 - 1) * min(1.0, (ev.sink_tokens - base_sinks) / (16 - base_sinks))
         if ev.recent_window != DEFAULT_RECENT:
-            scale *= self._recent_ratio(ev.policy, ev.recent_window)
+            scale *= self._recent_effect(ev.policy, ev.recent_window, fraction)
         if ev.layer_schedule == "pyramid":
             scale *= self._variant_ratio(ev.policy, "eviction.layer_schedule", "pyramid") or 1.0
         return [scale * d for d in deltas]
 
-    def _recent_ratio(self, policy: str, recent: int) -> float:
+    def _recent_effect(self, policy: str, recent: int, fraction: float) -> float:
+        """The loss ratio of a recent window against the default one at a budget ``fraction``. The policy splits
+        its budget between the recent window and the tokens it scores, so a window's effect is read at the same
+        share of the budget as in the reference measurement (the variants were measured at
+        `REFERENCE_FRACTION`): both windows are scaled by reference budget / this budget, and their ratios
+        divide (the base curve was measured with the default window at every budget)."""
+        k = REFERENCE_FRACTION / max(fraction, 1e-9)
+        return self._recent_ratio(policy, recent * k) / self._recent_ratio(policy, DEFAULT_RECENT * k)
+
+    def _recent_ratio(self, policy: str, recent: float) -> float:
         """Interpolated in log2(recent window) between the measured 16 / 64 / 256 variants, held outside."""
         points = [(math.log2(DEFAULT_RECENT), 1.0)]
         for r in (16, 256):
@@ -294,7 +312,7 @@ class QualityProfile:
             if ratio is not None:
                 points.append((math.log2(r), ratio))
         points.sort()
-        x = math.log2(max(1, recent))
+        x = math.log2(max(1.0, recent))
         ys = _interp(min(max(x, points[0][0]), points[-1][0]), [p for p, _ in points], [[r] for _, r in points])
         return ys[0]
 

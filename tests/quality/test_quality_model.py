@@ -8,7 +8,7 @@ from skistune.config import KVConfig
 from skistune.objectives import NO_LOSS
 from skistune.quality import QualityProfile
 
-from quality_synthetic import profile_data, spread
+from quality_synthetic import _entry, profile_data, spread
 
 BITS4 = {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4}
 
@@ -58,9 +58,13 @@ def test_bits_read_the_single_side_grids_conservatively(qp, knobs, expected):
 @pytest.mark.parametrize("knobs, expected", [
     (h2o(0.25), 0.06), (h2o(0.375), 0.04), (h2o(0.75), 0.01), (h2o(1.0), 0.0),
     ({"eviction.policy": "h2o", "eviction.budget_tokens": 500}, 0.02),  # 500 of the profile's 1000-token windows
-    (h2o(0.5, **{"eviction.recent_window": 16}), 0.02 * 1.5),
-    (h2o(0.5, **{"eviction.recent_window": 32}), 0.02 * 1.25),  # log2 between 16 and 64
-    (h2o(0.5, **{"eviction.recent_window": 4096}), 0.02 * 0.5),  # held at the largest measured (256)
+    # recent windows at the variants' budget (0.25): log2 between the measured 16 / 64 / 256, held outside
+    (h2o(0.25, **{"eviction.recent_window": 16}), 0.06 * 1.5),
+    (h2o(0.25, **{"eviction.recent_window": 32}), 0.06 * 1.25),
+    (h2o(0.25, **{"eviction.recent_window": 4096}), 0.06 * 0.5),
+    # at twice that budget a window takes half the share: 128 reads as 64 (1.0) and the default 64 as 32
+    # (1.25), against which the base curve was measured
+    (h2o(0.5, **{"eviction.recent_window": 128}), 0.02 * 1.0 / 1.25),
     (h2o(0.5, **{"eviction.layer_schedule": "pyramid"}), 0.02 * 0.8),
     ({"eviction.policy": "streaming", "eviction.budget_fraction": 0.25, "eviction.sink_tokens": 0}, 0.5),
     ({"eviction.policy": "streaming", "eviction.budget_fraction": 0.25, "eviction.sink_tokens": 2}, 0.5),
@@ -68,6 +72,23 @@ def test_bits_read_the_single_side_grids_conservatively(qp, knobs, expected):
 ])
 def test_eviction_interpolates_the_budget_and_scales_by_measured_variants(qp, knobs, expected):
     assert mean_loss(qp, knobs) == pytest.approx(expected)
+
+
+def test_a_snapkv_config_reads_its_bits_on_the_decoded_tokens_like_its_own_loss():
+    data = profile_data()
+    ppl = data["perplexity"]
+    full = ppl["{}"]
+    for e in ppl.values():  # the bits measurements lose twice as much on the decoded tokens
+        if e["kind"] in ("key", "value"):
+            e["nll"] = [f + 2 * (x - f) for f, x in zip(full["nll"], e["nll_all_positions"])]
+    for fraction in (0.25, 0.5):
+        key, entry = _entry("evict", {"eviction.policy": "snapkv", "eviction.budget_fraction": fraction,
+                                      "eviction.sink_tokens": 4}, 0.01)
+        ppl[key] = entry
+    qp = QualityProfile(data)
+    assert mean_loss(qp, {**BITS4, "eviction.policy": "snapkv", "eviction.budget_fraction": 0.5}) == pytest.approx(
+        2 * (0.01 + 0.02) + 0.01)
+    assert mean_loss(qp, {**BITS4, **h2o(0.5)}) == pytest.approx(0.01 + 0.02 + 0.02)  # all positions
 
 
 @pytest.mark.parametrize("knobs", [h2o(0.1), h2o(0.5, **{"eviction.sink_tokens": 0}),
