@@ -4,13 +4,19 @@ Both load the same SmolLM2-135M-Instruct GGUF (dequantised to fp32), get the sam
 length, so transformers needs no padding) and generate the same number of tokens greedily, ignoring
 EOS. Prints tokens/s of each, their ratio and whether the greedy tokens are identical.
 
-    python benchmarks/runtime_throughput.py [--batch-sizes 1 8 32] [--prompt-tokens 32] [--new-tokens 64] [--json]
+Each batch size is run ``--repeats`` times, the two alternating (ours, theirs, ours, ...), and the median of
+each counts: on a shared 2-core machine one stall of torch's threads moves a single run by 10-40%, and
+alternating spreads a slow spell over both.
+
+    python benchmarks/runtime_throughput.py [--batch-sizes 1 8 32] [--prompt-tokens 32] [--new-tokens 64]
+                                            [--repeats 3] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import statistics
 import time
 
 import torch
@@ -43,7 +49,7 @@ def run_transformers(model, prompts: list[list[int]], new_tokens: int) -> tuple[
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+                             do_sample=False, pad_token_id=0)
     return time.perf_counter() - t0, out[:, ids.shape[1]:].tolist()
 
 
@@ -53,6 +59,9 @@ def load_transformers():
     hf_logging.set_verbosity_error()
     path = find_smollm2_gguf()
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
+    # EOS ignored as the runtime ignores it: generation runs to max_new_tokens and may emit the EOS token
+    # (min_new_tokens would instead forbid it, a different greedy choice wherever EOS is the argmax)
+    model.generation_config.eos_token_id = None
     return model.eval()
 
 
@@ -61,6 +70,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each, alternating; the median counts")
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
@@ -73,22 +83,28 @@ def main() -> None:
 
     rows = []
     print(f"torch threads: {torch.get_num_threads()}, prompt {args.prompt_tokens} tokens, "
-          f"{args.new_tokens} new tokens, greedy, fp32")
+          f"{args.new_tokens} new tokens, greedy, fp32, median of {max(1, args.repeats)} alternating runs")
     print(f"{'batch':>5} {'skistune tok/s':>15} {'transformers tok/s':>19} {'ratio':>6} {'identical':>10}")
     for b in args.batch_sizes:
         prompts = prompt_token_ids(rt.tokenizer, b, args.prompt_tokens)
-        t_ours, ours = run_skistune(rt, prompts, args.new_tokens)
-        t_hf, theirs = run_transformers(hf, prompts, args.new_tokens)
+        ours_s, theirs_s = [], []
+        for _ in range(max(1, args.repeats)):
+            t_ours, ours = run_skistune(rt, prompts, args.new_tokens)
+            t_hf, theirs = run_transformers(hf, prompts, args.new_tokens)
+            ours_s.append(t_ours)
+            theirs_s.append(t_hf)
+        t_ours, t_hf = statistics.median(ours_s), statistics.median(theirs_s)
         same = sum(a == t for a, t in zip(ours, theirs)) / b
         row = dict(batch=b, skistune_tok_per_s=b * args.new_tokens / t_ours,
                    transformers_tok_per_s=b * args.new_tokens / t_hf, ratio=t_hf / t_ours,
-                   identical_fraction=same)
+                   identical_fraction=same, skistune_runs_s=ours_s, transformers_runs_s=theirs_s)
         rows.append(row)
         print(f"{b:>5} {row['skistune_tok_per_s']:>15.1f} {row['transformers_tok_per_s']:>19.1f} "
               f"{row['ratio']:>6.2f} {same:>10.0%}")
     if args.json:
         print(json.dumps({"benchmark": "runtime_throughput", "torch_threads": torch.get_num_threads(),
-                          "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "rows": rows}))
+                          "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+                          "repeats": max(1, args.repeats), "rows": rows}))
 
 
 if __name__ == "__main__":

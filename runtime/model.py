@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.attention import AttentionMetadata, paged_attention, write_kv
+from ..kernels.linear import linear
 from .kv_store import PagedKVStore
 from .presets import ModelSpec
 
@@ -54,17 +55,17 @@ class LlamaModel:
                    store: PagedKVStore, meta: AttentionMetadata) -> torch.Tensor:
         s = self.spec
         q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        q, k, v = F.linear(x, self.qkv[i]).split([q_dim, kv_dim, kv_dim], dim=-1)
+        q, k, v = linear(x, self.qkv[i]).split([q_dim, kv_dim, kv_dim], dim=-1)
         q = apply_rope(q.view(-1, s.n_heads, s.head_dim), cos, sin)
         k = apply_rope(k.view(-1, s.n_kv_heads, s.head_dim), cos, sin)
         key, value = store.layer(i)
         write_kv(key, value, k, v.view(-1, s.n_kv_heads, s.head_dim), meta, store.value_group)
         o = paged_attention(q, key, value, meta, self.scale)
-        return F.linear(o.reshape(-1, q_dim), self.w[f"layers.{i}.o_proj"])
+        return linear(o.reshape(-1, q_dim), self.w[f"layers.{i}.o_proj"])
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up[i]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.w[f"layers.{i}.down_proj"])
+        gate, up = linear(x, self.gate_up[i]).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.w[f"layers.{i}.down_proj"])
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, store: PagedKVStore,
                 meta: AttentionMetadata, logit_rows: torch.Tensor,
@@ -80,4 +81,4 @@ class LlamaModel:
             h = h + self._attention(i, rms_norm(h, self.w[f"layers.{i}.input_norm"], eps), cos, sin, store, meta)
             h = h + self._mlp(i, rms_norm(h, self.w[f"layers.{i}.post_attn_norm"], eps))
         h = rms_norm(h[logit_rows], self.w["norm"], eps)
-        return F.linear(h, self.lm_head)
+        return linear(h, self.lm_head)
