@@ -1282,8 +1282,11 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
             out[i] = _better(problem, out[i],
                              _measure(problem, runtime, p, requests, "candidate", quality.get(p.config)))
     out.sort(key=lambda v: _measured_key(problem, v))
-    if out[0].config == problem.base:  # the winner is the baseline: its replays stand for both roles
-        return out + [replace(out[0], role="baseline")]
+    # the baseline among the candidates, replayed at the winner's rate (the winner itself, or one the search
+    # found as good): its replays stand for both roles, another replay would only measure the machine's noise
+    for v in out:
+        if v.config == problem.base and v.predicted.rate_scale == out[0].predicted.rate_scale:
+            return out + [replace(v, role="baseline")]
     base = score_at(problem, problem.base, requests, out[0].predicted.rate_scale)
     measured = None
     for replay in range(VALIDATE_REPEATS):

@@ -106,6 +106,23 @@ def test_a_winning_baseline_is_replayed_once_and_reported_as_the_baseline(profil
     assert [r[1] for r in replays] == ["candidate"] * n + ["baseline"] and out[-1].config == problem.base
 
 
+def test_the_baseline_among_the_candidates_at_the_winners_rate_is_not_replayed_again(profile, monkeypatch):
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=profile)
+    other = opt.baseline_config().with_knobs({"batching.max_num_seqs": 8})
+    replays = []
+
+    def fake_measure(problem_, runtime, predicted, requests, role, quality=None):
+        replays.append((predicted.config, role))  # both hold; the other serves more (the winner)
+        return _validation(problem, predicted.config, 2.0 if predicted.config == other else 1.0, -0.5)
+
+    monkeypatch.setattr(opt, "_measure", fake_measure)
+    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
+    out = opt.validate(problem, [problem.base, other], runtime=object(), requests=opt.validation_requests(problem, 2))
+    assert [(v.config, v.role) for v in out] == [(other, "candidate"), (problem.base, "candidate"),
+                                                 (problem.base, "baseline")]
+    assert replays == [(problem.base, "candidate"), (other, "candidate")] and out[2].measured is out[1].measured
+
+
 def test_a_config_that_held_is_replayed_again_only_under_an_objective_read_off_its_timing(profile, monkeypatch):
     replays = []
 
