@@ -16,8 +16,8 @@ additive mask built once per step: no copy of the context but the gather. It rep
 on contiguous copies gathered by advanced indexing (`benchmarks/kernels.py --device cpu --model
 smollm2-135m --shapes 8x2048 --bits 16`: 7.7 -> 4.4 ms per layer; decode steps of the runtime at batch 32,
 SmolLM2: 183 -> 150 ms). The grouped matmuls stay for steps that need the attention probabilities
-(eviction statistics). Quantized sides are dequantized after the gather, then the ring's full-precision tokens are laid over
-the positions they cover.
+(eviction statistics). Quantized sides are dequantized after the gather, then the ring's full-precision
+tokens are laid over the positions they cover.
 
 Eviction. Context positions here are KV slots: after an eviction compaction a sequence's slots are fewer
 than its tokens (the runner passes ``context_lens = kv_start + query_len``; RoPE positions are the model's

@@ -108,10 +108,12 @@ class BlockPool:
             del self.cached[h]
         self.block_hash[block_id] = None
 
-    def cache(self, block_id: int, block_hash: int) -> None:
-        """Make a full block findable by its hash (a block with equal content already cached wins)."""
-        self.block_hash[block_id] = block_hash
-        self.cached.setdefault(block_hash, block_id)
+    def cache(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> None:
+        """Make full blocks findable by their hashes (a block with equal content already cached wins)."""
+        block_hash, cached = self.block_hash, self.cached
+        for b, h in zip(block_ids, block_hashes):  # (once per block of every sequence: locals, no calls)
+            block_hash[b] = h
+            cached.setdefault(h, b)
 
     def reset_prefix_cache(self) -> None:
         self.cached.clear()
@@ -213,11 +215,9 @@ class KVCacheManager:
             return  # (a compacted sequence's blocks hold no prefix's KV)
         hashes = self._hashes(seq)
         table = self.tables[seq.seq_id]
-        block_hash, cached = self.pool.block_hash, self.pool.cached
-        for b, h in zip(table[done:num_full], hashes[done:num_full]):
-            block_hash[b] = h  # (`BlockPool.cache`, inlined: once per block of every sequence)
-            cached.setdefault(h, b)
-            if self.tiers is not None:
+        self.pool.cache(table[done:num_full], hashes[done:num_full])
+        if self.tiers is not None:
+            for b, h in zip(table[done:num_full], hashes[done:num_full]):
                 self.tiers.write_back_copy(b, h)
         self.num_cached_blocks[seq.seq_id] = num_full
 
@@ -250,7 +250,7 @@ class KVCacheManager:
         new_blocks = self.pool.allocate(len(pinned)) or []
         for b, (h, (pool, slot)) in zip(new_blocks, pinned):
             tiers.promote(pool, slot, b)
-            self.pool.cache(b, h)
+            self.pool.cache((b,), (h,))
             if prefetch:
                 tiers.prefetched.add(h)
         self.pool.free(device_hits[::-1] + new_blocks[::-1])

@@ -411,7 +411,7 @@ class Scheduler:
         eviction or tiers the run stops before that step, which stays a normal one: a sequence is not
         compacted in the step it finishes (`plan_decode_run` does not model that), and a step's tier
         transfers and prefetches are its own (a run charges its transfers at its end and prefetches none)."""
-        left = min(s.request.max_new_tokens - (len(s.token_ids) - s.num_prompt_tokens) for s in seqs)
+        left = min(s.request.max_new_tokens - s.num_output_tokens for s in seqs)
         return left if self._runs_may_finish() else left - 1
 
     def _runs_may_finish(self) -> bool:
