@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from ..kernels.attention import AttentionMetadata, paged_attention, write_kv
 from ..kernels.linear import linear
+from .host_allocator import keep_freed_host_memory
 from .kv_store import PagedKVStore
 from .presets import ModelSpec
 
@@ -43,6 +44,8 @@ class LlamaModel:
         self.w = {k: v for k, v in weights.items() if not k.endswith(fused)}
         ref = weights["embed_tokens"]
         self.dtype, self.device = ref.dtype, ref.device
+        if self.device.type == "cpu":
+            keep_freed_host_memory()  # a step's large temporaries are reused, not faulted in afresh
         self.lm_head = weights.get("lm_head", ref)  # tied embeddings when the file has no output matrix
         # q, k and v projections fused into one matmul per layer (fewer, larger GEMMs on small batches)
         self.qkv = [torch.cat([weights[f"layers.{i}.{n}_proj"] for n in "qkv"]) for i in range(spec.n_layers)]
