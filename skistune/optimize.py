@@ -1531,6 +1531,26 @@ def ilp_note(study) -> str | None:
     return "; ".join(parts) or None
 
 
+def _baseline_on_ties(problem: Problem, refined: list[Evaluation], baseline: Evaluation,
+                      evaluations: Sequence[Evaluation]) -> tuple[list[Evaluation], list[str]]:
+    """A capacity within `REFINE_PRECISION` of the best is a tie the search cannot resolve: when the baseline
+    (a trial of this space) ties with the best config, it goes first, so that nothing is changed for a gain
+    below the resolution. Returns the refined list and a note saying so."""
+    if len(problem.objectives) > 1 or problem.objectives[0].name != "capacity" or not refined:
+        return refined, []
+    trial = next((e.trial for e in evaluations if e.config == baseline.config), None)
+    best = refined[0]
+    if trial is None or not baseline.feasible or best.config == baseline.config or not best.feasible:
+        return refined, []
+    if baseline.values[0] * (1 + REFINE_PRECISION) < best.values[0]:
+        return refined, []
+    rest = [e for e in refined if e.config != baseline.config]
+    note = (f"the best config's predicted {problem.objectives[0].name} ({best.values[0]:.4g} vs "
+            f"{baseline.values[0]:.4g}) is within the search's {REFINE_PRECISION:.0%} precision of the baseline's: "
+            "a tie, so the baseline is ranked first")
+    return [replace(baseline, trial=trial), *rest][:len(refined)], [note]
+
+
 def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
            on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
     """After the search: the baseline, the Pareto front, the refined top-k, their validation (``top_k`` 0
@@ -1546,6 +1566,7 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
                 "trials": len(evaluations), "notes": []}
     pool = front if len(problem.objectives) > 1 else ranked(problem, evaluations)
     refined = _with_baseline(problem, _refine(problem, pool[:top_k or DEFAULT_TOP_K]), baseline, evaluations)
+    refined, tie_notes = _baseline_on_ties(problem, refined, baseline, evaluations)
     validated = validate(problem, [e.config for e in refined if e.feasible][:top_k] or [refined[0].config],
                          runtime=runtime, progress=lambda m: stage(f"validating {m} on the real runtime")) \
         if top_k else []
@@ -1555,7 +1576,7 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     by_config = {e.config: e for e in refined}
     pareto = [by_config.get(e.config, e) for e in front]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
-            "trials": len(evaluations), "notes": notes + [n for n in (ilp_note(study),) if n]}
+            "trials": len(evaluations), "notes": tie_notes + notes + [n for n in (ilp_note(study),) if n]}
 
 
 def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any = "capacity", direction: Any = None,

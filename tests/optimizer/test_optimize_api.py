@@ -189,3 +189,21 @@ def test_tuned_file_is_written_atomically_with_provenance(workload, profile, tmp
     assert prov["predicted"]["objectives"]["capacity"] > 0 and prov["measured"] is None
     assert math.isfinite(prov["baseline"]["gain"]["capacity"])
     assert DEFAULT_TRIALS >= 1
+
+
+def test_a_baseline_within_the_refined_precision_of_the_best_ranks_first(workload, profile):
+    import skistune.optimize as opt
+
+    problem = opt.build_problem(workload, slo="p99=200ms", profile=profile)
+    other = baseline_config().with_knobs({"batching.max_num_seqs": 8})
+
+    def ev(config, capacity, trial):
+        return opt.Evaluation(config, 1.0, (capacity,), {"tbt:p99<=200ms": -0.1}, {}, trial=trial)
+
+    base, evaluations = ev(problem.base, 1.0, None), [ev(problem.base, 1.0, 0), ev(other, 1.0, 1)]
+    tie = [ev(other, 1.0 * (1 + opt.REFINE_PRECISION) * 0.999, 1)]
+    ranked, notes = opt._baseline_on_ties(problem, tie, base, evaluations)
+    assert [e.config for e in ranked] == [problem.base] and ranked[0].trial == 0 and "a tie" in notes[0]
+    clear = [ev(other, 1.0 * (1 + opt.REFINE_PRECISION) * 1.001, 1)]
+    assert opt._baseline_on_ties(problem, clear, base, evaluations) == (clear, [])  # a gain above the precision
+    assert opt._baseline_on_ties(problem, tie, base, evaluations[1:]) == (tie, [])  # the baseline no trial here
