@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "profiles" / "cpu-smollm2-135m.json"
 DEFAULT_CACHE = Path.home() / ".cache" / "skistune" / "search_efficiency"
 BUDGETS = (50, 100, 200)
+GRID_SHARE = 0.02  # issue 6: "the optimum for <= 2% of the grid's evaluations"
 SEEDS = 5
 GOAL = 0.99  # of the optimum, at the largest budget, in every seed
 NEAR = 0.99  # "near-optimal" grid points: within 1% of the optimum
@@ -233,6 +234,18 @@ def best_so_far(trials: Sequence[tuple[float, bool]], budgets: Sequence[int],
     for b in budgets:
         out.setdefault(b, best)
     return out
+
+
+def trials_to_goal(trials: Sequence[tuple[float, bool]], optimum: float, maximize: bool) -> int | None:
+    """How many trials the search took to get within `GOAL` of the optimum (None: not within its budget)."""
+    best = None
+    pick = max if maximize else min
+    for n, (value, feasible) in enumerate(trials, start=1):
+        if feasible and value == value:
+            best = value if best is None else pick(best, value)
+            if ratio(best, optimum, maximize) >= GOAL:
+                return n
+    return None
 
 
 # ---- the exhaustive table ---------------------------------------------------------------------------------
@@ -501,9 +514,10 @@ def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any
     off_grid_before = len(table.off_grid)
     for searcher in SEARCHERS:
         stats = SearchStats()
-        per_seed, distinct = [], []
+        per_seed, distinct, to_goal = [], [], []
         for seed in args.seeds:
             trials, n_distinct = run_search(searcher, problem, table, seed, budgets[-1], stats)
+            to_goal.append(trials_to_goal(trials, optimum, maximize))
             best = best_so_far(trials, budgets, maximize)
             per_seed.append({b: ratio(best[b], optimum, maximize) for b in budgets})
             distinct.append(n_distinct)
@@ -512,6 +526,7 @@ def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any
             "ratio": {str(b): {"mean": statistics.mean(r[b] for r in per_seed), "min": min(r[b] for r in per_seed),
                                "seeds": [r[b] for r in per_seed],
                                "at_optimum": sum(r[b] >= GOAL for r in per_seed)} for b in budgets},
+            "trials_to_goal": to_goal,
             "distinct_configs_mean": statistics.mean(distinct), "off_grid_scored": stats.off_grid,
             "solver_runs": stats.solver_runs,
             "solver_mean_ms": 1e3 * stats.solver_s / stats.solver_runs if stats.solver_runs else None,
@@ -521,6 +536,10 @@ def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any
     if cache is not None and len(table.off_grid) > off_grid_before:
         save_table(cache, table)
     goal_min = searches["skistune"]["ratio"][str(budgets[-1])]["min"]
+    # the issue's other reading of the goal: the optimum for at most 2% of the grid's evaluations
+    share_budget = math.ceil(GRID_SHARE * len(table.rows))
+    to_goal = searches["skistune"]["trials_to_goal"]
+    slowest = None if None in to_goal else max(to_goal)
     return {"name": scenario.name, "what": scenario.what, "definition": scenario.definition(),
             "objective": scenario.objective,
             "direction": problem.objectives[0].direction, "grid_points": table.leaves, "configs": len(table.rows),
@@ -528,7 +547,9 @@ def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any
             "optimum_config": best_config.to_dict(), "uniform_optimum": uniform_optimum, "solver_configs": solved,
             "exhaustive_s": table.seconds, "cached": table.cached, "search_s": time.perf_counter() - started,
             "trials_share_of_grid": budgets[-1] / len(table.rows), "searchers": searches,
-            "goal": {"budget": budgets[-1], "skistune_min": goal_min, "met": goal_min >= GOAL}}
+            "goal": {"budget": budgets[-1], "skistune_min": goal_min, "met": goal_min >= GOAL},
+            "grid_share_goal": {"share": GRID_SHARE, "trials": share_budget, "skistune_slowest_seed": slowest,
+                                "met": slowest is not None and slowest <= share_budget}}
 
 
 # ---- output -----------------------------------------------------------------------------------------------
@@ -568,9 +589,15 @@ def show(console, result: dict[str, Any], budgets: Sequence[int]) -> None:
                           f"; {sk['ilp_programs']} integer programs in all, {sk['ilp_mean_ms']:.0f} ms each)"
                           if sk["ilp_programs"] else ")"))
     console.print("  " + "; ".join(extras))
-    g = r["goal"]
+    console.print("  trials to reach " + f"{GOAL} of the optimum, per seed (- : not within {budgets[-1]}): " + "; ".join(
+        f"{name} {' '.join('-' if n is None else str(n) for n in s['trials_to_goal'])}"
+        for name, s in r["searchers"].items()))
+    g, share = r["goal"], r["grid_share_goal"]
     console.print(f"  goal (skistune min over seeds at {g['budget']} trials >= {GOAL}): "
-                  + ("[green]met[/green]" if g["met"] else "[red]not met[/red]") + f" ({g['skistune_min']:.4f})")
+                  + ("[green]met[/green]" if g["met"] else "[red]not met[/red]") + f" ({g['skistune_min']:.4f}); "
+                  f"within {share['share']:.0%} of the grid ({share['trials']} trials) in every seed: "
+                  + ("[green]met[/green]" if share["met"] else "[red]not met[/red]")
+                  + f" (slowest seed: {'-' if share['skistune_slowest_seed'] is None else share['skistune_slowest_seed']})")
 
 
 def _json_safe(x: Any) -> Any:
@@ -614,13 +641,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             show(console, results[-1], sorted(args.budgets))
     wall = time.perf_counter() - started
     met = sum(r["goal"]["met"] for r in results)
-    console.print(f"\ngoal met in {met} of {len(results)} scenarios; wall time {wall:.0f} s "
+    share_met = sum(r["grid_share_goal"]["met"] for r in results)
+    console.print(f"\ngoal met in {met} of {len(results)} scenarios ({share_met} of {len(results)} within "
+                  f"{GRID_SHARE:.0%} of the grid's evaluations); wall time {wall:.0f} s "
                   f"(exhaustive {sum(r['exhaustive_s'] for r in results if not r['cached']):.0f} s, "
                   f"searches {sum(r['search_s'] for r in results):.0f} s)")
     if args.json:
         print(json.dumps(_json_safe({"benchmark": "search_efficiency", "profile": str(PROFILE.relative_to(ROOT)),
                                      "seeds": len(args.seeds), "budgets": sorted(args.budgets), "goal": GOAL,
-                                     "code": code, "wall_s": wall, "goal_met": met, "scenarios": results})))
+                                     "code": code, "wall_s": wall, "goal_met": met, "grid_share_goal_met": share_met,
+                                     "scenarios": results})))
 
 
 if __name__ == "__main__":

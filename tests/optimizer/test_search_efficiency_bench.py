@@ -72,3 +72,10 @@ def test_best_so_far_skips_infeasible_trials(bench):
     assert bench.best_so_far(trials, [1, 3, 5], maximize=True) == {1: None, 3: 2.0, 5: 3.0}
     assert bench.best_so_far(trials, [1, 3, 5], maximize=False) == {1: None, 3: 2.0, 5: 1.0}
     assert bench.best_so_far(trials[:2], [1, 10], maximize=True) == {1: None, 10: 2.0}  # a study cut short
+
+
+def test_trials_to_goal_counts_feasible_trials_only(bench):
+    trials = [(100.0, False), (50.0, True), (99.5, True), (100.0, True)]
+    assert bench.trials_to_goal(trials, 100.0, maximize=True) == 3  # 99.5 is within 1%; the infeasible 100 is not
+    assert bench.trials_to_goal(trials[:2], 100.0, maximize=True) is None
+    assert bench.trials_to_goal([(2.0, True), (1.005, True)], 1.0, maximize=False) == 2
