@@ -105,9 +105,20 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
     evaluations = completed(study)
     binding, closest = infeasibility(evaluations)
     importance, method, note = knob_importance(study, problem)
-    return Report(problem, study, label, tuple(evaluations), tuple(ranked(problem, evaluations)[:top_k]),
+    validated = tuple(study.user_attrs.get(VALIDATED_ATTR, ()))
+    return Report(problem, study, label, tuple(evaluations), tuple(_winner_first(ranked(problem, evaluations),
+                                                                                  validated)[:top_k]),
                   tuple(tradeoff_front(problem, evaluations)), score(problem, problem.base),
-                  tuple(study.user_attrs.get(VALIDATED_ATTR, ())), binding, tuple(closest), importance, method, note)
+                  validated, binding, tuple(closest), importance, method, note)
+
+
+def _winner_first(ranked_evaluations: list[Evaluation], validated: Sequence[dict]) -> list[Evaluation]:
+    """The configs in the search's order, except that the one validation chose (what `skistune optimize`
+    wrote: the first validated candidate) comes first, as optimize listed it: at the search's precision
+    several configs often tie, and the report must not call another one #1."""
+    winner = next((v["config"] for v in validated if v.get("role") == "candidate"), None)
+    first = [e for e in ranked_evaluations if winner is not None and e.config.to_dict() == winner]
+    return first[:1] + [e for e in ranked_evaluations if not first or e is not first[0]]
 
 
 def _rate_index(problem: Problem) -> int | None:

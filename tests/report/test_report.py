@@ -176,3 +176,19 @@ def test_bad_input_is_one_line_and_exit_2(study, tmp_path, case, message):
     assert r.exit_code == 2, r.output
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_the_validated_winner_is_listed_first_as_optimize_wrote_it():
+    from skistune.config import KVConfig
+    from skistune.optimize import Evaluation
+    from skistune.report import _winner_first
+
+    configs = [KVConfig().with_knobs({"batching.max_num_seqs": n}) for n in (8, 16, 32)]
+    evaluations = [Evaluation(c, 1.0, (1.0,), {}, {}, trial=i) for i, c in enumerate(configs)]
+    validated = [{"role": "candidate", "config": configs[2].to_dict()},
+                 {"role": "candidate", "config": configs[0].to_dict()},
+                 {"role": "baseline", "config": KVConfig().to_dict()}]
+    assert [e.trial for e in _winner_first(evaluations, validated)] == [2, 0, 1]
+    assert [e.trial for e in _winner_first(evaluations, [])] == [0, 1, 2]  # not validated: the search's order
+    baseline_only = [{"role": "baseline", "config": configs[1].to_dict()}]
+    assert [e.trial for e in _winner_first(evaluations, baseline_only)] == [0, 1, 2]
