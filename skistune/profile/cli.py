@@ -61,6 +61,9 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
         ("step: per M quantized KV elements read (decode / prefill) / appended",
          f"{c['decode_dequant_elements'] * 1e9:.2f} / {c['prefill_dequant_elements'] * 1e9:.2f} / "
          f"{c['quantize_elements'] * 1e9:.2f} ms" if profile.measures_quantized_kv else "not measured"),
+        ("step: per M sub-byte codes unpacked beyond a byte's first (decode / prefill)",
+         f"{c['decode_unpack_elements'] * 1e9:.2f} / {c['prefill_unpack_elements'] * 1e9:.2f} ms"
+         if profile.measures_quantized_kv else "not measured"),
     ]
 
 

@@ -17,6 +17,8 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_ddq     * decode_dequant_elements   quantized KV elements the decode attention converts
            + c_pdq     * prefill_dequant_elements  ... and the prefill attention
            + c_quant   * quantize_elements         elements quantized on append (once per token)
+           + c_dunpack * decode_unpack_elements    sub-byte codes' extra unpacking in decode (x1 at 4 bits,
+           + c_punpack * prefill_unpack_elements   x3 at 2 bits, `kv_layout.unpack_work`) ... and prefill
 
 KV bytes are counted at the config's bits (`skistune.runtime.kv_layout.kv_traffic`: packed codes, scales
 and zero points, plus the full-precision ring tokens attention reads), so fewer bits read fewer bytes.
@@ -28,7 +30,9 @@ expresses both machines; the measured grid decides the coefficients.
 
 The quantized-KV terms (`QUANT_FEATURES`) come after the nine of the first profiles (`FEATURES`): a
 profile measured without quantized points loads with them at zero (its quantized KV is extrapolated from
-the bytes alone, and says so: `HardwareProfile.quantized_kv_note`).
+the bytes alone, and says so: `HardwareProfile.quantized_kv_note`). The two unpacking terms came last
+(profiles of 2026-12-01 and earlier have the first three quantized terms only): such a profile loads
+with them at zero and prices a 4-bit context like an 8-bit one.
 
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
@@ -46,8 +50,10 @@ if TYPE_CHECKING:
 
 FEATURES = ("fixed", "seqs", "tokens", "tokens_past_knee", "multi_token", "decode_kv_bytes", "prefill_kv_bytes",
             "prefill_pairs", "samples")
-QUANT_FEATURES = ("decode_dequant_elements", "prefill_dequant_elements", "quantize_elements")
+QUANT_FEATURES = ("decode_dequant_elements", "prefill_dequant_elements", "quantize_elements",
+                  "decode_unpack_elements", "prefill_unpack_elements")
 ALL_FEATURES = FEATURES + QUANT_FEATURES
+READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3], ALL_FEATURES)  # every list a profile was written with
 
 
 @dataclass(frozen=True)
@@ -63,12 +69,15 @@ class StepShape:
     decode_dequant_elements: int = 0  # quantized KV elements the decode sequences' contexts hold
     prefill_dequant_elements: int = 0  # ... the prefill chunks' contexts hold
     quantize_elements: int = 0  # new tokens' KV elements stored quantized
+    decode_unpack_elements: int = 0  # extra sub-byte codes the decode sequences' contexts unpack
+    prefill_unpack_elements: int = 0  # ... the prefill chunks' contexts
 
     def features(self, knee: int) -> np.ndarray:
         return np.array([1.0, self.num_seqs, self.num_tokens, max(0, self.num_tokens - knee),
                          float(self.num_tokens > 1), self.decode_kv_bytes, self.prefill_kv_bytes,
                          self.prefill_pairs, self.num_samples, self.decode_dequant_elements,
-                         self.prefill_dequant_elements, self.quantize_elements], dtype=np.float64)
+                         self.prefill_dequant_elements, self.quantize_elements, self.decode_unpack_elements,
+                         self.prefill_unpack_elements], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -103,10 +112,10 @@ class StepCostModel:
 
     @classmethod
     def from_dict(cls, data: dict) -> "StepCostModel":
-        """Reads both feature lists: `ALL_FEATURES`, and `FEATURES` alone (profiles measured before quantized
-        KV existed: their quantized terms are zero)."""
+        """Reads every feature list a profile was written with (`READABLE_FEATURES`): the terms an older
+        profile lacks are zero."""
         features = list(data.get("features", []))
-        if features not in (list(ALL_FEATURES), list(FEATURES)):
+        if features not in [list(f) for f in READABLE_FEATURES]:
             raise ValueError(f"step cost model: features {data.get('features')} are not {list(ALL_FEATURES)}")
         coef = tuple(float(c) for c in data["coef"])
         if len(coef) != len(features) or any(c < 0 or c != c for c in coef):
@@ -133,13 +142,14 @@ def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:
             prefill_seqs += 1
             pairs += s.num_new_tokens * context
         samples += s.samples
-    q = kv.quantized_elements_per_token
+    q, u = kv.quantized_elements_per_token, kv.unpacked_elements_per_token
     return StepShape(num_tokens=out.num_batched_tokens, num_seqs=len(out.scheduled),
                      decode_kv_bytes=decode_tokens * kv.bytes_per_token + decode_seqs * kv.ring_bytes_per_seq,
                      prefill_pairs=pairs, num_samples=samples,
                      prefill_kv_bytes=prefill_tokens * kv.bytes_per_token + prefill_seqs * kv.ring_bytes_per_seq,
                      decode_dequant_elements=decode_tokens * q, prefill_dequant_elements=prefill_tokens * q,
-                     quantize_elements=out.num_batched_tokens * q)
+                     quantize_elements=out.num_batched_tokens * q, decode_unpack_elements=decode_tokens * u,
+                     prefill_unpack_elements=prefill_tokens * u)
 
 
 def decode_shape(batch: int, kv_tokens: int, kv: KVTraffic) -> StepShape:
@@ -149,4 +159,4 @@ def decode_shape(batch: int, kv_tokens: int, kv: KVTraffic) -> StepShape:
     return StepShape(num_tokens=batch, num_seqs=batch,
                      decode_kv_bytes=kv_tokens * kv.bytes_per_token + batch * kv.ring_bytes_per_seq,
                      prefill_pairs=0, num_samples=batch, decode_dequant_elements=kv_tokens * q,
-                     quantize_elements=batch * q)
+                     quantize_elements=batch * q, decode_unpack_elements=kv_tokens * kv.unpacked_elements_per_token)

@@ -36,18 +36,21 @@ def test_measured_steps_have_the_shape_of_their_grid_point(tiny_profile: Hardwar
     for p in tiny_profile.steps:
         s, g, kv = p.shape, p.grid, _traffic(kv_bits(p.grid))
         kvb, ring, q = kv.bytes_per_token, kv.ring_bytes_per_seq, kv.quantized_elements_per_token
+        u = kv.unpacked_elements_per_token
+        assert u == (q if kv_bits(g) == 4 else 0)  # one extra code per byte at 4 bits, none at 8
         if p.kind == "decode":  # context grows by one token a step: at least the prompt plus one
             b = g["batch"]
             assert (s.num_seqs, s.num_tokens, s.num_samples, s.prefill_pairs) == (b,) * 3 + (0,)
             assert b * (g["context"] + 1) * kvb <= s.decode_kv_bytes - b * ring <= b * (g["context"] + 16) * kvb
             assert s.decode_dequant_elements * kvb == (s.decode_kv_bytes - b * ring) * q
+            assert s.decode_unpack_elements * kvb == (s.decode_kv_bytes - b * ring) * u
             assert s.quantize_elements == b * q
         elif p.kind == "prefill":
             context = g["cached"] + g["chunk"]
             assert s == StepShape(num_tokens=g["chunk"], num_seqs=1, decode_kv_bytes=0,
                                   prefill_pairs=g["chunk"] * context, num_samples=1,
                                   prefill_kv_bytes=context * kvb + ring, prefill_dequant_elements=context * q,
-                                  quantize_elements=g["chunk"] * q)
+                                  quantize_elements=g["chunk"] * q, prefill_unpack_elements=context * u)
         else:
             batch, chunk = g["batch"], g["chunk"]
             assert (s.num_seqs, s.num_tokens, s.num_samples) == (batch + 1, batch + chunk, batch + 1)

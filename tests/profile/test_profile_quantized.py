@@ -80,3 +80,36 @@ def test_a_quantized_config_simulated_on_an_old_profile_carries_the_note(shipped
     note = shipped_profile.quantized_kv_note
     assert (note in simulate(int4, reqs, target).notes) == (note is not None)
     assert note is None or note not in simulate(KVConfig(), reqs, target).notes
+
+
+def _as_measured_before_unpacking_terms(data: dict) -> None:
+    """The file as the profiler wrote it until 2026-12-01: three quantized terms, no unpacking ones."""
+    step = data["step"]
+    for p in step["points"]:
+        for field in QUANT_FEATURES[3:]:
+            del p["shape"][field]
+    model = step["cost_model"]
+    model["features"], model["coef"] = list(ALL_FEATURES[:-2]), model["coef"][:-2]
+
+
+def test_a_profile_without_unpacking_terms_loads_with_them_at_zero(edited, tiny_profile: HardwareProfile):
+    old = load_profile(edited(_as_measured_before_unpacking_terms), check_fingerprint=False)
+    assert old.step_cost.quant_coef[:3] == tiny_profile.step_cost.quant_coef[:3]
+    assert old.step_cost.quant_coef[3:] == (0.0, 0.0) and old.measures_quantized_kv
+
+
+def test_unpacking_work_per_bitwidth():
+    from skistune.config import KVConfig
+    from skistune.runtime.kv_layout import kv_traffic, unpack_work
+    from skistune.runtime.presets import PRESETS
+
+    assert [unpack_work(b) for b in (16, 8, 4, 2)] == [0, 0, 1, 3]
+    spec = PRESETS["smollm2-135m"]
+    per_side = spec.n_layers * spec.n_kv_heads * spec.head_dim
+
+    def traffic(k, v):
+        return kv_traffic(KVConfig().with_knobs({"bitwidth.key_bits": k, "bitwidth.value_bits": v}), spec, 4)
+
+    assert traffic(8, 8).unpacked_elements_per_token == 0 and traffic(16, 16).unpacked_elements_per_token == 0
+    assert traffic(4, 4).unpacked_elements_per_token == 2 * per_side
+    assert traffic(2, 16).unpacked_elements_per_token == 3 * per_side  # keys at 2 bits, values at full precision

@@ -10,7 +10,7 @@ import pytest
 
 from skistune.config import KVConfig
 from skistune.profile import FingerprintWarning, load_profile
-from skistune.profile.cost import FEATURES, StepCostModel
+from skistune.profile.cost import FEATURES, StepCostModel, decode_shape
 from skistune.runtime.kv_layout import kv_block_bytes, kv_traffic, ring_bytes
 from skistune.runtime.presets import PRESETS
 from skistune.runtime.request import Request
@@ -23,7 +23,7 @@ SHIPPED = Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.j
 
 def cost(*, tokens=0.0, kv=0.0, decode_dequant=0.0, prefill_dequant=0.0, quantize=0.0, **plain):
     c = dict.fromkeys(FEATURES, 0.0) | plain | {"tokens": tokens, "decode_kv_bytes": kv, "prefill_kv_bytes": kv}
-    return StepCostModel(tuple(c[f] for f in FEATURES), 512, (decode_dequant, prefill_dequant, quantize))
+    return StepCostModel(tuple(c[f] for f in FEATURES), 512, (decode_dequant, prefill_dequant, quantize, 0.0, 0.0))
 
 
 def target(step_cost, device_bytes=1 << 30):
@@ -95,3 +95,13 @@ def test_the_profile_kv_bytes_must_match_the_models_layout():
     assert target_from_profile(profile).kv_itemsize == 4  # float32 on the CPU
     with pytest.raises(ValueError, match="measure it again"):
         target_from_profile(dataclasses.replace(profile, kv_bytes_per_token=profile.kv_bytes_per_token // 2))
+
+
+def test_four_bit_contexts_cost_their_unpacking_where_the_profile_measured_it():
+    base = cost(decode_dequant=1e-9)
+    unpacking = StepCostModel(base.coef, base.knee, (1e-9, 0.0, 0.0, 2e-9, 0.0))
+    kv8, kv4 = (kv_traffic(KVConfig().with_knobs({"bitwidth.key_bits": b, "bitwidth.value_bits": b}), SPEC, 2)
+                for b in (8, 4))
+    for model in (base, unpacking):
+        t8, t4 = (model.predict_s(decode_shape(8, 8 * 1024, kv)) for kv in (kv8, kv4))
+        assert (t4 > t8) == (model is unpacking), (t8, t4)
