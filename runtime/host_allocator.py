@@ -14,11 +14,17 @@ largest mmap threshold glibc accepts) come from the heap, and up to `TRIM_THRESH
 stays with the process. The cost is that the process keeps its peak heap: what a serving process does
 anyway (the CUDA caching allocator keeps device memory the same way). It runs once per process, for
 runtimes on the CPU, and does nothing where the C library is not glibc.
+
+`zeros_lazy` allocates the KV pool, which is large and mostly unused for a while, without writing it.
 """
 from __future__ import annotations
 
 import ctypes
+import math
 import platform
+
+import numpy as np
+import torch
 
 # mallopt parameters, from glibc's <malloc.h>
 M_TRIM_THRESHOLD = -1
@@ -28,6 +34,9 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 * 2 ** 20  # glibc's upper limit on 64-bit systems (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD_BYTES = 2 ** 30  # mallopt takes an int: at most 2 GiB - 1
 TOP_PAD_BYTES = 64 * 2 ** 20  # grow the heap in steps this large (address space only until touched)
+
+# torch's CPU allocator aligns every tensor to 64 bytes (c10's gAlignment, one cache line / AVX-512 vector)
+ALIGNMENT_BYTES = 64
 
 _tuned: bool | None = None  # None until tried; then whether glibc accepted every setting
 
@@ -45,3 +54,27 @@ def keep_freed_host_memory() -> bool:
                 (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
                 (M_TOP_PAD, TOP_PAD_BYTES)))
     return _tuned
+
+
+def zeros_lazy(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A zero tensor whose host pages are zeroed by the kernel when first touched, not written here.
+
+    ``torch.zeros`` writes every byte, so a CPU runtime paid for its whole KV pool (a fraction of
+    `kv_layout.CPU_KV_SPACE_BYTES`, ~1M page faults, seconds) in every `Runtime.with_config`, though a run
+    touches only the blocks it uses. numpy's ``np.zeros`` uses ``calloc``, which is guaranteed to return
+    zeroed memory and, for a large block, gets it as fresh anonymous pages from ``mmap`` that the kernel
+    zero-fills on first touch. The buffer is over-allocated by `ALIGNMENT_BYTES` and sliced so that the
+    tensor starts where torch's own allocator would put it (vectorised kernels may prefer it). Bytes are
+    allocated and viewed as ``dtype``, which covers the dtypes numpy lacks (bfloat16). Devices other than
+    the CPU get ``torch.zeros``.
+
+    The cost moves, it does not vanish: a block's pages fault in when a step first writes it (numpy asks
+    for transparent huge pages above 4 MiB, so where the kernel grants them that is 2 MiB at a time;
+    writing 1 GiB this way took about as long as ``torch.zeros`` of it here).
+    """
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.zeros(nbytes + ALIGNMENT_BYTES, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT_BYTES
+    return torch.from_numpy(raw[start:start + nbytes]).view(dtype).view(shape)

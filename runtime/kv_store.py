@@ -22,6 +22,7 @@ import torch
 from ..config import KVConfig
 from ..profile.transfers import copy_blocks
 from .disk_pool import DiskPool
+from .host_allocator import zeros_lazy
 from .tiers import DISK, HOST, Transfer
 from .kv_layout import (FULL_PRECISION_BITS, full_precision_ring_tokens, full_precision_start, kv_block_bytes,
                         layer_bits, value_group)
@@ -46,15 +47,16 @@ class KVSide:
 
 def _side(bits: int, is_key: bool, shape: tuple[int, int, int, int], group: int, slots: int, ring_tokens: int,
           dtype: torch.dtype, device: torch.device | str) -> KVSide:
+    # zeros_lazy: on a CPU the pool's pages are zeroed on first use, not all up front (most are unused)
     blocks, bs, n_kv, d = shape
     if bits == FULL_PRECISION_BITS:
-        return KVSide(bits, is_key, torch.zeros(shape, dtype=dtype, device=device))
+        return KVSide(bits, is_key, zeros_lazy(shape, dtype, device))
     scale_shape = (blocks, n_kv, d) if is_key else (blocks, bs, n_kv, d // group)
     return KVSide(bits, is_key,
-                  data=torch.zeros(blocks, bs, n_kv, d * bits // 8, dtype=torch.uint8, device=device),
-                  scale=torch.zeros(scale_shape, dtype=dtype, device=device),
-                  zero=torch.zeros(scale_shape, dtype=dtype, device=device),
-                  ring=torch.zeros(slots, ring_tokens, n_kv, d, dtype=dtype, device=device))
+                  data=zeros_lazy((blocks, bs, n_kv, d * bits // 8), torch.uint8, device),
+                  scale=zeros_lazy(scale_shape, dtype, device),
+                  zero=zeros_lazy(scale_shape, dtype, device),
+                  ring=zeros_lazy((slots, ring_tokens, n_kv, d), dtype, device))
 
 
 class PagedKVStore:
