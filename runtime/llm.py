@@ -58,12 +58,13 @@ class Runtime:
         spec = get_preset(model)
         if spec.has_real_weights:
             from .tokenizer import Tokenizer
-            from .weights import find_smollm2_gguf, load_gguf_weights
+            from .weights import find_smollm2_gguf, load_gguf_weights, open_gguf
 
             path = find_smollm2_gguf()
-            spec, weights = load_gguf_weights(path)
+            reader = open_gguf(path)  # parsing the metadata takes seconds: once for weights and tokenizer
+            spec, weights = load_gguf_weights(path, reader=reader)
             weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
-            return cls(spec, weights, config, tokenizer=Tokenizer.from_gguf(path))
+            return cls(spec, weights, config, tokenizer=Tokenizer.from_gguf(path, reader=reader))
         weights = random_weights(spec, seed=seed, dtype=dtype, device=device)  # drawn on the device: no slow CPU pass
         return cls(spec, weights, config, notes=(RANDOM_WEIGHTS_NOTE,))
 

@@ -22,8 +22,9 @@ class Tokenizer:
         self._eos_token_id = eos_token_id
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike[str]) -> Tokenizer:
-        reader = open_gguf(path)
+    def from_gguf(cls, path: str | os.PathLike[str], *, reader: gguf.GGUFReader | None = None) -> Tokenizer:
+        """The tokenizer in the GGUF at ``path``; ``reader``: `open_gguf(path)` if the caller has it already."""
+        reader = reader if reader is not None else open_gguf(path)
         kind, pre = gguf_value(reader, "tokenizer.ggml.model"), gguf_value(reader, "tokenizer.ggml.pre")
         if kind != "gpt2" or pre != "smollm":
             raise ValueError(f"GGUF tokenizer {kind!r}/{pre!r} is not supported: only gpt2/smollm (SmolLM2) is")

@@ -82,11 +82,16 @@ def gguf_value(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
-def load_gguf_weights(path: str | os.PathLike[str]) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    """Dequantize every tensor of a llama-family GGUF to float32, with Q/K rows in HF RoPE order."""
+def load_gguf_weights(path: str | os.PathLike[str], *, reader: gguf.GGUFReader | None = None,
+                      ) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """Dequantize every tensor of a llama-family GGUF to float32, with Q/K rows in HF RoPE order.
+
+    ``reader``: `open_gguf(path)` already made (opening parses all the metadata, seconds for SmolLM2's
+    vocabulary, so a caller that also builds the tokenizer opens the file once and passes it to both).
+    """
     from gguf import quants as gguf_quants
 
-    reader = open_gguf(path)
+    reader = reader if reader is not None else open_gguf(path)
     spec = spec_from_gguf(reader, fallback_name=Path(path).stem)
     weights = {}
     for tensor in reader.tensors:

@@ -202,3 +202,33 @@ def test_chat_template_default_system_prompt(tokenizer):
 def test_chat_template_equals_gguf_template(tokenizer, hf_tokenizer, messages):
     expected = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert tokenizer.apply_chat_template(messages) == expected
+
+
+# ---------------------------------------------------------------- Runtime.from_preset
+
+def test_from_preset_opens_the_gguf_once_for_weights_and_tokenizer(monkeypatch, gguf_path, loaded, tokenizer):
+    """Opening parses all the metadata (seconds, for the vocabulary and merges): one reader serves both."""
+    from skistune.config import KVConfig
+    from skistune.runtime import tokenizer as tokenizer_module
+    from skistune.runtime import weights as weights_module
+    from skistune.runtime.llm import Runtime
+
+    opened = []
+
+    def counting_open(path):
+        opened.append(path)
+        return open_gguf(path)
+
+    monkeypatch.setattr(weights_module, "open_gguf", counting_open)
+    monkeypatch.setattr(tokenizer_module, "open_gguf", counting_open)
+    rt = Runtime.from_preset("smollm2-135m", KVConfig().with_knobs({"offload.device_kv_bytes": 16 << 20}))
+    assert opened == [gguf_path]
+    # the shared reader changes nothing they build
+    spec, weights = loaded
+    assert rt.spec == spec
+    assert torch.equal(rt.model.w["embed_tokens"], weights["embed_tokens"])
+    last = spec.n_layers - 1
+    assert torch.equal(rt.model.qkv[last], torch.cat([weights[f"layers.{last}.{n}_proj"] for n in "qkv"]))
+    assert (rt.tokenizer.bos_token_id, rt.tokenizer.eos_token_id) == (tokenizer.bos_token_id, tokenizer.eos_token_id)
+    assert [rt.tokenizer.encode(t) for t in TEXTS] == [tokenizer.encode(t) for t in TEXTS]
+
