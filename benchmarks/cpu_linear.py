@@ -1,10 +1,16 @@
-"""The two orientations of a projection on this CPU, side by side: ``x @ w.T`` (``F.linear``) and
-``w @ x.T`` transposed back to rows (what `skistune.kernels.linear` runs for steps in `CPU_FLIP_TOKENS`),
-for the projections of a model preset at several step sizes; prints the median time of each, the median
-of their ratios over alternating rounds (above 1: the flipped product is faster) and the largest
-difference between their results.
+"""The orientations of a step's projections on this CPU, side by side: ``x @ w.T`` (``F.linear``), ``w @ x.T``
+transposed back to rows, and the same with the rows padded with zeros to a multiple of 16, for every
+layer's projections of a model preset at several step sizes (tokens); prints the median time of one pass
+over all layers in each orientation, the median ratio of each to the plain product over alternating
+rounds (above 1: faster than plain), which orientation `skistune.kernels.linear` runs at that size, and
+the largest difference between the results.
 
-    python benchmarks/cpu_linear.py [--model smollm2-135m] [--tokens 1 2 8 16 ...] [--repeats 10] [--rounds 5] [--json]
+The weights are those of a whole model (distinct tensors per layer, random values), streamed from memory
+once per pass as a step streams them: timing one projection over and over keeps its weight in the cache
+and gives the opposite answer at many sizes (``--weights hot`` shows it). The LM head (one per step, its
+rows are the sampled sequences) is timed separately.
+
+    python benchmarks/cpu_linear.py [--model smollm2-135m] [--tokens 1 2 8 ...] [--rounds 5] [--weights streamed|hot] [--json]
 """
 from __future__ import annotations
 
@@ -16,62 +22,84 @@ import time
 import torch
 import torch.nn.functional as F
 
-from skistune.kernels.linear import CPU_FLIP_TOKENS, CPU_FLIP_TOKENS_TALL, TALL
+from skistune.kernels.linear import cpu_orientation, padded_rows
 from skistune.runtime.presets import get_preset
+
+ORIENTATIONS = ("plain", "flipped", "padded")
 
 
 def projections(model: str) -> dict[str, tuple[int, int]]:
-    """``name: (out, in)`` of a layer's fused projections and the LM head, as the runtime stores them."""
+    """``name: (out, in)`` of a layer's fused projections, as the runtime stores them."""
     s = get_preset(model)
     q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
     return {"qkv": (q + 2 * kv, s.hidden), "o": (s.hidden, q),
-            "gate_up": (2 * s.ffn_hidden, s.hidden), "down": (s.hidden, s.ffn_hidden),
-            "lm_head": (s.vocab_size, s.hidden)}
+            "gate_up": (2 * s.ffn_hidden, s.hidden), "down": (s.hidden, s.ffn_hidden)}
 
 
-def median_s(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+def product(orientation: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if orientation == "plain":
+        return F.linear(x, w)
+    if orientation == "flipped":
+        return torch.mm(w, x.t()).t().contiguous()
+    rows = padded_rows(x.shape[0])
+    xp = torch.cat([x, x.new_zeros(rows - x.shape[0], x.shape[1])])
+    return torch.mm(w, xp.t()).t()[:x.shape[0]].contiguous()
+
+
+def pass_s(orientation: str, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    t0 = time.perf_counter()
+    for x, w in pairs:
+        product(orientation, x, w)
+    return time.perf_counter() - t0
+
+
+def compare(pairs, rounds: int) -> dict:
+    """Median pass time per orientation and median ratio plain / orientation, over alternating rounds
+    (this machine's speed drifts within seconds; a ratio within a round does not)."""
+    for o in ORIENTATIONS:
+        pass_s(o, pairs)  # warm-up
+    samples = [{o: pass_s(o, pairs) for o in ORIENTATIONS} for _ in range(rounds)]
+    return {"ms": {o: statistics.median(s[o] for s in samples) * 1e3 for o in ORIENTATIONS},
+            "speedup": {o: statistics.median(s["plain"] / s[o] for s in samples) for o in ORIENTATIONS}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 8, 16, 17, 32, 37, 48, 63, 64, 128, 512])
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of both orientations (median ratio)")
+    ap.add_argument("--tokens", type=int, nargs="+",
+                    default=[1, 2, 4, 7, 9, 13, 16, 17, 24, 32, 37, 47, 63, 64, 96, 131, 192, 256, 512])
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of the orientations (median ratio)")
+    ap.add_argument("--weights", choices=["streamed", "hot"], default="streamed",
+                    help="streamed: every layer's own weights, as a step reads them; hot: one layer's, reused")
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()
     torch.manual_seed(0)
+    spec = get_preset(args.model)
+    layers = spec.n_layers if args.weights == "streamed" else 1
+    weights = [[torch.randn(o, i) * i ** -0.5 for o, i in projections(args.model).values()] for _ in range(layers)]
+    lm_head = torch.randn(spec.vocab_size, spec.hidden) * spec.hidden ** -0.5
+    mb = sum(w.numel() for ws in weights for w in ws) * 4 / 2 ** 20
+    print(f"torch threads {torch.get_num_threads()}, fp32, {args.model}: {layers} layer(s) of projections "
+          f"({mb:.0f} MiB, {args.weights}) per pass, and the LM head; speedup = plain / orientation")
+    print(f"{'part':>8} {'tokens':>6} {'plain ms':>9} {'flipped ms':>11} {'padded ms':>10} "
+          f"{'flipped':>8} {'padded':>7} {'runtime':>8} {'max diff':>9}")
     rows = []
-    print(f"torch threads {torch.get_num_threads()}, fp32, {args.model}; the runtime flips at "
-          f"{', '.join(map(str, CPU_FLIP_TOKENS))} tokens ({CPU_FLIP_TOKENS_TALL.start}-"
-          f"{CPU_FLIP_TOKENS_TALL.stop - 1} for a weight {TALL}x taller than wide: the LM head)")
-    print(f"{'projection':>10} {'tokens':>6} {'x @ w.T ms':>11} {'w @ x.T ms':>11} {'ratio':>6} {'max diff':>9}")
-    for name, (n_out, n_in) in projections(args.model).items():
-        w = torch.randn(n_out, n_in) * n_in ** -0.5
+    for part in ("layers", "lm_head"):
         for t in args.tokens:
-            x = torch.randn(t, n_in)
-            # alternating rounds: this machine's speed drifts within seconds, a ratio within a round does not
-            rounds = [(median_s(lambda: F.linear(x, w), args.repeats),
-                       median_s(lambda: torch.mm(w, x.t()).t().contiguous(), args.repeats)) for _ in range(args.rounds)]
-            plain, flipped = (statistics.median(r[k] for r in rounds) for k in (0, 1))
-            diff = (F.linear(x, w) - torch.mm(w, x.t()).t()).abs().max().item()
-            row = dict(projection=name, tokens=t, plain_ms=plain * 1e3, flipped_ms=flipped * 1e3,
-                       ratio=statistics.median(p / f for p, f in rounds), max_abs_diff=diff)
-            rows.append(row)
-            print(f"{name:>10} {t:>6} {row['plain_ms']:>11.3f} {row['flipped_ms']:>11.3f} {row['ratio']:>6.2f} "
-                  f"{diff:>9.1e}")
+            ws = [w for ws in weights for w in ws] if part == "layers" else [lm_head]
+            pairs = [(torch.randn(t, w.shape[1]), w) for w in ws] * (layers if args.weights == "hot" else 1)
+            r = compare(pairs, args.rounds)
+            x, w = pairs[0]
+            diff = max((product(o, x, w) - F.linear(x, w)).abs().max().item() for o in ORIENTATIONS[1:])
+            runtime = cpu_orientation(t)
+            rows.append({"part": part, "tokens": t, **{f"{o}_ms": r["ms"][o] for o in ORIENTATIONS},
+                         **{f"{o}_speedup": r["speedup"][o] for o in ORIENTATIONS[1:]},
+                         "runtime": runtime, "max_abs_diff": diff})
+            print(f"{part:>8} {t:>6} {r['ms']['plain']:>9.1f} {r['ms']['flipped']:>11.1f} {r['ms']['padded']:>10.1f} "
+                  f"{r['speedup']['flipped']:>8.2f} {r['speedup']['padded']:>7.2f} {runtime:>8} {diff:>9.1e}", flush=True)
     if args.json:
         print(json.dumps({"benchmark": "cpu_linear", "model": args.model, "torch_threads": torch.get_num_threads(),
-                          "flip_tokens": list(CPU_FLIP_TOKENS),
-                          "flip_tokens_tall": [CPU_FLIP_TOKENS_TALL.start, CPU_FLIP_TOKENS_TALL.stop - 1],
-                          "rows": rows}))
+                          "weights": args.weights, "rows": rows}))
 
 
 if __name__ == "__main__":

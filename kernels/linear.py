@@ -1,31 +1,55 @@
 """The model's projections (``x @ w.T`` with ``w [out, in]`` as stored), in the orientation the BLAS runs
 fastest for the step's shape.
 
-On a CPU, MKL's sgemm computes ``w @ x.T`` (the weight as the left operand) faster than ``x @ w.T`` at
-some step sizes and slower at others, and bit-identically on the shapes measured: `benchmarks/cpu_linear.py`
-times both for SmolLM2's projections. The flipped product gains where the tokens are a multiple of 16
-from 16 to 64 (the MLP's down projection 1.1-1.4x, the others about even) and loses 20-30% at other
-sizes (17, 37 or 63 tokens: 0.70-0.85x; a prefill chunk of a short prompt has such sizes); above 64
-tokens copying the transposed result back to rows costs more than the product saves. A tall weight (the
-LM head: 49,152 x 576) gains from 2 to 32 rows (2-3.7x at 2-7 rows, 1.05-1.3x at 16-32) and loses above
-about 36 (0.6-0.85x at 37-128); there the two orientations round differently, by about 2e-6 on the
-logits. Measured with alternating repeats, medians of five. CUDA keeps the plain product (cuBLAS picks
-its own kernels).
+A CPU step streams every weight from memory once (SmolLM2-135M's projections are 405 MiB, far beyond the
+caches). In that regime MKL's sgemm computes ``w @ x.T`` (the weight as the left operand, read row by row)
+1.2-2.5x faster than ``x @ w.T`` from 2 to about 200 tokens (`benchmarks/cpu_linear.py`, which streams a
+whole model's weights per pass as a step does), and its speed at a given size depends on the rows modulo
+16: a step a few rows short of a multiple of 16 (13-15, 31, 47, 63 tokens) runs faster padded with zero
+rows up to it. One token is a matrix-vector product either way (plain, as before), and from about 256
+tokens the transposed result's copy back to rows costs what the product saves. Timing one projection
+over and over instead keeps its weight in the cache and gives the opposite answer at many sizes (an
+earlier rule, flipping only at multiples of 16, came from such a benchmark: the step time then jumped
+by a third between 16 and 15 or 17 tokens, and the profiler, which measures multiples of 16, predicted
+real prefill chunks 15-30% fast).
+
+The LM head (49,152 x 576, 108 MiB: never in the cache either; its rows are the step's sampled
+sequences) follows the same rule: 1.3-3x flipped from 2 to 224 rows, even at 256, slower at 512. The
+orientations round differently, by about 2e-6 on unit-scale outputs. CUDA keeps the plain product (cuBLAS
+picks its own kernels).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-CPU_FLIP_TOKENS = range(16, 65, 16)  # step tokens (rows of x) computed as w @ x.T on a CPU ...
-CPU_FLIP_TOKENS_TALL = range(2, 33)  # ... and for a weight at least TALL times as many rows as columns
-TALL = 16
+ROW_MULTIPLE = 16  # MKL's fast path on this CPU: rows (tokens) in multiples of 16
+CPU_FLIP_TOKENS = range(2, 257)  # step tokens (rows of x) computed as w @ x.T on a CPU ...
+CPU_PAD_SHORT_BY = 4  # ... padded with zero rows to the next multiple of 16 when at most this many short
+
+
+def padded_rows(tokens: int) -> int:
+    """``tokens`` rounded up to a multiple of `ROW_MULTIPLE`."""
+    return -(-tokens // ROW_MULTIPLE) * ROW_MULTIPLE
+
+
+def cpu_orientation(tokens: int) -> str:
+    """How a CPU computes a projection of ``tokens`` rows: "plain" (``x @ w.T``), "flipped" (``w @ x.T``)
+    or "padded" (flipped, with zero rows up to a multiple of 16)."""
+    if tokens not in CPU_FLIP_TOKENS:
+        return "plain"
+    return "padded" if 0 < padded_rows(tokens) - tokens <= CPU_PAD_SHORT_BY else "flipped"
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x [T, in] @ w.T`` -> ``[T, out]``, contiguous (the flipped product's transpose is copied: a few
     percent of the time it saves, and what follows runs on the layout it expects)."""
-    flip = CPU_FLIP_TOKENS_TALL if w.shape[0] >= TALL * w.shape[1] else CPU_FLIP_TOKENS
-    if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] in flip:
-        return torch.mm(w, x.t()).t().contiguous()
-    return F.linear(x, w)
+    if x.device.type != "cpu" or x.dim() != 2:
+        return F.linear(x, w)
+    tokens = x.shape[0]
+    orientation = cpu_orientation(tokens)
+    if orientation == "plain":
+        return F.linear(x, w)
+    if orientation == "padded":
+        x = torch.cat([x, x.new_zeros(padded_rows(tokens) - tokens, x.shape[1])])
+    return torch.mm(w, x.t()).t()[:tokens].contiguous()

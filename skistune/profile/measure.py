@@ -113,9 +113,13 @@ class Grid:
         return max([b for b, _ in self.quant_decode] + [1]) + 2
 
 
+# Step sizes include some that are not powers of two or multiples of 16 (batch 3; chunks of 37 and 131
+# tokens): serving steps have any size, and a CPU's BLAS speed depends on the rows modulo 16
+# (`kernels/linear.py`), which a grid of round sizes alone would not show.
 FULL_GRID = Grid(
-    decode_batches=(1, 2, 4, 8, 16, 32, 64), decode_contexts=(32, 128, 512, 1024, 2048), max_decode_kv_tokens=32768,
-    prefill=tuple((n, k) for n in (16, 64, 256, 512) for k in (0, 512, 1536)),
+    decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(32, 128, 512, 1024, 2048), max_decode_kv_tokens=32768,
+    # (cached contexts of about 512 and 1,536 tokens, rounded to whole chunks: the profiler prefills them chunk by chunk)
+    prefill=tuple((n, n * round(k / n)) for n in (16, 37, 64, 131, 256, 512) for k in (0, 512, 1536)),
     mixed=((2, 512, 64), (4, 256, 256), (8, 1024, 64), (16, 512, 256), (32, 128, 512), (64, 256, 128)),
     warmup=2, repeats=5, max_repeats=25, min_time_s=1.0,
     overhead_batches=(1, 4, 16, 64, 256), overhead_repeats=30, kernel_repeats=10,
