@@ -6,8 +6,9 @@ caches). In that regime MKL's sgemm computes ``w @ x.T`` (the weight as the left
 1.2-2.5x faster than ``x @ w.T`` from 2 to about 200 tokens (`benchmarks/cpu_linear.py`, which streams a
 whole model's weights per pass as a step does), and its speed at a given size depends on the rows modulo
 16: a step a few rows short of a multiple of 16 (13-15, 31, 47, 63 tokens) runs faster padded with zero
-rows up to it. One token is a matrix-vector product either way (plain, as before), and from about 256
-tokens the transposed result's copy back to rows costs what the product saves. Timing one projection
+rows up to it. One token runs as a two-row product (a zero row added): MKL's matrix-vector path streams
+the weight slower than its two-column product (a one-token step took 77 ms so against 87-98 ms plain).
+From about 256 tokens the transposed result's copy back to rows costs what the product saves. Timing one projection
 over and over instead keeps its weight in the cache and gives the opposite answer at many sizes (an
 earlier rule, flipping only at multiples of 16, came from such a benchmark: the step time then jumped
 by a third between 16 and 15 or 17 tokens, and the profiler, which measures multiples of 16, predicted
@@ -24,21 +25,23 @@ import torch
 import torch.nn.functional as F
 
 ROW_MULTIPLE = 16  # MKL's fast path on this CPU: rows (tokens) in multiples of 16
-CPU_FLIP_TOKENS = range(2, 257)  # step tokens (rows of x) computed as w @ x.T on a CPU ...
+CPU_FLIP_TOKENS = range(1, 257)  # step tokens (rows of x) computed as w @ x.T on a CPU ...
 CPU_PAD_SHORT_BY = 4  # ... padded with zero rows to the next multiple of 16 when at most this many short
+SINGLE_ROW_PADDED = 2  # ... and one row padded to two
 
 
 def padded_rows(tokens: int) -> int:
-    """``tokens`` rounded up to a multiple of `ROW_MULTIPLE`."""
-    return -(-tokens // ROW_MULTIPLE) * ROW_MULTIPLE
+    """The rows a padded product computes: `SINGLE_ROW_PADDED` for one, else ``tokens`` rounded up to a
+    multiple of `ROW_MULTIPLE`."""
+    return SINGLE_ROW_PADDED if tokens == 1 else -(-tokens // ROW_MULTIPLE) * ROW_MULTIPLE
 
 
 def cpu_orientation(tokens: int) -> str:
     """How a CPU computes a projection of ``tokens`` rows: "plain" (``x @ w.T``), "flipped" (``w @ x.T``)
-    or "padded" (flipped, with zero rows up to a multiple of 16)."""
+    or "padded" (flipped, with zero rows up to `padded_rows`)."""
     if tokens not in CPU_FLIP_TOKENS:
         return "plain"
-    return "padded" if 0 < padded_rows(tokens) - tokens <= CPU_PAD_SHORT_BY else "flipped"
+    return "padded" if tokens == 1 or 0 < padded_rows(tokens) - tokens <= CPU_PAD_SHORT_BY else "flipped"
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
