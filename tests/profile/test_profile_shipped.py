@@ -2,12 +2,11 @@
 reproduces the grid points that were held out of its fit.
 
 Why the median and not every point within 10%: the cost model (`skistune.profile.cost`) is linear in its
-features, and on a CPU the real step is not: a one-token step runs as matrix-vector products, about twice
-as fast as the same weights at two tokens, so decode steps at batch 1 sit ~40% above any line through
-batch 2..64, and small batches some 10-25% below it; prefill attention also reads the whole cached
-context per chunk, which `prefill_pairs` undercounts for small chunks. The best any non-negative
-linear model in those features can do on this grid is ~29% worst-case error (minimax fit); the robust
-fit keeps the typical point within 10%. The per-point residuals are in the file.
+features, and on a CPU the real step is not: the projections' BLAS cost steps with the rows (tokens) in
+ways no line follows (`kernels/linear.py`, `benchmarks/step_tokens.py`), and prefill attention also reads
+the whole cached context per chunk, which `prefill_pairs` undercounts for small chunks; on top of that, a
+grid point's repeats spread by 10-50% on a shared 2-core host. The robust fit keeps the typical point
+within 10%; the per-point residuals are in the file.
 """
 from __future__ import annotations
 
