@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from skistune.kernels.linear import cpu_orientation, padded_rows
+from skistune.kernels.linear import cpu_orientation, oriented_product
 from skistune.runtime.presets import get_preset
 
 ORIENTATIONS = ("plain", "flipped", "padded")
@@ -36,20 +36,10 @@ def projections(model: str) -> dict[str, tuple[int, int]]:
             "gate_up": (2 * s.ffn_hidden, s.hidden), "down": (s.hidden, s.ffn_hidden)}
 
 
-def product(orientation: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    if orientation == "plain":
-        return F.linear(x, w)
-    if orientation == "flipped":
-        return torch.mm(w, x.t()).t().contiguous()
-    rows = padded_rows(x.shape[0])
-    xp = torch.cat([x, x.new_zeros(rows - x.shape[0], x.shape[1])])
-    return torch.mm(w, xp.t()).t()[:x.shape[0]].contiguous()
-
-
 def pass_s(orientation: str, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
     t0 = time.perf_counter()
     for x, w in pairs:
-        product(orientation, x, w)
+        oriented_product(x, w, orientation)
     return time.perf_counter() - t0
 
 
@@ -87,10 +77,10 @@ def main() -> None:
     for part in ("layers", "lm_head"):
         for t in args.tokens:
             ws = [w for ws in weights for w in ws] if part == "layers" else [lm_head]
-            pairs = [(torch.randn(t, w.shape[1]), w) for w in ws] * (layers if args.weights == "hot" else 1)
+            pairs = [(torch.randn(t, w.shape[1]), w) for w in ws]
             r = compare(pairs, args.rounds)
             x, w = pairs[0]
-            diff = max((product(o, x, w) - F.linear(x, w)).abs().max().item() for o in ORIENTATIONS[1:])
+            diff = max((oriented_product(x, w, o) - F.linear(x, w)).abs().max().item() for o in ORIENTATIONS[1:])
             runtime = cpu_orientation(t)
             rows.append({"part": part, "tokens": t, **{f"{o}_ms": r["ms"][o] for o in ORIENTATIONS},
                          **{f"{o}_speedup": r["speedup"][o] for o in ORIENTATIONS[1:]},

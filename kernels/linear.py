@@ -7,9 +7,9 @@ caches). In that regime MKL's sgemm computes ``w @ x.T`` (the weight as the left
 whole model's weights per pass as a step does), and its speed at a given size depends on the rows modulo
 16: a step a few rows short of a multiple of 16 (13-15, 31, 47, 63 tokens) runs faster padded with zero
 rows up to it. One token runs as a two-row product (a zero row added): MKL's matrix-vector path streams
-the weight slower than its two-column product (a one-token step took 77 ms so against 87-98 ms plain).
-From about 256 tokens the transposed result's copy back to rows costs what the product saves. Timing one projection
-over and over instead keeps its weight in the cache and gives the opposite answer at many sizes (an
+the weight slower than its two-column product (a one-token step took 75-77 ms so, 87-98 ms plain). From
+about 256 tokens the transposed result's copy back to rows costs what the product saves. Timing one
+projection over and over instead keeps its weight in the cache and gives the opposite answer at many sizes (an
 earlier rule, flipping only at multiples of 16, came from such a benchmark: the step time then jumped
 by a third between 16 and 15 or 17 tokens, and the profiler, which measures multiples of 16, predicted
 real prefill chunks 15-30% fast).
@@ -44,15 +44,20 @@ def cpu_orientation(tokens: int) -> str:
     return "padded" if tokens == 1 or 0 < padded_rows(tokens) - tokens <= CPU_PAD_SHORT_BY else "flipped"
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x [T, in] @ w.T`` -> ``[T, out]``, contiguous (the flipped product's transpose is copied: a few
-    percent of the time it saves, and what follows runs on the layout it expects)."""
-    if x.device.type != "cpu" or x.dim() != 2:
-        return F.linear(x, w)
-    tokens = x.shape[0]
-    orientation = cpu_orientation(tokens)
+def oriented_product(x: torch.Tensor, w: torch.Tensor, orientation: str) -> torch.Tensor:
+    """``x @ w.T`` computed in ``orientation`` (see `cpu_orientation`), as rows ``[T, out]``, contiguous (the
+    flipped product's transpose is copied: a few percent of the time it saves, and what follows runs on the
+    layout it expects)."""
     if orientation == "plain":
         return F.linear(x, w)
+    tokens = x.shape[0]
     if orientation == "padded":
         x = torch.cat([x, x.new_zeros(padded_rows(tokens) - tokens, x.shape[1])])
     return torch.mm(w, x.t()).t()[:tokens].contiguous()
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x [T, in] @ w.T`` -> ``[T, out]``, in the orientation this CPU runs fastest for T rows."""
+    if x.device.type != "cpu" or x.dim() != 2:
+        return F.linear(x, w)
+    return oriented_product(x, w, cpu_orientation(x.shape[0]))
