@@ -1,7 +1,9 @@
 """A profile measured on another fingerprint loads, with a warning that names what differs."""
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -14,6 +16,7 @@ from skistune.profile import (
     load_profile,
     machine_fingerprint,
 )
+from skistune.profile.fingerprint import cpu_arch_from_cpuinfo
 
 
 def _elsewhere(data):
@@ -72,3 +75,100 @@ def test_fingerprint_describes_this_machine():
     assert fp.cpu_count == os.cpu_count() and fp.threads == torch.get_num_threads()
     assert fp.torch_version == torch.__version__ and fp.gpu_model is None and fp.cuda_version is None
     assert fp.cpu_model and fp.skistune_version and fp.python_version
+
+
+# /proc/cpuinfo excerpts: "model name" says "AMD EPYC" on both of the first two (masked on VMs)
+AMD_ZEN_AVX2 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 1
+model name\t: AMD EPYC
+stepping\t: 2
+flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+"""
+AMD_ZEN4_AVX512 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+stepping\t: 1
+flags\t\t: fpu sse4_2 avx avx2 avx512f avx512dq avx512_bf16
+"""
+INTEL_SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Processor
+stepping\t: 8
+flags\t\t: fpu sse4_2 avx avx2 avx512f avx512bw avx512_vnni amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+stepping\t: 9
+flags\t\t: fpu sse4_2
+"""
+GRAVITON3 = """processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm sve svebf16
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x1
+CPU part\t: 0xd40
+CPU revision\t: 1
+"""
+
+
+@pytest.mark.parametrize("text, arch", [
+    (AMD_ZEN_AVX2, "AuthenticAMD family 23 model 1 stepping 2, avx2"),
+    (AMD_ZEN4_AVX512, "AuthenticAMD family 25 model 17 stepping 1, avx512f"),
+    (INTEL_SAPPHIRE_RAPIDS, "GenuineIntel family 6 model 143 stepping 8, avx512f amx_tile"),  # first processor
+    (INTEL_SAPPHIRE_RAPIDS.replace(" avx2", "").replace(" avx512f", ""),
+     "GenuineIntel family 6 model 143 stepping 8, avx amx_tile"),
+    (GRAVITON3, "arm implementer 0x41 part 0xd40, sve asimd"),
+    (GRAVITON3.replace(" sve svebf16", "").replace("0xd40", "0xd0c"), "arm implementer 0x41 part 0xd0c, asimd"),
+    ("processor\t: 0\ncpu\t\t: POWER9\n", None),
+    ("", None),
+])
+def test_cpu_arch_tells_generations_apart_where_the_model_name_does_not(text, arch):
+    assert cpu_arch_from_cpuinfo(text) == arch
+
+
+def test_a_profile_from_before_cpu_arch_loads_and_says_it_was_not_recorded(edited):
+    here = machine_fingerprint("cpu")
+    assert here.cpu_arch  # Linux x86 or Arm here: parsed from /proc/cpuinfo
+    with pytest.warns(FingerprintWarning) as record:
+        profile = load_profile(edited(lambda data: data["fingerprint"].pop("cpu_arch")))
+    assert profile.fingerprint.cpu_arch is None
+    assert f"cpu_arch: not recorded -> {here.cpu_arch}" in str(record[0].message)
+    assert fingerprint_diff(profile.fingerprint, here) == [f"cpu_arch: not recorded -> {here.cpu_arch}"]
+
+
+def test_every_shipped_fingerprint_still_loads():
+    folder = Path(__file__).resolve().parents[2] / "profiles"
+    shipped = [json.loads(path.read_text())["fingerprint"] for path in sorted(folder.glob("*.json"))
+               if "fingerprint" in json.loads(path.read_text())]
+    assert len(shipped) >= 2
+    assert all(Fingerprint.from_dict(data).cpu_model == data["cpu_model"] for data in shipped)
+
+
+def test_only_cpu_arch_may_be_missing_and_it_must_be_a_string():
+    data = machine_fingerprint("cpu").to_dict()
+    with pytest.raises(ValueError, match="fingerprint.cpu_arch: expected str"):
+        Fingerprint.from_dict({**data, "cpu_arch": 23})
+    del data["cpu_model"]
+    with pytest.raises(ValueError, match="fingerprint.cpu_model: missing"):
+        Fingerprint.from_dict(data)
+
+
+def test_another_cpu_generation_gets_its_own_quick_profile():
+    zen = Fingerprint(**{**machine_fingerprint("cpu").to_dict(), "cpu_model": "AMD EPYC",
+                         "cpu_arch": cpu_arch_from_cpuinfo(AMD_ZEN_AVX2)})
+    zen4 = Fingerprint(**{**zen.to_dict(), "cpu_arch": cpu_arch_from_cpuinfo(AMD_ZEN4_AVX512)})
+    assert zen.key() != zen4.key()
+    assert fingerprint_diff(zen4, zen) == ["cpu_arch: AuthenticAMD family 25 model 17 stepping 1, avx512f -> "
+                                           "AuthenticAMD family 23 model 1 stepping 2, avx2"]
