@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,8 +113,21 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 def print_json(figures: dict) -> None:
-    """The machine-readable result: one JSON object on the last line of stdout."""
-    sys.stdout.write(json.dumps(figures, separators=(",", ":"), default=float) + "\n")
+    """The machine-readable result: one JSON object on the last line of stdout, strict JSON (an infinite
+    or undefined figure, such as a gain over a baseline that meets no rate, is null: JSON has no Infinity)."""
+    sys.stdout.write(json.dumps(_finite_only(figures), separators=(",", ":"), default=float, allow_nan=False) + "\n")
+
+
+def _finite_only(value):
+    if isinstance(value, dict):
+        return {k: _finite_only(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_only(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if not isinstance(value, (str, int, float, bool, type(None))) and hasattr(value, "__float__"):
+        return _finite_only(float(value))  # numpy scalars, as `default=float` did
+    return value
 
 
 DEFAULT_DEMO_PROMPTS = ("The capital of France is", "Water boils at a temperature of",

@@ -31,7 +31,7 @@ import time
 import types
 import uuid
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -396,12 +396,14 @@ def _isolated_ttft_p99(problem: Problem, config: KVConfig, requests: RequestSet)
 
 
 def _capacity_scale(problem: Problem, config: KVConfig, requests: RequestSet, reference_s: float,
-                    precision: float) -> tuple[float, Metrics | None]:
-    """The highest rate scale meeting every SLO and the queueing guard (0 and None when none does)."""
+                    precision: float, start_scale: float | None = None) -> tuple[float, Metrics | None]:
+    """The highest rate scale meeting every SLO and the queueing guard (0 and None when none does);
+    ``start_scale``: a guess to search from (the answer does not depend on it, the time does)."""
     from skistune.simulator import capacity
 
     guards = [QueueGuard(reference_s, problem.max_queue_s)] if problem.max_queue_s is not None else []
-    cap = capacity(config, requests.requests, problem.target, [*problem.slos, *guards], precision=precision)
+    cap = capacity(config, requests.requests, problem.target, [*problem.slos, *guards], precision=precision,
+                   start=start_scale)
     return cap.rate_scale, cap.metrics
 
 
@@ -469,22 +471,24 @@ def unservable(problem: Problem, config: KVConfig, reason: str) -> Evaluation:
 
 
 def score(problem: Problem, config: KVConfig, requests: RequestSet | None = None, *,
-          precision: float = SEARCH_PRECISION) -> Evaluation:
-    """A config at its operating point: its capacity (to ``precision``) or the workload's own rate."""
+          precision: float = SEARCH_PRECISION, start_scale: float | None = None) -> Evaluation:
+    """A config at its operating point: its capacity (to ``precision``; searched from ``start_scale``, a
+    guess such as similar configs' capacity) or the workload's own rate."""
     from skistune.runtime.kv_layout import KVPoolTooSmall
 
     try:
-        return _score(problem, config, requests, precision)
+        return _score(problem, config, requests, precision, start_scale)
     except KVPoolTooSmall as exc:
         return unservable(problem, config, str(exc))
 
 
-def _score(problem: Problem, config: KVConfig, requests: RequestSet | None, precision: float) -> Evaluation:
+def _score(problem: Problem, config: KVConfig, requests: RequestSet | None, precision: float,
+           start_scale: float | None) -> Evaluation:
     requests = requests or problem.search
     reference_s = _isolated_ttft_p99(problem, config, requests)
     if not problem.at_capacity:
         return score_at(problem, config, requests, 1.0, reference_s=reference_s)
-    scale, metrics = _capacity_scale(problem, config, requests, reference_s, precision)
+    scale, metrics = _capacity_scale(problem, config, requests, reference_s, precision, start_scale)
     if scale <= 0:
         return score_at(problem, config, requests, MIN_RATE_SCALE, reference_s=reference_s, feasible_rate=False)
     if problem.needs_goodput or metrics is None:
@@ -494,6 +498,13 @@ def _score(problem: Problem, config: KVConfig, requests: RequestSet | None, prec
 
 
 # ---- the study --------------------------------------------------------------------------------------------
+def scale_guess(evaluations: Iterable[Evaluation]) -> float | None:
+    """Where to start a config's capacity search: the median rate scale of the configs scored so far
+    (most configs of one problem land within a few lattice steps of each other)."""
+    scales = sorted(e.rate_scale for e in evaluations if e.rate_scale > 0)
+    return scales[len(scales) // 2] if scales else None
+
+
 def default_study_name(problem: Problem) -> str:
     """Named after the problem: the same command resumes its study, another problem gets its own."""
     digest = hashlib.sha256(json.dumps(problem.identity(), sort_keys=True).encode()).hexdigest()[:8]
@@ -717,7 +728,7 @@ def _trial_function(problem: Problem, study) -> Callable:
                                                           "solve_s": stats.total_s - solve_s}})
         evaluation = cache.get(config)
         if evaluation is None:
-            evaluation = cache[config] = score(problem, config)
+            evaluation = cache[config] = score(problem, config, start_scale=scale_guess(cache.values()))
         for key, value in evaluation.to_attrs().items():
             trial.set_user_attr(key, value)
         if _uses_trial_constraints():
@@ -1485,7 +1496,8 @@ def _check_counts(n_trials: int, n_jobs: int, validate: int, timeout: float | No
 
 def _refine(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
     """Score again at `REFINE_PRECISION` with full metrics; feasible first, then best first."""
-    fine = [replace(score(problem, e.config, precision=REFINE_PRECISION), trial=e.trial) for e in evaluations]
+    fine = [replace(score(problem, e.config, precision=REFINE_PRECISION, start_scale=e.rate_scale), trial=e.trial)
+            for e in evaluations]
     return sorted(fine, key=lambda e: (not e.feasible, _sort_key(problem, e)))
 
 
@@ -1558,7 +1570,8 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     stage = on_stage or (lambda message: None)
     evaluations = completed(study)
     stage("refining the top configs")
-    baseline = score(problem, problem.base, precision=REFINE_PRECISION)
+    searched = [e for e in evaluations if e.config == problem.base] or evaluations
+    baseline = score(problem, problem.base, precision=REFINE_PRECISION, start_scale=scale_guess(searched))
     front = pareto_front(problem, evaluations)
     if not front:
         binding, closest = infeasibility(evaluations)

@@ -139,11 +139,31 @@ def best_table(result) -> Table:
     t.add_column("quality Δppl mean (95% bound) / worst" + (" (proxy)" if _proxy(p) else ""), justify="right")
     rows = [(f"#{i + 1}", str(e.trial), e) for i, e in enumerate(result.best)] + [("base", "-", result.baseline)]
     for rank, trial, e in rows:
-        t.add_row(rank, trial, *(_value(o, v) for o, v in zip(p.objectives, e.values)),
+        t.add_row(rank, trial, *(_objective_cell(p, o, v) for o, v in zip(p.objectives, e.values)),
                   *(_fmt(e.figures["slo_s"].get(str(s)), 1e3) for s in p.slos),
                   _fmt(e.figures["energy_j_per_token"], digits=3), _fmt(e.figures["kv_peak_bytes"], 2**-20),
                   _quality_cell(e.figures))
     return t
+
+
+def _lowest_rate_rps(problem) -> float:
+    """The lowest arrival rate the capacity search tries: a config that breaks a constraint there meets none."""
+    from skistune.optimize import MIN_RATE_SCALE
+
+    return MIN_RATE_SCALE * problem.search.base_rps
+
+
+def _objective_cell(problem, o, v: float) -> str:
+    if o.name == "capacity" and v == 0:
+        return f"none ≥ {_lowest_rate_rps(problem):.2g} req/s"
+    return _value(o, v)
+
+
+def no_rate_line(problem, label: str, e) -> str:
+    """Why a capacity of 0: the constraints it breaks even at the lowest rate tried (where its figures are)."""
+    return (f"{label} meets the constraints at no rate down to {_lowest_rate_rps(problem):.2g} req/s (1/1024 of "
+            f"the workload's); there it breaks {', '.join(e.binding) or 'a constraint'}, and its figures above "
+            "are at that rate")
 
 
 def _proxy(problem) -> bool:
@@ -171,6 +191,9 @@ def knob_lines(result) -> list[str]:
     p = result.problem
     names = [q.name for q in p.space.params if not q.is_switch]
     lines = [f"#{i + 1}: {_diff(e.config, p.base, names)}" for i, e in enumerate(result.best)]
+    if "capacity" in [o.name for o in p.objectives] and result.baseline.rate_scale > 0 and \
+            result.baseline.values[[o.name for o in p.objectives].index("capacity")] == 0:
+        lines.append(no_rate_line(p, "base", result.baseline))
     return lines + ["base: vLLM defaults (16-bit KV, no eviction or offload, prefix caching, max_num_seqs 256, "
                     "max_num_batched_tokens 2048, chunk 2048, fcfs, memory fraction 0.9)"]
 
@@ -209,6 +232,11 @@ def gain_lines(result) -> list[str]:
         return ["the best config found is the baseline itself (vLLM defaults): nothing to change for this workload "
                 "on this hardware"]
     for name, ratio in result.gain().items():
+        if name == "capacity" and ratio == float("inf"):  # a number of times more than nothing says nothing
+            tuned = result.best[0].values[[o.name for o in result.problem.objectives].index(name)]
+            lines.append(f"gain over the baseline (vLLM defaults), predicted: capacity {tuned:.4g} req/s where "
+                         "the baseline meets the constraints at no rate tried")
+            continue
         lines.append(f"gain over the baseline (vLLM defaults), predicted: {name} x{_fmt(ratio, digits=2)}")
     measured = result.measured_gain()
     if measured:

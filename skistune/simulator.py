@@ -13,6 +13,7 @@ context at the configured bits and pays the profile's dequantization and quantiz
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -309,41 +310,62 @@ class Capacity:
     evaluations: int
 
 
+def lattice_step(precision: float) -> float:
+    """The capacity search's resolution in log2 of the rate scale: the widest power-of-two fraction of one
+    doubling whose ratio is within ``precision`` (1/8 at 10%, 1/64 at 2%)."""
+    step = 1.0
+    while 2.0 ** step > 1 + precision:
+        step /= 2
+    return step
+
+
 def capacity(config: KVConfig, requests: Sequence[Request], target: SimTarget, slos: Sequence,
-             *, precision: float = 0.02, max_scale: float = 1024.0, min_scale: float = 1 / 1024) -> Capacity:
-    """Binary search on the arrival-rate scale (to ``precision`` relative) for the highest one at which
-    every SLO holds, as Vidur-Search and AIConfigurator report capacity."""
+             *, precision: float = 0.02, max_scale: float = 1024.0, min_scale: float = 1 / 1024,
+             start: float | None = None) -> Capacity:
+    """The highest arrival-rate scale at which every SLO holds, as Vidur-Search and AIConfigurator report
+    capacity, to ``precision`` relative.
+
+    The answer is the highest feasible point of a fixed lattice, 2 ** (k * `lattice_step`) for integer k,
+    found by galloping out from ``start`` (a guess, e.g. a similar config's capacity) and bisecting. Where
+    feasibility falls with the rate, every start gives the same answer, so a good guess only saves
+    simulations (about 5 instead of 15) and configs of equal capacity still tie exactly."""
     base_rps = len(requests) / max(max(r.arrival_s for r in requests), 1e-9)
-    evaluations = 0
+    step = lattice_step(precision)
+    low, high = math.log2(min_scale), math.log2(max_scale)
+    held: dict[float, Metrics | None] = {}
 
-    def check(scale: float) -> Metrics | None:
-        nonlocal evaluations
-        evaluations += 1
-        m = simulate(config, with_rate_scale(requests, scale), target)
-        ok = m.num_finished == m.num_requests and all(s.met(m) for s in slos)
-        return m if ok else None
+    def check(x: float) -> Metrics | None:
+        if x not in held:
+            m = simulate(config, with_rate_scale(requests, 2.0 ** x), target)
+            ok = m.num_finished == m.num_requests and all(s.met(m) for s in slos)
+            held[x] = m if ok else None
+        return held[x]
 
-    lo, lo_m = 1.0, check(1.0)
-    hi = 1.0
-    if lo_m is not None:  # grow until an SLO breaks
-        while hi < max_scale:
-            hi = min(hi * 2, max_scale)
-            m = check(hi)
-            if m is None:
+    # without a guess, start at the trace's own rate and move a whole doubling at a time
+    x = 0.0 if start is None or start <= 0 else min(max(round(math.log2(start) / step) * step, low), high)
+    stride = 1.0 if start is None else step
+    if check(x) is not None:
+        lo = x
+        while True:  # gallop up until a rate breaks an SLO
+            if lo >= high:
+                return Capacity(2.0 ** lo, 2.0 ** lo * base_rps, held[lo], len(held))
+            hi = min(lo + stride, high)
+            if check(hi) is None:
                 break
-            lo, lo_m = hi, m
-        else:
-            return Capacity(lo, lo * base_rps, lo_m, evaluations)
-    else:  # shrink until every SLO holds
-        while lo > min_scale:
-            hi, lo = lo, lo / 2
-            lo_m = check(lo)
-            if lo_m is not None:
+            lo, stride = hi, stride * 2
+    else:
+        hi = x
+        while True:  # gallop down until every SLO holds
+            if hi <= low:
+                return Capacity(0.0, 0.0, None, len(held))
+            lo = max(hi - stride, low)
+            if check(lo) is not None:
                 break
+            hi, stride = lo, stride * 2
+    while hi - lo > step * 1.5:  # bisect on the lattice
+        mid = lo + round((hi - lo) / 2 / step) * step
+        if check(mid) is not None:
+            lo = mid
         else:
-            return Capacity(0.0, 0.0, None, evaluations)
-    while hi / lo > 1 + precision:
-        mid = (lo * hi) ** 0.5
-        m = check(mid)
-        lo, lo_m, hi = (mid, m, hi) if m is not None else (lo, lo_m, mid)
-    return Capacity(lo, lo * base_rps, lo_m, evaluations)
+            hi = mid
+    return Capacity(2.0 ** lo, 2.0 ** lo * base_rps, held[lo], len(held))

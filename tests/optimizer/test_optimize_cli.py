@@ -99,3 +99,31 @@ def test_two_worker_processes_share_one_study(here):
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(done) == 4 and sorted(t.number for t in done) == [0, 1, 2, 3]
     assert json.loads(r.stdout.strip().splitlines()[-1])["trials"] == 4
+
+
+def test_a_baseline_that_meets_no_rate_is_reported_with_what_breaks_not_as_an_infinite_gain():
+    from dataclasses import replace
+
+    from skistune.optimize import MIN_RATE_SCALE, Evaluation, OptimizeResult, build_problem
+    from skistune.optimize_cli import best_table, gain_lines, knob_lines
+
+    problem = build_problem("chat", slo=["p99=200ms"], profile=PROFILE)
+    tuned = Evaluation(replace(problem.base, batching=replace(problem.base.batching, max_num_seqs=8)),
+                       0.5, (0.25,), {"tbt:p99<=200ms": -0.1, "queue<=5s": -0.5, "served": 0.0},
+                       {"slo_s": {"tbt:p99<=200ms": 0.18}, "energy_j_per_token": 1.0, "kv_peak_bytes": 1 << 20,
+                        "quality_basis": "exact"}, trial=3)
+    base = Evaluation(problem.base, MIN_RATE_SCALE, (0.0,), {"tbt:p99<=200ms": -0.2, "queue<=5s": 0.4, "served": 0.0},
+                      {"slo_s": {"tbt:p99<=200ms": 0.16}, "energy_j_per_token": 2.0, "kv_peak_bytes": 1 << 20,
+                       "quality_basis": "exact"})
+    result = OptimizeResult(problem=problem, best=[tuned], pareto=[tuned], baseline=base, study=None,
+                            storage="")
+    lines = gain_lines(result)
+    assert not any("xinf" in line for line in lines)
+    assert "capacity 0.25 req/s where the baseline meets the constraints at no rate tried" in lines[0]
+    lowest = f"{MIN_RATE_SCALE * problem.search.base_rps:.2g}"
+    assert any(line.startswith(f"base meets the constraints at no rate down to {lowest} req/s")
+               and "breaks queue<=5s," in line for line in knob_lines(result))
+    from rich.console import Console
+    console = Console(width=200, record=True)
+    console.print(best_table(result))
+    assert f"none ≥ {lowest} req/s" in console.export_text()

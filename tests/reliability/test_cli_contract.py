@@ -60,3 +60,19 @@ def test_exit_codes_of_commands_and_their_errors_pass_through():
     usage = runner.invoke(probe, ["run", "--code", "x"])
     assert usage.exit_code == 2 and usage.stderr.startswith("error: Invalid value for '--code'")
     assert usage.stderr.endswith("(see skistune run --help)\n") and usage.stderr.count("\n") == 1
+
+
+def test_json_summaries_are_strict_json_with_null_for_infinite_figures(capsys):
+    import json
+    import math
+
+    import numpy as np
+
+    from skistune.cli import print_json
+
+    print_json({"gain": {"capacity": math.inf}, "loss": [1.5, math.nan, np.float64(2.5)], "n": np.int64(3)})
+    line = capsys.readouterr().out.strip()
+
+    def strict(token):
+        raise ValueError(token)
+    assert json.loads(line, parse_constant=strict) == {"gain": {"capacity": None}, "loss": [1.5, None, 2.5], "n": 3}

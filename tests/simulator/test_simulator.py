@@ -106,3 +106,28 @@ def test_capacity_is_the_highest_rate_scale_meeting_the_slo():
     looser = capacity(KVConfig(), reqs, t, [parse_slo("ttft:p99<=2s")])
     assert looser.rate_scale > cap.rate_scale
     assert cap.rate_rps == pytest.approx(cap.rate_scale * len(reqs) / max(r.arrival_s for r in reqs))
+
+
+def test_capacity_is_the_same_from_any_start_and_a_good_guess_saves_simulations():
+    from skistune.simulator import capacity, lattice_step, with_rate_scale
+    from skistune.slo import parse_slo
+
+    reqs = azure_requests(120)
+    t = target(cost(fixed=2e-3, seqs=1e-4, tokens=2e-5, kv=1e-12, samples=1e-5), device_bytes=256 << 20)
+    slos = [parse_slo("ttft:p99<=500ms")]
+    cold = capacity(KVConfig(), reqs, t, slos, precision=0.10)
+    assert lattice_step(0.10) == 1 / 8 and lattice_step(0.02) == 1 / 64
+    # the next lattice point up breaks the SLO: the answer is the highest feasible one
+    assert not slos[0].met(simulate(KVConfig(), with_rate_scale(reqs, cold.rate_scale * 2 ** (1 / 8)), t))
+    for start in (1 / 1000, cold.rate_scale / 3, cold.rate_scale, cold.rate_scale * 1.3, 500.0):
+        warm = capacity(KVConfig(), reqs, t, slos, precision=0.10, start=start)
+        assert warm.rate_scale == cold.rate_scale, start
+    guessed = capacity(KVConfig(), reqs, t, slos, precision=0.10, start=cold.rate_scale)
+    assert guessed.evaluations <= 3 < cold.evaluations  # the guess and the lattice point above it (+ a bisection)
+    finer = capacity(KVConfig(), reqs, t, slos, precision=0.02, start=cold.rate_scale)
+    assert cold.rate_scale <= finer.rate_scale < cold.rate_scale * 2 ** (1 / 8)
+    assert finer.rate_scale == capacity(KVConfig(), reqs, t, slos, precision=0.02).rate_scale
+    # the lattice's ends: nothing feasible gives 0, everything feasible gives the top scale
+    assert capacity(KVConfig(), reqs, t, [parse_slo("ttft:p99<=1us")], start=2.0).rate_scale == 0.0
+    top = capacity(KVConfig(), reqs, t, [parse_slo("ttft:p99<=1000s")], max_scale=4.0, start=0.5)
+    assert top.rate_scale == 4.0
