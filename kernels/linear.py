@@ -24,24 +24,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-ROW_MULTIPLE = 16  # MKL's fast path on this CPU: rows (tokens) in multiples of 16
-CPU_FLIP_TOKENS = range(1, 257)  # step tokens (rows of x) computed as w @ x.T on a CPU ...
-CPU_PAD_SHORT_BY = 4  # ... padded with zero rows to the next multiple of 16 when at most this many short
-SINGLE_ROW_PADDED = 2  # ... and one row padded to two
+# the rule (which orientation, how many rows) lives in `rows` without torch: the simulator's step cost
+# model counts the rows a CPU step really computes
+from .rows import CPU_FLIP_TOKENS, CPU_PAD_SHORT_BY, ROW_MULTIPLE, SINGLE_ROW_PADDED, cpu_orientation, padded_rows
 
-
-def padded_rows(tokens: int) -> int:
-    """The rows a padded product computes: `SINGLE_ROW_PADDED` for one, else ``tokens`` rounded up to a
-    multiple of `ROW_MULTIPLE`."""
-    return SINGLE_ROW_PADDED if tokens == 1 else -(-tokens // ROW_MULTIPLE) * ROW_MULTIPLE
-
-
-def cpu_orientation(tokens: int) -> str:
-    """How a CPU computes a projection of ``tokens`` rows: "plain" (``x @ w.T``), "flipped" (``w @ x.T``)
-    or "padded" (flipped, with zero rows up to `padded_rows`)."""
-    if tokens not in CPU_FLIP_TOKENS:
-        return "plain"
-    return "padded" if tokens == 1 or 0 < padded_rows(tokens) - tokens <= CPU_PAD_SHORT_BY else "flipped"
+__all__ = ["CPU_FLIP_TOKENS", "CPU_PAD_SHORT_BY", "ROW_MULTIPLE", "SINGLE_ROW_PADDED", "cpu_orientation",
+           "padded_rows", "oriented_product", "linear"]
 
 
 def oriented_product(x: torch.Tensor, w: torch.Tensor, orientation: str) -> torch.Tensor:

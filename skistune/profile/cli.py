@@ -42,6 +42,10 @@ def _errors(quality) -> str:
     return f"{_pct(quality.median_rel_error)} / {_pct(quality.max_rel_error)}"
 
 
+def _held_errors(fit) -> str:
+    return "none held out" if fit.held_out is None else _errors(fit.held_out)
+
+
 def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     fit, knee = profile.step_fit, profile.step_cost.knee
     c = dict(zip(ALL_FEATURES, profile.step_cost.all_coef))
@@ -136,16 +140,25 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
 
 
 def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
-             show: Optional[Path], json_out: bool) -> None:
+             show: Optional[Path], refit: Optional[Path], json_out: bool) -> None:
     from skistune.cli import err_console
 
-    if show is not None:
+    if show is not None and refit is not None:
+        raise ValueError("--show and --refit: give one")
+    if show is not None or refit is not None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FingerprintWarning)
-            shown = load_profile(show)
+            shown = load_profile(show or refit)
         for warning in caught:
             err_console.print(f"[yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
-        _report(shown, show, json_out)
+        if refit is not None:  # same points, this version's step model; written over the file unless --out
+            before = shown.step_fit
+            shown = shown.refit_steps()
+            refit = shown.save(out or refit)
+            err_console.print(f"refitted ({shown.step_cost.rows} rows): step error median / max, training "
+                              f"{_errors(before.train)} -> {_errors(shown.step_fit.train)}, held-out "
+                              f"{_held_errors(before)} -> {_held_errors(shown.step_fit)}", highlight=False)
+        _report(shown, show or refit, json_out)
         return
     profile = _measure(model, device, quick, disk_dir, err_console)
     path = profile.save(out or Path("profiles") / f"{profile.name}.json")
@@ -162,6 +175,9 @@ def profile(
     disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help="directory on the disk tier to time "
                                                      "file I/O in (default: a temporary directory)")] = None,
     show: Annotated[Optional[Path], typer.Option(help="print an existing profile instead of measuring")] = None,
+    refit: Annotated[Optional[Path], typer.Option(help="fit an existing profile's step cost model again from its "
+                                                  "measured points with this version's model (written back, or "
+                                                  "to --out), instead of measuring")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
 ) -> None:
     """Measure this machine for a model: whole runtime steps over batch x context and prefill chunks (and
@@ -172,4 +188,4 @@ def profile(
         cli_errors,  # here: skistune.cli imports this module to register the command
     )
 
-    cli_errors(_profile)(model, device, quick, out, disk_dir, show, json_out)
+    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, json_out)

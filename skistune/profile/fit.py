@@ -116,20 +116,21 @@ class StepFit:
 
 
 def fit_step_cost(shapes: Sequence[StepShape], measured_s: Sequence[float], held_out: Sequence[bool],
-                  knees: Sequence[int] = KNEE_CANDIDATES) -> StepFit:
-    """Fit `StepCostModel` on the points not held out, choosing the knee with the least relative error."""
+                  knees: Sequence[int] = KNEE_CANDIDATES, rows: str = "tokens") -> StepFit:
+    """Fit `StepCostModel` on the points not held out, choosing the knee with the least relative error;
+    ``rows``: how the device's projections count a step's rows (`cost.ROW_RULES`)."""
     y = np.asarray(measured_s, dtype=np.float64)
     test = np.asarray(held_out, dtype=bool)
     train_shapes = [s for s, h in zip(shapes, test) if not h]
     errors, coefs = {}, {}
     for knee in knees:
-        x = design_matrix(train_shapes, knee)
+        x = design_matrix(train_shapes, knee, rows)
         coefs[knee] = nnls_relative(x, y[~test])
         errors[knee] = huber_loss((x @ coefs[knee]) / y[~test] - 1.0)
     # Ties (no convex kink in the data: every knee past the largest step fits alike) go to the larger
     # knee, so that the slope is carried by `tokens` and the knee says "not seen below this".
     knee = min(knees, key=lambda k: (round(errors[k], 12), -k))
-    model = StepCostModel.of(coefs[knee], knee)
+    model = StepCostModel.of(coefs[knee], knee, rows)
     predicted = np.array([model.predict_s(s) for s in shapes])
     held = fit_quality(predicted[test], y[test]) if test.any() else None
     return StepFit(model, fit_quality(predicted[~test], y[~test]), held, errors)

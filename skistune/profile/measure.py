@@ -21,6 +21,7 @@ from ..runtime.kv_layout import kv_block_bytes, kv_traffic, ring_bytes
 from ..runtime.llm import Runtime
 from ..runtime.presets import get_preset
 from .fingerprint import machine_fingerprint
+from .cost import device_rows
 from .fit import fit_linear, fit_step_cost, fit_transfer
 from .kernels import (
     ATTENTION_FEATURES,
@@ -119,7 +120,7 @@ class Grid:
 FULL_GRID = Grid(
     decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(32, 128, 512, 1024, 2048), max_decode_kv_tokens=32768,
     # (cached contexts of about 512 and 1,536 tokens, rounded to whole chunks: the profiler prefills them chunk by chunk)
-    prefill=tuple((n, n * round(k / n)) for n in (16, 37, 64, 131, 256, 512) for k in (0, 512, 1536)),
+    prefill=tuple((n, n * round(k / n)) for n in (5, 9, 16, 37, 64, 131, 256, 512) for k in (0, 512, 1536)),
     mixed=((2, 512, 64), (4, 256, 256), (8, 1024, 64), (16, 512, 256), (32, 128, 512), (64, 256, 128)),
     warmup=2, repeats=5, max_repeats=25, min_time_s=1.0,
     overhead_batches=(1, 4, 16, 64, 256), overhead_repeats=30, kernel_repeats=10,
@@ -289,7 +290,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
     else:
         steps, busy_w = average_w(meter, lambda: _measure_steps(bench, grid, tick))
     step_fit = fit_step_cost([p.shape for p in steps], [p.timing.median_s for p in steps],
-                             [p.held_out for p in steps])
+                             [p.held_out for p in steps], rows=device_rows(device.type))
     overhead = _overhead(bench, grid, tick)
     attention = _attention(runtime, grid, tick)
     quantize = _quantize(runtime, grid, tick)

@@ -15,11 +15,11 @@ import json
 import os
 import uuid
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .cost import StepCostModel
+from .cost import StepCostModel, device_rows
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import FitQuality, LinearFit, StepFit, TransferFit
 from .power import POWER_SOURCES, PowerModel
@@ -84,6 +84,16 @@ class HardwareProfile:
         if link not in self.transfers:
             raise ValueError(f"transfer link {link!r}: not in this profile (has {', '.join(self.transfers)})")
         return self.transfers[link].fit.time_s(nbytes)
+
+    def refit_steps(self) -> "HardwareProfile":
+        """The same measurements with the step cost model fitted again by this version's model (the device's
+        row rule, the features), on the same training and held-out points: a profile written by an older
+        version gains what the model learned without measuring again."""
+        from .fit import fit_step_cost
+
+        fit = fit_step_cost([p.shape for p in self.steps], [p.timing.median_s for p in self.steps],
+                            [p.held_out for p in self.steps], rows=device_rows(self.device))
+        return replace(self, step_fit=fit)
 
     @property
     def measures_quantized_kv(self) -> bool:
@@ -305,8 +315,13 @@ def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder:
     if path.is_file():
         try:
             # an entry from before quantized KV was measured is used as it is (its `quantized_kv_note` says
-            # what quantized KV predictions then rest on): `skistune profile` measures it again on demand
-            return load_profile(path)
+            # what quantized KV predictions then rest on): `skistune profile` measures it again on demand;
+            # one fitted before the device's row rule existed is fitted again from its own points
+            cached = load_profile(path)
+            if cached.step_cost.rows != device_rows(device):
+                cached = cached.refit_steps()
+                cached.save(path)
+            return cached
         except ValueError:
             pass  # a damaged cache entry is measured again and overwritten
     from .measure import (

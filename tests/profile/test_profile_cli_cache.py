@@ -86,3 +86,32 @@ def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     assert cache_dir() == tmp_path / "skistune" / "profiles"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache_dir().parts[-3:] == (".cache", "skistune", "profiles")
+
+
+def test_refit_fits_the_same_points_again_with_this_versions_model(tmp_path, tiny_profile):
+    from skistune.profile.cost import StepCostModel
+
+    old = replace(tiny_profile, step_fit=replace(tiny_profile.step_fit, model=StepCostModel(
+        tiny_profile.step_cost.coef, tiny_profile.step_cost.knee, tiny_profile.step_cost.quant_coef, "tokens")))
+    path = old.save(tmp_path / "old.json")
+    out = tmp_path / "new.json"
+    result = CliRunner().invoke(app, ["profile", "--refit", str(path), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "refitted (cpu rows)" in result.stderr
+    refitted = load_profile(out, check_fingerprint=False)
+    assert refitted.step_cost.rows == "cpu" and refitted.steps == old.steps
+    assert load_profile(path, check_fingerprint=False).step_cost.rows == "tokens"  # --out: the input is kept
+    both = CliRunner().invoke(app, ["profile", "--refit", str(path), "--show", str(path)])
+    assert both.exit_code == 2 and "give one" in both.stderr
+
+
+def test_a_cache_entry_fitted_before_the_row_rule_is_fitted_again_from_its_points(tmp_path, tiny_profile):
+    from skistune.profile.cost import StepCostModel
+
+    old = replace(tiny_profile, fingerprint=machine_fingerprint("cpu"), step_fit=replace(
+        tiny_profile.step_fit, model=StepCostModel(tiny_profile.step_cost.coef, tiny_profile.step_cost.knee,
+                                                   tiny_profile.step_cost.quant_coef, "tokens")))
+    path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"), tmp_path)
+    old.save(path)
+    assert default_profile("smollm2-135m", "cpu", folder=tmp_path).step_cost.rows == "cpu"
+    assert load_profile(path).step_cost.rows == "cpu"  # and stored so

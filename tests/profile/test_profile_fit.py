@@ -2,6 +2,8 @@
 bandwidth, and they are not bent by an outlier."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -52,3 +54,33 @@ def test_a_poor_fit_is_flagged():
     fit = fit_linear(("fixed", "seqs"), x, noisy)
     assert fit.quality.r2 < 0.95 and fit.quality.flagged
     assert all(c >= 0 for c in fit.coef)
+
+
+def test_the_cpu_row_rule_counts_the_rows_a_cpu_step_computes():
+    from skistune.profile.cost import device_rows
+
+    model = StepCostModel(coef=(0.02, 1e-4, 5e-4, 0.0, 3e-3, 0.0, 0.0, 0.0, 3e-4), knee=2048, rows="cpu")
+    plain = replace(model, rows="tokens")
+    step = lambda n, samples=1: StepShape(n, 1, 0, 0, samples)  # noqa: E731
+    # 13-15 tokens are padded to 16 rows (`kernels.rows`), 11 is not, one token runs as two rows
+    assert model.predict_s(step(13)) == model.predict_s(step(16)) > plain.predict_s(step(13))
+    assert model.predict_s(step(11, samples=0)) == plain.predict_s(step(11, samples=0))
+    assert model.predict_s(step(1)) == pytest.approx(plain.predict_s(step(1)) + 5e-4 + 3e-4)  # token and LM-head row
+    assert model.predict_s(step(16, samples=0)) == plain.predict_s(step(16, samples=0))
+    assert device_rows("cpu") == "cpu" and device_rows("cuda") == "tokens"
+    # written and read back; a profile from before the rule reads as one row per token
+    assert StepCostModel.from_dict(model.to_dict()) == model
+    old = {k: v for k, v in plain.to_dict().items() if k != "rows"}
+    assert StepCostModel.from_dict(old).rows == "tokens"
+    with pytest.raises(ValueError, match="rows 'avx'"):
+        StepCostModel.from_dict({**model.to_dict(), "rows": "avx"})
+
+
+def test_a_fit_with_the_cpu_row_rule_recovers_costs_that_follow_padded_rows():
+    truth = replace(TRUE, rows="cpu")
+    shapes = _shapes() + [StepShape(n, 1, 0, n * n, 1, n * 46080) for n in (13, 15, 29, 62)]
+    times_s = [truth.predict_s(s) for s in shapes]
+    fit = fit_step_cost(shapes, times_s, [False] * len(shapes), rows="cpu")
+    assert fit.model.rows == "cpu" and fit.train.max_rel_error < 1e-4
+    wrong = fit_step_cost(shapes, times_s, [False] * len(shapes))  # one row per token cannot follow the padding
+    assert wrong.train.max_rel_error > 10 * fit.train.max_rel_error
