@@ -1,0 +1,98 @@
+"""Simulator fidelity step by step: one fidelity workload x config served by the real runtime, each real
+step's time against the hardware profile's prediction for the same step's shape, by kind of step (pure
+decode, one prefill, prefill with decodes), and for the steps that follow an idle gap apart from the rest.
+Shows where `benchmarks/fidelity.py`'s latency errors come from.
+    python benchmarks/fidelity_steps.py [--workload mooncake-prefix] [--config default] [--replays 2] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from fidelity import CONFIGS, MODEL, workloads
+
+from skistune.config import KVConfig
+from skistune.evaluate import sim_target, workload_requests
+from skistune.profile.cost import step_shape
+from skistune.runtime.engine import Engine
+from skistune.runtime.kv_layout import kv_traffic
+from skistune.runtime.llm import Runtime
+
+IDLE_GAP_S = 0.05  # a step that starts this long after the previous one ended follows an idle engine
+
+
+def timed_steps(engine: Engine, log: list) -> None:
+    """Make ``engine.step`` record (shape-ready scheduler output, execute seconds, start, end) per step."""
+    def step():
+        t0 = time.perf_counter()
+        out = engine.scheduler.schedule()
+        t1 = time.perf_counter()
+        sampled = engine.executor.execute(out, engine.kv)
+        t2 = time.perf_counter()
+        engine.busy_s += t2 - t1
+        finished = engine.scheduler.update(out, sampled, engine.clock.now(), engine.eos_token_id)
+        log.append((out, t2 - t1, t0, time.perf_counter()))
+        return finished
+    engine.step = step
+
+
+def kind(shape) -> str:
+    if shape.num_tokens == shape.num_seqs:
+        return "decode"
+    return "prefill" if shape.num_seqs == 1 else "mixed"
+
+
+def summary(errors: list[float]) -> dict:
+    errors = sorted(errors)
+    return {"steps": len(errors), "median": statistics.median(errors), "p10": errors[len(errors) // 10],
+            "p90": errors[len(errors) * 9 // 10]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default=str(Path(__file__).resolve().parents[1] / "profiles" / "cpu-smollm2-135m.json"))
+    ap.add_argument("--workload", default="mooncake-prefix", choices=["azure-conv", "mooncake-prefix", "bursty-chat"])
+    ap.add_argument("--config", default="default", choices=list(CONFIGS))
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--replays", type=int, default=2)
+    ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    args = ap.parse_args()
+    target = sim_target(MODEL, args.profile)
+    runtime = Runtime.from_preset(MODEL, KVConfig())
+    requests = workload_requests(workloads(args.requests)[args.workload], MODEL)
+    config = KVConfig().with_knobs(CONFIGS[args.config])
+    traffic = kv_traffic(config, target.spec, target.kv_itemsize)
+    replays = []
+    print(f"{args.workload} x {args.config}: predicted / measured - 1 per real step (profile {args.profile})")
+    for replay in range(args.replays):
+        engine = runtime.with_config(config).new_engine()
+        log: list = []
+        timed_steps(engine, log)
+        engine.replay(requests)
+        rows, previous_end = [], None
+        for out, measured_s, start, end in log:
+            shape = step_shape(out, traffic)
+            rows.append({"kind": kind(shape), "tokens": shape.num_tokens, "seqs": shape.num_seqs,
+                         "measured_s": measured_s, "predicted_s": target.step_cost.predict_s(shape),
+                         "after_idle": previous_end is not None and start - previous_end > IDLE_GAP_S})
+            previous_end = end
+        groups = {k: summary([r["predicted_s"] / r["measured_s"] - 1 for r in rows if r["kind"] == k])
+                  for k in ("decode", "prefill", "mixed") if any(r["kind"] == k for r in rows)}
+        for label, flag in (("after an idle gap", True), ("back to back", False)):
+            errors = [r["predicted_s"] / r["measured_s"] - 1 for r in rows[1:] if r["after_idle"] == flag]
+            if errors:
+                groups[label] = summary(errors)
+        replays.append({"steps": len(rows), "groups": groups})
+        print(f"replay {replay + 1}: {len(rows)} steps")
+        for label, g in groups.items():
+            print(f"  {label:<18} {g['steps']:>4} steps  median {g['median']:+.1%}  p10 {g['p10']:+.1%}  p90 {g['p90']:+.1%}")
+    if args.json:
+        print(json.dumps({"benchmark": "fidelity_steps", "workload": args.workload, "config": args.config,
+                          "profile": args.profile, "replays": replays}))
+
+
+if __name__ == "__main__":
+    main()
