@@ -342,8 +342,9 @@ def capacity(config: KVConfig, requests: Sequence[Request], target: SimTarget, s
         return held[x]
 
     # without a guess, start at the trace's own rate and move a whole doubling at a time
-    x = 0.0 if start is None or start <= 0 else min(max(round(math.log2(start) / step) * step, low), high)
-    stride = 1.0 if start is None else step
+    guessed = start is not None and start > 0
+    x = min(max(round(math.log2(start) / step) * step, low), high) if guessed else 0.0
+    stride = step if guessed else 1.0
     if check(x) is not None:
         lo = x
         while True:  # gallop up until a rate breaks an SLO

@@ -11,6 +11,7 @@ from report_fixtures import fake_validation, make_study
 from typer.testing import CliRunner
 
 from skistune.cli import app
+from skistune.config import KVConfig
 from skistune.optimize import VALIDATED_ATTR
 from skistune.report import (FILES, build_report, memory_timeline, report_tables, sampled_replay, table_html,
                              tradeoff_front, write_report)
@@ -114,7 +115,10 @@ def test_validated_records_give_the_fidelity_table_and_the_timeline_of_the_valid
     assert "<td class='left'>base</td>" in fidelity and "no (tbt:p99&lt;=200ms)" in fidelity
     timeline = memory_timeline(rep)
     assert timeline.label.startswith("simulated replay of the validation slice (6 requests")
-    assert list(timeline.used_bytes) == ["device"] and (timeline.time_s[1:] >= timeline.time_s[:-1]).all()
+    winner = KVConfig.from_dict(rep.validated[0]["config"])  # the tiers it has, whichever the search chose
+    tiers = ["device"] + (["host"] if winner.offload.host_kv_bytes else []) + \
+        (["disk"] if winner.offload.host_kv_bytes and winner.offload.disk_kv_bytes else [])
+    assert list(timeline.used_bytes) == tiers and (timeline.time_s[1:] >= timeline.time_s[:-1]).all()
     device = timeline.used_bytes["device"]
     assert device[0] == device[-1] == 0 and 0 < device.max() <= timeline.capacity_bytes["device"]
 
