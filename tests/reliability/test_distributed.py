@@ -34,8 +34,9 @@ def test_four_workers_share_one_postgres_study_and_lose_nothing(pg_url, profile,
 
     # the same problem searched by one process with the same number of trials: the simulator is
     # deterministic, but four samplers seeing each other's trials in another order try other configs;
-    # each capacity is a binary search to 2% precision, so two bests of equal merit can differ by more
-    # than 2% (2.1% seen once the tiers joined the search): within 5%
+    # each capacity is a search to 2% precision, so two bests of equal merit can differ by more than 2%
+    # (2.1% seen once the tiers joined the search): the fleet loses at most 5% against one process. It may
+    # find better: with the AVX2 profile the fleet's 17 trials found a config 14% above the serial best.
     serial = skistune.optimize(load_workload("chat", requests=16), slo=SLO, profile=profile, seed=0,
                                storage=f"sqlite:///{tmp_path / 'serial.db'}", study_name="serial",
                                n_trials=requested, validate=0)
@@ -43,4 +44,4 @@ def test_four_workers_share_one_postgres_study_and_lose_nothing(pg_url, profile,
     fleet = finish(created.problem, study, top_k=0)
     assert fleet["trials"] == requested and fleet["best"] and serial.feasible
     best, serial_best = fleet["best"][0].values[0], serial.best[0].values[0]
-    assert abs(best - serial_best) <= 0.05 * serial_best, (best, serial_best)
+    assert best >= 0.95 * serial_best, (best, serial_best)
