@@ -600,19 +600,11 @@ def show(console, result: dict[str, Any], budgets: Sequence[int]) -> None:
                   + f" (slowest seed: {'-' if share['skistune_slowest_seed'] is None else share['skistune_slowest_seed']})")
 
 
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, Mapping):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     import optuna
     from rich.console import Console
+
+    from skistune.cli import json_ready
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     names = [s.name for s in SCENARIOS]
@@ -647,7 +639,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   f"(exhaustive {sum(r['exhaustive_s'] for r in results if not r['cached']):.0f} s, "
                   f"searches {sum(r['search_s'] for r in results):.0f} s)")
     if args.json:
-        print(json.dumps(_json_safe({"benchmark": "search_efficiency", "profile": str(PROFILE.relative_to(ROOT)),
+        print(json.dumps(json_ready({"benchmark": "search_efficiency", "profile": str(PROFILE.relative_to(ROOT)),
                                      "seeds": len(args.seeds), "budgets": sorted(args.budgets), "goal": GOAL,
                                      "code": code, "wall_s": wall, "goal_met": met, "grid_share_goal_met": share_met,
                                      "scenarios": results})))

@@ -23,7 +23,6 @@ the measured half needs a quiet machine (nothing else on its cores). ``--measure
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 import warnings
@@ -33,6 +32,7 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
+from skistune.cli import print_json
 from skistune.optimize import (Problem, RequestSet, _measure, build_problem, load_runtime, score, score_at,
                                solve, validation_requests)
 from skistune.optimize_cli import _diff
@@ -197,8 +197,7 @@ def main() -> None:
     wall = time.perf_counter() - started
     console.print(f"profile: {args.profile}; {args.trials} trials per workload; wall {wall:.0f} s")
     if args.json:
-        print(json.dumps({"rows": rows, "profile": args.profile, "wall_s": round(wall, 1),
-                          "skistune": version("skistune")}, default=float))
+        print_json({"rows": rows, "profile": args.profile, "wall_s": round(wall, 1), "skistune": version("skistune")})
 
 
 if __name__ == "__main__":

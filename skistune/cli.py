@@ -12,7 +12,7 @@ import functools
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
@@ -115,18 +115,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def print_json(figures: dict) -> None:
     """The machine-readable result: one JSON object on the last line of stdout, strict JSON (an infinite
     or undefined figure, such as a gain over a baseline that meets no rate, is null: JSON has no Infinity)."""
-    sys.stdout.write(json.dumps(_finite_only(figures), separators=(",", ":"), default=float, allow_nan=False) + "\n")
+    sys.stdout.write(json.dumps(json_ready(figures), separators=(",", ":"), default=float, allow_nan=False) + "\n")
 
 
-def _finite_only(value):
-    if isinstance(value, dict):
-        return {k: _finite_only(v) for k, v in value.items()}
+def json_ready(value):
+    """``value`` with every infinite or undefined float as None and numpy scalars as floats: what strict JSON
+    can hold (commands and benchmarks print their figures through it)."""
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite_only(v) for v in value]
+        return [json_ready(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if not isinstance(value, (str, int, float, bool, type(None))) and hasattr(value, "__float__"):
-        return _finite_only(float(value))  # numpy scalars, as `default=float` did
+        return json_ready(float(value))  # numpy scalars, as `default=float` did
     return value
 
 
