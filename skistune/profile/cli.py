@@ -46,6 +46,11 @@ def _held_errors(fit) -> str:
     return "none held out" if fit.held_out is None else _errors(fit.held_out)
 
 
+def _row_unit(profile: HardwareProfile) -> str:
+    """What the token terms count: rows as the CPU computes them (padded), or tokens."""
+    return "row (tokens as computed, CPU padding)" if profile.step_cost.rows == "cpu" else "token"
+
+
 def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     fit, knee = profile.step_fit, profile.step_cost.knee
     c = dict(zip(ALL_FEATURES, profile.step_cost.all_coef))
@@ -55,7 +60,7 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
         rows.append((f"step error median / max ({fit.held_out.points} held-out points)", _errors(fit.held_out)))
     return rows + [
         ("step: fixed + per sequence", f"{c['fixed'] * 1e3:.2f} ms + {c['seqs'] * 1e6:.0f} µs"),
-        ("step: per token / past the knee",
+        (f"step: per {_row_unit(profile)} / past the knee",
          f"{c['tokens'] * 1e6:.0f} µs / {c['tokens_past_knee'] * 1e6:.0f} µs (knee {knee} tokens)"),
         ("step: more than one token (matrix-matrix)", f"{c['multi_token'] * 1e3:.2f} ms"),
         ("step: per GB of KV read (decode / prefill)",
