@@ -159,6 +159,12 @@ def _objective_cell(problem, o, v: float) -> str:
     return _value(o, v)
 
 
+def _objective(problem, e, name: str) -> float | None:
+    """``e``'s value of the objective ``name``, None when the problem does not optimize it."""
+    names = [o.name for o in problem.objectives]
+    return e.values[names.index(name)] if name in names else None
+
+
 def no_rate_line(problem, label: str, e) -> str:
     """Why a capacity of 0: the constraints it breaks even at the lowest rate tried (where its figures are)."""
     return (f"{label} meets the constraints at no rate down to {_lowest_rate_rps(problem):.2g} req/s (1/1024 of "
@@ -191,8 +197,7 @@ def knob_lines(result) -> list[str]:
     p = result.problem
     names = [q.name for q in p.space.params if not q.is_switch]
     lines = [f"#{i + 1}: {_diff(e.config, p.base, names)}" for i, e in enumerate(result.best)]
-    if "capacity" in [o.name for o in p.objectives] and result.baseline.rate_scale > 0 and \
-            result.baseline.values[[o.name for o in p.objectives].index("capacity")] == 0:
+    if result.baseline.rate_scale > 0 and _objective(p, result.baseline, "capacity") == 0:
         lines.append(no_rate_line(p, "base", result.baseline))
     return lines + ["base: vLLM defaults (16-bit KV, no eviction or offload, prefix caching, max_num_seqs 256, "
                     "max_num_batched_tokens 2048, chunk 2048, fcfs, memory fraction 0.9)"]
@@ -233,7 +238,7 @@ def gain_lines(result) -> list[str]:
                 "on this hardware"]
     for name, ratio in result.gain().items():
         if name == "capacity" and ratio == float("inf"):  # a number of times more than nothing says nothing
-            tuned = result.best[0].values[[o.name for o in result.problem.objectives].index(name)]
+            tuned = _objective(result.problem, result.best[0], name)
             lines.append(f"gain over the baseline (vLLM defaults), predicted: capacity {tuned:.4g} req/s where "
                          "the baseline meets the constraints at no rate tried")
             continue

@@ -21,8 +21,7 @@ from ..runtime.kv_layout import kv_block_bytes, kv_traffic, ring_bytes
 from ..runtime.llm import Runtime
 from ..runtime.presets import get_preset
 from .fingerprint import machine_fingerprint
-from .cost import device_rows
-from .fit import fit_linear, fit_step_cost, fit_transfer
+from .fit import fit_linear, fit_transfer
 from .kernels import (
     ATTENTION_FEATURES,
     QUANTIZE_FEATURES,
@@ -32,7 +31,7 @@ from .kernels import (
     quantize_timings,
 )
 from .power import average_w, find_meter, measured_power, modeled_power
-from .profile import HardwareProfile, Measured
+from .profile import HardwareProfile, Measured, fit_step_points
 from .records import GridPoint, StepPoint, kv_bits
 from .steps import StepBench, fill_kv
 from .transfers import block_copy_timings, disk_timings, page_cache_dropped
@@ -292,8 +291,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         steps = _measure_steps(bench, grid, tick)
     else:
         steps, busy_w = average_w(meter, lambda: _measure_steps(bench, grid, tick))
-    step_fit = fit_step_cost([p.shape for p in steps], [p.timing.median_s for p in steps],
-                             [p.held_out for p in steps], rows=device_rows(device.type))
+    step_fit = fit_step_points(steps, device.type)
     overhead = _overhead(bench, grid, tick)
     attention = _attention(runtime, grid, tick)
     quantize = _quantize(runtime, grid, tick)

@@ -17,11 +17,11 @@ import uuid
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .cost import StepCostModel, device_rows
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
-from .fit import FitQuality, LinearFit, StepFit, TransferFit
+from .fit import FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
 from .power import POWER_SOURCES, PowerModel
 from .records import LINKS, GridPoint, StepPoint, entry, integer, items, kv_bits, number, text
 
@@ -89,11 +89,7 @@ class HardwareProfile:
         """The same measurements with the step cost model fitted again by this version's model (the device's
         row rule, the features), on the same training and held-out points: a profile written by an older
         version gains what the model learned without measuring again."""
-        from .fit import fit_step_cost
-
-        fit = fit_step_cost([p.shape for p in self.steps], [p.timing.median_s for p in self.steps],
-                            [p.held_out for p in self.steps], rows=device_rows(self.device))
-        return replace(self, step_fit=fit)
+        return replace(self, step_fit=fit_step_points(self.steps, self.device))
 
     @property
     def measures_quantized_kv(self) -> bool:
@@ -304,6 +300,13 @@ def cache_dir() -> Path:
 
 def cached_profile_path(model: str, device: str, fingerprint: Fingerprint, folder: Path | None = None) -> Path:
     return (folder or cache_dir()) / f"quick-{device}-{model}-{fingerprint.key()}.json"
+
+
+def fit_step_points(steps: Sequence[StepPoint], device: str) -> StepFit:
+    """The step cost model fitted on measured steps (their medians; the held-out ones checked), with the
+    row rule of the runtime on ``device``: what a measurement and a refit both do."""
+    return fit_step_cost([p.shape for p in steps], [p.timing.median_s for p in steps],
+                         [p.held_out for p in steps], rows=device_rows(device))
 
 
 def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder: Path | None = None,
