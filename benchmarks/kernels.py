@@ -9,22 +9,30 @@ the same run (a large device-to-device copy, bytes read plus bytes written), and
 (the best library alternative; FlashAttention's kernel on CUDA). Before timing, each bitwidth's
 output is checked against the PyTorch path in float32 (and, at 16 bits, a float64 reference).
 
-On CUDA the Triton kernels run; on a CPU the PyTorch implementation (the runtime's CPU path).
+On CUDA the Triton kernels run. On a CPU the compiled kernel (`kernels/paged_decode_cpu.c`, the runtime's
+CPU decode path) runs, and the PyTorch path it replaced is timed beside it on the same KV (``vs torch``).
+A CPU run evicts the caches before every timed call (it writes a buffer of twice the last-level cache):
+in a real step the KV of 30-odd layers and the weights stream between two reads of one layer's KV, so a
+layer timed in a loop from a warm cache would read it at cache speed, not memory speed (16-bit 1 x 8192
+of Llama-3-8B is 67 MB). ``--warm`` times it in a loop instead.
 
-    python benchmarks/kernels.py [--device cpu|cuda] [--shapes 8x2048 ...] [--bits 16 8 4 2] [--sweep] [--json]
+    python benchmarks/kernels.py [--device cpu|cuda] [--shapes 8x2048 ...] [--bits 16 8 4 2] [--sweep]
+                                 [--warm] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from skistune.cli import print_json
 from skistune.config import KVConfig
+from skistune.kernels import cpu_native
 from skistune.kernels.attention import _decode_torch, build_attention_metadata, paged_attention, quantize_blocks
 from skistune.runtime.kv_layout import side_block_bytes
 from skistune.runtime.kv_store import PagedKVStore
@@ -34,12 +42,37 @@ DEFAULT_SHAPES = {"cuda": ["1x65536", "32x8192", "128x4096", "64x16384"], "cpu":
 DTYPES = {"cuda": torch.bfloat16, "cpu": torch.float32}
 
 
-def bench(fn, device: torch.device, repeats: int) -> float:
-    """Median seconds of ``fn()`` (CUDA events on a GPU, the performance counter on a CPU)."""
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache this machine reports (sysfs), 64 MiB where it says nothing."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip()
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * unit)
+    return max(sizes, default=64 << 20)
+
+
+class CacheFlush:
+    """Evicts the CPU caches by writing over a buffer twice the size of the last-level cache."""
+
+    def __init__(self):
+        self.buffer = torch.empty(2 * last_level_cache_bytes() // 4)
+        self.value = 0.0
+
+    def __call__(self) -> None:
+        self.value += 1.0
+        self.buffer.fill_(self.value)
+
+
+def bench(fn, device: torch.device, repeats: int, before=None) -> float:
+    """Median seconds of ``fn()`` (CUDA events on a GPU, the performance counter on a CPU); ``before()``
+    runs untimed ahead of each call."""
     for _ in range(2):
         fn()
     samples = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -100,16 +133,25 @@ def check(q, key, value, meta, scale, spec) -> float:
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def sdpa_time(spec, batch: int, context: int, dtype, device, repeats: int) -> float:
+def sdpa_time(spec, batch: int, context: int, dtype, device, repeats: int, flush=None) -> float:
     q = torch.randn(batch, spec.n_heads, 1, spec.head_dim, dtype=dtype, device=device)
     k = torch.randn(batch, spec.n_kv_heads, context, spec.head_dim, dtype=dtype, device=device)
     v = torch.randn_like(k)
-    return bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), device, repeats)
+    return bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), device, repeats, flush)
 
 
-def run_shape(spec, batch: int, context: int, bits_list, dtype, device, copy_bps: float, repeats: int) -> list[dict]:
+def torch_path_time(q, key, value, meta, scale, spec, device, repeats: int, flush) -> float | None:
+    """The PyTorch decode path on the same KV (CPU: what the compiled kernel replaced); None on CUDA."""
+    if device.type != "cpu":
+        return None
+    group = spec.n_heads // spec.n_kv_heads
+    return bench(lambda: _decode_torch(q, key, value, meta, scale, spec.n_kv_heads, group), device, repeats, flush)
+
+
+def run_shape(spec, batch: int, context: int, bits_list, dtype, device, copy_bps: float, repeats: int,
+              flush=None) -> list[dict]:
     scale = spec.head_dim ** -0.5
-    sdpa_s = sdpa_time(spec, batch, context, dtype, device, repeats)
+    sdpa_s = sdpa_time(spec, batch, context, dtype, device, repeats, flush)
     rows = []
     for bits in bits_list:
         store, tables = layer_store(spec, bits, batch, context, dtype, device)
@@ -118,11 +160,13 @@ def run_shape(spec, batch: int, context: int, bits_list, dtype, device, copy_bps
         meta = build_attention_metadata(tables, [1] * batch, [context] * batch, 16, _ring(store, batch), device)
         q = torch.randn(batch, spec.n_heads, spec.head_dim, dtype=dtype, device=device)
         err = check(q, key, value, meta, scale, spec) if batch * context <= 1 << 20 else None
-        t = bench(lambda: paged_attention(q, key, value, meta, scale), device, repeats)
+        t = bench(lambda: paged_attention(q, key, value, meta, scale), device, repeats, flush)
+        torch_s = torch_path_time(q, key, value, meta, scale, spec, device, repeats, flush)
         nbytes = read_bytes(spec, bits, batch, context, dtype.itemsize)
         rows.append({"batch": batch, "context": context, "bits": bits, "time_s": t, "bytes": nbytes,
                      "bytes_per_s": nbytes / t, "fraction_of_copy": nbytes / t / copy_bps,
-                     "vs_sdpa": t / sdpa_s, "sdpa_s": sdpa_s, "rel_err_vs_torch": err})
+                     "vs_sdpa": t / sdpa_s, "sdpa_s": sdpa_s, "rel_err_vs_torch": err, "torch_path_s": torch_s,
+                     "vs_torch_path": None if torch_s is None else t / torch_s})
         del store, meta
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -218,6 +262,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=0, help="timed repeats (default 20 on CUDA, 5 on CPU)")
     ap.add_argument("--sweep", action="store_true",
                     help="CUDA: first time the decode kernel's tile/warps/stages choices and use the fastest")
+    ap.add_argument("--warm", action="store_true",
+                    help="CPU: time each call from a warm cache (default: caches evicted before every call)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -226,7 +272,10 @@ def main() -> None:
     spec = get_preset(args.model)
     torch.manual_seed(0)
     copy_bps = copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (256 << 20), repeats)
-    print(f"{device.type}: copy bandwidth {copy_bps / 1e9:.0f} GB/s (read + write); {spec.name} layer, {dtype}")
+    flush = CacheFlush() if device.type == "cpu" and not args.warm else None
+    impl = "triton" if device.type == "cuda" else ("compiled C" if cpu_native.available() else "pytorch")
+    print(f"{device.type} ({impl} decode kernel): copy bandwidth {copy_bps / 1e9:.0f} GB/s (read + write); {spec.name} layer, {dtype}"
+          + (f"; caches evicted before each call ({len(flush.buffer) * 4 >> 20} MiB written)" if flush else ""))
     sweep_rows = []
     if args.sweep and device.type == "cuda":
         from skistune.kernels import triton_attention as ta
@@ -238,12 +287,13 @@ def main() -> None:
     rows = []
     for shape in args.shapes or DEFAULT_SHAPES[device.type]:
         batch, context = (int(x) for x in shape.split("x"))
-        for r in run_shape(spec, batch, context, args.bits, dtype, device, copy_bps, repeats):
+        for r in run_shape(spec, batch, context, args.bits, dtype, device, copy_bps, repeats, flush):
             rows.append(r)
             err = "" if r["rel_err_vs_torch"] is None else f"  err {r['rel_err_vs_torch']:.1e}"
+            vs_torch = "" if r["vs_torch_path"] is None else f"  {r['vs_torch_path']:5.2f}x torch path"
             print(f"decode B={batch:<4} L={context:<6} {r['bits']:>2}-bit  {r['time_s'] * 1e3:8.3f} ms  "
                   f"{r['bytes'] / 1e9:7.3f} GB  {r['bytes_per_s'] / 1e9:7.0f} GB/s  "
-                  f"{r['fraction_of_copy']:5.1%} of copy  {r['vs_sdpa']:5.2f}x SDPA{err}")
+                  f"{r['fraction_of_copy']:5.1%} of copy  {r['vs_sdpa']:5.2f}x SDPA{vs_torch}{err}")
     prefill = prefill_rows(spec, dtype, device, repeats)
     for r in prefill:
         print(f"prefill chunk {r['chunk']:<5} cached {r['cached']:<6} {r['bits']:>2}-bit  {r['time_s'] * 1e3:8.3f} ms  "
@@ -253,9 +303,10 @@ def main() -> None:
         print(f"quantize-on-append {r['bits']}-bit, {r['blocks']} blocks: {r['time_s'] * 1e3:.3f} ms, "
               f"{r['bytes_per_s'] / 1e9:.0f} GB/s")
     if args.json:
-        print(json.dumps({"device": device.type, "model": spec.name, "dtype": str(dtype).removeprefix("torch."),
-                          "copy_bytes_per_s": copy_bps, "decode": rows, "prefill": prefill, "quantize": quant,
-                          "sweep": sweep_rows, "settings": _settings()}))
+        print_json({"device": device.type, "implementation": impl, "model": spec.name,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "copy_bytes_per_s": copy_bps, "decode": rows, "prefill": prefill, "quantize": quant,
+                    "sweep": sweep_rows, "settings": _settings(), "caches_evicted": flush is not None})
 
 
 if __name__ == "__main__":

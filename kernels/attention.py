@@ -1,7 +1,10 @@
 """Paged attention over block tables, and writing new KV into the paged store.
 
 One entry point per op, two implementations: PyTorch (CPUs, and the reference) and Triton (CUDA,
-`kernels.triton_attention`), chosen by the device of the query.
+`kernels.triton_attention`), chosen by the device of the query. On a CPU the decode rows go to a compiled
+C kernel (`kernels.cpu_native`, built on first use) that reads each row's own blocks and dequantizes packed
+KV in registers: the PyTorch path below, which dequantizes into a full-precision copy, made 8/4/2-bit KV
+slower than 16-bit, and it stays the fallback where no C compiler exists (and for prefill chunks).
 
 A layer's KV is two `KVSide`s (keys, values; see `skistune.runtime.kv_store`), each at 16 bits or
 packed 8/4/2 bits with a full-precision ring of each running sequence's newest tokens. A step's queries
@@ -28,7 +31,8 @@ business). A layer that keeps fewer tokens than the largest leaves its first slo
 carries each sequence's first slot per layer (``first_slots``) and attention masks the slots before it.
 Policies that score tokens by attention ask for statistics (``scored_queries``): the softmax probabilities
 the attention computes anyway are summed per KV head and kept in ``meta.stats``, so no second pass is
-needed. Both need the PyTorch path; the Triton decode kernel has neither, so it is used only without them.
+needed. The compiled CPU decode kernel does both; the Triton decode kernel has neither, so on CUDA it is
+used only without them.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime.kv_layout import full_precision_start
+from . import cpu_native
 from .quant import dequantize_keys, dequantize_values, quantize_keys, quantize_values
 
 
@@ -375,6 +380,8 @@ def paged_attention(q: torch.Tensor, key, value, meta: AttentionMetadata, scale:
         if q.is_cuda and _triton_available() and not meta.needs_torch:
             from .triton_attention import paged_decode
             decoded = paged_decode(qd, key, value, meta, scale)
+        elif cpu_native.supports(qd, key, value):
+            decoded = _decode_native(qd, key, value, meta, scale, layer, stats)
         else:
             decoded = _decode_torch(qd, key, value, meta, scale, n_kv, group, layer, stats)
         if not meta.prefills:
@@ -477,11 +484,27 @@ def _decode_group(qd, key, value, g: DecodeGroup, scale: float, n_kv: int, group
         return o.squeeze(2)
     grouped = qd.reshape(-1, n_kv, group, d)  # [g, KVH, G, D]: query heads grouped by KV head
     o, probs = _grouped_attention(grouped, k, v, mask, scale)
-    last = probs.sum(2)  # [g, KVH, L]: one query per row, summed over its group's heads
-    for row, (seq, ctx) in enumerate(zip(g.seqs, g.context_lens)):
-        p = last[row, :, :ctx]
-        stats[seq] = SeqStats(p if scored_queries[seq] else torch.zeros_like(p), p)
+    _file_decode_stats(stats, probs.sum(2), g.seqs, g.context_lens, scored_queries)  # summed over each group
     return o.view(-1, n_kv * group, d)
+
+
+def _file_decode_stats(stats: list, probs: torch.Tensor, seqs: list[int], context_lens: list[int],
+                       scored_queries: list[int]) -> None:
+    """File decode rows' probabilities ``[rows, KVH, >= context]`` (one query each, summed over the query
+    heads of each KV head) as their sequences' `SeqStats`."""
+    for row, (seq, ctx) in enumerate(zip(seqs, context_lens)):
+        p = probs[row, :, :ctx]
+        stats[seq] = SeqStats(p if scored_queries[seq] else torch.zeros_like(p), p)
+
+
+def _decode_native(qd, key, value, meta: AttentionMetadata, scale: float, layer: int,
+                   stats: list | None) -> torch.Tensor:
+    """The decode rows' attention by the compiled CPU kernel (`cpu_native`): every row over its own
+    blocks, so no length groups are needed."""
+    out, probs = cpu_native.paged_decode(qd, key, value, meta, scale, layer, stats is not None)
+    if stats is not None:
+        _file_decode_stats(stats, probs, meta.decode_seqs, meta.decode_context_lens.tolist(), meta.scored_queries)
+    return out
 
 
 def _triton_available() -> bool:

@@ -44,7 +44,8 @@ def fill(store: PagedKVStore, tables, contexts, gen, dtype=torch.float32, device
     """Write every sequence's KV: a prefill of all but the last ``decode_steps`` tokens, then decodes.
     Returns the full-precision K, V written per sequence (``[ctx, n_kv, D]`` each)."""
     key, value = store.layer(0)
-    spec_kv, d = store.layers[0][0].data.shape[-2], SPEC.head_dim
+    spec_kv = key.data.shape[-2]
+    d = key.ring.shape[-1] if key.quantized else key.data.shape[-1]
     written = [(torch.randn(c, spec_kv, d, generator=gen, dtype=torch.float64).to(dtype).to(device),
                 torch.randn(c, spec_kv, d, generator=gen, dtype=torch.float64).to(dtype).to(device)) for c in contexts]
     first = [max(1, c - decode_steps) for c in contexts]

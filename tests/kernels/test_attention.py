@@ -1,6 +1,7 @@
 """PyTorch paged attention (the CPU path and the reference for the Triton kernels) against float64
 attention over what the cache holds: 16-bit and packed KV, decode and prefill, block tables with holes,
-one-token contexts, contexts that are not a multiple of the block size."""
+one-token contexts, contexts that are not a multiple of the block size. Decode runs with each CPU
+implementation (the compiled kernel and the PyTorch path: `cpu_decode`)."""
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ SCALE = SPEC.head_dim ** -0.5
 
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("window", [0, 20])
-def test_decode_equals_float64_attention_over_stored_kv(bits, window):
+def test_decode_equals_float64_attention_over_stored_kv(bits, window, cpu_decode):
     gen = torch.Generator().manual_seed(hash((bits, window)) % 1000)
     store = make_store(bits, slots=len(CONTEXTS), window=window)
     tables = scattered_tables(CONTEXTS, store.num_blocks, gen)
@@ -49,7 +50,7 @@ def test_prefill_chunk_over_cached_context(bits):
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
 
 
-def test_fewer_bits_lose_more():
+def test_fewer_bits_lose_more(cpu_decode):
     """Against attention over the full-precision KV that was written, the error grows as bits fall."""
     errors = []
     for b in (8, 4, 2):
@@ -84,7 +85,7 @@ def test_decode_groups_bound_the_padding():
 
 
 @pytest.mark.parametrize("bits,window", [((16, 16), 0), ((4, 4), 20), ((2, 8), 40)])
-def test_grouped_decode_equals_float64_attention(bits, window):
+def test_grouped_decode_equals_float64_attention(bits, window, torch_decode):
     gen = torch.Generator().manual_seed(11)
     store = make_store(bits, slots=len(MIXED_CONTEXTS), window=window, num_blocks=96)
     tables = scattered_tables(MIXED_CONTEXTS, store.num_blocks, gen)
@@ -99,7 +100,7 @@ def test_grouped_decode_equals_float64_attention(bits, window):
         torch.testing.assert_close(out[i:i + 1].double(), reference_attention(q[i:i + 1], k, v, SCALE), rtol=0, atol=1e-5)
 
 
-def test_grouped_decode_statistics_and_first_slots_match_one_padded_batch(monkeypatch):
+def test_grouped_decode_statistics_and_first_slots_match_one_padded_batch(monkeypatch, torch_decode):
     """With eviction: the statistics and the masked first slots come out the same grouped or padded."""
     gen = torch.Generator().manual_seed(12)
     store = make_store((16, 16), slots=len(MIXED_CONTEXTS), num_blocks=96)
