@@ -2,8 +2,9 @@
 transposed back to rows, and the same with the rows padded with zeros to a multiple of 16, for every
 layer's projections of a model preset at several step sizes (tokens); prints the median time of one pass
 over all layers in each orientation, the median ratio of each to the plain product over alternating
-rounds (above 1: faster than plain), which orientation `skistune.kernels.linear` runs at that size, and
-the largest difference between the results.
+rounds (above 1: faster than plain), which orientation the runtime runs at that size (this machine's
+rule, `skistune.kernels.linear.machine_rule`: measured, or read from its cache), and the largest
+difference between the results.
 
 The weights are those of a whole model (distinct tensors per layer, random values), streamed from memory
 once per pass as a step streams them: timing one projection over and over keeps its weight in the cache
@@ -22,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from skistune.kernels.linear import cpu_orientation, oriented_product
+from skistune.kernels.linear import machine_rule, oriented_product
 from skistune.runtime.presets import get_preset
 
 ORIENTATIONS = ("plain", "flipped", "padded")
@@ -69,6 +70,10 @@ def main() -> None:
     weights = [[torch.randn(o, i) * i ** -0.5 for o, i in projections(args.model).values()] for _ in range(layers)]
     lm_head = torch.randn(spec.vocab_size, spec.hidden) * spec.hidden ** -0.5
     mb = sum(w.numel() for ws in weights for w in ws) * 4 / 2 ** 20
+    rule = machine_rule([w for ws in weights for w in ws] + [lm_head], args.model) if args.weights == "streamed" \
+        else None
+    if rule is not None:
+        print(f"this machine's rule for {args.model}: {rule}")
     print(f"torch threads {torch.get_num_threads()}, fp32, {args.model}: {layers} layer(s) of projections "
           f"({mb:.0f} MiB, {args.weights}) per pass, and the LM head; speedup = plain / orientation")
     print(f"{'part':>8} {'tokens':>6} {'plain ms':>9} {'flipped ms':>11} {'padded ms':>10} "
@@ -81,7 +86,7 @@ def main() -> None:
             r = compare(pairs, args.rounds)
             x, w = pairs[0]
             diff = max((oriented_product(x, w, o) - F.linear(x, w)).abs().max().item() for o in ORIENTATIONS[1:])
-            runtime = cpu_orientation(t)
+            runtime = rule.orientation(t) if rule is not None else "-"
             rows.append({"part": part, "tokens": t, **{f"{o}_ms": r["ms"][o] for o in ORIENTATIONS},
                          **{f"{o}_speedup": r["speedup"][o] for o in ORIENTATIONS[1:]},
                          "runtime": runtime, "max_abs_diff": diff})
@@ -89,7 +94,7 @@ def main() -> None:
                   f"{r['speedup']['flipped']:>8.2f} {r['speedup']['padded']:>7.2f} {runtime:>8} {diff:>9.1e}", flush=True)
     if args.json:
         print(json.dumps({"benchmark": "cpu_linear", "model": args.model, "torch_threads": torch.get_num_threads(),
-                          "weights": args.weights, "rows": rows}))
+                          "weights": args.weights, "rule": rule.to_dict() if rule else None, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from .cache import cpu_identity, user_cache_dir
 
 SOURCE = Path(__file__).with_name("paged_decode_cpu.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
@@ -36,22 +37,6 @@ class _Side(ctypes.Structure):
                 ("scale", ctypes.c_void_p), ("zero", ctypes.c_void_p), ("ring", ctypes.c_void_p)]
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "skistune" / "kernels"
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags (what -march=native compiles for)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _compiler() -> str | None:
     return next((c for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
 
@@ -59,9 +44,9 @@ def _compiler() -> str | None:
 def _build(compiler: str) -> Path:
     """The shared library for this source, compiler and CPU: from the cache, else compiled into it."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags(),
-                                    platform.machine()]).encode()).hexdigest()[:16]
-    target = cache_dir() / f"paged_decode_cpu-{key}.so"
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS),
+                                    cpu_identity()]).encode()).hexdigest()[:16]
+    target = user_cache_dir("kernels") / f"paged_decode_cpu-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.attention import AttentionMetadata, paged_attention, write_kv
-from ..kernels.linear import linear
+from ..kernels.linear import ProjectionRule, linear, machine_rule
 from .host_allocator import keep_freed_host_memory
 from .kv_store import PagedKVStore
 from .presets import ModelSpec
@@ -37,7 +37,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class LlamaModel:
-    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], rule: ProjectionRule | None = None) -> None:
+        """``rule``: the projections' orientations (`kernels.rows`); by default this machine's, measured once
+        on these weights and cached (`kernels.linear.machine_rule`)."""
         self.spec = spec
         # q/k/v and gate/up are kept only fused (below), so the separate copies can be freed by the caller
         fused = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -53,22 +55,29 @@ class LlamaModel:
                         for i in range(spec.n_layers)]
         self.cos, self.sin = rope_tables(spec, self.dtype, self.device)
         self.scale = spec.head_dim ** -0.5
+        self.rule = rule or machine_rule(self.streamed_weights(), spec.name)
+
+    def streamed_weights(self) -> list[torch.Tensor]:
+        """The projection weights in the order a step reads them, the LM head last."""
+        return [w for i in range(self.spec.n_layers) for w in (self.qkv[i], self.w[f"layers.{i}.o_proj"],
+                                                                self.gate_up[i], self.w[f"layers.{i}.down_proj"])] \
+            + [self.lm_head]
 
     def _attention(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    store: PagedKVStore, meta: AttentionMetadata) -> torch.Tensor:
         s = self.spec
         q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        q, k, v = linear(x, self.qkv[i]).split([q_dim, kv_dim, kv_dim], dim=-1)
+        q, k, v = linear(x, self.qkv[i], self.rule).split([q_dim, kv_dim, kv_dim], dim=-1)
         q = apply_rope(q.view(-1, s.n_heads, s.head_dim), cos, sin)
         k = apply_rope(k.view(-1, s.n_kv_heads, s.head_dim), cos, sin)
         key, value = store.layer(i)
         write_kv(key, value, k, v.view(-1, s.n_kv_heads, s.head_dim), meta, store.value_group)
         o = paged_attention(q, key, value, meta, self.scale)
-        return linear(o.reshape(-1, q_dim), self.w[f"layers.{i}.o_proj"])
+        return linear(o.reshape(-1, q_dim), self.w[f"layers.{i}.o_proj"], self.rule)
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.gate_up[i]).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.w[f"layers.{i}.down_proj"])
+        gate, up = linear(x, self.gate_up[i], self.rule).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.w[f"layers.{i}.down_proj"], self.rule)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, store: PagedKVStore,
                 meta: AttentionMetadata, logit_rows: torch.Tensor,
@@ -84,4 +93,4 @@ class LlamaModel:
             h = h + self._attention(i, rms_norm(h, self.w[f"layers.{i}.input_norm"], eps), cos, sin, store, meta)
             h = h + self._mlp(i, rms_norm(h, self.w[f"layers.{i}.post_attn_norm"], eps))
         h = rms_norm(h[logit_rows], self.w["norm"], eps)
-        return linear(h, self.lm_head)
+        return linear(h, self.lm_head, self.rule)

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
+
 from .cost import ALL_FEATURES
 from .profile import FingerprintWarning, HardwareProfile, load_profile
 
@@ -48,7 +50,20 @@ def _held_errors(fit) -> str:
 
 def _row_unit(profile: HardwareProfile) -> str:
     """What the token terms count: rows as the CPU computes them (padded), or tokens."""
-    return "row (tokens as computed, CPU padding)" if profile.step_cost.rows == "cpu" else "token"
+    rule = profile.step_cost.rows
+    return "row (tokens as computed, CPU padding)" if rule.pad_short_by or rule.single_row_padded else "token"
+
+
+def rule_text(rule: ProjectionRule) -> str:
+    """A projection rule in words."""
+    if rule == PLAIN_RULE:
+        return "plain products (x @ w.T) at every size"
+    parts = [f"w @ x.T from 2 to {rule.flip_max_rows} rows" if rule.flip_max_rows else "x @ w.T"]
+    if rule.pad_short_by:
+        parts.append(f"padded to a multiple of 16 when 1-{rule.pad_short_by} rows short")
+    if rule.single_row_padded:
+        parts.append("one row as two")
+    return ", ".join(parts)
 
 
 def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
@@ -59,6 +74,7 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     if fit.held_out is not None:
         rows.append((f"step error median / max ({fit.held_out.points} held-out points)", _errors(fit.held_out)))
     return rows + [
+        ("step: projections ran as", rule_text(profile.step_cost.rows)),
         ("step: fixed + per sequence", f"{c['fixed'] * 1e3:.2f} ms + {c['seqs'] * 1e6:.0f} µs"),
         (f"step: per {_row_unit(profile)} / past the knee",
          f"{c['tokens'] * 1e6:.0f} µs / {c['tokens_past_knee'] * 1e6:.0f} µs (knee {knee} tokens)"),
@@ -160,7 +176,8 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
             before = shown.step_fit
             shown = shown.refit_steps()
             refit = shown.save(out or refit)
-            err_console.print(f"refitted ({shown.step_cost.rows} rows): step error median / max, training "
+            err_console.print(f"refitted (projections: {rule_text(shown.step_cost.rows)}): step error median / "
+                              "max, training "
                               f"{_errors(before.train)} -> {_errors(shown.step_fit.train)}, held-out "
                               f"{_held_errors(before)} -> {_held_errors(shown.step_fit)}", highlight=False)
         _report(shown, show or refit, json_out)

@@ -35,10 +35,12 @@ the bytes alone, and says so: `HardwareProfile.quantized_kv_note`). The two unpa
 with them at zero and prices a 4-bit context like an 8-bit one.
 
 The token terms (`tokens`, `tokens_past_knee`, `samples`) count the rows the projections and the LM head
-really compute, which the model's ``rows`` rule says: ``tokens`` (one row per token: CUDA, and profiles
-written before the rule existed) or ``cpu`` (`skistune.kernels.rows.cpu_rows`: a CPU step a few rows short
-of a multiple of 16 is padded to it, so 13 tokens cost what 16 do; one token runs as two rows). Without it
-the fit drew a straight line through the padded sizes and predicted 12-15-token steps 10-15% fast.
+really compute, which the model's ``rows`` rule says: the `ProjectionRule` the runtime ran the measured
+steps with (measured per machine; where it pads a step a few rows short of a multiple of 16, 13 tokens
+cost what 16 do, and one token may run as two rows). Without it the fit drew a straight line through the
+padded sizes and predicted 12-15-token steps 10-15% fast. In a file: ``"tokens"`` (one row per token:
+CUDA, and profiles written before the rule existed), ``"cpu"`` (the fixed rule of 2026-12-02,
+`LEGACY_RULE`) or the rule's fields.
 
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
@@ -49,7 +51,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from skistune.kernels.rows import cpu_rows
+from skistune.kernels.rows import LEGACY_RULE, PLAIN_RULE, ProjectionRule
 from skistune.runtime.kv_layout import KVTraffic
 
 if TYPE_CHECKING:
@@ -61,12 +63,19 @@ QUANT_FEATURES = ("decode_dequant_elements", "prefill_dequant_elements", "quanti
                   "decode_unpack_elements", "prefill_unpack_elements")
 ALL_FEATURES = FEATURES + QUANT_FEATURES
 READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3], ALL_FEATURES)  # every list a profile was written with
-ROW_RULES = {"tokens": None, "cpu": cpu_rows}  # rows computed for a step's tokens (None: one per token)
+NAMED_RULES = {"tokens": PLAIN_RULE, "cpu": LEGACY_RULE}  # how files written before measured rules name theirs
 
 
-def device_rows(device: str) -> str:
-    """The row rule of the runtime's projections on ``device``: padded on a CPU, one per token on CUDA."""
-    return "cpu" if device == "cpu" else "tokens"
+def rule_to_json(rule: ProjectionRule) -> str | dict:
+    return "tokens" if rule == PLAIN_RULE else rule.to_dict()
+
+
+def rule_from_json(data) -> ProjectionRule:
+    if isinstance(data, str) and data in NAMED_RULES:
+        return NAMED_RULES[data]
+    if isinstance(data, dict):
+        return ProjectionRule.from_dict(data)
+    raise ValueError(f"step cost model: rows {data!r} is not one of {', '.join(NAMED_RULES)} or a projection rule")
 
 
 @dataclass(frozen=True)
@@ -85,10 +94,8 @@ class StepShape:
     decode_unpack_elements: int = 0  # extra sub-byte codes the decode sequences' contexts unpack
     prefill_unpack_elements: int = 0  # ... the prefill chunks' contexts
 
-    def features(self, knee: int, rows: str = "tokens") -> np.ndarray:
-        rule = ROW_RULES[rows]
-        tokens, samples = (self.num_tokens, self.num_samples) if rule is None else \
-            (rule(self.num_tokens), rule(self.num_samples) if self.num_samples else 0)
+    def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE) -> np.ndarray:
+        tokens, samples = rows.rows(self.num_tokens), rows.rows(self.num_samples) if self.num_samples else 0
         return np.array([1.0, self.num_seqs, tokens, max(0, tokens - knee),
                          float(self.num_tokens > 1), self.decode_kv_bytes, self.prefill_kv_bytes,
                          self.prefill_pairs, samples, self.decode_dequant_elements,
@@ -100,22 +107,20 @@ class StepShape:
 class StepCostModel:
     """Fitted coefficients (seconds per unit of each feature) and the knee in tokens: ``coef`` for
     `FEATURES`, ``quant_coef`` for `QUANT_FEATURES` (zero where quantized KV was not measured); ``rows``:
-    how the token terms count a step's rows (`ROW_RULES`)."""
+    the projection rule the steps ran with, which says how the token terms count a step's rows."""
 
     coef: tuple[float, ...]
     knee: int
     quant_coef: tuple[float, ...] = (0.0,) * len(QUANT_FEATURES)
-    rows: str = "tokens"
+    rows: ProjectionRule = PLAIN_RULE
 
     def __post_init__(self) -> None:
         if len(self.coef) != len(FEATURES) or len(self.quant_coef) != len(QUANT_FEATURES):
             raise ValueError(f"step cost model: needs {len(FEATURES)} + {len(QUANT_FEATURES)} coefficients, got "
                              f"{len(self.coef)} + {len(self.quant_coef)}")
-        if self.rows not in ROW_RULES:
-            raise ValueError(f"step cost model: rows {self.rows!r} is not one of {', '.join(ROW_RULES)}")
 
     @classmethod
-    def of(cls, coef, knee: int, rows: str = "tokens") -> "StepCostModel":
+    def of(cls, coef, knee: int, rows: ProjectionRule = PLAIN_RULE) -> "StepCostModel":
         """From one coefficient per feature of `ALL_FEATURES`."""
         values = tuple(float(c) for c in coef)
         return cls(values[:len(FEATURES)], knee, values[len(FEATURES):], rows)
@@ -129,7 +134,7 @@ class StepCostModel:
 
     def to_dict(self) -> dict:
         return {"features": list(ALL_FEATURES), "coef": list(self.all_coef), "knee_tokens": self.knee,
-                "rows": self.rows}
+                "rows": rule_to_json(self.rows)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "StepCostModel":
@@ -141,13 +146,11 @@ class StepCostModel:
         coef = tuple(float(c) for c in data["coef"])
         if len(coef) != len(features) or any(c < 0 or c != c for c in coef):
             raise ValueError("step cost model: needs one finite, non-negative coefficient per feature")
-        rows = data.get("rows", "tokens")  # profiles written before the rule counted one row per token
-        if rows not in ROW_RULES:
-            raise ValueError(f"step cost model: rows {rows!r} is not one of {', '.join(ROW_RULES)}")
+        rows = rule_from_json(data.get("rows", "tokens"))  # profiles written before the rule: one row per token
         return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), int(data["knee_tokens"]), rows)
 
 
-def design_matrix(shapes: Sequence[StepShape], knee: int, rows: str = "tokens") -> np.ndarray:
+def design_matrix(shapes: Sequence[StepShape], knee: int, rows: ProjectionRule = PLAIN_RULE) -> np.ndarray:
     return np.stack([s.features(knee, rows) for s in shapes])
 
 

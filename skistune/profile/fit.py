@@ -9,6 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
+from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
+
 from .cost import StepCostModel, StepShape, design_matrix
 
 R2_FLAG_BELOW = 0.95
@@ -116,9 +118,9 @@ class StepFit:
 
 
 def fit_step_cost(shapes: Sequence[StepShape], measured_s: Sequence[float], held_out: Sequence[bool],
-                  knees: Sequence[int] = KNEE_CANDIDATES, rows: str = "tokens") -> StepFit:
+                  knees: Sequence[int] = KNEE_CANDIDATES, rows: ProjectionRule = PLAIN_RULE) -> StepFit:
     """Fit `StepCostModel` on the points not held out, choosing the knee with the least relative error;
-    ``rows``: how the device's projections count a step's rows (`cost.ROW_RULES`)."""
+    ``rows``: the projection rule the steps ran with (how it counts a step's rows)."""
     y = np.asarray(measured_s, dtype=np.float64)
     test = np.asarray(held_out, dtype=bool)
     train_shapes = [s for s, h in zip(shapes, test) if not h]

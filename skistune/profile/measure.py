@@ -291,7 +291,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         steps = _measure_steps(bench, grid, tick)
     else:
         steps, busy_w = average_w(meter, lambda: _measure_steps(bench, grid, tick))
-    step_fit = fit_step_points(steps, device.type)
+    step_fit = fit_step_points(steps, runtime.model.rule)
     overhead = _overhead(bench, grid, tick)
     attention = _attention(runtime, grid, tick)
     quantize = _quantize(runtime, grid, tick)

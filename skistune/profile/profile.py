@@ -19,7 +19,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cost import StepCostModel, device_rows
+from skistune.kernels.cache import user_cache_dir
+
+from skistune.kernels.rows import ProjectionRule
+
+from .cost import StepCostModel
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
 from .power import POWER_SOURCES, PowerModel
@@ -86,10 +90,10 @@ class HardwareProfile:
         return self.transfers[link].fit.time_s(nbytes)
 
     def refit_steps(self) -> "HardwareProfile":
-        """The same measurements with the step cost model fitted again by this version's model (the device's
-        row rule, the features), on the same training and held-out points: a profile written by an older
-        version gains what the model learned without measuring again."""
-        return replace(self, step_fit=fit_step_points(self.steps, self.device))
+        """The same measurements with the step cost model fitted again by this version's model (its
+        features; the rows the steps were measured with), on the same training and held-out points: a
+        profile written by an older version gains what the model learned without measuring again."""
+        return replace(self, step_fit=fit_step_points(self.steps, self.step_cost.rows))
 
     @property
     def measures_quantized_kv(self) -> bool:
@@ -294,19 +298,21 @@ def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True
 
 def cache_dir() -> Path:
     """Where quick profiles are cached: ``$XDG_CACHE_HOME/skistune/profiles`` (``~/.cache`` by default)."""
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "skistune" / "profiles"
+    return user_cache_dir("profiles")
+
+
+QUICK_CACHE_FORMAT = 2  # 2: steps measured with this machine's own projection rule (1: with a fixed one)
 
 
 def cached_profile_path(model: str, device: str, fingerprint: Fingerprint, folder: Path | None = None) -> Path:
-    return (folder or cache_dir()) / f"quick-{device}-{model}-{fingerprint.key()}.json"
+    return (folder or cache_dir()) / f"quick-{device}-{model}-{fingerprint.key()}-v{QUICK_CACHE_FORMAT}.json"
 
 
-def fit_step_points(steps: Sequence[StepPoint], device: str) -> StepFit:
-    """The step cost model fitted on measured steps (their medians; the held-out ones checked), with the
-    row rule of the runtime on ``device``: what a measurement and a refit both do."""
+def fit_step_points(steps: Sequence[StepPoint], rows: ProjectionRule) -> StepFit:
+    """The step cost model fitted on measured steps (their medians; the held-out ones checked), counting
+    rows as the projection rule the steps ran with does: what a measurement and a refit both do."""
     return fit_step_cost([p.shape for p in steps], [p.timing.median_s for p in steps],
-                         [p.held_out for p in steps], rows=device_rows(device))
+                         [p.held_out for p in steps], rows=rows)
 
 
 def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder: Path | None = None,
@@ -318,13 +324,8 @@ def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder:
     if path.is_file():
         try:
             # an entry from before quantized KV was measured is used as it is (its `quantized_kv_note` says
-            # what quantized KV predictions then rest on): `skistune profile` measures it again on demand;
-            # one fitted before the device's row rule existed is fitted again from its own points
-            cached = load_profile(path)
-            if cached.step_cost.rows != device_rows(device):
-                cached = cached.refit_steps()
-                cached.save(path)
-            return cached
+            # what quantized KV predictions then rest on): `skistune profile` measures it again on demand
+            return load_profile(path)
         except ValueError:
             pass  # a damaged cache entry is measured again and overwritten
     from .measure import (

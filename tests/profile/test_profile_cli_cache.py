@@ -89,29 +89,33 @@ def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
 
 
 def test_refit_fits_the_same_points_again_with_this_versions_model(tmp_path, tiny_profile):
+    """A refit keeps the projection rule the points were measured with, and says it."""
+    from skistune.kernels.rows import LEGACY_RULE
     from skistune.profile.cost import StepCostModel
 
     old = replace(tiny_profile, step_fit=replace(tiny_profile.step_fit, model=StepCostModel(
-        tiny_profile.step_cost.coef, tiny_profile.step_cost.knee, tiny_profile.step_cost.quant_coef, "tokens")))
+        tuple(c * 2 for c in tiny_profile.step_cost.coef), tiny_profile.step_cost.knee,
+        tiny_profile.step_cost.quant_coef, LEGACY_RULE)))
     path = old.save(tmp_path / "old.json")
     out = tmp_path / "new.json"
     result = CliRunner().invoke(app, ["profile", "--refit", str(path), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    assert "refitted (cpu rows)" in result.stderr
+    assert "refitted (projections: w @ x.T from 2 to 256 rows, padded to a multiple of 16 when 1-4 rows short, " \
+           "one row as two)" in " ".join(result.stderr.split())
     refitted = load_profile(out, check_fingerprint=False)
-    assert refitted.step_cost.rows == "cpu" and refitted.steps == old.steps
-    assert load_profile(path, check_fingerprint=False).step_cost.rows == "tokens"  # --out: the input is kept
+    assert refitted.step_cost.rows == LEGACY_RULE and refitted.steps == old.steps
+    assert refitted.step_cost.coef != old.step_cost.coef  # fitted again
+    assert load_profile(path, check_fingerprint=False).step_cost.coef == old.step_cost.coef  # --out: input kept
     both = CliRunner().invoke(app, ["profile", "--refit", str(path), "--show", str(path)])
     assert both.exit_code == 2 and "give one" in both.stderr
 
 
-def test_a_cache_entry_fitted_before_the_row_rule_is_fitted_again_from_its_points(tmp_path, tiny_profile):
-    from skistune.profile.cost import StepCostModel
+def test_a_cache_entry_of_an_older_format_is_not_read(tmp_path, fake_measure, tiny_profile):
+    """Quick profiles cached before the projection rule was measured per machine ran their steps with a fixed
+    rule: the new name leaves them aside, and the profile is measured again."""
+    from skistune.profile.profile import QUICK_CACHE_FORMAT
 
-    old = replace(tiny_profile, fingerprint=machine_fingerprint("cpu"), step_fit=replace(
-        tiny_profile.step_fit, model=StepCostModel(tiny_profile.step_cost.coef, tiny_profile.step_cost.knee,
-                                                   tiny_profile.step_cost.quant_coef, "tokens")))
     path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"), tmp_path)
-    old.save(path)
-    assert default_profile("smollm2-135m", "cpu", folder=tmp_path).step_cost.rows == "cpu"
-    assert load_profile(path).step_cost.rows == "cpu"  # and stored so
+    assert path.name.endswith(f"-v{QUICK_CACHE_FORMAT}.json")
+    replace(tiny_profile, name="older").save(path.with_name(path.name.replace(f"-v{QUICK_CACHE_FORMAT}", "")))
+    assert default_profile("smollm2-135m", "cpu", folder=tmp_path).name == "cpu-tiny" and len(fake_measure) == 1

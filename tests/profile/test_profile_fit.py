@@ -57,30 +57,37 @@ def test_a_poor_fit_is_flagged():
 
 
 def test_the_cpu_row_rule_counts_the_rows_a_cpu_step_computes():
-    from skistune.profile.cost import device_rows
+    from skistune.kernels.rows import LEGACY_RULE, PLAIN_RULE, ProjectionRule
 
-    model = StepCostModel(coef=(0.02, 1e-4, 5e-4, 0.0, 3e-3, 0.0, 0.0, 0.0, 3e-4), knee=2048, rows="cpu")
-    plain = replace(model, rows="tokens")
+    model = StepCostModel(coef=(0.02, 1e-4, 5e-4, 0.0, 3e-3, 0.0, 0.0, 0.0, 3e-4), knee=2048, rows=LEGACY_RULE)
+    plain = replace(model, rows=PLAIN_RULE)
     step = lambda n, samples=1: StepShape(n, 1, 0, 0, samples)  # noqa: E731
     # 13-15 tokens are padded to 16 rows (`kernels.rows`), 11 is not, one token runs as two rows
     assert model.predict_s(step(13)) == model.predict_s(step(16)) > plain.predict_s(step(13))
     assert model.predict_s(step(11, samples=0)) == plain.predict_s(step(11, samples=0))
     assert model.predict_s(step(1)) == pytest.approx(plain.predict_s(step(1)) + 5e-4 + 3e-4)  # token and LM-head row
     assert model.predict_s(step(16, samples=0)) == plain.predict_s(step(16, samples=0))
-    assert device_rows("cpu") == "cpu" and device_rows("cuda") == "tokens"
-    # written and read back; a profile from before the rule reads as one row per token
-    assert StepCostModel.from_dict(model.to_dict()) == model
+    # written and read back; the names files used before rules were measured per machine still read
+    measured = replace(model, rows=ProjectionRule(64, 1, False))
+    for m in (model, plain, measured):
+        assert StepCostModel.from_dict(m.to_dict()) == m
+    assert plain.to_dict()["rows"] == "tokens" and measured.to_dict()["rows"]["flip_max_rows"] == 64
+    assert StepCostModel.from_dict({**model.to_dict(), "rows": "cpu"}).rows == LEGACY_RULE
     old = {k: v for k, v in plain.to_dict().items() if k != "rows"}
-    assert StepCostModel.from_dict(old).rows == "tokens"
+    assert StepCostModel.from_dict(old).rows == PLAIN_RULE
     with pytest.raises(ValueError, match="rows 'avx'"):
         StepCostModel.from_dict({**model.to_dict(), "rows": "avx"})
+    with pytest.raises(ValueError, match="projection rule"):
+        StepCostModel.from_dict({**model.to_dict(), "rows": {"flip_max_rows": 3}})
 
 
 def test_a_fit_with_the_cpu_row_rule_recovers_costs_that_follow_padded_rows():
-    truth = replace(TRUE, rows="cpu")
+    from skistune.kernels.rows import LEGACY_RULE
+
+    truth = replace(TRUE, rows=LEGACY_RULE)
     shapes = _shapes() + [StepShape(n, 1, 0, n * n, 1, n * 46080) for n in (13, 15, 29, 62)]
     times_s = [truth.predict_s(s) for s in shapes]
-    fit = fit_step_cost(shapes, times_s, [False] * len(shapes), rows="cpu")
-    assert fit.model.rows == "cpu" and fit.train.max_rel_error < 1e-4
+    fit = fit_step_cost(shapes, times_s, [False] * len(shapes), rows=LEGACY_RULE)
+    assert fit.model.rows == LEGACY_RULE and fit.train.max_rel_error < 1e-4
     wrong = fit_step_cost(shapes, times_s, [False] * len(shapes))  # one row per token cannot follow the padding
     assert wrong.train.max_rel_error > 10 * fit.train.max_rel_error
