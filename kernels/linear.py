@@ -8,8 +8,9 @@ the other). So the rule is measured where it runs: `measure_rule` times passes o
 weights (every layer's, streamed as a step streams them: timing one projection over and over keeps its
 weight in the cache and gives the opposite answer at many sizes) in each orientation, and
 `machine_rule` caches the result per machine, torch version, threads and weight shapes, so it is paid
-once (0.5-8 s for SmolLM2 on 2 cores). Weights that fit in a cache (`SMALL_WEIGHTS_BYTES`), CUDA and
-``SKISTUNE_PROJECTIONS=plain`` take the plain product without measuring.
+once (0.6 s for SmolLM2 on a 2-core Intel host, where flipping loses at once and the timing stops).
+Weights that fit in a cache (`SMALL_WEIGHTS_BYTES`), CUDA and ``SKISTUNE_PROJECTIONS=plain`` take the
+plain product without measuring.
 
 The orientations round differently, by about 2e-6 on unit-scale outputs.
 """

@@ -8,8 +8,9 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_seq     * num_seqs         per-sequence bookkeeping (metadata, sampling)
            + c_token   * num_tokens       projections and MLP (weights streamed once, work per token)
            + c_knee    * max(0, num_tokens - knee)   the compute-bound slope past the knee
-           + c_multi   * [num_tokens > 1] matrix-matrix instead of matrix-vector products (on CPUs a
-                                          one-token step is markedly cheaper per token than two)
+           + c_multi   * [num_tokens > small_rows]  the BLAS's general product instead of its small-product
+                                          path (on CPUs a step of 1 to `small_rows` tokens is markedly
+                                          cheaper per token: 1 on one host, 1-3 on another)
            + c_kv      * decode_kv_bytes  decode attention reads each cached KV byte once
            + c_pkv     * prefill_kv_bytes a prefill chunk reads its whole cached context's KV once
            + c_pair    * prefill_pairs    prefill attention does work per query-key pair
@@ -41,6 +42,11 @@ cost what 16 do, and one token may run as two rows). Without it the fit drew a s
 padded sizes and predicted 12-15-token steps 10-15% fast. In a file: ``"tokens"`` (one row per token:
 CUDA, and profiles written before the rule existed), ``"cpu"`` (the fixed rule of 2026-12-02,
 `LEGACY_RULE`) or the rule's fields.
+
+Where a BLAS leaves its small-product path is a property of the machine: on this project's Intel host a
+decode step of 1-3 sequences took 30-32 ms and one of 4 took 47 ms, while an AMD host's steps rose from
+1 row on. So ``small_rows`` is fitted like the knee (the candidate with the least loss; profiles written
+before it read 1, the old ``[num_tokens > 1]``).
 
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
@@ -94,10 +100,10 @@ class StepShape:
     decode_unpack_elements: int = 0  # extra sub-byte codes the decode sequences' contexts unpack
     prefill_unpack_elements: int = 0  # ... the prefill chunks' contexts
 
-    def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE) -> np.ndarray:
+    def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1) -> np.ndarray:
         tokens, samples = rows.rows(self.num_tokens), rows.rows(self.num_samples) if self.num_samples else 0
         return np.array([1.0, self.num_seqs, tokens, max(0, tokens - knee),
-                         float(self.num_tokens > 1), self.decode_kv_bytes, self.prefill_kv_bytes,
+                         float(self.num_tokens > small_rows), self.decode_kv_bytes, self.prefill_kv_bytes,
                          self.prefill_pairs, samples, self.decode_dequant_elements,
                          self.prefill_dequant_elements, self.quantize_elements, self.decode_unpack_elements,
                          self.prefill_unpack_elements], dtype=np.float64)
@@ -113,28 +119,31 @@ class StepCostModel:
     knee: int
     quant_coef: tuple[float, ...] = (0.0,) * len(QUANT_FEATURES)
     rows: ProjectionRule = PLAIN_RULE
+    small_rows: int = 1  # steps of at most this many tokens take the BLAS's small-product path
 
     def __post_init__(self) -> None:
         if len(self.coef) != len(FEATURES) or len(self.quant_coef) != len(QUANT_FEATURES):
             raise ValueError(f"step cost model: needs {len(FEATURES)} + {len(QUANT_FEATURES)} coefficients, got "
                              f"{len(self.coef)} + {len(self.quant_coef)}")
+        if self.small_rows < 1:
+            raise ValueError(f"step cost model: small_rows must be at least 1, got {self.small_rows}")
 
     @classmethod
-    def of(cls, coef, knee: int, rows: ProjectionRule = PLAIN_RULE) -> "StepCostModel":
+    def of(cls, coef, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1) -> "StepCostModel":
         """From one coefficient per feature of `ALL_FEATURES`."""
         values = tuple(float(c) for c in coef)
-        return cls(values[:len(FEATURES)], knee, values[len(FEATURES):], rows)
+        return cls(values[:len(FEATURES)], knee, values[len(FEATURES):], rows, small_rows)
 
     @property
     def all_coef(self) -> tuple[float, ...]:
         return self.coef + self.quant_coef
 
     def predict_s(self, shape: StepShape) -> float:
-        return float(shape.features(self.knee, self.rows) @ np.asarray(self.all_coef))
+        return float(shape.features(self.knee, self.rows, self.small_rows) @ np.asarray(self.all_coef))
 
     def to_dict(self) -> dict:
         return {"features": list(ALL_FEATURES), "coef": list(self.all_coef), "knee_tokens": self.knee,
-                "rows": rule_to_json(self.rows)}
+                "rows": rule_to_json(self.rows), "small_rows": self.small_rows}
 
     @classmethod
     def from_dict(cls, data: dict) -> "StepCostModel":
@@ -147,11 +156,15 @@ class StepCostModel:
         if len(coef) != len(features) or any(c < 0 or c != c for c in coef):
             raise ValueError("step cost model: needs one finite, non-negative coefficient per feature")
         rows = rule_from_json(data.get("rows", "tokens"))  # profiles written before the rule: one row per token
-        return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), int(data["knee_tokens"]), rows)
+        small = data.get("small_rows", 1)  # ... before it was fitted: one token
+        if not isinstance(small, int) or isinstance(small, bool):
+            raise ValueError(f"step cost model: small_rows must be an integer, got {small!r}")
+        return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), int(data["knee_tokens"]), rows, small)
 
 
-def design_matrix(shapes: Sequence[StepShape], knee: int, rows: ProjectionRule = PLAIN_RULE) -> np.ndarray:
-    return np.stack([s.features(knee, rows) for s in shapes])
+def design_matrix(shapes: Sequence[StepShape], knee: int, rows: ProjectionRule = PLAIN_RULE,
+                  small_rows: int = 1) -> np.ndarray:
+    return np.stack([s.features(knee, rows, small_rows) for s in shapes])
 
 
 def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:

@@ -16,6 +16,7 @@ from .cost import StepCostModel, StepShape, design_matrix
 R2_FLAG_BELOW = 0.95
 MIN_POINTS_FOR_R2 = 3
 KNEE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+SMALL_ROWS_CANDIDATES = (1, 2, 3, 4, 6, 8)  # where a BLAS may leave its small-product path (`cost.StepCostModel`)
 # A zero-slope transfer fit would mean infinite bandwidth; cap it at 1 PB/s so every figure stays finite.
 MIN_S_PER_BYTE = 1e-15
 HUBER_REL_ERROR = 0.10  # relative error up to which a point keeps its full weight in the fit
@@ -114,28 +115,33 @@ class StepFit:
     model: StepCostModel
     train: FitQuality
     held_out: FitQuality | None
-    knee_loss: dict[int, float]  # Huber loss of the relative errors per candidate knee (training points)
+    knee_loss: dict[int, float]  # Huber loss of the relative errors per candidate knee (training points), at
+    # the chosen small-product bound
 
 
 def fit_step_cost(shapes: Sequence[StepShape], measured_s: Sequence[float], held_out: Sequence[bool],
-                  knees: Sequence[int] = KNEE_CANDIDATES, rows: ProjectionRule = PLAIN_RULE) -> StepFit:
-    """Fit `StepCostModel` on the points not held out, choosing the knee with the least relative error;
-    ``rows``: the projection rule the steps ran with (how it counts a step's rows)."""
+                  knees: Sequence[int] = KNEE_CANDIDATES, rows: ProjectionRule = PLAIN_RULE,
+                  small_rows: Sequence[int] = SMALL_ROWS_CANDIDATES) -> StepFit:
+    """Fit `StepCostModel` on the points not held out, choosing the knee and the small-product bound
+    (`SMALL_ROWS_CANDIDATES`) with the least relative error; ``rows``: the projection rule the steps ran
+    with (how it counts a step's rows)."""
     y = np.asarray(measured_s, dtype=np.float64)
     test = np.asarray(held_out, dtype=bool)
     train_shapes = [s for s, h in zip(shapes, test) if not h]
     errors, coefs = {}, {}
     for knee in knees:
-        x = design_matrix(train_shapes, knee, rows)
-        coefs[knee] = nnls_relative(x, y[~test])
-        errors[knee] = huber_loss((x @ coefs[knee]) / y[~test] - 1.0)
+        for small in small_rows:
+            x = design_matrix(train_shapes, knee, rows, small)
+            coefs[knee, small] = nnls_relative(x, y[~test])
+            errors[knee, small] = huber_loss((x @ coefs[knee, small]) / y[~test] - 1.0)
     # Ties (no convex kink in the data: every knee past the largest step fits alike) go to the larger
-    # knee, so that the slope is carried by `tokens` and the knee says "not seen below this".
-    knee = min(knees, key=lambda k: (round(errors[k], 12), -k))
-    model = StepCostModel.of(coefs[knee], knee, rows)
+    # knee, so that the slope is carried by `tokens` and the knee says "not seen below this"; and to the
+    # smaller bound (1: one token, the model before the bound was fitted).
+    knee, small = min(errors, key=lambda ks: (round(errors[ks], 12), ks[1], -ks[0]))
+    model = StepCostModel.of(coefs[knee, small], knee, rows, small)
     predicted = np.array([model.predict_s(s) for s in shapes])
     held = fit_quality(predicted[test], y[test]) if test.any() else None
-    return StepFit(model, fit_quality(predicted[~test], y[~test]), held, errors)
+    return StepFit(model, fit_quality(predicted[~test], y[~test]), held, {k: errors[k, small] for k in knees})
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ FULL_GRID = Grid(
     step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(1, 16, 64, 256, 1024))
 
 QUICK_GRID = Grid(
-    decode_batches=(1, 2, 4, 8, 16, 32, 64), decode_contexts=(64, 512, 2048), max_decode_kv_tokens=16384,
+    decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(64, 512, 2048), max_decode_kv_tokens=16384,
     # (short chunks too: real prompts and the last chunks of long ones have any size, and a straight line
     # through 32-256 tokens alone predicted 5-token chunks 30-50% slow)
     prefill=((9, 0), (32, 0), (256, 0), (128, 256), (16, 512), (32, 512), (256, 512)),

@@ -91,3 +91,21 @@ def test_a_fit_with_the_cpu_row_rule_recovers_costs_that_follow_padded_rows():
     assert fit.model.rows == LEGACY_RULE and fit.train.max_rel_error < 1e-4
     wrong = fit_step_cost(shapes, times_s, [False] * len(shapes))  # one row per token cannot follow the padding
     assert wrong.train.max_rel_error > 10 * fit.train.max_rel_error
+
+
+def test_the_fit_finds_where_the_blas_leaves_its_small_product_path():
+    """Steps of 1-3 tokens cheap, 4 and more paying the general product's cost (this project's Intel host):
+    the fit picks that bound among the candidates; a model written without it reads one token."""
+    truth = replace(TRUE, small_rows=3)
+    shapes = _shapes() + [StepShape(b, b, b * c * 46080, 0, b) for b in (3, 6) for c in (32, 512)]
+    fit = fit_step_cost(shapes, [truth.predict_s(s) for s in shapes], [False] * len(shapes))
+    assert fit.model.small_rows == 3 and fit.train.max_rel_error < 1e-4
+    one = fit_step_cost(shapes, [truth.predict_s(s) for s in shapes], [False] * len(shapes), small_rows=(1,))
+    assert one.train.max_rel_error > 0.05  # one token as the bound cannot follow it
+    assert StepCostModel.from_dict(fit.model.to_dict()) == fit.model
+    old = {k: v for k, v in fit.model.to_dict().items() if k != "small_rows"}
+    assert StepCostModel.from_dict(old).small_rows == 1
+    with pytest.raises(ValueError, match="small_rows"):
+        StepCostModel.from_dict({**fit.model.to_dict(), "small_rows": 0})
+    with pytest.raises(ValueError, match="small_rows"):
+        StepCostModel.from_dict({**fit.model.to_dict(), "small_rows": "3"})
