@@ -518,7 +518,14 @@ def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]],
     for s in (s for s in slos if s.metric == metric):
         ax.axvline(s.limit_s * scale, color="black", ls="--", lw=1, label=f"SLO {s}")
     if all(v.size for v in positive) and top_s > 20 * min(v.min() for v in positive):
+        from matplotlib.ticker import FuncFormatter, LogLocator
         ax.set_xscale("log")
+        # plain numbers at 1, 2 and 5 of each decade: the default labels every minor tick of a short span
+        # in scientific notation ("2x10^0 3x10^0 ..."), and they overlap
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+        ax.xaxis.set_minor_formatter(plain)
     ax.set_xlabel(f"{metric.upper()} ({unit})")
     ax.set_ylabel("fraction of token gaps" if metric == "tbt" else "fraction of requests")
     ax.set_ylim(0, 1.02)
