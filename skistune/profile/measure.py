@@ -138,10 +138,11 @@ QUICK_GRID = Grid(
     warmup=1, repeats=3, max_repeats=10, min_time_s=0.3,
     overhead_batches=(1, 16, 128), overhead_repeats=15, kernel_repeats=5,
     copy_blocks=(1, 4, 16, 64), disk_bytes=(64 << 10, 1 << 20, 4 << 20, 16 << 20), transfer_repeats=5, idle_s=1.0,
-    # no quantized-KV points: on this 2-core CPU they took the quick profile from 35 s to many minutes
-    # (the PyTorch path dequantizes whole contexts), and the default search does not quantize KV yet;
-    # `skistune profile` (the full grid) measures them
-    quant_decode=(), quant_prefill=(), step_bits=(), kernel_bits=(), quantize_blocks=())
+    # a few quantized-KV steps (8 and 4 bits), enough to fit what converting codes costs: decode runs the
+    # compiled CPU kernel now, so they take seconds, not the minutes of the PyTorch path (which dequantized
+    # whole contexts); `skistune profile` (the full grid) also times the attention and quantize kernels
+    quant_decode=((4, 2048), (16, 512)), quant_prefill=((64, 512), (128, 0)), step_bits=(8, 4), kernel_bits=(),
+    quantize_blocks=())
 
 
 def held_out_mask(points: list[StepPoint], every: int = 3) -> list[bool]:
