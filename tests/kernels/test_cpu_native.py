@@ -131,3 +131,42 @@ def test_build_is_cached_and_falls_back_with_a_warning(tmp_path):
     broken = _run(code, {**env, "XDG_CACHE_HOME": str(tmp_path / "other"), "CC": "false"})
     assert broken.stdout.strip() == "False"
     assert "CPU attention kernel unavailable (false failed to build paged_decode_cpu.c" in broken.stderr
+
+
+PORTABLE_CHECK = """
+import sys
+import torch
+from skistune.kernels import cpu_native
+cpu_native.FLAGS = cpu_native.FLAGS + tuple(sys.argv[1:])  # switch the vector paths off
+from kv_cases import BLOCK, SPEC, fill, make_store, ring, scattered_tables, stored_kv, reference_attention
+from skistune.kernels.attention import build_attention_metadata, paged_attention
+assert cpu_native.available()
+contexts = [1, 17, 95, 300]
+for bits in ((16, 16), (4, 4), (2, 8)):
+    gen = torch.Generator().manual_seed(3)
+    store = make_store(bits, slots=len(contexts), window=24, num_blocks=48)
+    tables = scattered_tables(contexts, store.num_blocks, gen)
+    fill(store, tables, contexts, gen)
+    q = torch.randn(len(contexts), SPEC.n_heads, SPEC.head_dim, generator=gen)
+    meta = build_attention_metadata(tables, [1] * len(contexts), contexts, BLOCK, ring(store, len(contexts)))
+    out = paged_attention(q, *store.layer(0), meta, SPEC.head_dim ** -0.5)
+    for i, ctx in enumerate(contexts):
+        k, v = stored_kv(store, tables[i], ctx, slot=i)
+        torch.testing.assert_close(out[i:i + 1].double(), reference_attention(q[i:i + 1], k, v, SPEC.head_dim ** -0.5),
+                                   rtol=0, atol=2e-5)
+print("ok")
+"""
+
+
+def test_the_portable_build_without_x86_vector_paths_is_as_exact(tmp_path):
+    """Hosts without AVX2 (or not x86 at all) compile the kernel's portable dot product: built here with the
+    vector paths switched off, it matches float64 attention like the AVX-512/AVX2 build."""
+    import os
+    import platform
+    off = ["-mno-avx512f", "-mno-avx2", "-mno-fma"] if platform.machine() in ("x86_64", "AMD64") else []
+    here = os.path.dirname(__file__)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", PORTABLE_CHECK, *off], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert list((tmp_path / "skistune" / "kernels").glob("paged_decode_cpu-*.so"))
