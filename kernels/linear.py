@@ -101,7 +101,7 @@ def measure_rule(weights: Sequence[torch.Tensor], rounds: int = 3) -> Projection
     return ProjectionRule(flip_max, pad, single)
 
 
-def streamed_weights(weights: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def measured_weights(weights: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The weights a measurement streams: all of them up to `MEASURED_BYTES`, then the last one (the LM
     head) as well."""
     out, total = [], 0
@@ -135,7 +135,7 @@ def machine_rule(weights: Sequence[torch.Tensor], label: str) -> ProjectionRule:
     log.info("measuring this CPU's projection orientations for %s (once; cached in %s)", label, path.parent)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        rule = measure_rule(streamed_weights(weights))
+        rule = measure_rule(measured_weights(weights))
     record = {"rule": rule.to_dict(), "model": label, "measured_s": round(time.perf_counter() - t0, 2),
               "torch": torch.__version__, "threads": torch.get_num_threads()}
     try:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from skistune.kernels import linear as linear_module
-from skistune.kernels.linear import linear, machine_rule, measure_rule, streamed_weights
+from skistune.kernels.linear import linear, machine_rule, measure_rule, measured_weights
 from skistune.kernels.rows import LEGACY_RULE, PLAIN_RULE, ProjectionRule, padded_rows
 
 RULES = [PLAIN_RULE, LEGACY_RULE, ProjectionRule(64, 1, False)]
@@ -85,10 +85,10 @@ def test_measure_rule_on_real_products_gives_a_rule():
     assert isinstance(measure_rule(weights, rounds=1), ProjectionRule)
 
 
-def test_streamed_weights_cap_the_layers_but_keep_the_lm_head(monkeypatch):
+def test_measured_weights_cap_the_layers_but_keep_the_lm_head(monkeypatch):
     monkeypatch.setattr(linear_module, "MEASURED_BYTES", 3 * 4 * 16)
     layers, head = [torch.zeros(4, 4) for _ in range(6)], torch.zeros(8, 4)
-    picked = streamed_weights(layers + [head])
+    picked = measured_weights(layers + [head])
     assert len(picked) == 4 and picked[-1] is head
 
 
