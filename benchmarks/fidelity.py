@@ -9,7 +9,13 @@ int4 in the tight pool's bytes: more blocks at fewer bits, less the full-precisi
 follows max_num_seqs). A profile measured without quantized-KV points predicts the quantized configs
 by extrapolation and says so in the notes (`HardwareProfile.quantized_kv_note`).
 
-    python benchmarks/fidelity.py [--profile profiles/cpu-smollm2-135m.json] [--requests 16] [--json]
+Before the first replay and after the last, a few of the profile's own step points are timed again
+(`skistune.profile.check`): how much slower (or faster) the machine runs the profile's steps during the
+run than when the profile was measured. On a shared host that drift alone moves every error by 10% or
+more; it is printed beside the errors, not taken out of them. ``--no-speed-check`` skips it.
+
+    python benchmarks/fidelity.py [--profile profiles/cpu-smollm2-135m.json] [--requests 16] [--no-speed-check]
+                                  [--json]
 """
 from __future__ import annotations
 
@@ -94,10 +100,13 @@ def main() -> None:
     ap.add_argument("--profile", default=str(Path(__file__).resolve().parents[1] / "profiles" / "cpu-smollm2-135m.json"))
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
+                    help="do not time the profile's own steps again before and after the replays")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     target = sim_target(MODEL, args.profile)
     rt = Runtime.from_preset(MODEL, KVConfig())
+    speed = [machine_speed(args.profile, rt, "before")] if args.speed_check else []
     rows = []
     print(f"{'workload':<16} {'config':<13} " + " ".join(f"{name:>17}" for name, _ in METRICS))
     for wname, w in workloads(args.requests).items():
@@ -114,6 +123,8 @@ def main() -> None:
             print(f"{wname:<16} {cname:<13} " + " ".join(
                 f"{f(predicted):>8.3g}/{f(measured):<6.3g}{errors[n]:>+4.0%}"[-17:].rjust(17) for n, f in METRICS),
                 flush=True)
+    if args.speed_check:
+        speed.append(machine_speed(args.profile, rt, "after"))
     abs_err = [abs(e) for r in rows for n, e in r["errors"].items()]
     latency_err = [abs(r["errors"][n]) for r in rows for n, _ in METRICS[:6]]
     summary = {"median_abs_error": statistics.median(abs_err), "max_abs_error": max(abs_err),
@@ -122,7 +133,18 @@ def main() -> None:
     print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
           f"latency percentiles within 10%: {summary['latency_within_10pct']:.0%} of {len(latency_err)}")
     if args.json:
-        print(json.dumps({"benchmark": "fidelity", "model": MODEL, "profile": args.profile, **summary, "rows": rows}))
+        print(json.dumps({"benchmark": "fidelity", "model": MODEL, "profile": args.profile, **summary,
+                          "machine_speed": speed, "rows": rows}))
+
+
+def machine_speed(profile_path: str, runtime, when: str) -> dict:
+    """The profile's own steps timed again now (`skistune.profile.check`): now / then, median."""
+    from skistune.profile import load_profile
+    from skistune.profile.check import speed_check
+    check = speed_check(load_profile(profile_path, check_fingerprint=False), runtime)
+    print(f"machine speed {when} the replays: the profile's steps take x{check.ratio:.3f} of their profiled time "
+          f"(median of {len(check.points)})", flush=True)
+    return {"when": when, **check.to_dict()}
 
 
 if __name__ == "__main__":

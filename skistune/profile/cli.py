@@ -162,11 +162,14 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
 
 
 def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
-             show: Optional[Path], refit: Optional[Path], json_out: bool) -> None:
+             show: Optional[Path], refit: Optional[Path], check: Optional[Path], json_out: bool) -> None:
     from skistune.cli import err_console
 
-    if show is not None and refit is not None:
-        raise ValueError("--show and --refit: give one")
+    if sum(x is not None for x in (show, refit, check)) > 1:
+        raise ValueError("--show, --refit and --check: give one")
+    if check is not None:
+        _check(check, json_out)
+        return
     if show is not None or refit is not None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FingerprintWarning)
@@ -201,6 +204,8 @@ def profile(
     refit: Annotated[Optional[Path], typer.Option(help="fit an existing profile's step cost model again from its "
                                                   "measured points with this version's model (written back, or "
                                                   "to --out), instead of measuring")] = None,
+    check: Annotated[Optional[Path], typer.Option(help="time a few of an existing profile's steps again and say "
+                                                  "how much faster or slower this machine runs them now")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
 ) -> None:
     """Measure this machine for a model: whole runtime steps over batch x context and prefill chunks (and
@@ -211,4 +216,37 @@ def profile(
         cli_errors,  # here: skistune.cli imports this module to register the command
     )
 
-    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, json_out)
+    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, check, json_out)
+
+
+def _check(path: Path, json_out: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from skistune.cli import console, err_console, print_json
+
+    from .check import speed_check
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FingerprintWarning)
+        profile = load_profile(path)
+    for warning in caught:
+        err_console.print(f"[yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task(f"loading {profile.model}", total=None)
+        result = speed_check(profile, progress=lambda label, done, total: bar.update(
+            task, description=label, completed=done, total=total))
+    table = Table(title=f"{path}: its steps timed again on this machine")
+    for name, justify in (("step", "left"), ("grid point", "left"), ("profile (ms)", "right"),
+                          ("now (ms)", "right"), ("now / profile", "right")):
+        table.add_column(name, justify=justify)
+    for p in result.points:
+        grid = ", ".join(f"{k} {v}" for k, v in p.grid.items() if k != "bits")
+        table.add_row(p.kind, grid, f"{p.then_s * 1e3:.1f}", f"{p.now_s * 1e3:.1f}", f"{p.ratio:.3f}")
+    console.print(table)
+    slower = result.ratio - 1
+    console.print(f"this machine runs the profile's steps x{result.ratio:.3f} (median of {len(result.points)}): "
+                  + (f"predictions from it will be about {abs(slower):.0%} {'fast' if slower > 0 else 'slow'}"
+                     if abs(slower) >= 0.05 else "within 5% of when it was measured"), highlight=False)
+    if json_out:
+        print_json({"profile": str(path), **result.to_dict()})

@@ -1,0 +1,104 @@
+"""How fast this machine runs a profile's steps now, against when the profile was measured.
+
+A profile is a snapshot: on a shared host the same grid point measured an hour apart moved by 10% and
+more (BENCHMARKS.md, "Hardware profile"), and every prediction made from the profile moves with it. The
+check times a few of the profile's own 16-bit step points again, the way the profiler timed them
+(`StepBench`: the same engine, setup and medians), and reports the median of now / then: 1.10 means this
+machine now runs the profile's steps 10% slower than when it was measured, so predictions from it will
+be about 10% fast. `skistune profile --check FILE` prints it; `benchmarks/fidelity.py` measures it
+before and after its replays, so that the drift of the machine and the error of the model can be told apart.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import KVConfig
+from ..runtime.kv_layout import kv_traffic
+from ..runtime.llm import Runtime
+from .measure import DTYPES, _pool_tokens
+from .profile import HardwareProfile
+from .records import StepPoint, kv_bits
+from .steps import StepBench, fill_kv
+
+PER_KIND = 2  # points of each kind (decode, prefill, mixed) timed again: the fastest and the median one
+MAX_KV_TOKENS = 8192  # ... among those holding at most this much KV (a small pool, quickly filled)
+SETTINGS = dict(warmup=1, repeats=3, max_repeats=5, min_time_s=0.3)  # the quick grid's
+
+
+@dataclass(frozen=True)
+class CheckedPoint:
+    kind: str
+    grid: dict
+    then_s: float  # the profile's median
+    now_s: float  # measured again now
+
+    @property
+    def ratio(self) -> float:
+        return self.now_s / self.then_s
+
+
+@dataclass(frozen=True)
+class SpeedCheck:
+    points: tuple[CheckedPoint, ...]
+
+    @property
+    def ratio(self) -> float:
+        """Median of now / then over the points: above 1, this machine is slower now."""
+        return statistics.median(p.ratio for p in self.points)
+
+    def to_dict(self) -> dict:
+        return {"ratio": self.ratio, "points": [{"kind": p.kind, "grid": p.grid, "then_s": p.then_s,
+                                                 "now_s": p.now_s, "ratio": p.ratio} for p in self.points]}
+
+
+def _kv_tokens(p: StepPoint) -> int:
+    g = p.grid
+    if p.kind == "prefill":
+        return g["chunk"] + g["cached"]
+    return g["batch"] * g["context"] + g.get("chunk", 0)
+
+
+def check_points(profile: HardwareProfile, per_kind: int = PER_KIND) -> list[StepPoint]:
+    """The 16-bit step points timed again: per kind, among those holding at most `MAX_KV_TOKENS`, the
+    fastest and the median (by the profile's time), so that both the fixed costs and the KV terms show."""
+    picked = []
+    for kind in ("decode", "prefill", "mixed"):
+        points = sorted((p for p in profile.steps if p.kind == kind and kv_bits(p.grid) == 16
+                         and _kv_tokens(p) <= MAX_KV_TOKENS), key=lambda p: p.timing.median_s)
+        if points:
+            chosen = {0, len(points) // 2} if per_kind > 1 else {len(points) // 2}
+            picked += [points[i] for i in sorted(chosen)][:per_kind]
+    return picked
+
+
+def speed_check(profile: HardwareProfile, runtime: Runtime | None = None, per_kind: int = PER_KIND,
+                progress: Callable[[str, int, int], None] | None = None) -> SpeedCheck:
+    """Time `check_points` again on ``runtime`` (its model; a store sized for the points replaces its own)
+    or on the profile's model loaded here."""
+    points = check_points(profile, per_kind)
+    if not points:
+        raise ValueError(f"profile {profile.name}: no 16-bit step points of at most {MAX_KV_TOKENS} KV tokens "
+                         "to time again")
+    block_size = KVConfig().prefix_reuse.block_size
+    decode = [(p.grid["batch"], p.grid["context"]) for p in points if p.kind == "decode"]
+    mixed = [(p.grid["batch"], p.grid["context"], p.grid["chunk"]) for p in points if p.kind == "mixed"]
+    prefill = [(p.grid["chunk"], p.grid["cached"]) for p in points if p.kind == "prefill"]
+    tokens = _pool_tokens(decode, mixed, prefill, SETTINGS["warmup"] + SETTINGS["max_repeats"] + 8, block_size)
+    if runtime is None:
+        runtime = Runtime.from_preset(profile.model, KVConfig(), device=profile.device, dtype=DTYPES[profile.device])
+    bytes_per_token = kv_traffic(KVConfig(), runtime.spec, runtime.model.dtype.itemsize).bytes_per_token
+    runtime = runtime.with_config(KVConfig().with_knobs({"offload.device_kv_bytes": tokens * bytes_per_token}))
+    fill_kv(runtime)
+    bench = StepBench(runtime, **SETTINGS)
+    checked = []
+    for i, p in enumerate(points):
+        g = p.grid
+        if progress is not None:
+            progress(f"timing the profile's {p.kind} step {g} again", i, len(points))
+        now = (bench.decode(g["batch"], g["context"]) if p.kind == "decode" else
+               bench.prefill(g["chunk"], g["cached"]) if p.kind == "prefill" else
+               bench.mixed(g["batch"], g["context"], g["chunk"]))
+        checked.append(CheckedPoint(p.kind, dict(g), p.timing.median_s, now.timing.median_s))
+    return SpeedCheck(tuple(checked))

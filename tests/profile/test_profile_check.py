@@ -1,0 +1,58 @@
+"""`skistune profile --check`: a profile's own step points timed again on this machine, the median ratio
+now / then, and the command's output and errors."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from profile_tiny import tiny_runtime
+from typer.testing import CliRunner
+
+from skistune.cli import app
+from skistune.profile.check import MAX_KV_TOKENS, check_points, speed_check
+from skistune.profile.records import kv_bits
+
+
+def test_the_checked_points_are_16_bit_steps_of_every_kind(tiny_profile):
+    points = check_points(tiny_profile)
+    assert [p.kind for p in points] == ["decode", "decode", "prefill", "prefill", "mixed", "mixed"]
+    assert all(kv_bits(p.grid) == 16 for p in points)
+    decodes = sorted((p for p in tiny_profile.steps if p.kind == "decode" and kv_bits(p.grid) == 16),
+                     key=lambda p: p.timing.median_s)
+    assert points[0] is decodes[0] and points[1] is decodes[len(decodes) // 2]  # the fastest and the median
+    assert all(p.grid.get("batch", 1) * p.grid.get("context", 0) <= MAX_KV_TOKENS for p in points)
+    assert [p.kind for p in check_points(tiny_profile, per_kind=1)] == ["decode", "prefill", "mixed"]
+
+
+def test_a_profile_timed_again_on_its_machine_reads_near_one_and_a_scaled_one_reads_its_scale(tiny_profile):
+    runtime = tiny_runtime()
+    check = speed_check(tiny_profile, runtime, per_kind=1)
+    assert len(check.points) == 3 and all(p.now_s > 0 for p in check.points)
+    assert 0.2 < check.ratio < 5  # the same machine (steps of the tiny model are noisy: ~1 ms)
+    # a profile whose steps took half as long as today's reads about twice as slow now
+    halved = replace(tiny_profile, steps=tuple(replace(p, timing=replace(p.timing, median_s=p.timing.median_s / 2))
+                                               for p in tiny_profile.steps))
+    again = speed_check(halved, runtime, per_kind=1)
+    assert {p.then_s for p in again.points} == {p.then_s / 2 for p in check.points}
+    assert json.loads(json.dumps(check.to_dict()))["ratio"] == check.ratio
+
+
+def test_the_check_command_prints_the_ratio_and_json(tmp_path, tiny_profile, monkeypatch):
+    from skistune.profile import check as check_module
+    path = tiny_profile.save(tmp_path / "tiny.json")
+    real = check_module.speed_check
+    monkeypatch.setattr(check_module, "speed_check", lambda profile, progress=None: real(
+        profile, tiny_runtime(), per_kind=1, progress=progress))
+    result = CliRunner().invoke(app, ["profile", "--check", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["profile"] == str(path) and len(summary["points"]) == 3 and summary["ratio"] > 0
+    assert "this machine runs the profile's steps x" in result.stdout
+
+
+def test_check_with_show_or_a_missing_file_is_a_one_line_error(tmp_path, tiny_profile):
+    path = tiny_profile.save(tmp_path / "tiny.json")
+    both = CliRunner().invoke(app, ["profile", "--check", str(path), "--show", str(path)])
+    assert both.exit_code == 2 and "give one" in both.stderr
+    missing = CliRunner().invoke(app, ["profile", "--check", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and len(missing.stderr.strip().splitlines()) == 1
