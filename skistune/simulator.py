@@ -209,7 +209,12 @@ class ProfileExecutor:
         k_max = min(k_max, int(np.searchsorted(np.maximum.accumulate(used), kv.pool.num_blocks, side="right")))
         if k_max < 2:
             return None
-        return self._decode_step_times(len(seqs), reads[:, :k_max].sum(axis=0)), compactions, used[:k_max]
+        step_s = self._decode_step_times(len(seqs), reads[:, :k_max].sum(axis=0))
+        for row, per_seq in zip(reads, compactions):  # each compaction adds to the step it follows
+            for e in per_seq:
+                if e.step <= k_max:
+                    step_s[e.step - 1] += self.step_cost.compaction_s(int(row[e.step - 1]))
+        return step_s, compactions, used[:k_max]
 
     def _decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:
         """Durations of decode steps of ``batch`` sequences reading ``contexts[j]`` KV tokens in all at step

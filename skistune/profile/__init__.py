@@ -11,6 +11,7 @@ from typing import Any
 
 from .cost import (
     ALL_FEATURES,
+    EVICTION_FEATURES,
     FEATURES,
     QUANT_FEATURES,
     StepCostModel,
@@ -36,7 +37,7 @@ from .records import LINKS, GridPoint, StepPoint, Timing
 _MEASURING = {"measure_profile", "profile_model", "Grid", "FULL_GRID", "QUICK_GRID"}
 
 __all__ = [
-    "ALL_FEATURES", "FEATURES", "QUANT_FEATURES", "StepCostModel", "StepShape", "decode_shape", "design_matrix",
+    "ALL_FEATURES", "EVICTION_FEATURES", "FEATURES", "QUANT_FEATURES", "StepCostModel", "StepShape", "decode_shape", "design_matrix",
     "step_shape",
     "Fingerprint", "fingerprint_diff", "machine_fingerprint",
     "R2_FLAG_BELOW", "FitQuality", "LinearFit", "StepFit", "TransferFit", "PowerModel",

@@ -20,6 +20,8 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_quant   * quantize_elements         elements quantized on append (once per token)
            + c_dunpack * decode_unpack_elements    sub-byte codes' extra unpacking in decode (x1 at 4 bits,
            + c_punpack * prefill_unpack_elements   x3 at 2 bits, `kv_layout.unpack_work`) ... and prefill
+           + c_compact * compactions               eviction compactions run after the forward pass (per
+           + c_cslot   * compacted_slots           sequence: select the kept tokens, move them, every layer)
 
 KV bytes are counted at the config's bits (`skistune.runtime.kv_layout.kv_traffic`: packed codes, scales
 and zero points, plus the full-precision ring tokens attention reads), so fewer bits read fewer bytes.
@@ -48,6 +50,12 @@ decode step of 1-3 sequences took 30-32 ms and one of 4 took 47 ms, while an AMD
 1 row on. So ``small_rows`` is fitted like the knee (the candidate with the least loss; profiles written
 before it read 1, the old ``[num_tokens > 1]``).
 
+The eviction terms (`EVICTION_FEATURES`) came last (2026-12-02): a compaction of 272 slots to 256 added
+9-12 ms to a 29 ms decode step of SmolLM2 on a 2-core CPU, and a sequence under a budget compacts once a
+block of new tokens. Profiles without them load with them at zero (compactions then look free). The
+attention statistics H2O and TOVA keep each step are not a term: they added 2 ms (3%) to a decode step
+of 8 sequences at 512 tokens.
+
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
 from __future__ import annotations
@@ -67,8 +75,10 @@ FEATURES = ("fixed", "seqs", "tokens", "tokens_past_knee", "multi_token", "decod
             "prefill_pairs", "samples")
 QUANT_FEATURES = ("decode_dequant_elements", "prefill_dequant_elements", "quantize_elements",
                   "decode_unpack_elements", "prefill_unpack_elements")
-ALL_FEATURES = FEATURES + QUANT_FEATURES
-READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3], ALL_FEATURES)  # every list a profile was written with
+EVICTION_FEATURES = ("compactions", "compacted_slots")
+ALL_FEATURES = FEATURES + QUANT_FEATURES + EVICTION_FEATURES
+READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3], FEATURES + QUANT_FEATURES,  # every list a profile
+                     ALL_FEATURES)  # was written with
 NAMED_RULES = {"tokens": PLAIN_RULE, "cpu": LEGACY_RULE}  # how files written before measured rules name theirs
 
 
@@ -99,6 +109,8 @@ class StepShape:
     quantize_elements: int = 0  # new tokens' KV elements stored quantized
     decode_unpack_elements: int = 0  # extra sub-byte codes the decode sequences' contexts unpack
     prefill_unpack_elements: int = 0  # ... the prefill chunks' contexts
+    compactions: int = 0  # sequences compacted after the step (eviction)
+    compacted_slots: int = 0  # ... their KV slots before it
 
     def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1) -> np.ndarray:
         tokens, samples = rows.rows(self.num_tokens), rows.rows(self.num_samples) if self.num_samples else 0
@@ -106,25 +118,28 @@ class StepShape:
                          float(self.num_tokens > small_rows), self.decode_kv_bytes, self.prefill_kv_bytes,
                          self.prefill_pairs, samples, self.decode_dequant_elements,
                          self.prefill_dequant_elements, self.quantize_elements, self.decode_unpack_elements,
-                         self.prefill_unpack_elements], dtype=np.float64)
+                         self.prefill_unpack_elements, self.compactions, self.compacted_slots], dtype=np.float64)
 
 
 @dataclass(frozen=True)
 class StepCostModel:
     """Fitted coefficients (seconds per unit of each feature) and the knee in tokens: ``coef`` for
-    `FEATURES`, ``quant_coef`` for `QUANT_FEATURES` (zero where quantized KV was not measured); ``rows``:
-    the projection rule the steps ran with, which says how the token terms count a step's rows."""
+    `FEATURES`, ``quant_coef`` for `QUANT_FEATURES` (zero where quantized KV was not measured),
+    ``evict_coef`` for `EVICTION_FEATURES` (zero where compactions were not measured); ``rows``: the
+    projection rule the steps ran with, which says how the token terms count a step's rows."""
 
     coef: tuple[float, ...]
     knee: int
     quant_coef: tuple[float, ...] = (0.0,) * len(QUANT_FEATURES)
     rows: ProjectionRule = PLAIN_RULE
     small_rows: int = 1  # steps of at most this many tokens take the BLAS's small-product path
+    evict_coef: tuple[float, ...] = (0.0,) * len(EVICTION_FEATURES)
 
     def __post_init__(self) -> None:
-        if len(self.coef) != len(FEATURES) or len(self.quant_coef) != len(QUANT_FEATURES):
-            raise ValueError(f"step cost model: needs {len(FEATURES)} + {len(QUANT_FEATURES)} coefficients, got "
-                             f"{len(self.coef)} + {len(self.quant_coef)}")
+        counts = (len(self.coef), len(self.quant_coef), len(self.evict_coef))
+        if counts != (len(FEATURES), len(QUANT_FEATURES), len(EVICTION_FEATURES)):
+            raise ValueError(f"step cost model: needs {len(FEATURES)} + {len(QUANT_FEATURES)} + "
+                             f"{len(EVICTION_FEATURES)} coefficients, got {' + '.join(map(str, counts))}")
         if self.small_rows < 1:
             raise ValueError(f"step cost model: small_rows must be at least 1, got {self.small_rows}")
 
@@ -132,11 +147,17 @@ class StepCostModel:
     def of(cls, coef, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1) -> "StepCostModel":
         """From one coefficient per feature of `ALL_FEATURES`."""
         values = tuple(float(c) for c in coef)
-        return cls(values[:len(FEATURES)], knee, values[len(FEATURES):], rows, small_rows)
+        quant_end = len(FEATURES) + len(QUANT_FEATURES)
+        return cls(values[:len(FEATURES)], knee, values[len(FEATURES):quant_end], rows, small_rows,
+                   values[quant_end:])
 
     @property
     def all_coef(self) -> tuple[float, ...]:
-        return self.coef + self.quant_coef
+        return self.coef + self.quant_coef + self.evict_coef
+
+    def compaction_s(self, kv_slots: int) -> float:
+        """What one compaction of a sequence holding ``kv_slots`` KV slots adds to its step."""
+        return self.evict_coef[0] + self.evict_coef[1] * kv_slots
 
     def predict_s(self, shape: StepShape) -> float:
         return float(shape.features(self.knee, self.rows, self.small_rows) @ np.asarray(self.all_coef))
@@ -189,7 +210,8 @@ def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:
                      prefill_kv_bytes=prefill_tokens * kv.bytes_per_token + prefill_seqs * kv.ring_bytes_per_seq,
                      decode_dequant_elements=decode_tokens * q, prefill_dequant_elements=prefill_tokens * q,
                      quantize_elements=out.num_batched_tokens * q, decode_unpack_elements=decode_tokens * u,
-                     prefill_unpack_elements=prefill_tokens * u)
+                     prefill_unpack_elements=prefill_tokens * u, compactions=len(out.compactions),
+                     compacted_slots=sum(c.kv_len for c in out.compactions))
 
 
 def decode_shape(batch: int, kv_tokens: int, kv: KVTraffic) -> StepShape:

@@ -76,6 +76,9 @@ class Grid:
     step_bits: tuple[int, ...]
     kernel_bits: tuple[int, ...]
     quantize_blocks: tuple[int, ...]  # quantize-on-append: full blocks per call, at each of kernel_bits
+    # eviction: decode steps that also compact every sequence, at (batch, budget in tokens), with this policy
+    compaction: tuple[tuple[int, int], ...] = ()
+    compaction_policy: str = "h2o"
 
     def __post_init__(self) -> None:
         for chunk, cached in self.prefill + self.quant_prefill:
@@ -93,7 +96,7 @@ class Grid:
         """Progress units: one per grid point, kernel case, transfer stage and the power figure."""
         plain = len(self.decode()) + len(self.prefill)
         quant = len(self.quant_decode) + len(self.quant_prefill)
-        steps = plain + len(self.mixed) + len(self.step_bits) * quant
+        steps = plain + len(self.mixed) + len(self.step_bits) * quant + len(self.compaction)
         kernels = plain + len(self.kernel_bits) * (quant + len(self.quantize_blocks))
         return steps + len(self.overhead_batches) + kernels + 2 + 1
 
@@ -127,7 +130,8 @@ FULL_GRID = Grid(
     transfer_repeats=5, idle_s=2.0,
     quant_decode=((1, 512), (4, 2048), (16, 128), (16, 1024), (64, 512)),
     quant_prefill=((64, 0), (512, 0), (64, 1536), (256, 512)),
-    step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(1, 16, 64, 256, 1024))
+    step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(1, 16, 64, 256, 1024),
+    compaction=((1, 256), (1, 1024), (8, 256), (8, 1024), (32, 256)))
 
 QUICK_GRID = Grid(
     decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(64, 512, 2048), max_decode_kv_tokens=16384,
@@ -142,7 +146,7 @@ QUICK_GRID = Grid(
     # compiled CPU kernel now, so they take seconds, not the minutes of the PyTorch path (which dequantized
     # whole contexts); `skistune profile` (the full grid) also times the attention and quantize kernels
     quant_decode=((4, 2048), (16, 512)), quant_prefill=((64, 512), (128, 0)), step_bits=(8, 4), kernel_bits=(),
-    quantize_blocks=())
+    quantize_blocks=(), compaction=((1, 256), (8, 1024)))
 
 
 def held_out_mask(points: list[StepPoint], every: int = 3) -> list[bool]:
@@ -209,8 +213,23 @@ def _measure_steps(bench: StepBench, grid: Grid, tick: _Tracker) -> list[StepPoi
         fill_kv(quantized)
         points += _grid_steps(_bench(quantized, grid), grid.quant_decode, grid.quant_prefill, (), tick)
         del quantized
+    for batch, budget in grid.compaction:
+        evicting = bench.runtime.with_config(compaction_pool(bench.runtime, grid, batch, budget))
+        fill_kv(evicting)
+        points.append(_bench(evicting, grid).compaction(batch, budget))
+        tick(f"decode step with compactions: batch {batch}, budget {budget} ({grid.compaction_policy})")
+        del evicting
     mask = held_out_mask(points)
     return [StepPoint(p.kind, p.grid, p.shape, p.timing, held) for p, held in zip(points, mask)]
+
+
+def compaction_pool(runtime: Runtime, grid: Grid, batch: int, budget: int) -> KVConfig:
+    """``runtime``'s config with the grid's eviction policy at ``budget`` tokens and a device pool that holds
+    ``batch`` sequences of a budget plus the block they grow by before each compaction, and room to spare."""
+    spec, bs, itemsize = runtime.spec, runtime.store.block_size, runtime.model.dtype.itemsize
+    config = runtime.config.with_knobs({"eviction.policy": grid.compaction_policy, "eviction.budget_tokens": budget})
+    blocks = batch * (-(-budget // bs) + 3) + 64
+    return config.with_knobs({"offload.device_kv_bytes": blocks * kv_block_bytes(spec, bs, itemsize, config)})
 
 
 def _linear(names: tuple[str, ...], points: list[GridPoint], features: Callable[[GridPoint], list[float]]) -> Measured:

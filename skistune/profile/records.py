@@ -88,7 +88,7 @@ class Timing:
                    integer(data, "repeats", where, minimum=1))
 
 
-STEP_KINDS = ("decode", "prefill", "mixed")
+STEP_KINDS = ("decode", "prefill", "mixed", "compaction")  # compaction: decode steps that also compact
 
 
 def kv_bits(grid: dict[str, int]) -> int:

@@ -16,6 +16,7 @@ its sequences where a served sequence would be.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -86,7 +87,8 @@ class StepBench:
         self.bits = bits.key_bits
         self.kv = kv_traffic(runtime.config, runtime.spec, store.dtype.itemsize)  # at the store's real dtype
         self.kv_bytes_per_token = self.kv.bytes_per_token
-        self.recorder = StepRecorder(ModelRunner(runtime.model, store), self.kv, runtime.spec.vocab_size)
+        self.recorder = StepRecorder(ModelRunner(runtime.model, store, runtime.config.eviction), self.kv,
+                                     runtime.spec.vocab_size)
         self.warmup, self.repeats, self.max_repeats, self.min_time_s = warmup, repeats, max_repeats, min_time_s
         self.rng = np.random.default_rng(seed)
         self.device = runtime.model.device
@@ -94,12 +96,13 @@ class StepBench:
 
     def _engine(self, *, chunk_size: int, budget_tokens: int) -> Engine:
         store = self.runtime.store
-        config = KVConfig().with_knobs({
+        config = replace(KVConfig().with_knobs({
             "batching.chunk_size": chunk_size, "batching.max_num_batched_tokens": budget_tokens,
             "batching.max_num_seqs": 65536, "prefix_reuse.block_size": store.block_size,
-            "offload.device_kv_bytes": store.num_blocks * store.block_bytes})
+            "offload.device_kv_bytes": store.num_blocks * store.block_bytes}), eviction=self.runtime.config.eviction)
         return Engine(config, num_blocks=store.num_blocks, block_bytes=store.block_bytes,
-                      max_context=self.runtime.spec.max_context, executor=self.recorder, clock=WallClock())
+                      max_context=self.runtime.spec.max_context, executor=self.recorder, clock=WallClock(),
+                      n_layers=self.runtime.spec.n_layers)
 
     def _request(self, prompt_len: int, max_new_tokens: int) -> Request:
         """Fresh random token ids: no prefix-cache hits, no repeated inputs."""
@@ -180,6 +183,17 @@ class StepBench:
             prompt_when_all_decode)
         return self._point("mixed", {"batch": batch, "context": context, "chunk": chunk, "bits": self.bits},
                            times_s, shapes)
+
+    def compaction(self, batch: int, budget: int) -> StepPoint:
+        """Decode steps of ``batch`` sequences that are all compacted after the step: their prompts of
+        ``budget`` tokens (the runtime's eviction budget in tokens) grow by a block before each compaction
+        back to the budget, so every block-th decode step is one of these."""
+        engine = self._engine(chunk_size=SETUP_TOKENS, budget_tokens=SETUP_TOKENS)
+        block = self.runtime.store.block_size
+        self._add_decoders(engine, batch, budget, block * (self.warmup + self.max_repeats + 2))
+        times_s, shapes = self._run(engine, lambda out: len(out.scheduled) == batch
+                                    and out.num_batched_tokens == batch and len(out.compactions) == batch)
+        return self._point("compaction", {"batch": batch, "budget": budget, "bits": self.bits}, times_s, shapes)
 
     def overhead(self, batch: int, repeats: int) -> GridPoint:
         """Engine steps of ``batch`` decoding sequences with no model: the runtime's scheduling and

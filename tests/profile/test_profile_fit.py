@@ -109,3 +109,18 @@ def test_the_fit_finds_where_the_blas_leaves_its_small_product_path():
         StepCostModel.from_dict({**fit.model.to_dict(), "small_rows": 0})
     with pytest.raises(ValueError, match="small_rows"):
         StepCostModel.from_dict({**fit.model.to_dict(), "small_rows": "3"})
+
+
+def test_the_fit_recovers_what_a_compaction_costs():
+    """Decode steps that also compact (per compaction and per slot) next to plain ones: the eviction terms
+    come back, and a model written before them reads them as zero."""
+    truth = replace(TRUE, evict_coef=(9e-3, 2e-6))
+    kvb = 46080
+    shapes = _shapes() + [StepShape(b, b, b * (n + 16) * kvb, 0, b, compactions=b, compacted_slots=b * (n + 16))
+                          for b in (1, 8, 32) for n in (256, 1024)]
+    fit = fit_step_cost(shapes, [truth.predict_s(s) for s in shapes], [False] * len(shapes))
+    np.testing.assert_allclose(fit.model.evict_coef, truth.evict_coef, rtol=1e-3)
+    assert fit.model.compaction_s(272) == pytest.approx(9e-3 + 272 * 2e-6)
+    old = fit.model.to_dict()
+    old["features"], old["coef"] = old["features"][:-2], old["coef"][:-2]
+    assert StepCostModel.from_dict(old).evict_coef == (0.0, 0.0)

@@ -15,6 +15,9 @@ from skistune.profile.records import StepPoint, Timing, kv_bits
 from skistune.runtime.kv_layout import kv_traffic
 
 
+TINY_GRID_BLOCK = 16  # the tiny runtime's block size
+
+
 def _traffic(bits: int):
     return kv_traffic(KVConfig().with_knobs({"bitwidth.key_bits": bits, "bitwidth.value_bits": bits}), TINY, 4)
 
@@ -27,6 +30,7 @@ def test_every_grid_point_is_measured_in_order(tiny_profile: HardwareProfile):
     for bits in TINY_GRID.step_bits:
         expected += [("decode", {"batch": b, "context": c, "bits": bits}) for b, c in TINY_GRID.quant_decode]
         expected += [("prefill", {"chunk": n, "cached": k, "bits": bits}) for n, k in TINY_GRID.quant_prefill]
+    expected += [("compaction", {"batch": b, "budget": n, "bits": 16}) for b, n in TINY_GRID.compaction]
     assert grids == expected
     assert tiny_profile.kv_bytes_per_token == TINY_KV_BYTES_PER_TOKEN
     assert tiny_profile.block_size == 16 and tiny_profile.dtype == "float32" and tiny_profile.device == "cpu"
@@ -51,10 +55,15 @@ def test_measured_steps_have_the_shape_of_their_grid_point(tiny_profile: Hardwar
                                   prefill_pairs=g["chunk"] * context, num_samples=1,
                                   prefill_kv_bytes=context * kvb + ring, prefill_dequant_elements=context * q,
                                   quantize_elements=g["chunk"] * q, prefill_unpack_elements=context * u)
+        elif p.kind == "compaction":  # every sequence at its budget plus the block it grew by, compacted
+            b, grown = g["batch"], g["budget"] + TINY_GRID_BLOCK
+            assert (s.num_seqs, s.num_tokens, s.compactions, s.compacted_slots) == (b, b, b, b * grown)
+            assert s.decode_kv_bytes == b * grown * kvb
         else:
             batch, chunk = g["batch"], g["chunk"]
             assert (s.num_seqs, s.num_tokens, s.num_samples) == (batch + 1, batch + chunk, batch + 1)
             assert s.prefill_pairs == g["chunk"] * g["chunk"]
+            assert s.compactions == 0
 
 
 def test_timings_are_medians_of_enough_repeats(tiny_profile: HardwareProfile):

@@ -89,7 +89,8 @@ def _as_measured_before_unpacking_terms(data: dict) -> None:
         for field in QUANT_FEATURES[3:]:
             del p["shape"][field]
     model = step["cost_model"]
-    model["features"], model["coef"] = list(ALL_FEATURES[:-2]), model["coef"][:-2]
+    kept = len(FEATURES) + 3
+    model["features"], model["coef"] = list(ALL_FEATURES[:kept]), model["coef"][:kept]
 
 
 def test_a_profile_without_unpacking_terms_loads_with_them_at_zero(edited, tiny_profile: HardwareProfile):

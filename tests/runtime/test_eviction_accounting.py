@@ -293,12 +293,13 @@ def test_shared_blocks_wait_for_free_blocks_and_cached_ones_leave_the_cache_in_p
 SPEC = PRESETS["smollm2-135m"]
 
 
-def sim_run(knobs, reqs, ff):
-    """The simulator with the step costs of tests/simulator's fast-forward test."""
+def sim_run(knobs, reqs, ff, compaction_coef=(3e-3, 2e-6)):
+    """The simulator with the step costs of tests/simulator's fast-forward test, and compactions that cost
+    (per compaction and per slot: a fast-forwarded run must charge them to the steps they follow)."""
     coef = dict(fixed=2e-3, seqs=1e-4, tokens=2e-5, tokens_past_knee=0.0, multi_token=0.0, decode_kv_bytes=1e-12,
                 prefill_kv_bytes=0.0, prefill_pairs=0.0, samples=1e-5)
-    target = SimTarget(SPEC, StepCostModel(tuple(coef[f] for f in FEATURES), 512), kv_itemsize=2,
-                       device_free_bytes=512 << 20)
+    cost = StepCostModel(tuple(coef[f] for f in FEATURES), 512, evict_coef=compaction_coef)
+    target = SimTarget(SPEC, cost, kv_itemsize=2, device_free_bytes=512 << 20)
     engine, executor = build_engine(KVConfig().with_knobs(knobs), target, fast_forward=ff)
     return engine.replay(reqs), engine, executor
 
@@ -330,7 +331,9 @@ def test_simulator_fast_forward_with_eviction_equals_stepping(knobs):
 def test_simulator_sees_the_memory_and_the_kv_read_fall():
     reqs = [Request("long", list(range(2000)), 200)]
     full, eng_full, _ = sim_run({}, reqs, ff=True)
-    evict, eng_evict, _ = sim_run({"eviction.policy": "streaming", "eviction.budget_tokens": 256}, reqs, ff=True)
+    # (compactions free here: this checks the KV read alone, which these step costs price very low)
+    evict, eng_evict, _ = sim_run({"eviction.policy": "streaming", "eviction.budget_tokens": 256}, reqs, ff=True,
+                                  compaction_coef=(0.0, 0.0))
     block_bytes = full.kv_peak_bytes // eng_full.kv.peak_used_blocks
     assert full.kv_peak_bytes == eng_full.kv.blocks_for(2199) * block_bytes
     assert evict.kv_peak_bytes == eng_evict.kv.blocks_for(256 + 512) * block_bytes  # the budget and a prefill chunk
@@ -347,3 +350,15 @@ def test_step_shape_reads_kv_slots_not_positions():
         eng.scheduler.update(out, eng.executor.execute(out, eng.kv), eng.clock.now())
     assert shapes[-1] == (38, 16 + 2 + 1)  # position 38 reads 19 slots
     assert max(b for _, b in shapes) == 20
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_simulated_compactions_cost_what_the_profile_says_each_one_does(ff):
+    """Each compaction adds the profile's per-compaction cost to its step (stepped, or inside a run)."""
+    reqs = [Request("long", list(range(600)), 120)]
+    knobs = {"eviction.policy": "h2o", "eviction.budget_tokens": 128}
+    free, _, _ = sim_run(knobs, reqs, ff=ff, compaction_coef=(0.0, 0.0))
+    costly, engine, _ = sim_run(knobs, reqs, ff=ff, compaction_coef=(0.01, 0.0))
+    compactions = (costly.e2e_s.max - free.e2e_s.max) / 0.01
+    # the prompt is compacted at its end, then once a block (16 tokens) of the 120 decoded ones
+    assert round(compactions) == pytest.approx(compactions, abs=1e-6) and 6 <= round(compactions) <= 9
