@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from .cache import cpu_identity, user_cache_dir
 from .rows import PLAIN_RULE, ProjectionRule, padded_rows
 
-__all__ = ["ProjectionRule", "PLAIN_RULE", "oriented_product", "linear", "measure_rule", "machine_rule"]
+__all__ = ["ProjectionRule", "PLAIN_RULE", "oriented_product", "linear", "measure_rule", "machine_rule", "pass_times"]
 
 SMALL_WEIGHTS_BYTES = 64 << 20  # below this the weights stay in cache between steps: nothing to measure
 MEASURED_BYTES = 1 << 30  # weights streamed per timed pass at most (the first layers of a larger model)
@@ -99,6 +99,32 @@ def measure_rule(weights: Sequence[torch.Tensor], rounds: int = 3) -> Projection
             pad = short_by
             break
     return ProjectionRule(flip_max, pad, single)
+
+
+def pass_times(weights: Sequence[torch.Tensor], rows: Sequence[int], rule: ProjectionRule = PLAIN_RULE,
+               rounds: int = 3) -> list[float]:
+    """Median seconds of one pass over ``weights`` (in order, as a step streams them) at each of ``rows``
+    rows, each product in the orientation ``rule`` gives, after a warm-up pass; sizes alternate within a
+    round, so a drift of the machine's speed spreads over all of them."""
+    device = weights[0].device
+    inputs = {n: {r: torch.randn(r, n, dtype=weights[0].dtype, device=device) for r in rows}
+              for n in {w.shape[1] for w in weights}}
+
+    def one_pass(r: int) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for w in weights:
+            linear(inputs[w.shape[1]][r], w, rule)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    with torch.inference_mode():
+        for r in rows:
+            one_pass(r)
+        samples = [[one_pass(r) for r in rows] for _ in range(max(1, rounds))]
+    return [statistics.median(s[i] for s in samples) for i in range(len(rows))]
 
 
 def measured_weights(weights: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -90,6 +90,8 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
         ("step: per M sub-byte codes unpacked beyond a byte's first (decode / prefill)",
          f"{c['decode_unpack_elements'] * 1e9:.2f} / {c['prefill_unpack_elements'] * 1e9:.2f} ms"
          if profile.measures_quantized_kv else "not measured"),
+        ("step: x the projection passes timed here (layers / LM head)",
+         f"{c['projections_s']:.2f} / {c['lm_head_s']:.2f}" if profile.step_cost.table else "not measured"),
         ("step: per eviction compaction + per K slots compacted",
          f"{c['compactions'] * 1e3:.2f} ms + {c['compacted_slots'] * 1e6:.2f} ms"
          if any(p.kind == "compaction" for p in profile.steps) else "not measured"),

@@ -22,6 +22,8 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_punpack * prefill_unpack_elements   x3 at 2 bits, `kv_layout.unpack_work`) ... and prefill
            + c_compact * compactions               eviction compactions run after the forward pass (per
            + c_cslot   * compacted_slots           sequence: select the kept tokens, move them, every layer)
+           + c_proj    * projections_s(num_tokens) the projections as timed on this machine: one pass over
+           + c_head    * lm_head_s(num_samples)    every layer's weights, and the LM head, at that many rows
 
 KV bytes are counted at the config's bits (`skistune.runtime.kv_layout.kv_traffic`: packed codes, scales
 and zero points, plus the full-precision ring tokens attention reads), so fewer bits read fewer bytes.
@@ -56,10 +58,19 @@ block of new tokens. Profiles without them load with them at zero (compactions t
 attention statistics H2O and TOVA keep each step are not a term: they added 2 ms (3%) to a decode step
 of 8 sequences at 512 tokens.
 
+The projection terms (`TABLE_FEATURES`, 2026-12-02) read a table the profiler measures: the time of one
+pass over every layer's projection weights, and of the LM head, at 1-16 rows one by one and at sizes up
+to 2,048 (`ProjectionTimes`, linear between sizes). A BLAS's speed is not linear in the rows: on this
+project's Intel host a pass took 17, 18, 20 and 30 ms at 1-4 rows, 47 ms at 15 rows and 42 at 16, and the
+LM head 19 ms at 15 rows against 10 at 16. The token terms could only follow such steps with a term per
+step (`small_rows` was one); with the table their coefficients carry the rest of a step's per-token work.
+A profile measured before the table has it absent and the terms at zero.
+
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -76,9 +87,61 @@ FEATURES = ("fixed", "seqs", "tokens", "tokens_past_knee", "multi_token", "decod
 QUANT_FEATURES = ("decode_dequant_elements", "prefill_dequant_elements", "quantize_elements",
                   "decode_unpack_elements", "prefill_unpack_elements")
 EVICTION_FEATURES = ("compactions", "compacted_slots")
-ALL_FEATURES = FEATURES + QUANT_FEATURES + EVICTION_FEATURES
+TABLE_FEATURES = ("projections_s", "lm_head_s")
+ALL_FEATURES = FEATURES + QUANT_FEATURES + EVICTION_FEATURES + TABLE_FEATURES
 READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3], FEATURES + QUANT_FEATURES,  # every list a profile
-                     ALL_FEATURES)  # was written with
+                     FEATURES + QUANT_FEATURES + EVICTION_FEATURES, ALL_FEATURES)  # was written with
+GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES)  # how `StepCostModel` keeps them
+
+
+@dataclass(frozen=True)
+class ProjectionTimes:
+    """Seconds of one pass over every layer's projection weights (``layers_s``) and over the LM head
+    (``head_s``) at ``rows`` rows, as the runtime computes them on the machine measured (its projection
+    rule included); linear between the sizes measured, and past the last one along its last segment."""
+
+    rows: tuple[int, ...]
+    layers_s: tuple[float, ...]
+    head_s: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.rows)
+        if n < 2 or len(self.layers_s) != n or len(self.head_s) != n:
+            raise ValueError("projection table: needs two or more sizes, with a time of each kind at each")
+        if any(b <= a for a, b in zip(self.rows, self.rows[1:])) or self.rows[0] < 1:
+            raise ValueError(f"projection table: rows must increase from 1 or more, got {list(self.rows)}")
+        if not all(t > 0 and t == t for t in self.layers_s + self.head_s):
+            raise ValueError("projection table: every time must be a positive number of seconds")
+
+    def layers(self, rows: int) -> float:
+        return _interpolate(self.rows, self.layers_s, rows)
+
+    def head(self, rows: int) -> float:
+        return _interpolate(self.rows, self.head_s, rows)
+
+    def to_dict(self) -> dict:
+        return {"rows": list(self.rows), "layers_s": list(self.layers_s), "head_s": list(self.head_s)}
+
+    @classmethod
+    def from_dict(cls, data) -> "ProjectionTimes":
+        if not isinstance(data, dict) or set(data) != {"rows", "layers_s", "head_s"}:
+            raise ValueError("projection table: expected rows, layers_s and head_s")
+        try:
+            return cls(tuple(int(r) for r in data["rows"]), tuple(float(t) for t in data["layers_s"]),
+                       tuple(float(t) for t in data["head_s"]))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"projection table: {exc}") from None
+
+
+def _interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: int) -> float:
+    if x <= 0:
+        return 0.0
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return ys[i]
+    i = min(max(i, 1), len(xs) - 1)  # the segment [i - 1, i]: below the first or past the last, the nearest
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 NAMED_RULES = {"tokens": PLAIN_RULE, "cpu": LEGACY_RULE}  # how files written before measured rules name theirs
 
 
@@ -112,21 +175,25 @@ class StepShape:
     compactions: int = 0  # sequences compacted after the step (eviction)
     compacted_slots: int = 0  # ... their KV slots before it
 
-    def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1) -> np.ndarray:
+    def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
+                 table: ProjectionTimes | None = None) -> np.ndarray:
         tokens, samples = rows.rows(self.num_tokens), rows.rows(self.num_samples) if self.num_samples else 0
+        projections, head = (table.layers(self.num_tokens), table.head(self.num_samples)) if table else (0.0, 0.0)
         return np.array([1.0, self.num_seqs, tokens, max(0, tokens - knee),
                          float(self.num_tokens > small_rows), self.decode_kv_bytes, self.prefill_kv_bytes,
                          self.prefill_pairs, samples, self.decode_dequant_elements,
                          self.prefill_dequant_elements, self.quantize_elements, self.decode_unpack_elements,
-                         self.prefill_unpack_elements, self.compactions, self.compacted_slots], dtype=np.float64)
+                         self.prefill_unpack_elements, self.compactions, self.compacted_slots, projections, head],
+                        dtype=np.float64)
 
 
 @dataclass(frozen=True)
 class StepCostModel:
     """Fitted coefficients (seconds per unit of each feature) and the knee in tokens: ``coef`` for
     `FEATURES`, ``quant_coef`` for `QUANT_FEATURES` (zero where quantized KV was not measured),
-    ``evict_coef`` for `EVICTION_FEATURES` (zero where compactions were not measured); ``rows``: the
-    projection rule the steps ran with, which says how the token terms count a step's rows."""
+    ``evict_coef`` for `EVICTION_FEATURES` (zero where compactions were not measured), ``table_coef`` for
+    `TABLE_FEATURES` with the ``table`` they read (None, and zeros, where it was not measured); ``rows``:
+    the projection rule the steps ran with, which says how the token terms count a step's rows."""
 
     coef: tuple[float, ...]
     knee: int
@@ -134,37 +201,42 @@ class StepCostModel:
     rows: ProjectionRule = PLAIN_RULE
     small_rows: int = 1  # steps of at most this many tokens take the BLAS's small-product path
     evict_coef: tuple[float, ...] = (0.0,) * len(EVICTION_FEATURES)
+    table_coef: tuple[float, ...] = (0.0,) * len(TABLE_FEATURES)
+    table: ProjectionTimes | None = None
 
     def __post_init__(self) -> None:
-        counts = (len(self.coef), len(self.quant_coef), len(self.evict_coef))
-        if counts != (len(FEATURES), len(QUANT_FEATURES), len(EVICTION_FEATURES)):
-            raise ValueError(f"step cost model: needs {len(FEATURES)} + {len(QUANT_FEATURES)} + "
-                             f"{len(EVICTION_FEATURES)} coefficients, got {' + '.join(map(str, counts))}")
+        counts = tuple(len(c) for c in (self.coef, self.quant_coef, self.evict_coef, self.table_coef))
+        if counts != tuple(len(g) for g in GROUPS):
+            raise ValueError(f"step cost model: needs {' + '.join(str(len(g)) for g in GROUPS)} coefficients, "
+                             f"got {' + '.join(map(str, counts))}")
         if self.small_rows < 1:
             raise ValueError(f"step cost model: small_rows must be at least 1, got {self.small_rows}")
 
     @classmethod
-    def of(cls, coef, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1) -> "StepCostModel":
+    def of(cls, coef, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
+           table: ProjectionTimes | None = None) -> "StepCostModel":
         """From one coefficient per feature of `ALL_FEATURES`."""
-        values = tuple(float(c) for c in coef)
-        quant_end = len(FEATURES) + len(QUANT_FEATURES)
-        return cls(values[:len(FEATURES)], knee, values[len(FEATURES):quant_end], rows, small_rows,
-                   values[quant_end:])
+        values, groups, start = tuple(float(c) for c in coef), [], 0
+        for group in GROUPS:
+            groups.append(values[start:start + len(group)])
+            start += len(group)
+        return cls(groups[0], knee, groups[1], rows, small_rows, groups[2], groups[3], table)
 
     @property
     def all_coef(self) -> tuple[float, ...]:
-        return self.coef + self.quant_coef + self.evict_coef
+        return self.coef + self.quant_coef + self.evict_coef + self.table_coef
 
     def compaction_s(self, kv_slots: int) -> float:
         """What one compaction of a sequence holding ``kv_slots`` KV slots adds to its step."""
         return self.evict_coef[0] + self.evict_coef[1] * kv_slots
 
     def predict_s(self, shape: StepShape) -> float:
-        return float(shape.features(self.knee, self.rows, self.small_rows) @ np.asarray(self.all_coef))
+        return float(shape.features(self.knee, self.rows, self.small_rows, self.table) @ np.asarray(self.all_coef))
 
     def to_dict(self) -> dict:
+        table = {} if self.table is None else {"projection_table": self.table.to_dict()}
         return {"features": list(ALL_FEATURES), "coef": list(self.all_coef), "knee_tokens": self.knee,
-                "rows": rule_to_json(self.rows), "small_rows": self.small_rows}
+                "rows": rule_to_json(self.rows), "small_rows": self.small_rows, **table}
 
     @classmethod
     def from_dict(cls, data: dict) -> "StepCostModel":
@@ -180,12 +252,13 @@ class StepCostModel:
         small = data.get("small_rows", 1)  # ... before it was fitted: one token
         if not isinstance(small, int) or isinstance(small, bool):
             raise ValueError(f"step cost model: small_rows must be an integer, got {small!r}")
-        return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), int(data["knee_tokens"]), rows, small)
+        table = ProjectionTimes.from_dict(data["projection_table"]) if "projection_table" in data else None
+        return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), int(data["knee_tokens"]), rows, small, table)
 
 
 def design_matrix(shapes: Sequence[StepShape], knee: int, rows: ProjectionRule = PLAIN_RULE,
-                  small_rows: int = 1) -> np.ndarray:
-    return np.stack([s.features(knee, rows, small_rows) for s in shapes])
+                  small_rows: int = 1, table: ProjectionTimes | None = None) -> np.ndarray:
+    return np.stack([s.features(knee, rows, small_rows, table) for s in shapes])
 
 
 def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:

@@ -16,10 +16,12 @@ import numpy as np
 import torch
 
 from ..config import KVConfig
+from ..kernels.linear import measured_weights, pass_times
 from ..kernels.quant import QUANT_BITS
 from ..runtime.kv_layout import kv_block_bytes, kv_traffic, ring_bytes
 from ..runtime.llm import Runtime
 from ..runtime.presets import get_preset
+from .cost import ProjectionTimes
 from .fingerprint import machine_fingerprint
 from .fit import fit_linear, fit_transfer
 from .kernels import (
@@ -79,6 +81,10 @@ class Grid:
     # eviction: decode steps that also compact every sequence, at (batch, budget in tokens), with this policy
     compaction: tuple[tuple[int, int], ...] = ()
     compaction_policy: str = "h2o"
+    # the projections alone: one pass over the layers' weights and one over the LM head at these rows
+    # (`cost.ProjectionTimes`), median of this many rounds
+    projection_rows: tuple[int, ...] = ()
+    projection_rounds: int = 3
 
     def __post_init__(self) -> None:
         for chunk, cached in self.prefill + self.quant_prefill:
@@ -98,7 +104,7 @@ class Grid:
         quant = len(self.quant_decode) + len(self.quant_prefill)
         steps = plain + len(self.mixed) + len(self.step_bits) * quant + len(self.compaction)
         kernels = plain + len(self.kernel_bits) * (quant + len(self.quantize_blocks))
-        return steps + len(self.overhead_batches) + kernels + 2 + 1
+        return steps + len(self.overhead_batches) + kernels + 2 + 1 + bool(self.projection_rows)
 
     def pool_tokens(self, block_size: int) -> int:
         """KV tokens the largest 16-bit grid point holds at once, with room for block rounding and growth."""
@@ -119,6 +125,10 @@ class Grid:
 # Step sizes include some that are not powers of two or multiples of 16 (batch 3; chunks of 37 and 131
 # tokens): serving steps have any size, and a CPU's BLAS speed depends on the rows modulo 16
 # (`kernels/linear.py`), which a grid of round sizes alone would not show.
+# every size to 16 (where a BLAS changes kernels from one row count to the next), then wider steps
+PROJECTION_ROWS = tuple(range(1, 17)) + (20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256, 384, 512, 768,
+                                         1024, 1536, 2048)
+
 FULL_GRID = Grid(
     decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(32, 128, 512, 1024, 2048), max_decode_kv_tokens=32768,
     # (cached contexts of about 512 and 1,536 tokens, rounded to whole chunks: the profiler prefills them chunk by chunk)
@@ -131,7 +141,8 @@ FULL_GRID = Grid(
     quant_decode=((1, 512), (4, 2048), (16, 128), (16, 1024), (64, 512)),
     quant_prefill=((64, 0), (512, 0), (64, 1536), (256, 512)),
     step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(1, 16, 64, 256, 1024),
-    compaction=((1, 256), (1, 1024), (8, 256), (8, 1024), (32, 256)))
+    compaction=((1, 256), (1, 1024), (8, 256), (8, 1024), (32, 256)),
+    projection_rows=PROJECTION_ROWS)
 
 QUICK_GRID = Grid(
     decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(64, 512, 2048), max_decode_kv_tokens=16384,
@@ -146,7 +157,8 @@ QUICK_GRID = Grid(
     # compiled CPU kernel now, so they take seconds, not the minutes of the PyTorch path (which dequantized
     # whole contexts); `skistune profile` (the full grid) also times the attention and quantize kernels
     quant_decode=((4, 2048), (16, 512)), quant_prefill=((64, 512), (128, 0)), step_bits=(8, 4), kernel_bits=(),
-    quantize_blocks=(), compaction=((1, 256), (8, 1024)))
+    quantize_blocks=(), compaction=((1, 256), (8, 1024)),
+    projection_rows=tuple(r for r in PROJECTION_ROWS if r not in (384, 768, 1536)), projection_rounds=2)
 
 
 def held_out_mask(points: list[StepPoint], every: int = 3) -> list[bool]:
@@ -221,6 +233,22 @@ def _measure_steps(bench: StepBench, grid: Grid, tick: _Tracker) -> list[StepPoi
         del evicting
     mask = held_out_mask(points)
     return [StepPoint(p.kind, p.grid, p.shape, p.timing, held) for p, held in zip(points, mask)]
+
+
+def _projection_times(runtime: Runtime, grid: Grid, tick: _Tracker) -> ProjectionTimes | None:
+    """The grid's projection passes on ``runtime``'s model and projection rule: every layer's weights (at most
+    `kernels.linear.MEASURED_BYTES` of them, the time scaled to all of them), and the LM head."""
+    if not grid.projection_rows:
+        return None
+    model = runtime.model
+    weights = model.streamed_weights()
+    layers = measured_weights(weights)[:-1]
+    scale = sum(w.numel() for w in weights[:-1]) / sum(w.numel() for w in layers)
+    rows = grid.projection_rows
+    layers_s = [t * scale for t in pass_times(layers, rows, model.rule, grid.projection_rounds)]
+    head_s = pass_times([model.lm_head], rows, model.rule, grid.projection_rounds)
+    tick(f"projection passes at {len(rows)} sizes")
+    return ProjectionTimes(tuple(rows), tuple(layers_s), tuple(head_s))
 
 
 def compaction_pool(runtime: Runtime, grid: Grid, batch: int, budget: int) -> KVConfig:
@@ -311,7 +339,8 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         steps = _measure_steps(bench, grid, tick)
     else:
         steps, busy_w = average_w(meter, lambda: _measure_steps(bench, grid, tick))
-    step_fit = fit_step_points(steps, runtime.model.rule)
+    table = _projection_times(runtime, grid, tick)
+    step_fit = fit_step_points(steps, runtime.model.rule, table)
     overhead = _overhead(bench, grid, tick)
     attention = _attention(runtime, grid, tick)
     quantize = _quantize(runtime, grid, tick)

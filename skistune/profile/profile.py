@@ -23,7 +23,7 @@ from skistune.kernels.cache import user_cache_dir
 
 from skistune.kernels.rows import ProjectionRule
 
-from .cost import StepCostModel
+from .cost import ProjectionTimes, StepCostModel
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
 from .power import POWER_SOURCES, PowerModel
@@ -93,7 +93,7 @@ class HardwareProfile:
         """The same measurements with the step cost model fitted again by this version's model (its
         features; the rows the steps were measured with), on the same training and held-out points: a
         profile written by an older version gains what the model learned without measuring again."""
-        return replace(self, step_fit=fit_step_points(self.steps, self.step_cost.rows))
+        return replace(self, step_fit=fit_step_points(self.steps, self.step_cost.rows, self.step_cost.table))
 
     @property
     def measures_quantized_kv(self) -> bool:
@@ -308,11 +308,12 @@ def cached_profile_path(model: str, device: str, fingerprint: Fingerprint, folde
     return (folder or cache_dir()) / f"quick-{device}-{model}-{fingerprint.key()}-v{QUICK_CACHE_FORMAT}.json"
 
 
-def fit_step_points(steps: Sequence[StepPoint], rows: ProjectionRule) -> StepFit:
+def fit_step_points(steps: Sequence[StepPoint], rows: ProjectionRule, table: ProjectionTimes | None = None) -> StepFit:
     """The step cost model fitted on measured steps (their medians; the held-out ones checked), counting
-    rows as the projection rule the steps ran with does: what a measurement and a refit both do."""
+    rows as the projection rule the steps ran with does, with the projection passes timed on the same
+    machine where they were: what a measurement and a refit both do."""
     return fit_step_cost([p.shape for p in steps], [p.timing.median_s for p in steps],
-                         [p.held_out for p in steps], rows=rows)
+                         [p.held_out for p in steps], rows=rows, table=table)
 
 
 def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder: Path | None = None,

@@ -188,7 +188,8 @@ class StepBench:
         """Decode steps of ``batch`` sequences that are all compacted after the step: their prompts of
         ``budget`` tokens (the runtime's eviction budget in tokens) grow by a block before each compaction
         back to the budget, so every block-th decode step is one of these."""
-        engine = self._engine(chunk_size=SETUP_TOKENS, budget_tokens=SETUP_TOKENS)
+        setup = max(SETUP_TOKENS, batch * budget)  # every prompt in one setup step: the sequences stay in step
+        engine = self._engine(chunk_size=setup, budget_tokens=setup)
         block = self.runtime.store.block_size
         self._add_decoders(engine, batch, budget, block * (self.warmup + self.max_repeats + 2))
         times_s, shapes = self._run(engine, lambda out: len(out.scheduled) == batch

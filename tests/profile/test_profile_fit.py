@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from skistune.profile.cost import StepCostModel, StepShape
+from skistune.profile.cost import FEATURES, QUANT_FEATURES, StepCostModel, StepShape
 from skistune.profile.fit import fit_linear, fit_step_cost, fit_transfer
 
 TRUE = StepCostModel(coef=(0.02, 1e-4, 5e-4, 2e-3, 3e-3, 2e-10, 1e-10, 1e-8, 3e-4), knee=256)
@@ -122,5 +122,41 @@ def test_the_fit_recovers_what_a_compaction_costs():
     np.testing.assert_allclose(fit.model.evict_coef, truth.evict_coef, rtol=1e-3)
     assert fit.model.compaction_s(272) == pytest.approx(9e-3 + 272 * 2e-6)
     old = fit.model.to_dict()
-    old["features"], old["coef"] = old["features"][:-2], old["coef"][:-2]
+    kept = len(FEATURES) + len(QUANT_FEATURES)  # the features of profiles written before compactions were timed
+    old["features"], old["coef"] = old["features"][:kept], old["coef"][:kept]
     assert StepCostModel.from_dict(old).evict_coef == (0.0, 0.0)
+
+
+def test_projection_times_interpolate_and_are_validated():
+    from skistune.profile.cost import ProjectionTimes
+    table = ProjectionTimes((1, 2, 4, 16), (0.010, 0.012, 0.020, 0.030), (0.002, 0.002, 0.004, 0.003))
+    assert table.layers(2) == 0.012 and table.layers(3) == pytest.approx(0.016)  # measured, and between
+    assert table.layers(32) == pytest.approx(0.030 + 16 * 0.010 / 12)  # past the last: its segment goes on
+    assert table.head(0) == 0.0 and table.head(16) == 0.003
+    assert ProjectionTimes.from_dict(table.to_dict()) == table
+    for rows, times in (((1,), (0.01,)), ((2, 1), (0.01, 0.02)), ((1, 2), (0.01, -1.0))):
+        with pytest.raises(ValueError, match="projection table"):
+            ProjectionTimes(rows, times, times)
+    with pytest.raises(ValueError, match="projection table"):
+        ProjectionTimes.from_dict({"rows": [1, 2], "layers_s": [0.1, "x"], "head_s": [0.1, 0.1]})
+
+
+def test_the_fit_reads_the_projection_table_and_follows_its_steps():
+    """Projections that cost what a measured table says (flat to 3 rows, a jump at 4, cheaper at 16 than at
+    15: a BLAS's kernels), plus the rest of a step: with the table the fit follows them exactly, the
+    coefficient on the table is the share the table explains, and the table is written with the model."""
+    from skistune.profile.cost import ProjectionTimes
+    rows = tuple(range(1, 17)) + (32, 64, 128, 256, 512, 1024, 2048)
+    layers = [0.017, 0.018, 0.020, 0.030, 0.032, 0.033, 0.037, 0.036, 0.037, 0.040, 0.041, 0.042, 0.045, 0.046,
+              0.047, 0.042, 0.051, 0.072, 0.11, 0.20, 0.36, 0.69, 1.34]
+    table = ProjectionTimes(rows, tuple(layers), tuple(t / 4 for t in layers))
+    truth = replace(TRUE, coef=(0.005,) + TRUE.coef[1:], table_coef=(1.1, 1.0), table=table)
+    truth = replace(truth, coef=truth.coef[:2] + (1e-5, 0.0, 0.0) + truth.coef[5:])  # little per-token work left
+    shapes = _shapes() + [StepShape(b, b, b * 300 * 46080, 0, b) for b in (3, 5, 6, 7, 9, 13, 15)]
+    times_s = [truth.predict_s(s) for s in shapes]
+    fit = fit_step_cost(shapes, times_s, [False] * len(shapes), table=table)
+    assert fit.train.max_rel_error < 1e-3
+    np.testing.assert_allclose(fit.model.table_coef, (1.1, 1.0), rtol=1e-2)
+    without = fit_step_cost(shapes, times_s, [False] * len(shapes))
+    assert without.train.max_rel_error > 0.05
+    assert StepCostModel.from_dict(fit.model.to_dict()) == fit.model

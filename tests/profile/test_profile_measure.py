@@ -148,3 +148,10 @@ def test_prefill_points_must_fall_on_chunk_boundaries():
 def test_quantized_grid_bits_are_the_runtimes():
     with pytest.raises(ValueError, match="3 bits is not one of"):
         Grid(**{**TINY_GRID.__dict__, "step_bits": (3,)})
+
+
+def test_the_projection_passes_are_timed_and_kept_with_the_step_model(tiny_profile: HardwareProfile, tmp_path):
+    table = tiny_profile.step_cost.table
+    assert table is not None and table.rows == TINY_GRID.projection_rows
+    assert all(t > 0 for t in table.layers_s + table.head_s)
+    assert load_profile(tiny_profile.save(tmp_path / "p.json"), check_fingerprint=False).step_cost.table == table
