@@ -85,6 +85,8 @@ class Grid:
     # (`cost.ProjectionTimes`), median of this many rounds
     projection_rows: tuple[int, ...] = ()
     projection_rounds: int = 3
+    # the attention kernel alone at these decode (batch, context) points (None: at every decode step point)
+    attention_decode: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         for chunk, cached in self.prefill + self.quant_prefill:
@@ -98,12 +100,17 @@ class Grid:
         return [(b, c) for b in self.decode_batches for c in self.decode_contexts
                 if b * c <= self.max_decode_kv_tokens]
 
+    def kernel_decode(self) -> list[tuple[int, int]]:
+        """The decode points the attention kernel is timed at alone."""
+        return self.decode() if self.attention_decode is None else list(self.attention_decode)
+
     def units(self) -> int:
         """Progress units: one per grid point, kernel case, transfer stage and the power figure."""
         plain = len(self.decode()) + len(self.prefill)
         quant = len(self.quant_decode) + len(self.quant_prefill)
         steps = plain + len(self.mixed) + len(self.step_bits) * quant + len(self.compaction)
-        kernels = plain + len(self.kernel_bits) * (quant + len(self.quantize_blocks))
+        kernels = (len(self.kernel_decode()) + len(self.prefill)
+                   + len(self.kernel_bits) * (quant + len(self.quantize_blocks)))
         return steps + len(self.overhead_batches) + kernels + 2 + 1 + bool(self.projection_rows)
 
     def pool_tokens(self, block_size: int) -> int:
@@ -157,8 +164,17 @@ QUICK_GRID = Grid(
     # compiled CPU kernel now, so they take seconds, not the minutes of the PyTorch path (which dequantized
     # whole contexts); `skistune profile` (the full grid) also times the attention and quantize kernels
     quant_decode=((4, 2048), (16, 512)), quant_prefill=((64, 512), (128, 0)), step_bits=(8, 4), kernel_bits=(),
-    quantize_blocks=(), compaction=((1, 256), (8, 1024)),
-    projection_rows=tuple(r for r in PROJECTION_ROWS if r not in (384, 768, 1536)), projection_rounds=2)
+    # (two sequences at the larger budget: the point's setup prefills every prompt in one step, and 8 x 1,024
+    # tokens took 4 s of it)
+    quantize_blocks=(), compaction=((1, 256), (2, 1024)),
+    # the attention kernel alone at the corners and the middle of the decode grid (it explains the steps;
+    # the step fit does not read it): at all 21 decode points it took 8 s on a 2-core EPYC
+    attention_decode=((1, 64), (1, 2048), (4, 512), (8, 2048), (16, 512), (64, 64)),
+    # the projection table to 256 rows, the quick grid's largest step (past it the table goes on along its
+    # last segment, where the products are compute-bound): the full table's sizes to 2,048 took 32 of the
+    # quick profile's 78 s on a 2-core EPYC; one timed pass after the warm-up pass at each size (two rounds
+    # took 5 s more)
+    projection_rows=tuple(range(1, 17)) + (20, 24, 32, 48, 64, 96, 128, 192, 256), projection_rounds=1)
 
 
 def held_out_mask(points: list[StepPoint], every: int = 3) -> list[bool]:
@@ -283,7 +299,7 @@ def _kernel_args(runtime: Runtime, grid: Grid, tick: _Tracker) -> dict:
 def _attention(runtime: Runtime, grid: Grid, tick: _Tracker) -> Measured:
     args = _kernel_args(runtime, grid, tick)
     with torch.inference_mode():
-        points = attention_timings(**args, decode=grid.decode(), prefill=grid.prefill)
+        points = attention_timings(**args, decode=grid.kernel_decode(), prefill=grid.prefill)
         points += attention_timings(**args, decode=grid.quant_decode, prefill=grid.quant_prefill,
                                     bits=grid.kernel_bits)
     spec, bs, itemsize = runtime.spec, runtime.store.block_size, runtime.model.dtype.itemsize
