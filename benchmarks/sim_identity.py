@@ -9,7 +9,7 @@ a run against such a digest, floats to a relative 1e-9, everything else exactly.
 
     python benchmarks/sim_identity.py --write /tmp/sim_ref.json     # before the change
     python benchmarks/sim_identity.py --check /tmp/sim_ref.json     # after it: exit 1 on a difference
-    [--profile profiles/cpu-smollm2-135m.json] [--workloads NAME ...] [--configs NAME ...] [--json]
+    [--profile profiles/cpu-smollm2-135m.json] [--workloads NAME ...] [--configs NAME ...] [--full] [--json]
 """
 from __future__ import annotations
 
@@ -42,6 +42,11 @@ WORKLOADS = {
                                length_scale=0.25), 0.1),
     "chat-400": (dict(spec="chat", requests=400, length_scale=0.5), 0.05),
     "agent-300": (dict(spec="agent", requests=300, length_scale=0.1), 0.15),
+}
+# ``--full``: benchmarks/sim_speed.py's runs too (the whole samples at 1% of their rate, default config)
+FULL_WORKLOADS = {
+    "azure-conv-full": (dict(spec=TRACES / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv"), 0.01),
+    "mooncake-conv-full": (dict(spec=TRACES / "mooncake_conversation" / "conversation_trace.head.jsonl"), 0.01),
 }
 
 
@@ -92,7 +97,7 @@ def with_deadlines(requests):
 
 
 def load_requests(name: str):
-    args, scale = WORKLOADS[name]
+    args, scale = {**WORKLOADS, **FULL_WORKLOADS}[name]
     args = dict(args)
     spec = args.pop("spec")
     return with_deadlines(with_rate_scale(workload_requests(load_workload(spec, **args), MODEL), scale))
@@ -145,6 +150,7 @@ def main() -> None:
     ap.add_argument("--profile", default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--full", action="store_true", help="add sim_speed's two runs (default config; ~30 s)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     warnings.simplefilter("ignore")  # the shipped profile's fingerprint warning: timings are not the point here
@@ -157,6 +163,10 @@ def main() -> None:
             t0 = time.perf_counter()
             cases[f"{wname}/{cname}"] = digest(KVConfig().with_knobs(CONFIGS[cname]), requests, target, profile.power)
             sim_s += time.perf_counter() - t0
+    for wname in FULL_WORKLOADS if args.full else ():
+        t0 = time.perf_counter()
+        cases[f"{wname}/default"] = digest(KVConfig(), load_requests(wname), target, profile.power)
+        sim_s += time.perf_counter() - t0
     summary = {"benchmark": "sim_identity", "cases": len(cases), "simulate_s": sim_s}
     if args.write:
         Path(args.write).write_text(json.dumps(cases, indent=1, sort_keys=True))
