@@ -7,8 +7,10 @@ Kinds (perplexity):
     key            keys at fewer bits (values at 16) x full-precision window
     value          values at fewer bits (keys at 16) x group size x full-precision window
     evict          policy x budget fraction x sink tokens (recent window 64, uniform schedule)
-    evict-variant  policy at the reference budget with one other knob changed (recent window 16 or 256,
-                   pyramid schedule): scales the policy's loss at other budgets
+    evict-variant  policy at each reference budget (`VARIANT_FRACTIONS`) with one other knob changed (recent
+                   window 16 or 256, pyramid schedule): scales the policy's loss at other budgets
+    key-evict      keys at fewer bits under a policy at `INTERACTION_FRACTION` (values at 16): what keys lose
+                   beyond the two knobs' own losses, because every compaction re-quantizes the kept keys
     layer          two adjacent layers' keys and values at 2 bits, the others at 16: per-layer sensitivity
                    (each layer of the pair is given half)
     joint          configs changing several knobs at once, measured to check the combination model
@@ -19,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 POLICIES = ("streaming", "h2o", "snapkv", "tova")
-REFERENCE_FRACTION = 0.25  # where the evict-variant measurements are taken
+REFERENCE_FRACTION = 0.25  # where the first evict-variant measurements were taken ...
+VARIANT_FRACTIONS = (0.25, 0.5)  # ... and all of them now: a window's effect depends on the budget it shares
+INTERACTION_FRACTION = 0.5  # where the key-evict measurements are taken
 REFERENCE_SINKS = 4
 LAYER_PROBE_BITS = 2
 LAYERS_PER_PROBE = 2
@@ -50,6 +54,7 @@ class Grid:
     fractions_no_sinks: tuple[float, ...]  # where sink_tokens 0 is measured (when 0 is in sinks)
     sinks: tuple[int, ...]
     variants: bool  # measure evict-variant
+    interaction_bits: tuple[int, ...]  # key bits measured under each policy (key-evict)
     layers: bool  # measure per-layer sensitivity
     needle_placements: tuple[tuple[int, float], ...]  # (context tokens, depth) per trial
     needle_bits: tuple[int, ...]
@@ -71,10 +76,15 @@ class Grid:
                 for fraction in self.fractions if sinks else self.fractions_no_sinks:
                     out.append(Measurement("evict", _evict(policy, fraction, **{"eviction.sink_tokens": sinks})))
         if self.variants:
+            for fraction in VARIANT_FRACTIONS:
+                for policy in POLICIES:
+                    for extra in ({"eviction.recent_window": 16}, {"eviction.recent_window": 256},
+                                  {"eviction.layer_schedule": "pyramid"}):
+                        out.append(Measurement("evict-variant", _evict(policy, fraction, **extra)))
+        for bits in self.interaction_bits:
             for policy in POLICIES:
-                for extra in ({"eviction.recent_window": 16}, {"eviction.recent_window": 256},
-                              {"eviction.layer_schedule": "pyramid"}):
-                    out.append(Measurement("evict-variant", _evict(policy, REFERENCE_FRACTION, **extra)))
+                out.append(Measurement("key-evict", {"bitwidth.key_bits": bits,
+                                                     **_evict(policy, INTERACTION_FRACTION)}))
         if self.layers:  # adjacent pairs of layers: half the configs of one layer at a time
             for first in range(0, n_layers, LAYERS_PER_PROBE):
                 pairs = [[16, 16]] * n_layers
@@ -123,6 +133,16 @@ FULL_JOINT = (
     {**_both(4, **{"bitwidth.group_size": 64}), **_evict("tova", 0.35)},
     {**_evict("snapkv", 0.3, **{"eviction.recent_window": 128, "eviction.layer_schedule": "pyramid"})},
     {"bitwidth.key_bits": 2, "bitwidth.value_bits": 8, "bitwidth.full_precision_window": 128, **_evict("h2o", 0.5)},
+    # added after the second revision (key-evict interaction; variants at a second budget), which looked at all
+    # 17 above: held out from it
+    {"bitwidth.key_bits": 2, "bitwidth.full_precision_window": 64, **_evict("tova", 0.6)},
+    {**_both(2, **{"bitwidth.full_precision_window": 128}), **_evict("streaming", 0.35)},
+    {"bitwidth.key_bits": 4, "bitwidth.value_bits": 2, "bitwidth.full_precision_window": 128, **_evict("h2o", 0.3)},
+    {**_evict("tova", 0.4, **{"eviction.recent_window": 128})},
+    {**_evict("streaming", 0.6, **{"eviction.layer_schedule": "pyramid"})},
+    {**_both(4), **_evict("h2o", 0.4, **{"eviction.recent_window": 32, "eviction.layer_schedule": "pyramid"})},
+    {"bitwidth.key_bits": 2, "bitwidth.value_bits": 8, "bitwidth.full_precision_window": 32, **_evict("snapkv", 0.4)},
+    {**_both(8), **_evict("snapkv", 0.35, **{"eviction.recent_window": 16})},
 )
 QUICK_JOINT = (
     {**_both(4), **_evict("h2o", 0.5)},
@@ -131,12 +151,13 @@ QUICK_JOINT = (
 
 FULL = Grid("full", windows=4, window_tokens=1024, continuation=64, bits=(8, 4, 2), fp_windows=(0, 128),
             value_groups=(32, 64), fractions=(0.1, 0.25, 0.5, 0.75, 0.9), fractions_no_sinks=(0.1, 0.25, 0.5),
-            sinks=(0, 4), variants=True,
+            sinks=(0, 4), variants=True, interaction_bits=(4, 2),
             layers=True, needle_placements=((1024, 0.1), (1024, 0.6), (2048, 0.35), (2048, 0.85), (3072, 0.2),
                                             (3072, 0.7)),
             needle_bits=(8, 4, 2), needle_fractions=(0.25, 0.5), joint=FULL_JOINT)
 QUICK = Grid("quick", windows=2, window_tokens=512, continuation=32, bits=(8, 4, 2), fp_windows=(0,),
-             value_groups=(32,), fractions=(0.25, 0.5), fractions_no_sinks=(), sinks=(4,), variants=False, layers=False,
+             value_groups=(32,), fractions=(0.25, 0.5), fractions_no_sinks=(), sinks=(4,), variants=False,
+             interaction_bits=(), layers=False,
              needle_placements=((1024, 0.2), (1024, 0.7)), needle_bits=(4,),
              needle_fractions=(0.25,), joint=QUICK_JOINT)
 GRIDS = {"full": FULL, "quick": QUICK}

@@ -13,16 +13,18 @@ from the spread between windows, and a worst-window floor against the larger of 
 ``exp(mean_w d + t95 * sd_w(d) * sqrt(1 + 1/n)) - 1``, the one-sided 95% prediction bound for one more
 window: the floors are meant to hold on text the profile never saw.
 
-Combination model (no fitted parameters; its structure was last revised after the first 11 joint configs
+Combination model (no fitted parameters; its structure was last revised after the first 17 joint configs
 of the grid, so only the later ones are held-out checks of it, see BENCHMARKS.md):
-- keys and values add: ``d_bits = d_key(key bits, fp window) + d_value(value bits, group, fp window)``,
-  each from its single-side grid; per-layer bits weight each layer by its measured sensitivity
-  (its share of the summed one-layer-at-2-bits losses), so a uniform assignment predicts exactly the
-  uniform measurement;
+- keys and values add: ``d_bits = (1 + r) d_key(key bits, fp window) + d_value(value bits, group, fp window)``,
+  each from its single-side grid, where ``r`` is what compactions add to the keys' loss under the config's
+  policy (measured per policy and key bits: `_requantization`; 0 without eviction); per-layer bits weight
+  each layer by its measured sensitivity (its share of the summed one-layer-at-2-bits losses), so a
+  uniform assignment predicts exactly the uniform measurement;
 - eviction: the policy's loss at the budget fraction (linear between measured fractions, to 0 at 1.0),
   at the largest measured sink count not above the config's (0 or 4), scaled by the measured ratio of the
   variant (recent window 16/256, interpolated in log2 of the window and read at the share of the budget it
-  takes, see `_recent_effect`; pyramid schedule) to the reference at the same budget;
+  takes, see `_recent_effect`; pyramid schedule) to the reference; the variants were measured at two
+  budgets (0.25 and 0.5), and a ratio is interpolated linearly between them (outside, the nearest one);
 - every part is read on the tokens the config's loss is read on (`loss_metric`: SnapKV's decoded tokens);
 - bits and eviction add in log-perplexity: ``d = d_bits + d_evict`` per window.
 Axes are read conservatively where the grid has no point: a full-precision window between measured ones
@@ -50,7 +52,7 @@ from typing import Any
 
 from skistune.config import KVConfig
 from skistune.objectives import NO_LOSS, QualityLoss, structural_changes
-from skistune.quality.grid import REFERENCE_FRACTION, REFERENCE_SINKS
+from skistune.quality.grid import INTERACTION_FRACTION, REFERENCE_SINKS
 
 FORMAT = "skistune-quality-profile"
 VERSION = 1
@@ -189,12 +191,40 @@ class QualityProfile:
 
     def _pair(self, pair: tuple[int, int], config: KVConfig) -> list[float] | None:
         """Keys and values at ``pair`` bits, read on the tokens the config's loss is read on (`loss_metric`):
-        a SnapKV config's loss is its decoded continuation's, so its bits part must be too."""
-        bw = config.bitwidth
-        metric = loss_metric(config.eviction.policy)
+        a SnapKV config's loss is its decoded continuation's, so its bits part must be too. Under eviction
+        the keys' part grows by the measured compaction interaction (`_requantization`)."""
+        bw, policy = config.bitwidth, config.eviction.policy
+        metric = loss_metric(policy)
         k = self._side("key", pair[0], bw.group_size, bw.full_precision_window, metric)
         v = self._side("value", pair[1], bw.group_size, bw.full_precision_window, metric)
-        return None if k is None or v is None else [a + b for a, b in zip(k, v)]
+        if k is None or v is None:
+            return None
+        grow = 1.0 + self._requantization(policy, pair[0], metric)
+        return [grow * a + b for a, b in zip(k, v)]
+
+    def _requantization(self, policy: str, key_bits: int, metric: str) -> float:
+        """What keys at ``key_bits`` lose under ``policy`` beyond the two knobs' own losses, as a share of the
+        keys' own loss (0 without eviction, at 16 bits, or where no key-evict point was measured). A
+        compaction moves the kept tokens to new slots and re-quantizes every packed block it rewrites; keys
+        are quantized per channel over a block's tokens, so a block whose tokens changed gets a new grid,
+        and a kept key gains rounding error at every compaction it survives. Values (per token) keep their
+        grid. Read from the key-evict point at the measured bits nearest at or below ``key_bits`` (the
+        lowest measured above, if none is below), at `INTERACTION_FRACTION`: two joint configs with 2-bit
+        keys under H2O at budgets 0.5 and 0.75 lost 0.64 and 0.66 of their keys' own loss on top, so the
+        share is read as the same at every budget."""
+        if policy == "none" or key_bits == FULL_BITS:
+            return 0.0
+        probes = {k["bitwidth.key_bits"]: d for k, d in self._table("key-evict", metric)
+                  if k["eviction.policy"] == policy}
+        if not probes:
+            return 0.0
+        below = [b for b in probes if b <= key_bits]
+        bits = max(below) if below else min(probes)
+        key = self._side("key", bits, 0, 0, metric)
+        evict = self._evict_at(policy, REFERENCE_SINKS, INTERACTION_FRACTION)
+        if key is None or evict is None or sum(key) <= 0:
+            return 0.0
+        return max(0.0, (sum(probes[bits]) - sum(key) - sum(evict)) / sum(key))
 
     def _bits(self, config: KVConfig) -> list[float] | None:
         bw = config.bitwidth
@@ -262,14 +292,38 @@ class QualityProfile:
         curve = self._evict_curve(policy, sinks)
         return None if curve is None else _interp(fraction, *curve)
 
-    def _variant_ratio(self, policy: str, knob: str, value: Any) -> float | None:
-        ref = self._evict_at(policy, REFERENCE_SINKS, REFERENCE_FRACTION)
+    def _variant_fractions(self, policy: str) -> list[float]:
+        """The budgets ``policy``'s variants were measured at, ascending."""
+        return sorted({k["eviction.budget_fraction"] for k, _ in self._table("evict-variant")
+                       if k["eviction.policy"] == policy})
+
+    def _variant_ratio(self, policy: str, knob: str, value: Any, fraction: float) -> float | None:
+        """The loss of ``policy`` with ``knob`` at ``value`` over its loss with the default knobs, both at the
+        measured reference budget ``fraction`` (None where that variant was not measured)."""
+        ref = self._evict_at(policy, REFERENCE_SINKS, fraction)
         for knobs, deltas in self._table("evict-variant"):
-            if knobs["eviction.policy"] == policy and knobs.get(knob) == value:
+            if (knobs["eviction.policy"] == policy and knobs.get(knob) == value
+                    and knobs["eviction.budget_fraction"] == fraction):
                 if ref is None or sum(ref) <= 0:
                     return 1.0
                 return max(0.0, sum(deltas) / sum(ref))
         return None
+
+    def _across_references(self, policy: str, fraction: float, effect) -> float:
+        """``effect(reference budget)`` at the config's budget ``fraction``: read at the nearest measured
+        reference below and above and interpolated linearly between them (outside them, at the nearest one).
+        1.0 where no variant of the policy was measured."""
+        refs = self._variant_fractions(policy)
+        if not refs:
+            return 1.0
+        if fraction <= refs[0]:
+            return effect(refs[0])
+        if fraction >= refs[-1]:
+            return effect(refs[-1])
+        i = bisect.bisect_right(refs, fraction)
+        lo, hi = refs[i - 1], refs[i]
+        t = (fraction - lo) / (hi - lo)
+        return (1 - t) * effect(lo) + t * effect(hi)
 
     def _evict(self, config: KVConfig, context_tokens: int | None = None) -> list[float] | None:
         ev = config.eviction
@@ -285,30 +339,30 @@ class QualityProfile:
         if deltas is None:
             return None
         scale = 1.0
-        if ev.sink_tokens > base_sinks:  # more sinks than measured on the grid: toward the sinks-16 variant
-            r16 = self._variant_ratio(ev.policy, "eviction.sink_tokens", 16)
-            if r16 is not None:
-                scale *= 1 + (r16 - 1) * min(1.0, (ev.sink_tokens - base_sinks) / (16 - base_sinks))
         if ev.recent_window != DEFAULT_RECENT:
-            scale *= self._recent_effect(ev.policy, ev.recent_window, fraction)
+            scale *= self._across_references(
+                ev.policy, fraction, lambda ref: self._recent_effect(ev.policy, ev.recent_window, fraction, ref))
         if ev.layer_schedule == "pyramid":
-            scale *= self._variant_ratio(ev.policy, "eviction.layer_schedule", "pyramid") or 1.0
+            scale *= self._across_references(
+                ev.policy, fraction,
+                lambda ref: self._variant_ratio(ev.policy, "eviction.layer_schedule", "pyramid", ref) or 1.0)
         return [scale * d for d in deltas]
 
-    def _recent_effect(self, policy: str, recent: int, fraction: float) -> float:
-        """The loss ratio of a recent window against the default one at a budget ``fraction``. The policy splits
-        its budget between the recent window and the tokens it scores, so a window's effect is read at the same
-        share of the budget as in the reference measurement (the variants were measured at
-        `REFERENCE_FRACTION`): both windows are scaled by reference budget / this budget, and their ratios
-        divide (the base curve was measured with the default window at every budget)."""
-        k = REFERENCE_FRACTION / max(fraction, 1e-9)
-        return self._recent_ratio(policy, recent * k) / self._recent_ratio(policy, DEFAULT_RECENT * k)
+    def _recent_effect(self, policy: str, recent: int, fraction: float, ref: float) -> float:
+        """The loss ratio of a recent window against the default one at a budget ``fraction``, from the
+        variants measured at the reference budget ``ref``. The policy splits its budget between the recent
+        window and the tokens it scores, so a window's effect is read at the same share of the budget as in
+        the reference measurement: both windows are scaled by ``ref`` / ``fraction``, and their ratios divide
+        (the base curve was measured with the default window at every budget)."""
+        k = ref / max(fraction, 1e-9)
+        return self._recent_ratio(policy, recent * k, ref) / self._recent_ratio(policy, DEFAULT_RECENT * k, ref)
 
-    def _recent_ratio(self, policy: str, recent: float) -> float:
-        """Interpolated in log2(recent window) between the measured 16 / 64 / 256 variants, held outside."""
+    def _recent_ratio(self, policy: str, recent: float, ref: float) -> float:
+        """Interpolated in log2(recent window) between the 16 / 64 / 256 variants measured at the reference
+        budget ``ref``, held outside."""
         points = [(math.log2(DEFAULT_RECENT), 1.0)]
         for r in (16, 256):
-            ratio = self._variant_ratio(policy, "eviction.recent_window", r)
+            ratio = self._variant_ratio(policy, "eviction.recent_window", r, ref)
             if ratio is not None:
                 points.append((math.log2(r), ratio))
         points.sort()

@@ -74,6 +74,52 @@ def test_eviction_interpolates_the_budget_and_scales_by_measured_variants(qp, kn
     assert mean_loss(qp, knobs) == pytest.approx(expected)
 
 
+def _with(data: dict, *entries: tuple[str, dict, float]) -> QualityProfile:
+    for kind, knobs, loss in entries:
+        key, entry = _entry(kind, knobs, loss)
+        data["perplexity"][key] = entry
+    return QualityProfile(data)
+
+
+def test_variants_measured_at_two_budgets_are_interpolated_between_them():
+    # at 0.5 the pyramid costs 1.2x the reference (0.8x at 0.25, from the synthetic profile)
+    qp2 = _with(profile_data(), ("evict-variant", h2o(0.5, **{"eviction.layer_schedule": "pyramid"}), 0.02 * 1.2))
+    pyramid = {"eviction.layer_schedule": "pyramid"}
+    assert mean_loss(qp2, h2o(0.25, **pyramid)) == pytest.approx(0.06 * 0.8)
+    assert mean_loss(qp2, h2o(0.375, **pyramid)) == pytest.approx(0.04 * 1.0)  # halfway: (0.8 + 1.2) / 2
+    assert mean_loss(qp2, h2o(0.5, **pyramid)) == pytest.approx(0.02 * 1.2)
+    assert mean_loss(qp2, h2o(0.75, **pyramid)) == pytest.approx(0.01 * 1.2)  # above both: the nearest
+    assert mean_loss(qp2, h2o(0.1 + 0.15, **pyramid)) == pytest.approx(0.06 * 0.8)
+
+
+def test_a_recent_window_measured_at_the_second_budget_is_read_there():
+    # at 0.5 a 256-token window measured at 0.6x the reference; 16 not measured there (held at 1.0 below 64)
+    qp2 = _with(profile_data(), ("evict-variant", h2o(0.5, **{"eviction.recent_window": 256}), 0.02 * 0.6))
+    assert mean_loss(qp2, h2o(0.5, **{"eviction.recent_window": 256})) == pytest.approx(0.02 * 0.6)
+    assert mean_loss(qp2, h2o(0.5, **{"eviction.recent_window": 128})) == pytest.approx(0.02 * 0.8)  # log2 midway
+
+
+def test_keys_lose_more_under_eviction_by_the_measured_interaction():
+    # keys at 2 bits under h2o at 0.5 measured 0.2 (keys) + 0.02 (h2o) + 0.1: half the keys' own loss on top
+    data = profile_data()
+    qp2 = _with(data, ("key-evict", {"bitwidth.key_bits": 2, **h2o(0.5)}, 0.2 + 0.02 + 0.1))
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2, **h2o(0.5)}) == pytest.approx(0.2 * 1.5 + 0.02)
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2, **h2o(0.25)}) == pytest.approx(0.2 * 1.5 + 0.06)
+    # with a full-precision window the keys' loss is a quarter: the interaction scales with it
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2, "bitwidth.full_precision_window": 128, **h2o(0.5)}) == \
+        pytest.approx(0.05 * 1.5 + 0.02)
+    # values keep their grid through a compaction; 4-bit keys read the 2-bit point (the only one measured)
+    assert mean_loss(qp2, {**BITS4, **h2o(0.5)}) == pytest.approx(0.01 * 1.5 + 0.02 + 0.02)
+    # no eviction, or another policy without a key-evict point: no interaction
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2}) == pytest.approx(0.2)
+    streaming = {"eviction.policy": "streaming", "eviction.budget_fraction": 0.5}
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2, **streaming}) == pytest.approx(0.2 + 0.01)
+    # per layer: the layers' key parts grow alike
+    first_at_2 = [[2, 2], [16, 16], [16, 16], [16, 16]]
+    assert mean_loss(qp2, {"bitwidth.layer_bits": first_at_2, **h2o(0.5)}) == pytest.approx(
+        0.5 * (0.2 * 1.5 + 0.3) + 0.02)
+
+
 def test_a_snapkv_config_reads_its_bits_on_the_decoded_tokens_like_its_own_loss():
     data = profile_data()
     ppl = data["perplexity"]
