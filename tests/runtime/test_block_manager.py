@@ -3,7 +3,9 @@ from dataclasses import dataclass, field
 
 from hypothesis import given, settings, strategies as st
 
-from skistune.runtime.block_manager import BlockPool, KVCacheManager
+import numpy as np
+
+from skistune.runtime.block_manager import BlockPool, KVCacheManager, chain_hashes
 
 
 @dataclass
@@ -30,6 +32,27 @@ def test_pool_allocates_lowest_ids_first_and_reuses_least_recently_freed():
     pool.free([2, 1])
     assert pool.allocate(4) == [3, 4, 2, 1]
     assert pool.num_free() == 0
+
+
+def test_chain_hashes_hash_each_full_block_with_its_parent():
+    tokens = list(range(3, 60))  # 3 full blocks of 16 and 9 tokens over
+    expected, parent = [], 0
+    for start in range(0, 48, 16):
+        parent = hash((parent, tuple(tokens[start:start + 16])))
+        expected.append(parent)
+    assert chain_hashes(tokens, 16, 0, []) == expected
+    assert chain_hashes(tokens, 16, 1, expected[:1]) == expected  # continued from a parent
+    assert chain_hashes(np.array(tokens, dtype=np.int32).tolist(), 16, 0, []) == expected
+    assert chain_hashes(tokens[:15], 16, 0, []) == [] and chain_hashes(tokens, 16, 3, expected) == expected
+
+
+def test_allocation_drops_the_hashes_of_reused_cached_blocks():
+    pool = BlockPool(3)
+    blocks = pool.allocate(3)
+    pool.cache(blocks, [11, 12, 13])
+    pool.free(blocks[::-1])  # free queue: 3, 2, 1 (all still findable)
+    assert pool.allocate(2) == [3, 2]
+    assert pool.cached == {11: 1} and pool.block_hash[2] is None and pool.is_findable(1)
 
 
 def test_sequence_blocks_grow_by_block_size_and_free_tail_first():
