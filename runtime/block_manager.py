@@ -152,6 +152,7 @@ class KVCacheManager:
         self.hashes: dict[str, list[int]] = {}
         self.num_cached_blocks: dict[str, int] = {}
         self.num_evicted: dict[str, int] = {}  # computed tokens whose KV was evicted (compacted sequences only)
+        self.swapped_evicted: dict[str, int] = {}  # ... and of compacted sequences while swapped to the host
         self.peak_used_blocks = 0
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -300,21 +301,26 @@ class KVCacheManager:
 
     def swap_out(self, seq: HasTokens) -> bool:
         """Preemption by swap: copy the sequence's KV blocks to the host and free them on the device;
-        False (nothing changed) when the tiers cannot take them: the caller recomputes."""
-        if self.tiers is None or seq.seq_id in self.num_evicted:
+        False (nothing changed) when the tiers cannot take them: the caller recomputes. A compacted
+        sequence keeps its count of evicted tokens while swapped (its KV slots are its kept tokens)."""
+        if self.tiers is None:
             return False
         table = self.tables.get(seq.seq_id, [])
         if not self.tiers.swap_out(seq.seq_id, table[:self.blocks_for(self.num_kv_tokens(seq))]):
             return False
+        evicted = self.num_evicted.get(seq.seq_id)
         self.free(seq)
+        if evicted is not None:
+            self.swapped_evicted[seq.seq_id] = evicted
         return True
 
     def can_swap_in(self, seq: HasTokens, num_new_tokens: int) -> bool:
-        return self.blocks_for(seq.num_computed_tokens + num_new_tokens) <= self.pool.num_free()
+        kv_tokens = seq.num_computed_tokens - self.swapped_evicted.get(seq.seq_id, 0)
+        return self.blocks_for(kv_tokens + num_new_tokens) <= self.pool.num_free()
 
     def swap_in(self, seq: HasTokens) -> None:
         """Bring a swapped sequence's blocks back into fresh device blocks (check `can_swap_in` first);
-        its full blocks are cached again after the step."""
+        its full blocks are cached again after the step (unless it was compacted: see `cache_full_blocks`)."""
         n = len(self.tiers.swapped[seq.seq_id])
         blocks = self.pool.allocate(n)
         if blocks is None:
@@ -322,6 +328,8 @@ class KVCacheManager:
         self.tiers.swap_in(seq.seq_id, blocks)
         self.tables[seq.seq_id] = blocks
         self.num_cached_blocks[seq.seq_id] = 0
+        if seq.seq_id in self.swapped_evicted:
+            self.num_evicted[seq.seq_id] = self.swapped_evicted.pop(seq.seq_id)
         self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used())
 
     def take_transfers(self, since: int = 0) -> list:

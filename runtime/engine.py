@@ -85,17 +85,12 @@ def eviction_budget(config: KVConfig, n_layers: int | None) -> EvictionBudget | 
 
 
 def swap_blocker(config: KVConfig) -> str | None:
-    """Why ``preemption: swap`` falls back to recompute for this config, or None. Swapping moves blocks
-    only: quantized KV keeps a running sequence's newest tokens in a device ring, and eviction keeps
-    per-sequence attention statistics, neither of which a swap carries."""
+    """Why ``preemption: swap`` falls back to recompute for this config, or None. A swap moves the
+    sequence's blocks to host slots; with quantized KV its full-precision ring rows go to host memory
+    beside them (`model_runner.RingSlots`), and with eviction its attention statistics and evicted-token
+    count stay with it (`block_manager.KVCacheManager.swap_out`), so every config can swap."""
     if config.offload.host_kv_bytes == 0:
         return "no host tier (offload.host_kv_bytes is 0)"
-    bw = config.bitwidth
-    if (bw.key_bits, bw.value_bits) != (16, 16) or (bw.layer_bits is not None
-                                                   and any(p != (16, 16) for p in map(tuple, bw.layer_bits))):
-        return "quantized KV keeps the newest tokens in a device ring"
-    if config.eviction.policy != "none":
-        return "eviction keeps per-sequence statistics on the device"
     return None
 
 

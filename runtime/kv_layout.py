@@ -80,10 +80,16 @@ def quantized_sides(config: KVConfig, spec: ModelSpec) -> int:
     return sum((kb != FULL_PRECISION_BITS) + (vb != FULL_PRECISION_BITS) for kb, vb in layer_bits(config, spec))
 
 
+def ring_bytes_per_seq(config: KVConfig, spec: ModelSpec, itemsize: int) -> int:
+    """Bytes of one sequence's full-precision ring, every layer (0 when nothing is quantized): what a swap
+    moves beside the sequence's blocks."""
+    per_token = quantized_sides(config, spec) * spec.n_kv_heads * spec.head_dim * itemsize
+    return full_precision_ring_tokens(config) * per_token
+
+
 def ring_bytes(config: KVConfig, spec: ModelSpec, itemsize: int) -> int:
     """Bytes of the full-precision rings of all running sequences (0 when nothing is quantized)."""
-    per_token = quantized_sides(config, spec) * spec.n_kv_heads * spec.head_dim * itemsize
-    return config.batching.max_num_seqs * full_precision_ring_tokens(config) * per_token
+    return config.batching.max_num_seqs * ring_bytes_per_seq(config, spec, itemsize)
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,32 @@ class RingSlots:
     """Which full-precision ring slot each running sequence of a quantized store uses, and the first
     KV slot it wrote there itself (the slots before it came from the prefix cache, packed only). A ring
     slot is released once the sequence no longer holds KV blocks (finished or preempted): the block
-    manager is the one record of what is running. Ring rows are indexed by KV slot, not by position."""
+    manager is the one record of what is running. A swapped sequence's rows wait in host memory
+    (`park`) until it resumes (`unpark`). Ring rows are indexed by KV slot, not by position."""
 
     def __init__(self, num_slots: int) -> None:
         self.free = list(range(num_slots - 1, -1, -1))
         self.assigned: dict[str, tuple[int, int]] = {}  # seq id -> (slot, ring start)
+        self.parked: dict[str, tuple[int, list[torch.Tensor]]] = {}  # swapped seq id -> (ring start, host rows)
+
+    def park(self, seq_id: str, rings: list[torch.Tensor]) -> None:
+        """Copy a swapped sequence's rows of every ring (``[slots, ring_tokens, n_kv, D]`` each) to host
+        memory and free its slot (nothing to do for a sequence that never got one)."""
+        if seq_id not in self.assigned:
+            return
+        slot, start = self.assigned.pop(seq_id)
+        self.parked[seq_id] = (start, [ring[slot].to("cpu", copy=True) for ring in rings])
+        self.free.append(slot)
+
+    def unpark(self, seq_id: str, rings: list[torch.Tensor]) -> None:
+        """Give a resumed sequence a free slot with its parked rows and ring start."""
+        if seq_id not in self.parked:
+            return
+        start, rows = self.parked.pop(seq_id)
+        slot = self.free.pop()
+        for ring, saved in zip(rings, rows):
+            ring[slot].copy_(saved)
+        self.assigned[seq_id] = (slot, start)
 
     def release_finished(self, kv: KVCacheManager) -> None:
         for seq_id in [s for s in self.assigned if not kv.block_table(s)]:
@@ -202,7 +223,7 @@ class ModelRunner:
         waited_from = time.perf_counter()
         self._wait_prefetch()
         whole, layered = layered_split(out, self.layerwise_depth > 0)
-        tiers.stats.transfer_s += store.run(whole)
+        tiers.stats.transfer_s += store.run(whole) + self._swap_rings(out)
         tiers.ran(whole)
         tiers.stats.stall_s += time.perf_counter() - waited_from
         if layered:
@@ -210,6 +231,21 @@ class ModelRunner:
             self._loader = (loader, self._submit(loader.load, store, layered, self._side_stream()))
         if out.prefetch:
             self._prefetch_job = (self._submit(self._run_prefetch, store, out.prefetch), out.prefetch)
+
+    def _swap_rings(self, out: SchedulerOutput) -> float:
+        """Quantized KV: the full-precision ring rows of the step's swapped sequences go to host memory, and
+        those of its resumed ones come back (their packed blocks move with the tiers' transfers); seconds."""
+        if self.ring_slots is None or not (out.swapped or out.swapped_in):
+            return 0.0
+        started = time.perf_counter()
+        rings = [side.ring for layer in self.store.layers for side in layer if side.ring is not None]
+        for seq in out.swapped:
+            self.ring_slots.park(seq.seq_id, rings)
+        for seq in out.swapped_in:
+            self.ring_slots.unpark(seq.seq_id, rings)
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+        return time.perf_counter() - started
 
     def _submit(self, fn, *args) -> Future:
         if self._worker is None:
@@ -256,7 +292,8 @@ class ModelRunner:
                 for s in out.scheduled]
 
     def _forget(self, out: SchedulerOutput) -> None:
-        """Preempted sequences recompute their KV from scratch; finished ones are gone."""
+        """Preempted sequences recompute their KV from scratch; finished ones are gone (swapped ones keep
+        their statistics: they resume with the KV they had)."""
         for seq_id in [s.seq_id for s in out.preempted] + out.finished_seq_ids:
             self.stats.drop(seq_id)
 

@@ -122,6 +122,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)  # their KV is dropped (recomputed later)
     swapped: list[Sequence] = field(default_factory=list)  # preempted with their KV swapped to the host
+    swapped_in: list[Sequence] = field(default_factory=list)  # swapped sequences resumed in this step
     compactions: list[Compaction] = field(default_factory=list)
     finished_seq_ids: list[str] = field(default_factory=list)  # finished since the previous step
     # tier moves (see `tiers`): ``transfers`` run in order before the forward pass; ``prefetch`` (blocks of
@@ -325,6 +326,7 @@ class Scheduler:
         self.waiting.remove(seq)
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
+        out.swapped_in.append(seq)
         out.scheduled.append(ScheduledSeq.of(seq, seq.num_computed_tokens, n, self.kv.num_kv_tokens(seq)))
         return n
 

@@ -22,7 +22,7 @@ import numpy as np
 from skistune.config import KVConfig
 from skistune.profile.cost import StepCostModel, decode_shape, step_shape
 from skistune.runtime.engine import Engine, VirtualClock, layerwise_depth
-from skistune.runtime.kv_layout import KVTraffic, kv_pool_blocks, kv_traffic
+from skistune.runtime.kv_layout import KVTraffic, kv_pool_blocks, kv_traffic, ring_bytes_per_seq
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
@@ -107,11 +107,13 @@ class ProfileExecutor:
     blocks from matching each other in the prefix cache by accident)."""
 
     def __init__(self, step_cost: StepCostModel, kv: KVTraffic, clock: VirtualClock, vocab: int,
-                 transfers: dict[str, Any] | None = None, block_bytes: int = 0, layerwise_layers: int = 0):
+                 transfers: dict[str, Any] | None = None, block_bytes: int = 0, layerwise_layers: int = 0,
+                 ring_swap_bytes: int = 0):
         self.step_cost = step_cost
         self.layerwise_layers = layerwise_layers  # > 0 (the model's layers): copies overlap layer by layer
         self.transfers = transfers or {}  # link -> transfer fit
         self.block_bytes = block_bytes
+        self.ring_swap_bytes = ring_swap_bytes  # quantized KV: a swap also moves the sequence's ring rows
         self.kv = kv
         self.clock = clock
         self.vocab = vocab
@@ -133,12 +135,20 @@ class ProfileExecutor:
         return sum(self.transfers[link].time_s(len(t.src_blocks) * self.block_bytes)
                    for t in transfers for link in t.links)
 
+    def ring_swap_s(self, out: SchedulerOutput) -> float:
+        """Predicted time of the ring rows a step's swaps move (`model_runner.RingSlots.park` / `unpark`)."""
+        if not self.ring_swap_bytes or not (out.swapped or out.swapped_in):
+            return 0.0
+        return (len(out.swapped) * self.transfers["device_to_host"].time_s(self.ring_swap_bytes)
+                + len(out.swapped_in) * self.transfers["host_to_device"].time_s(self.ring_swap_bytes))
+
     def execute(self, out: SchedulerOutput, kv) -> dict[str, int]:
         self.num_steps += 1
         step_s = self.step_cost.predict_s(step_shape(out, self.kv))
         if kv.tiers is not None:  # on-demand copies add; a prefetch overlaps the step, late data stalls it
             whole, layered = layered_split(out, self.layerwise_layers > 0)
             sync_s, layered_s, prefetch_s = (self.transfer_s(t) for t in (whole, layered, out.prefetch))
+            sync_s += self.ring_swap_s(out)
             pipelined_s = layered_step_s(step_s, layered_s, self.layerwise_layers)  # the runtime's `LayerLoader`
             late_s = max(0.0, prefetch_s - pipelined_s)
             kv.tiers.stats.transfer_s += sync_s + layered_s + prefetch_s
@@ -268,7 +278,8 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
     kv = kv_traffic(config, target.spec, target.kv_itemsize)
     _check_transfer_links(config, target)
     executor = ProfileExecutor(target.step_cost, kv, clock, target.spec.vocab_size, target.transfers, block_bytes,
-                               target.spec.n_layers if layerwise_depth(config) else 0)
+                               target.spec.n_layers if layerwise_depth(config) else 0,
+                               ring_bytes_per_seq(config, target.spec, target.kv_itemsize))
     extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
                     executor=executor, clock=clock, notes=target.notes + extrapolated,

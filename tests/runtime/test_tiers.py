@@ -95,6 +95,25 @@ def test_swap_out_and_in_moves_a_sequences_blocks():
     assert kv.tiers.host.num_free() == 3
 
 
+def test_a_compacted_sequence_swaps_with_its_evicted_count():
+    kv = new_kv(num_blocks=8, host=4, disk=0, swap=True)  # blocks of 2 tokens
+    s = Seq("s", list(range(10)))
+    assert kv.allocate_slots(s, 10) is not None
+    s.num_computed_tokens = 10
+    assert kv.prepare_compaction(s, 4) == []
+    kv.truncate(s, 4)  # 6 of its 10 tokens evicted: 2 blocks left
+    table = kv.block_table("s")
+    assert kv.num_kv_tokens(s) == 4 and len(table) == 2
+    assert kv.swap_out(s) and kv.block_table("s") == [] and "s" not in kv.num_evicted
+    assert moves(kv) == [(DEVICE, HOST, table, [0, 1])]
+    s.token_ids.append(99)  # its next token: 5 KV slots, 3 blocks (11 tokens would need 6)
+    kv.pool.allocate(5)  # leave exactly 3 free
+    assert kv.can_swap_in(s, 1)
+    kv.swap_in(s)
+    assert kv.num_kv_tokens(s) == 4 and kv.allocate_slots(s, 1) is not None and len(kv.block_table("s")) == 3
+    assert not kv.swapped_evicted
+
+
 def test_swap_without_host_room_falls_back():
     kv = new_kv(num_blocks=4, host=2, disk=0, swap=True)
     s = Seq("s", [1, 2, 3, 4, 5])
@@ -180,6 +199,33 @@ def test_swap_preserves_kv_bit_for_bit():
     # swaps, plus the cached prefix blocks of finished requests demoted when the pool reuses them
     assert m.tiers.moved_bytes["device->host"] >= m.tiers.moved_bytes["host->device"] > 0
     assert m.tiers.peak_bytes["host"] <= 32 * BLOCK_BYTES
+
+
+@pytest.mark.parametrize("knobs, blocks", [
+    ({"bitwidth.key_bits": 4, "bitwidth.value_bits": 4}, 14),  # the newest tokens' full-precision ring rows swap too
+    ({"bitwidth.key_bits": 2, "bitwidth.value_bits": 8, "bitwidth.full_precision_window": 4}, 14),
+    ({"eviction.policy": "h2o", "eviction.budget_tokens": 20}, 9),  # its statistics and evicted count stay with it
+    ({"eviction.policy": "snapkv", "eviction.budget_tokens": 20, "bitwidth.key_bits": 4, "bitwidth.value_bits": 4}, 9),
+], ids=["int4", "k2v8-window", "h2o", "snapkv-int4"])
+def test_swap_of_quantized_or_compacted_kv_resumes_exactly(knobs, blocks):
+    from skistune.runtime.kv_layout import kv_block_bytes, ring_bytes
+    from tiny import TINY
+
+    ps = prompts(4, length=14, seed=5)
+    knobs = {**knobs, "batching.max_num_seqs": 4, "prefix_reuse.enabled": False}
+    reference, _ = serve(tiny_runtime(**knobs), ps, max_new_tokens=16)
+    config = tiny_runtime(**knobs).config
+    pool = ring_bytes(config, TINY, 4) + blocks * kv_block_bytes(TINY, 4, 4, config)  # < 4 sequences' blocks
+    pressure = {"offload.device_kv_bytes": pool, "offload.host_kv_bytes": 64 * BLOCK_BYTES,
+                "batching.preemption": "swap"}
+    swapped, engine = serve(tiny_runtime(**knobs, **pressure), ps, max_new_tokens=16)
+    m = engine.metrics(1.0)
+    assert m.preemptions > 0 and m.tiers.swapped_out == m.preemptions == m.tiers.swapped_in
+    assert m.tiers.swap_fallbacks == 0 and swapped == reference
+    runner = engine.executor
+    rings = runner.ring_slots
+    assert rings is None or not rings.parked  # (a slot is released at the step after its finish)
+    assert not engine.kv.swapped_evicted and engine.kv.pool.num_free() == engine.kv.pool.num_blocks
 
 
 def test_offloaded_prefix_comes_back_from_disk_and_corruption_is_recomputed():

@@ -88,6 +88,33 @@ def test_swap_preemption_in_the_simulator_avoids_recompute():
     assert swap.tiers.peak_bytes["host"] <= 64 * BLOCK_BYTES
 
 
+def test_quantized_and_evicting_configs_swap_too_and_a_swap_moves_the_ring_rows():
+    reqs = [Request(f"r{i}", [7 + i] * 200, 120) for i in range(6)]
+    pressure = {"prefix_reuse.enabled": False, "batching.max_num_seqs": 8,
+                "offload.host_kv_bytes": 64 * BLOCK_BYTES, "batching.preemption": "swap"}
+    from skistune.runtime.kv_layout import kv_block_bytes
+
+    int4 = {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4}
+    rings = 8 * 16 * 30 * 2 * 3 * 64 * 2  # 8 sequences' rings of 16 tokens (see below)
+    int4_pool = rings + 30 * kv_block_bytes(SPEC, 16, 2, config(**int4))  # 30 blocks at 4 bits
+    # (evicting: prompts of 100 tokens that grow to the 200-token budget; two are admitted, and outgrow 20 blocks)
+    grow = [Request(f"g{i}", [7 + i] * 100, 150) for i in range(6)]
+    for knobs, pool, work in ((int4, int4_pool, reqs),
+                              ({"eviction.policy": "h2o", "eviction.budget_tokens": 200}, 20 * BLOCK_BYTES, grow)):
+        m = simulate(config(**pressure, **knobs, **{"offload.device_kv_bytes": pool}), work, target())
+        assert m.preemptions > 0 and m.tiers.swapped_out == m.preemptions == m.tiers.swapped_in
+        assert m.tiers.swap_fallbacks == 0 and m.num_finished == 6
+    # every swap of 4-bit KV also moves the sequence's ring (its newest 16 tokens of 30 x 2 sides x 3 x 64 at
+    # 2 bytes), priced on the same links as the blocks
+    engine, executor = build_engine(config(**pressure, **int4, **{"offload.device_kv_bytes": int4_pool}), target())
+    assert executor.ring_swap_bytes == 16 * 30 * 2 * 3 * 64 * 2
+
+    class Out:
+        swapped, swapped_in = [object()] * 2, [object()]
+
+    assert executor.ring_swap_s(Out()) == pytest.approx(3 * LINKS["device_to_host"].time_s(16 * 30 * 2 * 3 * 64 * 2))
+
+
 def test_tier_knobs_are_modelled_and_need_transfer_fits():
     assert {"offload.host_kv_bytes", "batching.preemption", "prefetch.depth", "prefetch.unit"} <= MODELED_KNOBS
     bare = SimTarget(SPEC, target().step_cost, kv_itemsize=2, device_free_bytes=1 << 30)
