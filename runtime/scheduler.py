@@ -242,9 +242,11 @@ class Scheduler:
         return min(remaining, self.limits.chunk_size, budget)
 
     def _victim(self) -> Sequence:
-        """Lowest-priority running sequence: the latest deadline under EDF, else the newest admitted."""
+        """Lowest-priority running sequence: the latest deadline under EDF, else the newest admitted. Among
+        equal deadlines, the newest admitted too: preempting the oldest (the one with the most work done)
+        livelocked a tight pool, each readmitted sequence preempting the next one before it finished."""
         if self.limits.policy == "edf":
-            return max(self.running, key=lambda s: s.request.priority_deadline_s)
+            return max(reversed(self.running), key=lambda s: s.request.priority_deadline_s)
         return self.running[-1]
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:

@@ -99,6 +99,19 @@ def test_edf_admits_earliest_deadline_first():
     assert [s[0][0] for s in ex.steps] == ["soon", "late"]
 
 
+@pytest.mark.parametrize("deadlines", [(5.0, 5.0), (5.0, 9.0)], ids=["tied", "later-last"])
+def test_edf_preempts_the_latest_deadline_and_among_equals_the_newest(deadlines):
+    # as the recompute test above: 6 blocks, two sequences that cannot both finish; with equal deadlines
+    # the victim was the oldest (the most work done), which livelocked a tight pool on a real trace
+    eng, ex = make_engine(num_blocks=6, **{"prefix_reuse.enabled": False, "batching.policy": "edf"})
+    eng.add_request(req("a", 8, 10, deadline=deadlines[0]))
+    eng.add_request(req("b", 8, 10, base=100, deadline=deadlines[1]))
+    eng.run_until_done()
+    recs = {r.request_id: r for r in eng.records}
+    assert recs["b"].preemptions >= 1 and recs["a"].preemptions == 0
+    assert [len(r.output_token_ids) for r in eng.records] == [10, 10] and eng.kv.pool.num_free() == 6
+
+
 def test_prefix_policy_admits_the_longest_cached_prefix_first():
     eng, ex = make_engine(**{"batching.policy": "prefix", "batching.max_num_seqs": 1})
     eng.add_request(req("warm", 12, 1))
