@@ -21,10 +21,11 @@ of the grid, so only the later ones are held-out checks of it, see BENCHMARKS.md
   each layer by its measured sensitivity (its share of the summed one-layer-at-2-bits losses), so a
   uniform assignment predicts exactly the uniform measurement;
 - eviction: the policy's loss at the budget fraction (linear between measured fractions, to 0 at 1.0),
-  at the largest measured sink count not above the config's (0 or 4), scaled by the measured ratio of the
-  variant (recent window 16/256, interpolated in log2 of the window and read at the share of the budget it
-  takes, see `_recent_effect`; pyramid schedule) to the reference; the variants were measured at two
-  budgets (0.25 and 0.5), and a ratio is interpolated linearly between them (outside, the nearest one);
+  at the largest measured sink count not above the config's (0 or 4), plus what each variant adds to it
+  (recent window 16/256, interpolated in log2 of the window and read at the share of the budget it takes,
+  see `_recent_effect`; pyramid schedule): the variants were measured at two budgets (0.25 and 0.5), and
+  their differences to the policy's loss there are interpolated between them, scaled with the policy's
+  loss below them and faded to nothing at a budget of 1.0 above them (`_across_references`);
 - every part is read on the tokens the config's loss is read on (`loss_metric`: SnapKV's decoded tokens);
 - bits and eviction add in log-perplexity: ``d = d_bits + d_evict`` per window.
 Axes are read conservatively where the grid has no point: a full-precision window between measured ones
@@ -297,33 +298,35 @@ class QualityProfile:
         return sorted({k["eviction.budget_fraction"] for k, _ in self._table("evict-variant")
                        if k["eviction.policy"] == policy})
 
-    def _variant_ratio(self, policy: str, knob: str, value: Any, fraction: float) -> float | None:
-        """The loss of ``policy`` with ``knob`` at ``value`` over its loss with the default knobs, both at the
-        measured reference budget ``fraction`` (None where that variant was not measured)."""
-        ref = self._evict_at(policy, REFERENCE_SINKS, fraction)
+    def _variant_delta(self, policy: str, knob: str, value: Any, ref: float) -> list[float] | None:
+        """Per-window loss of ``policy`` with ``knob`` at ``value`` minus its loss with the default knobs, both
+        at the measured reference budget ``ref`` (None where that variant was not measured there)."""
+        base = self._evict_at(policy, REFERENCE_SINKS, ref)
         for knobs, deltas in self._table("evict-variant"):
             if (knobs["eviction.policy"] == policy and knobs.get(knob) == value
-                    and knobs["eviction.budget_fraction"] == fraction):
-                if ref is None or sum(ref) <= 0:
-                    return 1.0
-                return max(0.0, sum(deltas) / sum(ref))
+                    and knobs["eviction.budget_fraction"] == ref):
+                return None if base is None else [v - b for v, b in zip(deltas, base)]
         return None
 
-    def _across_references(self, policy: str, fraction: float, effect) -> float:
-        """``effect(reference budget)`` at the config's budget ``fraction``: read at the nearest measured
-        reference below and above and interpolated linearly between them (outside them, at the nearest one).
-        1.0 where no variant of the policy was measured."""
+    def _across_references(self, policy: str, fraction: float, effect) -> list[float]:
+        """A variant's per-window effect (``effect(reference budget)``, an additive difference in NLL) at the
+        config's budget ``fraction``: linear between the measured references; below the lowest, scaled with
+        the policy's own loss (large there, and the variants' effects grow with it); above the highest,
+        falling linearly to nothing at a budget of the whole context. Differences, not ratios: at a budget
+        where the policy itself loses next to nothing (SnapKV at 0.5: +0.05%, within its noise), a ratio
+        to that loss is noise over noise."""
         refs = self._variant_fractions(policy)
         if not refs:
-            return 1.0
+            return [0.0] * len(self._full)
         if fraction <= refs[0]:
-            return effect(refs[0])
+            base_ref = self._evict_at(policy, REFERENCE_SINKS, refs[0])
+            base_here = self._evict_at(policy, REFERENCE_SINKS, fraction)
+            grow = sum(base_here) / sum(base_ref) if base_ref and base_here and sum(base_ref) > 0 else 1.0
+            return [max(grow, 1.0) * d for d in effect(refs[0])]
         if fraction >= refs[-1]:
-            return effect(refs[-1])
-        i = bisect.bisect_right(refs, fraction)
-        lo, hi = refs[i - 1], refs[i]
-        t = (fraction - lo) / (hi - lo)
-        return (1 - t) * effect(lo) + t * effect(hi)
+            fade = (1.0 - fraction) / (1.0 - refs[-1]) if refs[-1] < 1.0 else 0.0
+            return [fade * d for d in effect(refs[-1])]
+        return _interp(fraction, refs, [effect(r) for r in refs])
 
     def _evict(self, config: KVConfig, context_tokens: int | None = None) -> list[float] | None:
         ev = config.eviction
@@ -338,37 +341,40 @@ class QualityProfile:
         deltas = self._evict_at(ev.policy, base_sinks, fraction)
         if deltas is None:
             return None
-        scale = 1.0
+        policy = ev.policy
         if ev.recent_window != DEFAULT_RECENT:
-            scale *= self._across_references(
-                ev.policy, fraction, lambda ref: self._recent_effect(ev.policy, ev.recent_window, fraction, ref))
+            effect = self._across_references(
+                policy, fraction, lambda ref: self._recent_effect(policy, ev.recent_window, fraction, ref))
+            deltas = [d + e for d, e in zip(deltas, effect)]
         if ev.layer_schedule == "pyramid":
-            scale *= self._across_references(
-                ev.policy, fraction,
-                lambda ref: self._variant_ratio(ev.policy, "eviction.layer_schedule", "pyramid", ref) or 1.0)
-        return [scale * d for d in deltas]
+            zero = [0.0] * len(self._full)
+            effect = self._across_references(
+                policy, fraction,
+                lambda ref: self._variant_delta(policy, "eviction.layer_schedule", "pyramid", ref) or zero)
+            deltas = [d + e for d, e in zip(deltas, effect)]
+        return deltas
 
-    def _recent_effect(self, policy: str, recent: int, fraction: float, ref: float) -> float:
-        """The loss ratio of a recent window against the default one at a budget ``fraction``, from the
+    def _recent_effect(self, policy: str, recent: int, fraction: float, ref: float) -> list[float]:
+        """What a recent window adds to the loss against the default one at a budget ``fraction``, from the
         variants measured at the reference budget ``ref``. The policy splits its budget between the recent
         window and the tokens it scores, so a window's effect is read at the same share of the budget as in
-        the reference measurement: both windows are scaled by ``ref`` / ``fraction``, and their ratios divide
-        (the base curve was measured with the default window at every budget)."""
+        the reference measurement: both windows are scaled by ``ref`` / ``fraction``, and their effects
+        subtract (the base curve was measured with the default window at every budget)."""
         k = ref / max(fraction, 1e-9)
-        return self._recent_ratio(policy, recent * k, ref) / self._recent_ratio(policy, DEFAULT_RECENT * k, ref)
+        mine, default = self._recent_at(policy, recent * k, ref), self._recent_at(policy, DEFAULT_RECENT * k, ref)
+        return [a - b for a, b in zip(mine, default)]
 
-    def _recent_ratio(self, policy: str, recent: float, ref: float) -> float:
-        """Interpolated in log2(recent window) between the 16 / 64 / 256 variants measured at the reference
-        budget ``ref``, held outside."""
-        points = [(math.log2(DEFAULT_RECENT), 1.0)]
+    def _recent_at(self, policy: str, recent: float, ref: float) -> list[float]:
+        """A recent window's per-window effect at the reference budget ``ref``: interpolated in log2(window)
+        between the measured 16 / 64 (none) / 256 variants, held outside."""
+        points = [(math.log2(DEFAULT_RECENT), [0.0] * len(self._full))]
         for r in (16, 256):
-            ratio = self._variant_ratio(policy, "eviction.recent_window", r, ref)
-            if ratio is not None:
-                points.append((math.log2(r), ratio))
+            delta = self._variant_delta(policy, "eviction.recent_window", r, ref)
+            if delta is not None:
+                points.append((math.log2(r), delta))
         points.sort()
         x = math.log2(max(1.0, recent))
-        ys = _interp(min(max(x, points[0][0]), points[-1][0]), [p for p, _ in points], [[r] for _, r in points])
-        return ys[0]
+        return _interp(min(max(x, points[0][0]), points[-1][0]), [p for p, _ in points], [d for _, d in points])
 
     # ---- needle -----------------------------------------------------------------------------------------
     def _needle_share(self, key: dict) -> float | None:
