@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 POLICIES = ("streaming", "h2o", "snapkv", "tova")
 REFERENCE_FRACTION = 0.25  # where the first evict-variant measurements were taken ...
 VARIANT_FRACTIONS = (0.25, 0.5)  # ... and all of them now: a window's effect depends on the budget it shares
-INTERACTION_FRACTION = 0.5  # where the key-evict measurements are taken
+INTERACTION_FRACTION = 0.5  # where the key-evict measurements are taken ...
+INTERACTION_WINDOWS = (0, 128)  # ... at these full-precision windows (a window changes how much it adds)
 REFERENCE_SINKS = 4
 LAYER_PROBE_BITS = 2
 LAYERS_PER_PROBE = 2
@@ -81,10 +82,12 @@ class Grid:
                     for extra in ({"eviction.recent_window": 16}, {"eviction.recent_window": 256},
                                   {"eviction.layer_schedule": "pyramid"}):
                         out.append(Measurement("evict-variant", _evict(policy, fraction, **extra)))
-        for bits in self.interaction_bits:
-            for policy in POLICIES:
-                out.append(Measurement("key-evict", {"bitwidth.key_bits": bits,
-                                                     **_evict(policy, INTERACTION_FRACTION)}))
+        for window in INTERACTION_WINDOWS if self.interaction_bits else ():
+            fp = {"bitwidth.full_precision_window": window} if window else {}  # (0: the default, left out)
+            for bits in self.interaction_bits:
+                for policy in POLICIES:
+                    out.append(Measurement("key-evict", {"bitwidth.key_bits": bits, **fp,
+                                                         **_evict(policy, INTERACTION_FRACTION)}))
         if self.layers:  # adjacent pairs of layers: half the configs of one layer at a time
             for first in range(0, n_layers, LAYERS_PER_PROBE):
                 pairs = [[16, 16]] * n_layers
@@ -143,6 +146,17 @@ FULL_JOINT = (
     {**_both(4), **_evict("h2o", 0.4, **{"eviction.recent_window": 32, "eviction.layer_schedule": "pyramid"})},
     {"bitwidth.key_bits": 2, "bitwidth.value_bits": 8, "bitwidth.full_precision_window": 32, **_evict("snapkv", 0.4)},
     {**_both(8), **_evict("snapkv", 0.35, **{"eviction.recent_window": 16})},
+    # added after the third revision (key-evict at a second full-precision window, the interaction read as
+    # the NLL it adds), which looked at all 25 above: held out from it
+    {"bitwidth.key_bits": 2, "bitwidth.value_bits": 4, "bitwidth.full_precision_window": 64, **_evict("h2o", 0.6)},
+    {"bitwidth.key_bits": 2, "bitwidth.full_precision_window": 128, **_evict("tova", 0.35)},
+    {"bitwidth.key_bits": 4, "bitwidth.value_bits": 2, "bitwidth.full_precision_window": 32,
+     **_evict("streaming", 0.4)},
+    {"bitwidth.key_bits": 2, "bitwidth.full_precision_window": 32,
+     **_evict("tova", 0.5, **{"eviction.recent_window": 32})},
+    {**_both(2, **{"bitwidth.value_bits": 8, "bitwidth.full_precision_window": 128}), **_evict("snapkv", 0.3)},
+    {**_both(4, **{"bitwidth.full_precision_window": 128}),
+     **_evict("streaming", 0.25, **{"eviction.layer_schedule": "pyramid"})},
 )
 QUICK_JOINT = (
     {**_both(4), **_evict("h2o", 0.5)},

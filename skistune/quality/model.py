@@ -13,11 +13,11 @@ from the spread between windows, and a worst-window floor against the larger of 
 ``exp(mean_w d + t95 * sd_w(d) * sqrt(1 + 1/n)) - 1``, the one-sided 95% prediction bound for one more
 window: the floors are meant to hold on text the profile never saw.
 
-Combination model (no fitted parameters; its structure was last revised after the first 17 joint configs
+Combination model (no fitted parameters; its structure was last revised after the first 25 joint configs
 of the grid, so only the later ones are held-out checks of it, see BENCHMARKS.md):
-- keys and values add: ``d_bits = (1 + r) d_key(key bits, fp window) + d_value(value bits, group, fp window)``,
+- keys and values add: ``d_bits = d_key(key bits, fp window) + r + d_value(value bits, group, fp window)``,
   each from its single-side grid, where ``r`` is what compactions add to the keys' loss under the config's
-  policy (measured per policy and key bits: `_requantization`; 0 without eviction); per-layer bits weight
+  policy (measured per policy, key bits and fp window: `_requantization`; 0 without eviction); per-layer bits weight
   each layer by its measured sensitivity (its share of the summed one-layer-at-2-bits losses), so a
   uniform assignment predicts exactly the uniform measurement;
 - eviction: the policy's loss at the budget fraction (linear between measured fractions, to 0 at 1.0),
@@ -193,39 +193,55 @@ class QualityProfile:
     def _pair(self, pair: tuple[int, int], config: KVConfig) -> list[float] | None:
         """Keys and values at ``pair`` bits, read on the tokens the config's loss is read on (`loss_metric`):
         a SnapKV config's loss is its decoded continuation's, so its bits part must be too. Under eviction
-        the keys' part grows by the measured compaction interaction (`_requantization`)."""
+        the keys lose more by the measured compaction interaction (`_requantization`)."""
         bw, policy = config.bitwidth, config.eviction.policy
         metric = loss_metric(policy)
         k = self._side("key", pair[0], bw.group_size, bw.full_precision_window, metric)
         v = self._side("value", pair[1], bw.group_size, bw.full_precision_window, metric)
         if k is None or v is None:
             return None
-        grow = 1.0 + self._requantization(policy, pair[0], metric)
-        return [grow * a + b for a, b in zip(k, v)]
+        extra = self._requantization(policy, pair[0], bw.full_precision_window, metric)
+        return [a + x + b for a, x, b in zip(k, extra, v)]
 
-    def _requantization(self, policy: str, key_bits: int, metric: str) -> float:
-        """What keys at ``key_bits`` lose under ``policy`` beyond the two knobs' own losses, as a share of the
-        keys' own loss (0 without eviction, at 16 bits, or where no key-evict point was measured). A
-        compaction moves the kept tokens to new slots and re-quantizes every packed block it rewrites; keys
-        are quantized per channel over a block's tokens, so a block whose tokens changed gets a new grid,
-        and a kept key gains rounding error at every compaction it survives. Values (per token) keep their
-        grid. Read from the key-evict point at the measured bits nearest at or below ``key_bits`` (the
-        lowest measured above, if none is below), at `INTERACTION_FRACTION`: two joint configs with 2-bit
-        keys under H2O at budgets 0.5 and 0.75 lost 0.64 and 0.66 of their keys' own loss on top, so the
-        share is read as the same at every budget."""
+    def _requantization(self, policy: str, key_bits: int, fp_window: int, metric: str) -> list[float]:
+        """Per-window NLL that keys at ``key_bits`` lose under ``policy`` beyond the two knobs' own losses
+        (0 without eviction, at 16 bits, or where no key-evict point was measured). A compaction moves the
+        kept tokens to new slots and re-quantizes every packed block it rewrites; keys are quantized per
+        channel over a block's tokens, so a block whose tokens changed gets a new grid, and a kept key gains
+        rounding error at every compaction it survives. Values (per token) keep their grid.
+
+        Read from the key-evict points (keys alone under the policy at `INTERACTION_FRACTION`, at the
+        full-precision windows of `grid.INTERACTION_WINDOWS`) at the measured bits nearest at or below
+        ``key_bits`` (else the lowest above, scaled by the two bits' own key losses): their excess over both
+        knobs' own losses, linear between the measured windows and held outside them, and the same at every
+        budget (2-bit keys with 128 full-precision tokens gained 0.048 NLL under H2O at budgets 0.5 and 0.75
+        alike). The window changes the excess unlike the keys' own loss: 128 tokens cut 2-bit keys' own
+        loss to a third, their excess under TOVA and StreamingLLM hardly at all."""
+        zero = [0.0] * len(self._full)
         if policy == "none" or key_bits == FULL_BITS:
-            return 0.0
-        probes = {k["bitwidth.key_bits"]: d for k, d in self._table("key-evict", metric)
-                  if k["eviction.policy"] == policy}
-        if not probes:
-            return 0.0
+            return zero
+        probes: dict[int, dict[int, list[float]]] = {}
+        for k, d in self._table("key-evict", metric):
+            if k["eviction.policy"] == policy:
+                probes.setdefault(k["bitwidth.key_bits"], {})[k.get("bitwidth.full_precision_window", 0)] = d
+        evict = self._evict_at(policy, REFERENCE_SINKS, INTERACTION_FRACTION)
+        if not probes or evict is None:
+            return zero
         below = [b for b in probes if b <= key_bits]
         bits = max(below) if below else min(probes)
-        key = self._side("key", bits, 0, 0, metric)
-        evict = self._evict_at(policy, REFERENCE_SINKS, INTERACTION_FRACTION)
-        if key is None or evict is None or sum(key) <= 0:
-            return 0.0
-        return max(0.0, (sum(probes[bits]) - sum(key) - sum(evict)) / sum(key))
+        windows = sorted(probes[bits])
+        excess = []
+        for w in windows:
+            key = self._side("key", bits, 0, w, metric)
+            if key is None:
+                return zero
+            excess.append([p - k - e for p, k, e in zip(probes[bits][w], key, evict)])
+        x = _interp(min(max(fp_window, windows[0]), windows[-1]), [float(w) for w in windows], excess)
+        if bits != key_bits:  # bits without a point: the same share of their own keys' loss
+            mine, theirs = (self._side("key", b, 0, fp_window, metric) for b in (key_bits, bits))
+            scale = sum(mine) / sum(theirs) if mine is not None and theirs is not None and sum(theirs) > 0 else 0.0
+            x = [max(0.0, scale) * v for v in x]
+        return x if sum(x) > 0 else zero
 
     def _bits(self, config: KVConfig) -> list[float] | None:
         bw = config.bitwidth

@@ -104,24 +104,28 @@ def test_a_recent_window_measured_at_the_second_budget_is_read_there():
 
 
 def test_keys_lose_more_under_eviction_by_the_measured_interaction():
-    # keys at 2 bits under h2o at 0.5 measured 0.2 (keys) + 0.02 (h2o) + 0.1: half the keys' own loss on top
+    # keys at 2 bits under h2o at 0.5 measured 0.2 (keys) + 0.02 (h2o) + 0.1 on top; with a 128-token window
+    # 0.05 + 0.02 + 0.06: the window cuts the keys' own loss to a quarter, their excess only to 0.6 of it
     data = profile_data()
-    qp2 = _with(data, ("key-evict", {"bitwidth.key_bits": 2, **h2o(0.5)}, 0.2 + 0.02 + 0.1))
-    assert mean_loss(qp2, {"bitwidth.key_bits": 2, **h2o(0.5)}) == pytest.approx(0.2 * 1.5 + 0.02)
-    assert mean_loss(qp2, {"bitwidth.key_bits": 2, **h2o(0.25)}) == pytest.approx(0.2 * 1.5 + 0.06)
-    # with a full-precision window the keys' loss is a quarter: the interaction scales with it
-    assert mean_loss(qp2, {"bitwidth.key_bits": 2, "bitwidth.full_precision_window": 128, **h2o(0.5)}) == \
-        pytest.approx(0.05 * 1.5 + 0.02)
-    # values keep their grid through a compaction; 4-bit keys read the 2-bit point (the only one measured)
-    assert mean_loss(qp2, {**BITS4, **h2o(0.5)}) == pytest.approx(0.01 * 1.5 + 0.02 + 0.02)
+    qp2 = _with(data, ("key-evict", {"bitwidth.key_bits": 2, **h2o(0.5)}, 0.2 + 0.02 + 0.1),
+                ("key-evict", {"bitwidth.key_bits": 2, "bitwidth.full_precision_window": 128, **h2o(0.5)},
+                 0.05 + 0.02 + 0.06))
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2, **h2o(0.5)}) == pytest.approx(0.2 + 0.1 + 0.02)
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2, **h2o(0.25)}) == pytest.approx(0.2 + 0.1 + 0.06)  # any budget
+    fp = "bitwidth.full_precision_window"
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2, fp: 128, **h2o(0.5)}) == pytest.approx(0.05 + 0.06 + 0.02)
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2, fp: 64, **h2o(0.5)}) == pytest.approx(0.125 + 0.08 + 0.02)
+    assert mean_loss(qp2, {"bitwidth.key_bits": 2, fp: 1024, **h2o(0.5)}) == pytest.approx(0.05 + 0.06 + 0.02)
+    # values keep their grid through a compaction; 4-bit keys read the 2-bit point, scaled by their own loss
+    assert mean_loss(qp2, {**BITS4, **h2o(0.5)}) == pytest.approx(0.01 + 0.1 * 0.01 / 0.2 + 0.02 + 0.02)
     # no eviction, or another policy without a key-evict point: no interaction
     assert mean_loss(qp2, {"bitwidth.key_bits": 2}) == pytest.approx(0.2)
     streaming = {"eviction.policy": "streaming", "eviction.budget_fraction": 0.5}
     assert mean_loss(qp2, {"bitwidth.key_bits": 2, **streaming}) == pytest.approx(0.2 + 0.01)
-    # per layer: the layers' key parts grow alike
+    # per layer: each layer's share of it
     first_at_2 = [[2, 2], [16, 16], [16, 16], [16, 16]]
     assert mean_loss(qp2, {"bitwidth.layer_bits": first_at_2, **h2o(0.5)}) == pytest.approx(
-        0.5 * (0.2 * 1.5 + 0.3) + 0.02)
+        0.5 * (0.2 + 0.1 + 0.3) + 0.02)
 
 
 def test_a_snapkv_config_reads_its_bits_on_the_decoded_tokens_like_its_own_loss():
