@@ -8,7 +8,7 @@ Kinds (perplexity):
     value          values at fewer bits (keys at 16) x group size x full-precision window
     evict          policy x budget fraction x sink tokens (recent window 64, uniform schedule)
     evict-variant  policy at each reference budget (`VARIANT_FRACTIONS`) with one other knob changed (recent
-                   window 16 or 256, pyramid schedule): scales the policy's loss at other budgets
+                   window 16 or 256, pyramid schedule): what the knob adds to the policy's loss
     key-evict      keys at fewer bits under a policy at `INTERACTION_FRACTION` (values at 16): what keys lose
                    beyond the two knobs' own losses, because every compaction re-quantizes the kept keys
     layer          two adjacent layers' keys and values at 2 bits, the others at 16: per-layer sensitivity
@@ -21,8 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 POLICIES = ("streaming", "h2o", "snapkv", "tova")
-REFERENCE_FRACTION = 0.25  # where the first evict-variant measurements were taken ...
-VARIANT_FRACTIONS = (0.25, 0.5)  # ... and all of them now: a window's effect depends on the budget it shares
+VARIANT_FRACTIONS = (0.25, 0.5)  # where the evict-variant measurements are taken (an effect depends on the budget)
 INTERACTION_FRACTION = 0.5  # where the key-evict measurements are taken ...
 INTERACTION_WINDOWS = (0, 128)  # ... at these full-precision windows (a window changes how much it adds)
 REFERENCE_SINKS = 4
