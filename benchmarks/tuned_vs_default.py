@@ -97,12 +97,13 @@ def run_workload(workload: str, args, runtime, console: Console) -> dict:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a profile from another machine warns; its name is in the output
-        problem = build_problem(workload, slo=args.slo, quality=args.quality, profile=args.profile)
+        problem = build_problem(workload, slo=args.slo, quality=args.quality, profile=args.profile,
+                                kv_memory=args.kv_memory)
     started = time.perf_counter()
     result = solve(problem, n_trials=args.trials, validate=args.validate, seed=args.seed, runtime=runtime,
                    storage=optuna.storages.InMemoryStorage())
     search_s = time.perf_counter() - started
-    row: dict = {"workload": workload, "slo": args.slo, "quality": args.quality, "trials": args.trials,
+    row: dict = {"workload": workload, "kv_memory": problem.kv_memory, "slo": args.slo, "quality": args.quality, "trials": args.trials,
                  "search_s": round(search_s, 1), "feasible": result.feasible}
     base = result.baseline
     row["baseline"] = {"capacity_rps": base.values[0], "memory_bound": memory_bound(base.figures),
@@ -124,9 +125,11 @@ def run_workload(workload: str, args, runtime, console: Console) -> dict:
         m_base = m_tuned if tuned.config == problem.base else \
             measured_capacity(problem, runtime, problem.base, requests, start)
         p_tuned = score(problem, tuned.config, requests).values[0]
-        p_base = score(problem, problem.base, requests).values[0]
+        slice_base = score(problem, problem.base, requests)
+        p_base = slice_base.values[0]
         row["slice"] = {"requests": len(requests.requests), "max_input": args.max_input, "max_output": args.max_output,
-                        "predicted": {"tuned_rps": p_tuned, "baseline_rps": p_base, "gain": ratio(p_tuned, p_base)},
+                        "predicted": {"tuned_rps": p_tuned, "baseline_rps": p_base, "gain": ratio(p_tuned, p_base),
+                                      "baseline_memory_bound": memory_bound(slice_base.figures)},
                         "measured": {"tuned_rps": m_tuned["capacity_rps"], "baseline_rps": m_base["capacity_rps"],
                                      "gain": ratio(m_tuned["capacity_rps"], m_base["capacity_rps"]),
                                      "tuned_replays": m_tuned["replays"], "baseline_replays": m_base["replays"],
@@ -155,7 +158,8 @@ def report(rows: list[dict], console: Console) -> None:
         s = r.get("slice", {})
         m = s.get("measured", {})
         knobs = "none (the baseline)" if r["tuned"]["is_baseline"] else r["tuned"]["changed"]
-        t.add_row(r["workload"], f"{'yes' if b['memory_bound'] else 'no'} (KV {b['kv_fill']:.0%})",
+        name = r["workload"] + (f" ({r['kv_memory'] / 2**20:g} MiB of KV)" if r.get("kv_memory") else "")
+        t.add_row(name, f"{'yes' if b['memory_bound'] else 'no'} (KV {b['kv_fill']:.0%})",
                   f"{fmt(r['tuned']['capacity_rps'])} / {fmt(b['capacity_rps'])}", f"x{fmt(r['predicted_gain'])}",
                   f"{fmt(m.get('tuned_rps'))} / {fmt(m.get('baseline_rps'))}" if m else "-",
                   f"x{fmt(m.get('gain'))}" if m else "-", knobs)
@@ -170,6 +174,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--validate", type=int, default=3, help="the optimizer's own validation (top configs)")
     ap.add_argument("--profile", default=None, help="hardware profile JSON (default: this machine's quick profile)")
+    ap.add_argument("--kv-memory", default=None, help="memory KV may use (e.g. 256MiB; default the device's own, "
+                    "4 GiB on a CPU): a small one makes the workloads memory-bound")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--measure", type=int, default=1, help="1: measure capacity on the runtime; 0: predicted only")
     ap.add_argument("--slice", type=int, default=12, help="requests replayed per measurement")

@@ -195,6 +195,7 @@ class Problem:
     max_queue_s: float | None
     quality_profile: Any = None
     notes: tuple[str, ...] = ()
+    kv_memory: int | None = None  # bytes the device pool's fraction applies to, when the user declares it
 
     @functools.cached_property
     def context_tokens(self) -> int:
@@ -225,7 +226,8 @@ class Problem:
                 "workload": self.workload.digest(), "model": self.model, "profile": self.profile.fingerprint.key(),
                 "step_cost": list(self.target.step_cost.coef), "space": self.space.name,
                 "knobs": [p.name for p in self.space.params],
-                **({"quality_profile": self.quality_profile.digest()} if self.quality_profile is not None else {})}
+                **({"quality_profile": self.quality_profile.digest()} if self.quality_profile is not None else {}),
+                **({"kv_memory": self.kv_memory} if self.kv_memory is not None else {})}
 
 
 def _constraints(slos, max_queue_s, energy, quality, custom) -> tuple[Constraint, ...]:
@@ -311,10 +313,13 @@ def _quality_setup(floors, objectives, quality_profile, model: str) -> tuple[Any
 
 def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", direction=None, constraints=(),
                   energy=None, quality=(), model=DEFAULT_MODEL, profile=None, space=None, target=None,
-                  max_queue_s: float | None = DEFAULT_MAX_QUEUE_S, quality_profile=None) -> Problem:
+                  max_queue_s: float | None = DEFAULT_MAX_QUEUE_S, quality_profile=None, kv_memory=None) -> Problem:
     """Parse and load every input (raising ``ValueError`` on the first bad one) before anything runs.
     ``quality_profile``: a `QualityProfile` or its file (default: the one shipped for SmolLM2), read only
-    when a quality floor or objective asks for it."""
+    when a quality floor or objective asks for it. ``kv_memory``: the memory (bytes, or a size such as
+    ``"256MiB"``) that a config's ``offload.device_memory_fraction`` takes its pool from, in place of the
+    profile's device (a GPU's memory; on a CPU the 4 GiB of `kv_layout.CPU_KV_SPACE_BYTES`): what a
+    deployment gives KV, as vLLM's ``VLLM_CPU_KVCACHE_SPACE`` or a GPU shared with other work does."""
     from skistune.evaluate import workload_requests
     from skistune.simulator import target_from_profile
 
@@ -329,11 +334,28 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     prof, notes = _load_profile(profile, model)
     notes = quality_notes + notes
     sim_target = target_from_profile(prof, model)
+    kv_bytes = parse_kv_memory(kv_memory)
+    if kv_bytes is not None:
+        sim_target = replace(sim_target, device_free_bytes=kv_bytes)
     w = _load_workload(workload, model)
     problem = Problem(w, model, request_set(workload_requests(w, model)), sim_target, prof, slos, objectives,
                       _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
-                      left_out, base, max_queue_s, qp)
+                      left_out, base, max_queue_s, qp, kv_memory=kv_bytes)
     return replace(problem, notes=tuple(n for n in (not_modeled_note(left_out), _power_note(prof), *notes) if n))
+
+
+def parse_kv_memory(kv_memory) -> int | None:
+    """``kv_memory`` as bytes: an integer, a size string (``"256MiB"``, ``"2GB"``) or None (the device's own)."""
+    from skistune.searchspace import parse_bytes
+
+    if kv_memory is None:
+        return None
+    if isinstance(kv_memory, bool) or not isinstance(kv_memory, (int, str)):
+        raise ValueError(f"kv_memory: {kv_memory!r} is not a byte size (write e.g. 256MiB, 2GB or 268435456)")
+    kv_bytes = kv_memory if isinstance(kv_memory, int) else parse_bytes("kv_memory", kv_memory)
+    if kv_bytes < 1 << 20:
+        raise ValueError(f"kv_memory: {kv_memory!r} is under 1 MiB; give the memory KV may use (e.g. 256MiB)")
+    return kv_bytes
 
 
 def _power_note(profile) -> str | None:
@@ -937,7 +959,7 @@ def problem_recipe(problem: Problem, *, sampler: str, seed: int, n_trials: int =
                 "from Python with skistune.optimize(..., storage=..., study_name=...)"}
     return {"version": RECIPE_VERSION, "model": problem.model, "objective": [o.name for o in problem.objectives],
             "slo": [[s.metric, s.percentile, s.limit_s] for s in problem.slos], "energy": energy,
-            "quality": floors, "max_queue_s": problem.max_queue_s,
+            "quality": floors, "max_queue_s": problem.max_queue_s, "kv_memory": problem.kv_memory,
             "space": {"source": problem.full_space.source, "yaml": space_text},
             "workload": _workload_record(problem.workload),
             "profile": _pack(json.dumps(problem.profile.to_dict()).encode()),
@@ -972,7 +994,7 @@ def _rebuild(recipe: Mapping[str, Any]) -> tuple[Problem, dict[str, Any]]:
         energy=None if recipe["energy"] is None else EnergyBudget(recipe["energy"]),
         profile=HardwareProfile.from_dict(json.loads(_unpack(recipe["profile"]))),
         space=parse_space(recipe["space"]["yaml"], source=recipe["space"]["source"]),
-        max_queue_s=recipe["max_queue_s"],
+        max_queue_s=recipe["max_queue_s"], kv_memory=recipe.get("kv_memory"),
         quality_profile=None if packed_quality is None else QualityProfile(json.loads(_unpack(packed_quality))))
     return problem, dict(recipe["search"])
 
@@ -1172,13 +1194,24 @@ def _same_behaviour(a: Metrics, b: Metrics) -> bool:
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
+def deployable(problem: Problem, config: KVConfig) -> KVConfig:
+    """``config`` as a deployment runs it. With a declared ``kv_memory`` the device pool is given in bytes (the
+    configured fraction of that memory): the runtime, or an engine, would otherwise take the fraction of its
+    own device's memory."""
+    from skistune.runtime.kv_layout import kv_pool_bytes
+
+    if problem.kv_memory is None or config.offload.device_kv_bytes is not None:
+        return config
+    return config.with_knobs({"offload.device_kv_bytes": kv_pool_bytes(config, problem.kv_memory)})
+
+
 def replay_config(problem: Problem, predicted: Evaluation, requests: RequestSet) -> KVConfig:
     """The config the runtime replays: host and disk tiers capped at twice the slice's predicted KV peak
     (the slice is small), and the device KV pool too when the simulator shows that changes nothing for it. The runtime zero-fills its whole pool
     (4 GiB x the device fraction on a CPU: seconds per config), which would dominate a short validation."""
     from skistune.runtime.kv_layout import ring_bytes
 
-    config = predicted.config
+    config = deployable(problem, predicted.config)
     # the full-precision rings of quantized KV come out of the device pool before any block (`kv_layout`)
     rings = ring_bytes(config, problem.target.spec, problem.target.kv_itemsize)
     cap = max(2 * predicted.figures["kv_peak_bytes"], VALIDATE_MIN_POOL_BYTES) + rings
@@ -1360,7 +1393,7 @@ class OptimizeResult:
     def config(self) -> KVConfig:
         if not self.best:
             raise ValueError("no config met every constraint; see result.binding and result.closest")
-        return self.best[0].config
+        return deployable(self.problem, self.best[0].config)  # the config the search scored, as deployed
 
     def gain(self) -> dict[str, float | None]:
         """Predicted improvement of the chosen config over the baseline, per objective (x times better)."""
@@ -1470,7 +1503,7 @@ def provenance(result: OptimizeResult) -> dict[str, Any]:
         "objective": [o.name for o in p.objectives], "slo": [str(s) for s in p.slos],
         "constraints": [c.name for c in p.constraints],
         "workload": {"source": w.source, "digest": w.digest(), "requests": len(w), "transforms": list(w.transforms)},
-        "model": p.model,
+        "model": p.model, "kv_memory": p.kv_memory,
         "profile": {"name": p.profile.name, "fingerprint": p.profile.fingerprint.key(),
                     "power": p.profile.power.source},
         "search_space": {"name": p.full_space.name, "source": p.full_space.source,
@@ -1599,7 +1632,7 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
              seed: int = 0, sampler: str = "auto", validate: int = DEFAULT_TOP_K,
              max_queue_s: float | None = DEFAULT_MAX_QUEUE_S, progress: Callable[[Progress], None] | None = None,
              on_stage: Callable[[str], None] | None = None, runtime: Any = None,
-             quality_profile: Any = None) -> OptimizeResult:
+             quality_profile: Any = None, kv_memory: Any = None) -> OptimizeResult:
     """Search the knobs for the best config under the SLOs and constraints, validate the top ``validate``
     configs on the real runtime (0 skips it), and return the result (``result.write(path)`` saves it).
 
@@ -1610,7 +1643,9 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
     returning values where <= 0 is feasible; ``energy``: a J/token budget (``"0.5J/token"``); ``quality``:
     floors (``"ppl+1%"``, ``"worst:ppl+3%"``, ``"needle>=0.95"``: eviction and KV bits are searched only under
     one, priced by ``quality_profile``, a `QualityProfile` or its file, default the shipped SmolLM2 one);
-    ``max_queue_s``: the queueing guard (None: off); ``storage``: an Optuna storage URL
+    ``max_queue_s``: the queueing guard (None: off); ``kv_memory``: the memory KV may use on the device
+    (``"256MiB"``; default the device's own, 4 GiB on a CPU), of which ``offload.device_memory_fraction`` is
+    taken (the tuned config then states its pool in bytes); ``storage``: an Optuna storage URL
     or object (default: a SQLite file ``skistune-<study>.db`` here); ``study_name``: resume or name the
     study (default: named after the problem); ``n_jobs``: worker processes; ``runtime``: a loaded
     `Runtime` to validate with. An infeasible problem is a result (``result.feasible`` False,
@@ -1621,7 +1656,8 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
         raise ValueError(f"sampler {sampler!r}: use {', '.join(SAMPLERS)}")
     problem = build_problem(workload, slo=slo, objective=objective, direction=direction, constraints=constraints,
                             energy=energy, quality=quality, model=model, profile=profile, space=space,
-                            target=target, max_queue_s=max_queue_s, quality_profile=quality_profile)
+                            target=target, max_queue_s=max_queue_s, quality_profile=quality_profile,
+                            kv_memory=kv_memory)
     return solve(problem, n_trials=n_trials, timeout=timeout, storage=storage, study_name=study_name, n_jobs=n_jobs,
                  seed=seed, sampler=sampler, validate=validate, progress=progress, on_stage=on_stage, runtime=runtime)
 

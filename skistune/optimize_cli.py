@@ -281,7 +281,8 @@ def _summary(result, out: Path | None) -> dict:
 
     return {"feasible": result.feasible, "study": result.study.study_name, "storage": result.storage,
             "trials": result.trials, "out": str(out) if out else None, "notes": result.notes,
-            "best": scored(result.best[0]) if result.best else None, "baseline": scored(result.baseline),
+            "best": {**scored(result.best[0]), "config": result.config.to_dict()} if result.best else None,
+            "baseline": scored(result.baseline),
             "gain": result.gain(), "measured_gain": result.measured_gain(), "binding": result.binding,
             "validated": [{"role": v.role, "rate_rps": v.rate_rps, "holds": v.holds,
                            "predicted": dict(v.predicted.figures), "measured": dict(v.measured.figures)}
@@ -337,6 +338,9 @@ SamplerOpt = Annotated[str, typer.Option(
 MaxQueueOpt = Annotated[str, typer.Option(
     "--max-queue", help="queueing guard: TTFT p99 at most this much above the same requests served one at a "
                         "time (off: none)")]
+KvMemoryOpt = Annotated[Optional[str], typer.Option(
+    "--kv-memory", help="memory KV may use on the device, e.g. 256MiB (default: the device's own; 4GiB on a CPU, "
+                        "as vLLM's VLLM_CPU_KVCACHE_SPACE): the tuned config's pool is its chosen fraction of it")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 
 
@@ -350,7 +354,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
              storage: StorageOpt = None, study: StudyOpt = None, jobs: JobsOpt = 1, seed: SearchSeedOpt = 0,
              validate: ValidateOpt = DEFAULT_TOP_K, target: TargetOpt = None, out: OutOpt = Path(DEFAULT_OUT),
              sampler: SamplerOpt = "auto", max_queue: MaxQueueOpt = f"{DEFAULT_MAX_QUEUE_S:g}s",
-             json_out: JsonOpt = False) -> None:
+             kv_memory: KvMemoryOpt = None, json_out: JsonOpt = False) -> None:
     """Find the best KV-cache config for a workload under SLOs, an energy budget and a quality floor:
     search with the simulator, validate the top configs on the real runtime, write the tuned config."""
     import optuna
@@ -365,7 +369,8 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     w = _workload(workload, requests, first, rate_scale, length_scale, max_input, max_output)
     problem = build_problem(w, slo=slo or (), objective=objective, energy=energy, quality=quality or (), model=model,
                             profile=_profile(profile, model), space=space, target=target,
-                            max_queue_s=parse_max_queue(max_queue), quality_profile=quality_profile)
+                            max_queue_s=parse_max_queue(max_queue), quality_profile=quality_profile,
+                            kv_memory=kv_memory)
     name = study or default_study_name(problem)
     storage = storage or default_storage(name)
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar

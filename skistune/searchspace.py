@@ -184,7 +184,7 @@ def _is_type(value: Any, kind: str) -> bool:
         kind == "bool" or not isinstance(value, bool))
 
 
-def _parse_bytes(name: str, text: str) -> int:
+def parse_bytes(name: str, text: str) -> int:
     m = _BYTES.match(text)
     if not m:
         raise ValueError(f"{name}: {text!r} is not a byte size (write e.g. 16GiB, 500MB or 17179869184)")
@@ -201,7 +201,7 @@ def _field_value(name: str, f: dataclasses.Field, raw: Any, role: str = "") -> A
     """``raw`` as a valid value of knob ``name`` (byte sizes parsed, ints widened for float knobs)."""
     kind, value = _field_type(f), raw
     if isinstance(raw, str) and f.metadata.get("unit") == "bytes":
-        value = _parse_bytes(name, raw)
+        value = parse_bytes(name, raw)
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if value is not None and kind != "other" and not _is_type(value, kind):

@@ -63,6 +63,7 @@ def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_al
     (["--slo", "p99=200ms", "--max-queue", "soon"], "max-queue"),
     (["--slo", "p99=200ms", "--storage", "not-a-url"], "storage"),
     (["--slo", "p99=200ms", "--space", "default", "--target", "vllm"], "give one"),
+    (["--slo", "p99=200ms", "--kv-memory", "lots"], "kv_memory"),
 ])
 def test_bad_input_is_one_line_exit_2_and_the_output_file_is_untouched(here, args, message):
     out = here / "keep.yaml"
@@ -80,6 +81,18 @@ def test_an_unreadable_profile_file_is_bad_input(here):
     bad.write_text("{not json")
     r = invoke("--slo", "p99=200ms", *SMALL[:-2], "--profile", str(bad))
     assert r.exit_code == 2 and "not valid JSON" in r.stderr
+
+
+def test_declared_kv_memory_gives_the_tuned_file_its_pool_in_bytes(here):
+    r = invoke("--slo", "p99=200ms", *SMALL, "--kv-memory", "256MiB", "--json")
+    assert r.exit_code == 0, r.output
+    config = load_config(str(here / "skistune-tuned.yaml"))
+    fraction = config.offload.device_memory_fraction
+    assert config.offload.device_kv_bytes == int(fraction * (256 << 20))  # what an engine's own device can't say
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["best"]["config"] == config.to_dict()
+    prov = __import__("yaml").safe_load((here / "skistune-tuned.yaml").read_text())["provenance"]
+    assert prov["kv_memory"] == 256 << 20
 
 
 def test_target_searches_what_the_engine_can_deploy(here):

@@ -158,3 +158,28 @@ def test_the_better_of_two_replays_counts(profile, monkeypatch):
     out = opt.validate(problem, [other, problem.base], runtime=object(), requests=opt.validation_requests(problem, 2))
     assert [(v.config, v.holds) for v in out] == [(problem.base, True), (other, False), (problem.base, True)]
     assert out[0].measured.violations["tbt:p99<=200ms"] == -0.2 and out[1].measured.violations["tbt:p99<=200ms"] == 0.4
+
+
+def test_declared_kv_memory_sizes_the_pool_the_simulator_and_the_runtime_use(profile):
+    """``kv_memory``: the device pool is the config's fraction of it, in the simulation, in the config a
+    replay runs, and in the written file (so an engine gets bytes, not a fraction of its own device)."""
+    workload = load_workload("chat", requests=16)
+    small = opt.build_problem(workload, slo="p99=200ms", profile=profile, kv_memory="64MiB")
+    assert small.target.device_free_bytes == 64 << 20 and small.kv_memory == 64 << 20
+    base = opt.baseline_config()  # device_memory_fraction 0.9
+    deployed = opt.deployable(small, base)
+    assert deployed.offload.device_kv_bytes == int(0.9 * (64 << 20))
+    assert opt.score(small, deployed).figures == opt.score(small, base).figures  # the same pool either way
+    requests = opt.validation_requests(small, 4)
+    predicted = opt.score(small, base, requests, precision=0.1)
+    assert opt.replay_config(small, predicted, requests).offload.device_kv_bytes <= int(0.9 * (64 << 20))
+    default = opt.build_problem(workload, slo="p99=200ms", profile=profile)
+    assert opt.deployable(default, base) == base  # no declared memory: the deployment's own device decides
+    assert opt.score(default, base).figures["kv_capacity_bytes"] > 8 * opt.score(small, base).figures["kv_capacity_bytes"]
+    assert small.identity() != default.identity()  # a study with another memory is another problem
+
+
+@pytest.mark.parametrize("bad", ["lots", "12", 5, True, 2.5])
+def test_kv_memory_rejects_what_is_not_a_size_of_at_least_a_mebibyte(profile, bad):
+    with pytest.raises(ValueError, match="kv_memory"):
+        opt.build_problem(load_workload("chat", requests=4), profile=profile, kv_memory=bad)
