@@ -379,7 +379,7 @@ def paged_attention(q: torch.Tensor, key, value, meta: AttentionMetadata, scale:
         qd = q if not meta.prefills else q[meta.decode_rows]
         if q.is_cuda and _triton_available() and not meta.needs_torch:
             from .triton_attention import paged_decode
-            decoded = paged_decode(qd, key, value, meta, scale)
+            decoded, _ = paged_decode(qd, key, value, meta, scale)
         elif cpu_native.supports(qd, key, value):
             decoded = _decode_native(qd, key, value, meta, scale, layer, stats)
         else:

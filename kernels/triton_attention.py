@@ -8,6 +8,15 @@ precision), or read from the sequence's full-precision ring for the positions th
 folded into an online softmax. Splits write partial (max, sum, output) that a small reduction
 combines, so that one long sequence can use the whole GPU.
 
+Eviction. A row's slots before its first slot at this layer (``meta.decode_first_slots[layer]``) are empty:
+the split kernel starts at the tile holding the first slot and masks the positions before it (a constexpr
+switch: steps without first slots run the same code as before). Eviction policies that score tokens ask
+for the attention statistics (per row, its query heads' softmax probabilities summed per KV head); a second
+kernel, after the reduction that gives each row and head its final max and sum, recomputes the scores
+from the keys alone (dequantized in registers by the same tile loader, the query scaled the same way) and
+writes ``exp(s - max) / sum`` summed over each KV head's query heads, zero before the first slot and past
+the context. It reads the keys a second time: only steps that ask for statistics pay that.
+
 Memory layout and quantization scheme: see `skistune.runtime.kv_store` and `skistune.kernels.quant`.
 """
 from __future__ import annotations
@@ -116,21 +125,25 @@ def _load_tile(DATA, SCALE, ZERO, RING, blk, blk_rows, row, h, pos, valid, fp_st
 
 
 @triton.jit
-def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOTS, ACC, ML,
+def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOTS, FIRSTS, ACC, ML,
                          scale, ring_tokens, tiles_per_split, n_splits,
                          s_qb, s_qh, s_tb,
                          s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krs, s_krt, s_krh,
                          s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrs, s_vrt, s_vrh,
                          G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, T: tl.constexpr,
                          NB: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, VGROUP: tl.constexpr,
-                         UNPACK: tl.constexpr, SCALES: tl.constexpr):
+                         UNPACK: tl.constexpr, SCALES: tl.constexpr, HAS_FIRST: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
     n_kv = tl.num_programs(1)
     ctx = tl.load(CTX + b)
-    first = sp * tiles_per_split * T
-    last = tl.minimum(first + tiles_per_split * T, ctx)
+    begin = sp * tiles_per_split * T
+    last = tl.minimum(begin + tiles_per_split * T, ctx)
+    lo = 0
+    if HAS_FIRST:  # slots before the row's first one at this layer are empty: start at the tile holding it
+        lo = tl.load(FIRSTS + b)
+        begin = tl.maximum(begin, (lo // T) * T)
     offs_g = tl.arange(0, GP)
     offs_d = tl.arange(0, D)
     offs_t = tl.arange(0, T)
@@ -145,9 +158,11 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
     m = tl.full([GP], float("-inf"), tl.float32)
     l = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, D], tl.float32)
-    for start in range(first, last, T):
+    for start in range(begin, last, T):
         pos = start + offs_t
         valid = pos < last
+        if HAS_FIRST:
+            valid = valid & (pos >= lo)
         blk = tl.load(TABLES + b * s_tb + pos // BS, mask=valid, other=0)  # [T]: tiles may span blocks
         row = pos % BS
         row_pos = start + tl.arange(0, NB) * (T // NB)
@@ -170,6 +185,70 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
     tl.store(ACC + part * GP * D + offs_g[:, None] * D + offs_d[None, :], acc)
     tl.store(ML + part * 2 * GP + offs_g, m)
     tl.store(ML + part * 2 * GP + GP + offs_g, l)
+
+
+@triton.jit
+def _decode_stats_kernel(Q, K, KS, KZ, KR, TABLES, CTX, FPS, SLOTS, FIRSTS, MAXS, SUMS, PROBS,
+                         scale, ring_tokens, tiles_per_split, stats_len,
+                         s_qb, s_qh, s_tb, s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krs, s_krt, s_krh,
+                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, T: tl.constexpr,
+                         NB: tl.constexpr, KBITS: tl.constexpr, QUANTIZED: tl.constexpr, UNPACK: tl.constexpr,
+                         SCALES: tl.constexpr, HAS_FIRST: tl.constexpr):
+    """One (row, KV head, split): the probabilities of the row's query heads of this KV head, summed over
+    them, at every position of the split's tiles ``[begin, end)`` of ``PROBS [Bd, n_kv, stats_len]``:
+    ``exp(s - m) / l`` with the row's final max ``m`` and sum ``l`` (``MAXS``/``SUMS [Bd, n_kv, GP]``), zero
+    before the row's first slot and from its context on. Scores as `_decode_split_kernel` computes them."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    n_kv = tl.num_programs(1)
+    ctx = tl.load(CTX + b)
+    begin = sp * tiles_per_split * T
+    end = tl.minimum(begin + tiles_per_split * T, stats_len)
+    lo = 0
+    if HAS_FIRST:
+        lo = tl.load(FIRSTS + b)
+    kept = tl.maximum(begin, (lo // T) * T)  # the first tile of the split holding a kept slot
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, D)
+    offs_t = tl.arange(0, T)
+    out = PROBS + (b * n_kv + h) * stats_len
+    zeros = tl.zeros([T], tl.float32)
+    for start in range(begin, tl.minimum(kept, end), T):  # tiles wholly before the first slot
+        pos = start + offs_t
+        tl.store(out + pos, zeros, mask=pos < end)
+    q = tl.load(Q + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
+                mask=(offs_g < G)[:, None], other=0.0)  # [GP, D]
+    qf = (q.to(tl.float32) * scale).to(q.dtype)  # exactly as the split kernel scales it
+    row_ml = (b * n_kv + h) * GP + offs_g
+    m = tl.load(MAXS + row_ml)
+    inv_l = 1.0 / tl.load(SUMS + row_ml)
+    fp_start = ctx
+    slot = 0
+    if QUANTIZED:
+        fp_start = tl.load(FPS + b)
+        slot = tl.load(SLOTS + b)
+    for start in range(kept, tl.minimum(end, ctx), T):
+        pos = start + offs_t
+        valid = pos < ctx
+        if HAS_FIRST:
+            valid = valid & (pos >= lo)
+        blk = tl.load(TABLES + b * s_tb + pos // BS, mask=valid, other=0)
+        row = pos % BS
+        row_pos = start + tl.arange(0, NB) * (T // NB)
+        blk_rows = tl.load(TABLES + b * s_tb + row_pos // BS, mask=row_pos < ctx, other=0)
+        k = _load_tile(K, KS, KZ, KR + slot * s_krs, blk, blk_rows, row, h, pos, valid, fp_start, start + T, ring_tokens,
+                       offs_d, s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh, T, NB, D, KBITS, True, 1,
+                       q.dtype, UNPACK, SCALES)
+        s = tl.dot(qf, tl.trans(k))  # [GP, T]
+        keep = valid[None, :] & (offs_g < G)[:, None]
+        s = tl.where(keep, s, float("-inf"))
+        p = tl.where(keep, tl.exp(s - m[:, None]) * inv_l[:, None], 0.0)
+        tl.store(out + pos, tl.sum(p, 0), mask=pos < end)
+    ctx_end = ((ctx + T - 1) // T) * T  # tiles wholly past the context
+    for start in range(tl.maximum(kept, ctx_end), end, T):
+        pos = start + offs_t
+        tl.store(out + pos, zeros, mask=pos < end)
 
 
 @functools.cache
@@ -199,9 +278,13 @@ def _num_splits(batch: int, n_kv: int, n_tiles: int, device: torch.device) -> in
     return max(1, min(want, n_tiles))
 
 
-def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: int | None = None) -> torch.Tensor:
+def paged_decode(q: torch.Tensor, key, value, meta, scale: float, layer: int = 0, want_stats: bool = False,
+                 num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Decode attention of ``q [Bd, n_heads, D]`` (one query per sequence) over paged, possibly packed
-    KV; ``meta`` is the step's `AttentionMetadata`. Returns ``[Bd, n_heads, D]`` in q's dtype."""
+    KV; ``meta`` is the step's `AttentionMetadata`, ``layer`` picks the row's first slots
+    (``meta.decode_first_slots[layer]``, when there are any). Returns ``[Bd, n_heads, D]`` in q's dtype
+    and, with ``want_stats``, the probabilities summed per KV head ``[Bd, n_kv, width * block_size]``
+    float32 (zero before a row's first slot and past its context; else None)."""
     bd, n_heads, d = q.shape
     n_kv = key.data.shape[-2]
     group = n_heads // n_kv
@@ -210,7 +293,8 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: in
     quantized = key.quantized or value.quantized
     setting = DECODE_QUANTIZED if quantized else DECODE_FULL
     tile = setting.tile
-    n_tiles = -(-tables.shape[1] * meta.block_size // tile)
+    stats_len = tables.shape[1] * meta.block_size
+    n_tiles = -(-stats_len // tile)
     splits = num_splits or _num_splits(bd, n_kv, n_tiles, q.device)
     per_split = -(-n_tiles // splits)
     splits = -(-n_tiles // per_split)
@@ -220,19 +304,36 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, num_splits: in
     v_args, v_strides = _side_args(value, q.device)
     fps = meta.decode_fp_start if quantized else meta.decode_context_lens
     slots = meta.decode_slots if quantized else meta.decode_context_lens
+    firsts = None if meta.decode_first_slots is None else meta.decode_first_slots[layer].contiguous()
+    has_first = firsts is not None
+    if firsts is None:
+        firsts = meta.decode_context_lens  # never read
     qc = q.contiguous()
+    nb = max(1, tile // meta.block_size)
     _decode_split_kernel[(bd, n_kv, splits)](
-        qc, *k_args, *v_args, tables, meta.decode_context_lens, fps, slots, acc, ml,
+        qc, *k_args, *v_args, tables, meta.decode_context_lens, fps, slots, firsts, acc, ml,
         scale, max(1, meta.ring_tokens), per_split, splits,
         qc.stride(0), qc.stride(1), tables.stride(0), *k_strides, *v_strides,
-        G=group, GP=gp, D=d, BS=meta.block_size, T=tile, NB=max(1, tile // meta.block_size), KBITS=key.bits, VBITS=value.bits,
+        G=group, GP=gp, D=d, BS=meta.block_size, T=tile, NB=nb, KBITS=key.bits, VBITS=value.bits,
         VGROUP=d // value.scale.shape[-1] if value.quantized else 1, UNPACK=setting.unpack, SCALES=setting.scales,
-        num_warps=setting.warps, num_stages=setting.stages)
+        HAS_FIRST=has_first, num_warps=setting.warps, num_stages=setting.stages)
     m, l = ml[:, :, :, 0], ml[:, :, :, 1]  # [Bd, KVH, S, GP]
     m_max = m.amax(2, keepdim=True)
-    w = torch.exp(m - m_max)  # splits past the context have m = -inf and weigh 0
-    out = (acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(2).unsqueeze(-1)  # [Bd, KVH, GP, D]
-    return out[:, :, :group].reshape(bd, n_heads, d).to(q.dtype)
+    w = torch.exp(m - m_max)  # splits past the context (or before the first slot) have m = -inf and weigh 0
+    total = (l * w).sum(2)  # [Bd, KVH, GP]
+    out = (acc * w.unsqueeze(-1)).sum(2) / total.unsqueeze(-1)  # [Bd, KVH, GP, D]
+    out = out[:, :, :group].reshape(bd, n_heads, d).to(q.dtype)
+    if not want_stats:
+        return out, None
+    probs = _scratch(bd, n_kv, stats_len, device=q.device)
+    _decode_stats_kernel[(bd, n_kv, splits)](
+        qc, *k_args, tables, meta.decode_context_lens, fps, slots, firsts, m_max.squeeze(2).contiguous(),
+        total.contiguous(), probs, scale, max(1, meta.ring_tokens), per_split, stats_len,
+        qc.stride(0), qc.stride(1), tables.stride(0), *k_strides,
+        G=group, GP=gp, D=d, BS=meta.block_size, T=tile, NB=nb, KBITS=key.bits, QUANTIZED=quantized,
+        UNPACK=setting.unpack, SCALES=setting.scales, HAS_FIRST=has_first,
+        num_warps=setting.warps, num_stages=setting.stages)
+    return out, probs
 
 
 @triton.jit

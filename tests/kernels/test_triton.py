@@ -1,7 +1,7 @@
 """Triton kernels against the PyTorch implementation on the same stored KV (compiled on a GPU, under
 ``TRITON_INTERPRET=1`` on a CPU): fp16 inputs, fresh random data per case, scratch poisoned with NaN,
 block tables with holes, one-token contexts, contexts not a multiple of the block size, 1 to many
-splits of the context."""
+splits of the context; with eviction, per-layer first slots and the attention statistics."""
 import dataclasses
 
 import pytest
@@ -34,7 +34,8 @@ def test_decode_matches_pytorch(bits, window, splits):
     q = torch.randn(len(CONTEXTS), SPEC.n_heads, SPEC.head_dim, generator=gen).half().to(DEVICE)
     meta = build_attention_metadata(tables, [1] * len(CONTEXTS), CONTEXTS, BLOCK, ring(store, len(CONTEXTS)), DEVICE)
     key, value = store.layer(0)
-    out = ta.paged_decode(q, key, value, meta, 0.17, num_splits=splits)
+    out, none = ta.paged_decode(q, key, value, meta, 0.17, num_splits=splits)
+    assert none is None
     ref = _decode_torch(q.float(), key, value, meta, 0.17, SPEC.n_kv_heads, SPEC.n_heads // SPEC.n_kv_heads)
     assert not out.isnan().any()
     assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-3
@@ -49,6 +50,79 @@ def test_decode_settings_compute_the_same(setting, bits, monkeypatch):
     monkeypatch.setattr(ta, "DECODE_QUANTIZED", setting)
     monkeypatch.setattr(ta, "DECODE_FULL", setting)
     test_decode_matches_pytorch(bits, 16, 2)
+
+
+# Eviction: each row's first slot per layer (two layers; () is none empty) and the queries it scores.
+FIRSTS = [(), (0, 3), (20, 37), (1, 4), (16, 16)]  # ctx 17 from 3, ctx 48 from 37, ctx 33 from a tile's start
+SCORED = [1, 0, 1, 1, 0]
+SCALE = 0.17
+# (tile, splits): one tile per split; 16-token tiles in one split (tiles before the first slot skipped);
+# one 16-token tile per split (whole splits before the first slot, or past a short row's context)
+SPLITS = [(None, 1), (16, 1), (16, 3)]
+
+
+def _eviction_case(bits, window, seed):
+    gen = torch.Generator().manual_seed(seed)
+    store = make_store(bits, slots=len(CONTEXTS), window=window, dtype=torch.float16, device=DEVICE)
+    tables = scattered_tables(CONTEXTS, store.num_blocks, gen)
+    fill(store, tables, CONTEXTS, gen, dtype=torch.float16, device=DEVICE)
+    q = torch.randn(len(CONTEXTS), SPEC.n_heads, SPEC.head_dim, generator=gen).half().to(DEVICE)
+    return store, tables, q
+
+
+def _eviction_meta(store, tables, firsts=FIRSTS):
+    return build_attention_metadata(tables, [1] * len(CONTEXTS), CONTEXTS, BLOCK,
+                                    ring(store, len(CONTEXTS)), DEVICE, first_slots=firsts, scored_queries=SCORED)
+
+
+def _tile(monkeypatch, tile):
+    if tile is not None:
+        for name in ("DECODE_QUANTIZED", "DECODE_FULL"):
+            monkeypatch.setattr(ta, name, dataclasses.replace(getattr(ta, name), tile=tile))
+
+
+@pytest.mark.parametrize("bits", [(16, 16), (8, 8), (4, 4), (2, 16)])
+@pytest.mark.parametrize("window", [0, 16])
+@pytest.mark.parametrize("tile,splits", SPLITS)
+def test_decode_with_first_slots_and_statistics_matches_pytorch(bits, window, tile, splits, monkeypatch):
+    """Per-layer first slots mask the slots before them; the statistics (probabilities of each row's query
+    heads summed per KV head) come out as the PyTorch path computes them, everywhere written (the scratch is
+    NaN), zero before the first slot and past the context."""
+    _tile(monkeypatch, tile)
+    store, tables, q = _eviction_case(bits, window, hash((bits, window, tile, splits)) % 997)
+    key, value = store.layer(0)
+    layer = 1 if splits == 3 else 0  # the first slots of the layer asked for
+    meta = _eviction_meta(store, tables)
+    out, probs = ta.paged_decode(q, key, value, meta, SCALE, layer, True, num_splits=splits)
+    stats = [None] * len(CONTEXTS)
+    ref = _decode_torch(q.float(), key, value, meta, SCALE, SPEC.n_kv_heads, SPEC.n_heads // SPEC.n_kv_heads, layer,
+                        stats)
+    assert not out.isnan().any() and not probs.isnan().any()
+    assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-3
+    assert probs.shape == (len(CONTEXTS), SPEC.n_kv_heads, meta.decode_block_tables.shape[1] * BLOCK)
+    group = SPEC.n_heads // SPEC.n_kv_heads
+    for i, (ctx, first) in enumerate(zip(CONTEXTS, FIRSTS)):
+        theirs = stats[i].probs_last
+        ours = probs[i, :, :ctx]
+        assert ((ours - theirs).norm() / theirs.norm()).item() <= 1e-3
+        assert (ours - theirs).abs().max().item() <= 1e-3
+        lo = first[layer] if first else 0
+        assert float(probs[i, :, :lo].abs().sum()) == 0.0 and float(probs[i, :, ctx:].abs().sum()) == 0.0
+        torch.testing.assert_close(ours.sum(-1), torch.full((SPEC.n_kv_heads,), float(group), device=DEVICE),
+                                   rtol=0, atol=1e-3)
+
+
+def test_decode_without_first_slots_is_unchanged_by_them():
+    """First slots all zero (a layer that kept everything) give the output of a step without first slots."""
+    store, tables, q = _eviction_case((4, 4), 16, 5)
+    key, value = store.layer(0)
+    plain = build_attention_metadata(tables, [1] * len(CONTEXTS), CONTEXTS, BLOCK, ring(store, len(CONTEXTS)), DEVICE)
+    zeros = build_attention_metadata(tables, [1] * len(CONTEXTS), CONTEXTS, BLOCK, ring(store, len(CONTEXTS)), DEVICE,
+                                     first_slots=[(0, 0)] * 4 + [(0, 1)])
+    assert zeros.decode_first_slots is not None
+    a, _ = ta.paged_decode(q, key, value, plain, SCALE)
+    b, _ = ta.paged_decode(q, key, value, zeros, SCALE)
+    assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("bits", [8, 4, 2])
