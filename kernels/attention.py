@@ -30,9 +30,12 @@ than its tokens (the runner passes ``context_lens = kv_start + query_len``; RoPE
 business). A layer that keeps fewer tokens than the largest leaves its first slots empty: the metadata then
 carries each sequence's first slot per layer (``first_slots``) and attention masks the slots before it.
 Policies that score tokens by attention ask for statistics (``scored_queries``): the softmax probabilities
-the attention computes anyway are summed per KV head and kept in ``meta.stats``, so no second pass is
-needed. The compiled CPU decode kernel does both; the Triton decode kernel has neither, so on CUDA it is
-used only without them.
+the attention computes anyway are summed per KV head and kept in ``meta.stats`` (the PyTorch path and the
+compiled CPU kernel need no second pass for them). The compiled CPU decode kernel and the Triton decode
+kernel do both: Triton masks the first slots in its split loop and writes the statistics by a second small
+kernel that recomputes the scores from the keys (`kernels.triton_attention`); its decode rows take them
+on CUDA. Prefill chunks that need either still take the PyTorch path (`_prefill_torch`) on CUDA too: the
+Triton prefill kernel has neither.
 """
 from __future__ import annotations
 
@@ -145,6 +148,8 @@ class AttentionMetadata:
     # eviction only
     decode_seqs: list[int] = field(default_factory=list)  # [Bd] index in the batch of each decode row
     decode_first_slots: torch.Tensor | None = None  # [n_layers, Bd] first slot each layer reads; None: all 0
+    decode_lens: list[int] = field(default_factory=list)  # decode_context_lens on the host (filing statistics
+    # from a CUDA kernel's output needs them every layer: no device sync for them)
     scored_queries: list[int] | None = None  # per sequence of the batch; set: record `stats`
     stats: list[list[SeqStats]] = field(default_factory=list)  # [layer][sequence of the batch]
     # the model calls paged_attention once per layer in layer order: this counts the calls made, so that
@@ -158,7 +163,8 @@ class AttentionMetadata:
 
     @property
     def needs_torch(self) -> bool:
-        """Whether attention needs what only the PyTorch path does (statistics, per-layer first slots)."""
+        """Whether the step uses statistics or per-layer first slots (the Triton prefill kernel has neither:
+        on CUDA, prefill chunks that need them take the PyTorch path; decode rows stay on Triton)."""
         return self.want_stats or self.decode_first_slots is not None
 
 
@@ -260,7 +266,8 @@ def build_attention_metadata(block_tables: list[list[int]], query_lens: list[int
         decode_block_tables=longs(padded).reshape(len(padded), width),
         decode_mask=decode_mask.reshape(len(decode_ctx), 1, 1, width * block_size).to(device),
         decode_context_lens=longs(decode_ctx), prefills=prefills, block_size=block_size,
-        decode_seqs=[i for i, q_len in enumerate(query_lens) if q_len == 1], scored_queries=scored_queries)
+        decode_seqs=[i for i, q_len in enumerate(query_lens) if q_len == 1], scored_queries=scored_queries,
+        decode_lens=list(decode_ctx))
     meta.decode_first_slots = _decode_first_slots([first_slots[i] for i in meta.decode_seqs], device)
     if ring:
         meta.decode_fp_start, meta.decode_slots = longs(decode_fp), longs(decode_slot)
@@ -377,9 +384,8 @@ def paged_attention(q: torch.Tensor, key, value, meta: AttentionMetadata, scale:
     if meta.decode_rows.numel():
         # a step of decodes only (the common one) needs no scatter of rows
         qd = q if not meta.prefills else q[meta.decode_rows]
-        if q.is_cuda and _triton_available() and not meta.needs_torch:
-            from .triton_attention import paged_decode
-            decoded, _ = paged_decode(qd, key, value, meta, scale)
+        if _use_triton(q):  # first slots and statistics included
+            decoded = _decode_triton(qd, key, value, meta, scale, layer, stats)
         elif cpu_native.supports(qd, key, value):
             decoded = _decode_native(qd, key, value, meta, scale, layer, stats)
         else:
@@ -392,7 +398,7 @@ def paged_attention(q: torch.Tensor, key, value, meta: AttentionMetadata, scale:
     if meta.decode_rows.numel():
         out[meta.decode_rows] = decoded
     for chunk in meta.prefills:
-        if q.is_cuda and _triton_available() and not meta.needs_torch and not any(chunk.first_slots):
+        if _use_triton(q) and stats is None and not any(chunk.first_slots):  # the Triton prefill has neither
             from .triton_attention import paged_prefill
             out[chunk.rows] = paged_prefill(q[chunk.rows], key, value, chunk.block_ids, chunk.context_len, scale,
                                             fp_start=chunk.fp_start, slot=chunk.ring_slot,
@@ -505,6 +511,24 @@ def _decode_native(qd, key, value, meta: AttentionMetadata, scale: float, layer:
     if stats is not None:
         _file_decode_stats(stats, probs, meta.decode_seqs, meta.decode_context_lens.tolist(), meta.scored_queries)
     return out
+
+
+def _decode_triton(qd, key, value, meta: AttentionMetadata, scale: float, layer: int,
+                   stats: list | None) -> torch.Tensor:
+    """The decode rows' attention by the Triton kernel (`triton_attention.paged_decode`), with the layer's
+    first slots and, when the step wants them, the statistics filed as `_decode_native` files them."""
+    from .triton_attention import paged_decode
+    out, probs = paged_decode(qd, key, value, meta, scale, layer, stats is not None)
+    if stats is not None:
+        lens = meta.decode_lens or meta.decode_context_lens.tolist()
+        _file_decode_stats(stats, probs, meta.decode_seqs, lens, meta.scored_queries)
+    return out
+
+
+def _use_triton(q: torch.Tensor) -> bool:
+    """Whether this step's attention runs the Triton kernels: CUDA queries and Triton installed. (A function,
+    so that tests on a CPU can send a step through them under Triton's interpreter.)"""
+    return q.is_cuda and _triton_available()
 
 
 def _triton_available() -> bool:

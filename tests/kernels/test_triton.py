@@ -70,8 +70,8 @@ def _eviction_case(bits, window, seed):
     return store, tables, q
 
 
-def _eviction_meta(store, tables, firsts=FIRSTS):
-    return build_attention_metadata(tables, [1] * len(CONTEXTS), CONTEXTS, BLOCK,
+def _eviction_meta(store, tables, query_lens=None, firsts=FIRSTS):
+    return build_attention_metadata(tables, query_lens or [1] * len(CONTEXTS), CONTEXTS, BLOCK,
                                     ring(store, len(CONTEXTS)), DEVICE, first_slots=firsts, scored_queries=SCORED)
 
 
@@ -123,6 +123,42 @@ def test_decode_without_first_slots_is_unchanged_by_them():
     a, _ = ta.paged_decode(q, key, value, plain, SCALE)
     b, _ = ta.paged_decode(q, key, value, zeros, SCALE)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bits,window", [((16, 16), 0), ((4, 4), 16)])
+def test_paged_attention_sends_eviction_decodes_to_triton_and_files_statistics(bits, window, monkeypatch):
+    """`paged_attention` on the Triton path (forced on a CPU: the interpreter) with statistics and first
+    slots: the decode rows' output and `meta.stats` equal the PyTorch path's; a prefill chunk in the same
+    step (statistics wanted, no first slots of its own) still takes the PyTorch path and files its own."""
+    from skistune.kernels import attention
+
+    _tile(monkeypatch, 16)
+    store, tables, q = _eviction_case(bits, window, 17 + window)
+    key, value = store.layer(0)
+    query_lens = [1, 1, 12, 1, 1]  # the third sequence's last 12 tokens are a prefill chunk ...
+    firsts = FIRSTS[:2] + [()] + FIRSTS[3:]  # ... without empty slots: only the statistics keep it off Triton
+    gen = torch.Generator().manual_seed(3)
+    qs = torch.randn(sum(query_lens), SPEC.n_heads, SPEC.head_dim, generator=gen).half().to(DEVICE)
+
+    def attend(triton_on):
+        monkeypatch.setattr(attention, "_use_triton", lambda q: triton_on)
+        monkeypatch.setattr(attention.cpu_native, "supports", lambda *a: False)
+        meta = _eviction_meta(store, tables, query_lens, firsts)
+        for layer in range(2):
+            out = attention.paged_attention(qs if triton_on else qs.float(), key, value, meta, SCALE)
+        return out.float(), meta
+
+    ours, meta = attend(True)
+    theirs, ref = attend(False)
+    assert ((ours - theirs).norm() / theirs.norm()).item() <= 1e-3
+    assert len(meta.stats) == 2
+    for layer in range(2):
+        for i, (a, b) in enumerate(zip(meta.stats[layer], ref.stats[layer])):
+            assert a.probs_last.shape == b.probs_last.shape == (SPEC.n_kv_heads, CONTEXTS[i])
+            for x, y in ((a.probs_last, b.probs_last), (a.probs_sum, b.probs_sum)):
+                assert (x.float() - y).abs().max().item() <= 1e-3
+            if not SCORED[i]:
+                assert float(a.probs_sum.abs().sum()) == 0.0
 
 
 @pytest.mark.parametrize("bits", [8, 4, 2])
