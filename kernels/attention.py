@@ -161,12 +161,6 @@ class AttentionMetadata:
     def want_stats(self) -> bool:
         return self.scored_queries is not None
 
-    @property
-    def needs_torch(self) -> bool:
-        """Whether the step uses statistics or per-layer first slots (the Triton prefill kernel has neither:
-        on CUDA, prefill chunks that need them take the PyTorch path; decode rows stay on Triton)."""
-        return self.want_stats or self.decode_first_slots is not None
-
 
 @dataclass(frozen=True)
 class RingInfo:
