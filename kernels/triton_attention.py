@@ -125,6 +125,30 @@ def _load_tile(DATA, SCALE, ZERO, RING, blk, blk_rows, row, h, pos, valid, fp_st
 
 
 @triton.jit
+def _split_start(CTX, FIRSTS, tiles_per_split, T: tl.constexpr, HAS_FIRST: tl.constexpr):
+    """This program's row context, the first position of its split, and the row's first slot at this layer
+    (0 without eviction); the split starts no earlier than the tile holding that slot (slots before it are
+    empty)."""
+    b = tl.program_id(0)
+    ctx = tl.load(CTX + b)
+    begin = tl.program_id(2) * tiles_per_split * T
+    lo = 0
+    if HAS_FIRST:
+        lo = tl.load(FIRSTS + b)
+    return ctx, begin, lo, tl.maximum(begin, (lo // T) * T)
+
+
+@triton.jit
+def _scaled_query(Q, s_qb, s_qh, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr):
+    """The query heads of this program's KV group ``[GP, D]`` (rows past G are zero) and the same scaled by
+    ``scale`` in their dtype: both kernels score with it, so the statistics match the attention exactly."""
+    offs_g = tl.arange(0, GP)
+    q = tl.load(Q + tl.program_id(0) * s_qb + (tl.program_id(1) * G + offs_g)[:, None] * s_qh
+                + tl.arange(0, D)[None, :], mask=(offs_g < G)[:, None], other=0.0)
+    return q, (q.to(tl.float32) * scale).to(q.dtype)
+
+
+@triton.jit
 def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOTS, FIRSTS, ACC, ML,
                          scale, ring_tokens, tiles_per_split, n_splits,
                          s_qb, s_qh, s_tb,
@@ -137,19 +161,12 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
     h = tl.program_id(1)
     sp = tl.program_id(2)
     n_kv = tl.num_programs(1)
-    ctx = tl.load(CTX + b)
-    begin = sp * tiles_per_split * T
-    last = tl.minimum(begin + tiles_per_split * T, ctx)
-    lo = 0
-    if HAS_FIRST:  # slots before the row's first one at this layer are empty: start at the tile holding it
-        lo = tl.load(FIRSTS + b)
-        begin = tl.maximum(begin, (lo // T) * T)
+    ctx, split_begin, lo, begin = _split_start(CTX, FIRSTS, tiles_per_split, T, HAS_FIRST)
+    last = tl.minimum(split_begin + tiles_per_split * T, ctx)
     offs_g = tl.arange(0, GP)
     offs_d = tl.arange(0, D)
     offs_t = tl.arange(0, T)
-    q = tl.load(Q + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
-                mask=(offs_g < G)[:, None], other=0.0)  # [GP, D]
-    qf = (q.to(tl.float32) * scale).to(q.dtype)
+    q, qf = _scaled_query(Q, s_qb, s_qh, scale, G, GP, D)  # [GP, D]
     fp_start = ctx
     slot = 0
     if KBITS != 16 or VBITS != 16:
@@ -200,15 +217,9 @@ def _decode_stats_kernel(Q, K, KS, KZ, KR, TABLES, CTX, FPS, SLOTS, FIRSTS, MAXS
     before the row's first slot and from its context on. Scores as `_decode_split_kernel` computes them."""
     b = tl.program_id(0)
     h = tl.program_id(1)
-    sp = tl.program_id(2)
     n_kv = tl.num_programs(1)
-    ctx = tl.load(CTX + b)
-    begin = sp * tiles_per_split * T
+    ctx, begin, lo, kept = _split_start(CTX, FIRSTS, tiles_per_split, T, HAS_FIRST)  # kept: first tile with a slot
     end = tl.minimum(begin + tiles_per_split * T, stats_len)
-    lo = 0
-    if HAS_FIRST:
-        lo = tl.load(FIRSTS + b)
-    kept = tl.maximum(begin, (lo // T) * T)  # the first tile of the split holding a kept slot
     offs_g = tl.arange(0, GP)
     offs_d = tl.arange(0, D)
     offs_t = tl.arange(0, T)
@@ -217,9 +228,7 @@ def _decode_stats_kernel(Q, K, KS, KZ, KR, TABLES, CTX, FPS, SLOTS, FIRSTS, MAXS
     for start in range(begin, tl.minimum(kept, end), T):  # tiles wholly before the first slot
         pos = start + offs_t
         tl.store(out + pos, zeros, mask=pos < end)
-    q = tl.load(Q + b * s_qb + (h * G + offs_g)[:, None] * s_qh + offs_d[None, :],
-                mask=(offs_g < G)[:, None], other=0.0)  # [GP, D]
-    qf = (q.to(tl.float32) * scale).to(q.dtype)  # exactly as the split kernel scales it
+    q, qf = _scaled_query(Q, s_qb, s_qh, scale, G, GP, D)  # exactly as the split kernel scales it
     row_ml = (b * n_kv + h) * GP + offs_g
     m = tl.load(MAXS + row_ml)
     inv_l = 1.0 / tl.load(SUMS + row_ml)
