@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 import warnings
 from importlib.metadata import version
@@ -66,6 +67,7 @@ def measured_capacity(problem: Problem, runtime, config, requests: RequestSet, s
             held[scale] = v.holds
             trace.append({"rate_rps": scale * requests.base_rps, "holds": v.holds, "binding": v.measured.binding,
                           "tbt_p99_ms": v.measured.figures["tbt_p99_s"] * 1e3, "wall_s": round(v.wall_s, 1)})
+            print(f"replayed {trace[-1]}", file=sys.stderr, flush=True)  # an hour's run shows where it is
         return held[scale]
 
     scale = start_scale
