@@ -105,8 +105,8 @@ def run_workload(workload: str, args, runtime, console: Console) -> dict:
     result = solve(problem, n_trials=args.trials, validate=args.validate, seed=args.seed, runtime=runtime,
                    storage=optuna.storages.InMemoryStorage())
     search_s = time.perf_counter() - started
-    row: dict = {"workload": workload, "kv_memory": problem.kv_memory, "slo": args.slo, "quality": args.quality, "trials": args.trials,
-                 "search_s": round(search_s, 1), "feasible": result.feasible}
+    row: dict = {"workload": workload, "kv_memory": problem.kv_memory, "slo": args.slo, "quality": args.quality,
+                 "trials": args.trials, "search_s": round(search_s, 1), "feasible": result.feasible}
     base = result.baseline
     row["baseline"] = {"capacity_rps": base.values[0], "memory_bound": memory_bound(base.figures),
                        "kv_fill": base.figures["kv_peak_bytes"] / max(base.figures.get("kv_capacity_bytes") or 1, 1),

@@ -148,8 +148,8 @@ class AttentionMetadata:
     # eviction only
     decode_seqs: list[int] = field(default_factory=list)  # [Bd] index in the batch of each decode row
     decode_first_slots: torch.Tensor | None = None  # [n_layers, Bd] first slot each layer reads; None: all 0
-    decode_lens: list[int] = field(default_factory=list)  # decode_context_lens on the host (filing statistics
-    # from a CUDA kernel's output needs them every layer: no device sync for them)
+    decode_lens: list[int] = field(default_factory=list)  # decode_context_lens on the host (read every layer:
+    # no device sync for them)
     scored_queries: list[int] | None = None  # per sequence of the batch; set: record `stats`
     stats: list[list[SeqStats]] = field(default_factory=list)  # [layer][sequence of the batch]
     # the model calls paged_attention once per layer in layer order: this counts the calls made, so that
@@ -429,7 +429,7 @@ def _prefill_torch(q, key, value, chunk: PrefillChunk, scale: float, group: int,
 
 def _group_decodes(meta: AttentionMetadata) -> list[DecodeGroup]:
     """`decode_groups` of the step's decode rows, each with its slices of the padded batch's metadata."""
-    lens = meta.decode_context_lens.tolist()
+    lens = meta.decode_lens
     bs = meta.block_size
     groups = decode_groups([-(-n // bs) for n in lens])
     if len(groups) == 1:
@@ -503,7 +503,7 @@ def _decode_native(qd, key, value, meta: AttentionMetadata, scale: float, layer:
     blocks, so no length groups are needed."""
     out, probs = cpu_native.paged_decode(qd, key, value, meta, scale, layer, stats is not None)
     if stats is not None:
-        _file_decode_stats(stats, probs, meta.decode_seqs, meta.decode_context_lens.tolist(), meta.scored_queries)
+        _file_decode_stats(stats, probs, meta.decode_seqs, meta.decode_lens, meta.scored_queries)
     return out
 
 
@@ -514,8 +514,7 @@ def _decode_triton(qd, key, value, meta: AttentionMetadata, scale: float, layer:
     from .triton_attention import paged_decode
     out, probs = paged_decode(qd, key, value, meta, scale, layer, stats is not None)
     if stats is not None:
-        lens = meta.decode_lens or meta.decode_context_lens.tolist()
-        _file_decode_stats(stats, probs, meta.decode_seqs, lens, meta.scored_queries)
+        _file_decode_stats(stats, probs, meta.decode_seqs, meta.decode_lens, meta.scored_queries)
     return out
 
 
