@@ -21,6 +21,7 @@ from skistune.runtime.engine import Engine
 from skistune.runtime.kv_layout import kv_traffic
 from skistune.runtime.llm import Runtime
 
+KINDS = tuple(k + c for c in ("", "+compaction") for k in ("decode", "prefill", "mixed"))
 IDLE_GAP_S = 0.05  # a step that starts this long after the previous one ended follows an idle engine
 
 
@@ -40,9 +41,9 @@ def timed_steps(engine: Engine, log: list) -> None:
 
 
 def kind(shape) -> str:
-    if shape.num_tokens == shape.num_seqs:
-        return "decode"
-    return "prefill" if shape.num_seqs == 1 else "mixed"
+    """decode, prefill or mixed; "+compaction" when eviction compacts a sequence after the step."""
+    base = "decode" if shape.num_tokens == shape.num_seqs else "prefill" if shape.num_seqs == 1 else "mixed"
+    return base + "+compaction" if shape.compactions else base
 
 
 def summary(errors: list[float]) -> dict:
@@ -80,7 +81,7 @@ def main() -> None:
                          "after_idle": previous_end is not None and start - previous_end > IDLE_GAP_S})
             previous_end = end
         groups = {k: summary([r["predicted_s"] / r["measured_s"] - 1 for r in rows if r["kind"] == k])
-                  for k in ("decode", "prefill", "mixed") if any(r["kind"] == k for r in rows)}
+                  for k in KINDS if any(r["kind"] == k for r in rows)}
         for label, flag in (("after an idle gap", True), ("back to back", False)):
             errors = [r["predicted_s"] / r["measured_s"] - 1 for r in rows[1:] if r["after_idle"] == flag]
             if errors:

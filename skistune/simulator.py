@@ -50,6 +50,7 @@ LOSSY_KNOBS = frozenset({
 })
 PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad)
 NUMPY_MIN_TOKENS = 64  # fewer pseudo-random tokens are drawn in plain Python (same values)
+DECODE_LINE_SPAN = 1 << 20  # KV tokens between the two predictions a decode cost line is drawn through
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> bytes of one KV element
 
 
@@ -120,6 +121,7 @@ class ProfileExecutor:
         self.num_steps = 0
         self.num_fast_forwards = 0
         self._tokens_drawn = 0
+        self._decode_lines: dict[int, tuple[float, float]] = {}  # batch -> (step s at 0 KV tokens, s per token)
 
     def next_tokens(self, n: int) -> list[int]:
         """Knuth's multiplicative hash of a counter: spread out, deterministic."""
@@ -236,8 +238,15 @@ class ProfileExecutor:
     def _decode_cost_line(self, batch: int, c0: int) -> tuple[float, float]:
         """(time of a decode step of ``batch`` sequences reading ``c0`` KV tokens in all, time added when
         each reads one more)."""
-        first, second = (self.step_cost.predict_s(decode_shape(batch, c0 + j * batch, self.kv)) for j in (0, 1))
-        return first, second - first
+        line = self._decode_lines.get(batch)
+        if line is None:  # once per batch size: a run needs no prediction of its own (one per request saved)
+            # every step-cost term is constant or linear in the KV read at a fixed batch: two far-apart
+            # reads give the line exactly (to float rounding, not the 1-token difference's cancellation)
+            zero = self.step_cost.predict_s(decode_shape(batch, 0, self.kv))
+            far = self.step_cost.predict_s(decode_shape(batch, DECODE_LINE_SPAN, self.kv))
+            line = self._decode_lines[batch] = (zero, (far - zero) / DECODE_LINE_SPAN)
+        zero, per_token = line
+        return zero + per_token * c0, per_token * batch
 
 
 def _kv_reads(engine: Engine, seqs: list, k: int, compactions: list[list[DecodeCompaction]]) -> np.ndarray:
