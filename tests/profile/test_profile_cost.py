@@ -1,0 +1,95 @@
+"""The step cost model's scalar prediction (the simulator's hot path) is the fitter's features times the
+coefficients, each feature is the one its name says, and the shapes of scheduled steps count their work."""
+from __future__ import annotations
+
+import pickle
+from dataclasses import fields, replace
+
+import numpy as np
+import pytest
+
+from skistune.kernels.rows import LEGACY_RULE
+from skistune.profile.cost import (ALL_FEATURES, ProjectionTimes, StepCostModel, StepShape, decode_shape,
+                                   step_shape)
+from skistune.runtime.kv_layout import KVTraffic
+from skistune.runtime.scheduler import Compaction, ScheduledSeq, SchedulerOutput
+
+TABLE = ProjectionTimes((1, 2, 4, 16, 64), (0.010, 0.011, 0.015, 0.030, 0.080), (0.004, 0.004, 0.006, 0.005, 0.02))
+COEF = tuple(10.0 ** -(i % 7) * (1 + i / 10) for i in range(len(ALL_FEATURES)))  # every term nonzero
+MODELS = {
+    "plain": StepCostModel.of(COEF[:16] + (0.0, 0.0), knee=256),
+    "table-legacy-rule": StepCostModel.of(COEF, knee=32, rows=LEGACY_RULE, small_rows=3, table=TABLE),
+    "sparse": StepCostModel.of([c if i % 3 else 0.0 for i, c in enumerate(COEF)], knee=8, table=TABLE),
+}
+SHAPES = [
+    StepShape(1, 1, 46080, 0, 1),
+    StepShape(13, 13, 13 * 700 * 46080, 0, 13),  # padded to 16 rows under the legacy rule
+    StepShape(512, 1, 0, 512 * 512, 0, 512 * 46080),  # a chunk ending mid-prompt samples nothing
+    StepShape(517, 6, 5 * 900 * 46080, 512 * 1024, 6, 1024 * 46080),
+    StepShape(4, 4, 4 * 300 * 11520, 0, 4, decode_dequant_elements=4 * 300 * 960, quantize_elements=4 * 960,
+              decode_unpack_elements=4 * 300 * 960 * 3),
+    StepShape(70, 3, 2 * 200 * 11520, 68 * 400, 3, 400 * 11520, 2 * 200 * 960, 400 * 960, 70 * 960, 2 * 200 * 960,
+              400 * 960, compactions=2, compacted_slots=2 * 272),
+    StepShape(3000, 1, 0, 3000 * 3000, 1, 3000 * 46080),  # past the table's last size
+]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_scalar_prediction_is_the_features_times_the_coefficients(name):
+    model = MODELS[name]
+    for shape in SHAPES:
+        x = shape.features(model.knee, model.rows, model.small_rows, model.table)
+        predicted = model.predict_s(shape)
+        assert type(predicted) is float
+        assert predicted == pytest.approx(float(x @ np.asarray(model.all_coef)), rel=1e-12, abs=0.0)
+
+
+def test_each_feature_is_the_one_its_name_says():
+    shape = StepShape(13, 5, 1003, 1004, 3, 1006, 1007, 1008, 1009, 1010, 1011, 1012, 1013)
+    expected = {"fixed": 1.0, "seqs": 5, "tokens": 16, "tokens_past_knee": 6, "multi_token": 1.0,
+                "decode_kv_bytes": 1003, "prefill_kv_bytes": 1006, "prefill_pairs": 1004, "samples": 3,
+                "decode_dequant_elements": 1007, "prefill_dequant_elements": 1008, "quantize_elements": 1009,
+                "decode_unpack_elements": 1010, "prefill_unpack_elements": 1011, "compactions": 1012,
+                "compacted_slots": 1013, "projections_s": TABLE.layers(13), "lm_head_s": TABLE.head(3)}
+    assert list(expected) == list(ALL_FEATURES)
+    x = shape.features(10, LEGACY_RULE, 12, TABLE)  # 13 tokens: 16 rows under the legacy rule
+    assert x.dtype == np.float64 and x.tolist() == list(expected.values())
+    for i, name in enumerate(ALL_FEATURES):  # one coefficient at a time: the prediction reads that feature
+        unit = StepCostModel.of([1.0 if j == i else 0.0 for j in range(len(ALL_FEATURES))], 10, LEGACY_RULE, 12,
+                                TABLE)
+        assert unit.predict_s(shape) == expected[name], name
+
+
+def test_the_cached_coefficients_leave_equality_hash_and_files_alone():
+    model, twin = (StepCostModel.of(COEF, knee=32, rows=LEGACY_RULE, small_rows=3, table=TABLE) for _ in "ab")
+    model.predict_s(SHAPES[0])  # caches ``all_coef`` on one of them
+    assert "all_coef" not in {f.name for f in fields(StepCostModel)}
+    assert model == twin and hash(model) == hash(twin) and repr(model) == repr(twin)
+    assert model.to_dict() == twin.to_dict() and StepCostModel.from_dict(model.to_dict()) == model
+    assert pickle.loads(pickle.dumps(model)) == model
+    changed = replace(model, coef=tuple(2 * c for c in model.coef))  # a new model computes its own
+    assert changed.all_coef[:len(model.coef)] == tuple(2 * c for c in model.coef)
+    assert changed.predict_s(SHAPES[3]) > model.predict_s(SHAPES[3])
+
+
+def _seq(new: int, kv_start: int, samples: bool) -> ScheduledSeq:
+    # (step_shape never reads the sequence)
+    return ScheduledSeq(seq=None, start=kv_start, num_new_tokens=new, samples=samples, kv_start=kv_start)
+
+
+def test_a_scheduled_step_counts_its_tokens_contexts_and_compactions():
+    kv = KVTraffic(bytes_per_token=100, quantized_elements_per_token=7, ring_bytes_per_seq=50,
+                   unpacked_elements_per_token=3)
+    out = SchedulerOutput(scheduled=[_seq(1, 99, True), _seq(1, 9, True), _seq(37, 10, False), _seq(5, 0, True)],
+                          compactions=[Compaction("a", 272, 256, (), (), ()), Compaction("b", 40, 32, (), (), ())])
+    decode, prefill = 100 + 10, 47 + 5  # KV slots the decodes and the chunks read
+    assert step_shape(out, kv) == StepShape(
+        num_tokens=out.num_batched_tokens, num_seqs=4, decode_kv_bytes=decode * 100 + 2 * 50,
+        prefill_pairs=37 * 47 + 5 * 5, num_samples=3, prefill_kv_bytes=prefill * 100 + 2 * 50,
+        decode_dequant_elements=decode * 7, prefill_dequant_elements=prefill * 7, quantize_elements=44 * 7,
+        decode_unpack_elements=decode * 3, prefill_unpack_elements=prefill * 3, compactions=2,
+        compacted_slots=272 + 40)
+    assert out.num_batched_tokens == 44
+    decodes = SchedulerOutput(scheduled=[_seq(1, 99, True), _seq(1, 9, True), _seq(1, 500, True)])
+    assert step_shape(decodes, kv) == decode_shape(3, 100 + 10 + 501, kv)
+    assert step_shape(decodes, 100) == decode_shape(3, 100 + 10 + 501, KVTraffic(100))
