@@ -7,6 +7,7 @@ Torch-free: the simulator fills the same type.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -114,11 +115,23 @@ def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_
                     kv_capacity_bytes: int, preemptions: int, busy_s: float = 0.0,
                     notes: tuple[str, ...] = (), tiers: TierMetrics | None = None) -> Metrics:
     done = [r for r in records if r.finish_s is not None]
-    ttft = [r.token_times_s[0] - r.arrival_s for r in done]
-    e2e = [r.finish_s - r.arrival_s for r in done]
-    tbt = np.concatenate([np.diff(r.token_times_s) for r in done]) if done else []
-    tpot = [(r.finish_s - r.token_times_s[0]) / (len(r.token_times_s) - 1) for r in done if len(r.token_times_s) > 1]
-    output_tokens = sum(len(r.token_times_s) for r in done)
+    # Whole-run arrays rather than a numpy call per request: a simulated replay ends with tens of thousands
+    # of requests and millions of tokens.
+    counts = np.fromiter((len(r.token_times_s) for r in done), np.int64, count=len(done))
+    if done and counts.min() < 1:
+        raise ValueError("a request finished without a token: its records are inconsistent")
+    output_tokens = int(counts.sum())
+    times = np.fromiter(chain.from_iterable(r.token_times_s for r in done), np.float64, count=output_tokens)
+    starts = np.cumsum(counts) - counts  # each request's first token in ``times``
+    first = times[starts]
+    arrival = np.fromiter((r.arrival_s for r in done), np.float64, count=len(done))
+    finish = np.fromiter((r.finish_s for r in done), np.float64, count=len(done))
+    ttft, e2e = first - arrival, finish - arrival
+    gap_within = np.ones(max(times.size - 1, 0), dtype=bool)  # gaps between consecutive tokens of one request
+    gap_within[starts[1:] - 1] = False  # ... not from one request's last token to the next one's first
+    tbt = np.diff(times)[gap_within]
+    several = counts > 1
+    tpot = (finish - first)[several] / (counts[several] - 1)
     rate = (lambda x: x / duration_s if duration_s > 0 else 0.0)
     return Metrics(
         ttft_s=Percentiles.of(ttft), tbt_s=Percentiles.of(tbt), e2e_s=Percentiles.of(e2e),

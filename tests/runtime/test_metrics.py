@@ -1,0 +1,87 @@
+"""`compute_metrics` gives each latency its definition, request by request (the whole-run arrays it uses
+must not mix two requests' tokens), and keeps the figures of unfinished and rejected requests apart."""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from skistune.runtime.metrics import Percentiles, compute_metrics
+from skistune.runtime.request import RequestRecord
+
+
+def _records(n: int, seed: int = 0) -> list[RequestRecord]:
+    rng, records = random.Random(seed), []
+    for i in range(n):
+        arrival = rng.uniform(0, 100)
+        r = RequestRecord(f"r{i}", arrival, prompt_len=rng.randint(1, 500), prefix_hit_tokens=rng.choice((0, 16)))
+        kind = rng.random()
+        if kind < 0.1:
+            r.rejected_reason = "too long"
+            records.append(r)
+            continue
+        t = arrival + rng.uniform(0.01, 2)
+        for _ in range(1 if kind < 0.3 else rng.randint(2, 40)):  # single-token requests have no gap
+            r.token_times_s.append(t)
+            t += rng.expovariate(30)
+        if kind < 0.9:  # the others are still running
+            r.finish_s = r.token_times_s[-1]
+        records.append(r)
+    return records
+
+
+def _by_definition(records: list[RequestRecord]) -> dict[str, list[float]]:
+    done = [r for r in records if r.finish_s is not None]
+    return {"ttft": [r.token_times_s[0] - r.arrival_s for r in done],
+            "tbt": [b - a for r in done for a, b in zip(r.token_times_s, r.token_times_s[1:])],
+            "e2e": [r.finish_s - r.arrival_s for r in done],
+            "tpot": [(r.finish_s - r.token_times_s[0]) / (len(r.token_times_s) - 1) for r in done
+                     if len(r.token_times_s) > 1]}
+
+
+def _metrics(records):
+    return compute_metrics(records, duration_s=120.0, kv_peak_bytes=10, kv_capacity_bytes=20, preemptions=3)
+
+
+def test_latencies_are_their_definitions_request_by_request():
+    records = _records(500)
+    m = _metrics(records)
+    for name, values in _by_definition(records).items():
+        assert m.latency(name) == Percentiles.of(values), name  # the same values: the same percentiles
+    done = [r for r in records if r.finish_s is not None]
+    assert m.num_finished == len(done) and m.num_rejected == sum(r.rejected_reason is not None for r in records)
+    assert m.output_tokens == sum(len(r.token_times_s) for r in done) and type(m.output_tokens) is int
+    assert m.throughput_tok_per_s == m.output_tokens / 120.0
+    assert m.rejections == {r.request_id: "too long" for r in records if r.rejected_reason is not None}
+    assert m.prefix_hit_tokens == sum(r.prefix_hit_tokens for r in records)
+
+
+def test_no_gap_spans_two_requests():
+    a, b = RequestRecord("a", 0.0, 4, [1.0, 1.5, 2.5], finish_s=2.5), RequestRecord("b", 0.0, 4, [9.0], finish_s=9.0)
+    c = RequestRecord("c", 1.0, 4, [10.0, 10.25], finish_s=10.25)
+    m = _metrics([a, b, c])
+    assert (m.tbt_s.count, m.tbt_s.max, m.tbt_s.mean) == (3, 1.0, pytest.approx(1.75 / 3))
+    assert (m.tpot_s.count, m.tpot_s.max) == (2, 0.75) and m.ttft_s.max == 9.0  # a: 1.5 s over 2 gaps
+
+
+def test_no_finished_request_gives_empty_percentiles():
+    m = _metrics([RequestRecord("a", 0.0, 4, [1.0]), RequestRecord("b", 0.0, 4, rejected_reason="too long")])
+    for name in ("ttft", "tbt", "e2e", "tpot"):
+        p = m.latency(name)
+        assert p.count == 0 and math.isnan(p.p50) and math.isnan(p.mean)
+    assert (m.num_finished, m.num_rejected, m.output_tokens) == (0, 1, 0)
+    assert _metrics([]).tbt_s.count == 0
+
+
+def test_a_finished_request_without_a_token_is_an_error():
+    with pytest.raises(ValueError, match="without a token"):
+        _metrics([RequestRecord("a", 0.0, 4, [1.0], finish_s=1.0), RequestRecord("b", 0.0, 4, finish_s=2.0)])
+
+
+def test_percentiles_interpolate_like_numpy():
+    values = np.random.default_rng(1).exponential(size=1001)
+    p = Percentiles.of(values)
+    assert (p.p50, p.p90, p.p99) == tuple(np.percentile(values, (50, 90, 99)))
+    assert (p.max, p.count) == (values.max(), 1001)
