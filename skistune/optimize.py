@@ -316,7 +316,9 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
                   max_queue_s: float | None = DEFAULT_MAX_QUEUE_S, quality_profile=None, kv_memory=None) -> Problem:
     """Parse and load every input (raising ``ValueError`` on the first bad one) before anything runs.
     ``quality_profile``: a `QualityProfile` or its file (default: the one shipped for SmolLM2), read only
-    when a quality floor or objective asks for it. ``kv_memory``: the memory (bytes, or a size such as
+    when a quality floor or objective asks for it. ``profile``: a `HardwareProfile`, its file, None (this
+    machine's cached quick profile) or a callable returning one of those, called once every other input has
+    passed (the command measures a missing profile that way). ``kv_memory``: the memory (bytes, or a size such as
     ``"256MiB"``) that a config's ``offload.device_memory_fraction`` takes its pool from, in place of the
     profile's device (a GPU's memory; on a CPU the 4 GiB of `kv_layout.CPU_KV_SPACE_BYTES`): what a
     deployment gives KV, as vLLM's ``VLLM_CPU_KVCACHE_SPACE`` or a GPU shared with other work does."""
@@ -331,13 +333,14 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     base = baseline_config()
     qp, searchable, quality_notes = _quality_setup(floors, objectives, quality_profile, model)
     cut, left_out = modeled_space(full_space, base, searchable)
-    prof, notes = _load_profile(profile, model)
+    kv_bytes = parse_kv_memory(kv_memory)
+    w = _load_workload(workload, model)
+    # last: the profile may have to be measured first (a minute), which bad input elsewhere must not cost
+    prof, notes = _load_profile(profile() if callable(profile) else profile, model)
     notes = quality_notes + notes
     sim_target = target_from_profile(prof, model)
-    kv_bytes = parse_kv_memory(kv_memory)
     if kv_bytes is not None:
         sim_target = replace(sim_target, device_free_bytes=kv_bytes)
-    w = _load_workload(workload, model)
     problem = Problem(w, model, request_set(workload_requests(w, model)), sim_target, prof, slos, objectives,
                       _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
                       left_out, base, max_queue_s, qp, kv_memory=kv_bytes)

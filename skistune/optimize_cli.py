@@ -368,7 +368,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
         raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
     w = _workload(workload, requests, first, rate_scale, length_scale, max_input, max_output)
     problem = build_problem(w, slo=slo or (), objective=objective, energy=energy, quality=quality or (), model=model,
-                            profile=_profile(profile, model), space=space, target=target,
+                            profile=functools.partial(_profile, profile, model), space=space, target=target,
                             max_queue_s=parse_max_queue(max_queue), quality_profile=quality_profile,
                             kv_memory=kv_memory)
     name = study or default_study_name(problem)

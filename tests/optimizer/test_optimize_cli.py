@@ -76,6 +76,21 @@ def test_bad_input_is_one_line_exit_2_and_the_output_file_is_untouched(here, arg
     assert not list(here.glob("*.db")) or message in ("storage",)  # nothing ran
 
 
+@pytest.mark.parametrize("args", [["--slo", "p99=abc"], ["--slo", "p99=200ms", "--kv-memory", "12XB"],
+                                  ["--slo", "p99=200ms", "--objective", "speed"]])
+def test_bad_input_fails_before_this_machine_is_profiled(here, monkeypatch, args):
+    """Without --profile the command may measure one first (a minute): bad input must not wait for it."""
+    import skistune.profile
+
+    def measured(*a, **k):
+        raise AssertionError("the profile was measured before the input was checked")
+
+    monkeypatch.setattr(skistune.profile, "default_profile", measured)
+    r = invoke(*args, "--requests", "16", "--validate", "0")
+    assert r.exit_code == 2, r.output
+    assert len(r.stderr.strip().splitlines()) == 1 and "measured" not in r.stderr
+
+
 def test_an_unreadable_profile_file_is_bad_input(here):
     bad = here / "broken.json"
     bad.write_text("{not json")
