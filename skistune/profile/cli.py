@@ -141,8 +141,9 @@ def _measure(model: str, device: str, quick: bool, disk_dir: Optional[Path], con
         TimeElapsedColumn,
     )
 
-    from .measure import profile_model
+    from .measure import check_target, profile_model
 
+    check_target(model, device)  # before the bar: bad input is one line
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:
         task = bar.add_task(f"loading {model}", total=None)

@@ -397,14 +397,20 @@ def _check_memory(model: str, dtype: torch.dtype, pool_bytes: int, device: str) 
                          f"(weights and the profiling KV pool), {free / 2 ** 30:.1f} GiB is free")
 
 
-def profile_model(model: str = "smollm2-135m", *, device: str = "cpu", quick: bool = False,
-                  disk_dir: Path | None = None, progress: Progress | None = None,
-                  grid: Grid | None = None) -> HardwareProfile:
-    """Profile a model preset on this machine (real weights where the preset has them, else random)."""
+def check_target(model: str, device: str) -> None:
+    """A ``ValueError`` (one line) unless ``model`` is a preset and ``device`` is here to measure on."""
     if device not in DTYPES:
         raise ValueError(f"--device {device!r}: expected one of {', '.join(DTYPES)}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: torch sees no CUDA device on this machine")
+    get_preset(model)
+
+
+def profile_model(model: str = "smollm2-135m", *, device: str = "cpu", quick: bool = False,
+                  disk_dir: Path | None = None, progress: Progress | None = None,
+                  grid: Grid | None = None) -> HardwareProfile:
+    """Profile a model preset on this machine (real weights where the preset has them, else random)."""
+    check_target(model, device)
     grid = grid or (QUICK_GRID if quick else FULL_GRID)
     spec, dtype = get_preset(model), DTYPES[device]
     block_size = KVConfig().prefix_reuse.block_size

@@ -56,6 +56,15 @@ def test_cli_default_output_is_named_after_device_and_model(tmp_path, fake_measu
     assert (tmp_path / "profiles" / "cpu-tiny.json").is_file()
 
 
+@pytest.mark.parametrize("args, message", [(["--model", "nope"], "unknown preset"),
+                                           (["--device", "tpu"], "expected one of cpu, cuda")])
+def test_bad_model_or_device_is_one_line_before_any_progress(tmp_path, monkeypatch, fake_measure, args, message):
+    monkeypatch.chdir(tmp_path)  # (where a wrongly measured profile would be written)
+    result = CliRunner().invoke(app, ["profile", "--quick", *args])
+    assert result.exit_code == 2 and fake_measure == []
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1  # no "loading" bar line
+
+
 def test_default_profile_measures_once_then_reads_the_cache(tmp_path, fake_measure):
     first = default_profile("smollm2-135m", "cpu", folder=tmp_path)
     path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"), tmp_path)
