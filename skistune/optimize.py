@@ -341,10 +341,56 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     sim_target = target_from_profile(prof, model)
     if kv_bytes is not None:
         sim_target = replace(sim_target, device_free_bytes=kv_bytes)
+    cut, memory_note = fit_host_memory(cut, prof, sim_target)
+    notes = notes + ([memory_note] if memory_note else [])
     problem = Problem(w, model, request_set(workload_requests(w, model)), sim_target, prof, slos, objectives,
                       _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
                       left_out, base, max_queue_s, qp, kv_memory=kv_bytes)
     return replace(problem, notes=tuple(n for n in (not_modeled_note(left_out), _power_note(prof), *notes) if n))
+
+
+HOST_TIER_SHARE = 0.7  # of a machine's memory, at most, for a host KV tier: vLLM refuses a larger CPU swap space
+
+
+def host_tier_limit(profile, target) -> tuple[int | None, int | None]:
+    """(the largest host KV tier the profiled machine can hold, its memory), or Nones where the profile does
+    not record its memory and was measured on another machine. A host tier may take `HOST_TIER_SHARE` of the
+    memory; on a CPU the model's weights and the device KV pool live in the same memory and come off it."""
+    from skistune.profile.fingerprint import recorded_memory
+    from skistune.simulator import DTYPE_BYTES
+
+    memory = recorded_memory(profile.fingerprint, profile.device)
+    if memory is None:
+        return None, None
+    limit = HOST_TIER_SHARE * memory
+    if profile.device == "cpu":
+        limit -= target.device_free_bytes + target.spec.param_count() * DTYPE_BYTES.get(profile.dtype, 4)
+    return max(0, int(limit)), memory
+
+
+def fit_host_memory(space: SearchSpace, profile, target) -> tuple[SearchSpace, str | None]:
+    """The space without host tiers larger than the profiled machine can hold (`host_tier_limit`), and a note
+    saying what was left out (or that the profile cannot tell)."""
+    from skistune.searchspace import cap_knob
+
+    knob = "offload.host_kv_bytes"
+    if knob not in space.knob_names():
+        return space, None
+    limit, memory = host_tier_limit(profile, target)
+    if limit is None:
+        return space, (f"{knob}: not checked against the profiled machine's memory (the profile predates its "
+                       "record; measure it again with `skistune profile`)")
+    capped, dropped = cap_knob(space, knob, limit)
+    if not dropped:
+        return space, None
+    where = ", less the model's weights and the device KV pool that share it on a CPU" if profile.device == "cpu" else ""
+    return capped, (f"{knob}: {', '.join(_gib(v) for v in dropped)} left out of the search, more than the "
+                    f"{_gib(limit)} the profiled machine can give a host tier ({HOST_TIER_SHARE:.0%} of its "
+                    f"{_gib(memory)} of memory, vLLM's limit for its CPU swap space{where})")
+
+
+def _gib(v) -> str:
+    return f"{v / 2**30:.1f} GiB" if isinstance(v, (int, float)) else str(v)
 
 
 def parse_kv_memory(kv_memory) -> int | None:

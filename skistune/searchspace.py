@@ -578,3 +578,40 @@ def grid(space: SearchSpace | str, points_per_range: int = 3, base: KVConfig = K
     space = load_space(space)
     return [_apply_solvers(space, _build_config(space, base, values), decided, solvers)
             for decided, values in _grid(space, base, points_per_range, max_points)]
+
+
+# ---- fitting a space to a machine ---------------------------------------------------------------------
+def cap_knob(space: SearchSpace, knob: str, limit: int | float) -> tuple[SearchSpace, tuple]:
+    """The space without the values of ``knob`` above ``limit`` (a machine cannot deploy them), and what was
+    left out: a choice above it is dropped (the conditions that test the knob keep the values left; a knob
+    whose condition no longer holds stays inactive), an integer range is cut at it. A space that does not
+    search ``knob``, or none of whose values exceed ``limit``, comes back as it is. Raises ``ValueError``
+    when no value is left."""
+    try:
+        p = space.param(knob)
+    except KeyError:
+        return space, ()
+    if p.kind == "choices":
+        kept = tuple(v for v in p.choices if v is None or v <= limit)
+        dropped = tuple(v for v in p.choices if v is not None and v > limit)
+        if not dropped:
+            return space, ()
+        if not kept:
+            raise ValueError(f"{knob}: every value the search space gives ({', '.join(map(str, p.choices))}) is "
+                             f"above {limit:,.0f}, what this machine can hold")
+        capped = replace(p, choices=kept)
+    elif p.kind == "int" and p.high > limit:
+        if p.low > limit:
+            raise ValueError(f"{knob}: the search space's range starts at {p.low:,.0f}, above {limit:,.0f}, what "
+                             "this machine can hold")
+        capped, dropped = replace(p, high=int(limit)), (f"{int(limit) + 1}..{p.high}",)
+    else:
+        return space, ()
+
+    def narrowed(q: Param) -> Param:
+        if q is p:
+            return capped
+        when = tuple((ref, tuple(v for v in vals if ref != knob or v in kept)) for ref, vals in q.when)
+        return replace(q, when=when) if p.kind == "choices" else q
+
+    return replace(space, params=tuple(narrowed(q) for q in space.params)), dropped

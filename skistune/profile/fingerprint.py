@@ -13,9 +13,11 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from importlib import metadata
 
-NOT_COMPARED = ("date",)
+# not compared (nor part of the cached quick profile's key): when, and how much memory the machine has,
+# which bounds the host tier the optimizer may recommend there but not the timings
+NOT_COMPARED = ("date", "host_memory_bytes")
 # fields added after profiles were first written: a profile without one loads with None ("not recorded")
-ADDED_LATER = ("cpu_arch",)
+ADDED_LATER = ("cpu_arch", "host_memory_bytes")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Fingerprint:
     python_version: str
     os: str
     date: str  # ISO 8601, UTC
+    host_memory_bytes: int | None = None  # `host_memory_bytes()`; None in profiles written before it was recorded
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,7 +99,36 @@ def machine_fingerprint(device: str = "cpu") -> Fingerprint:
         torch_version=torch.__version__, triton_version=_version("triton"),
         skistune_version=_version("skistune") or "unknown", python_version=platform.python_version(),
         os=f"{platform.system()} {platform.machine()}",
-        date=datetime.now(timezone.utc).replace(microsecond=0).isoformat())
+        date=datetime.now(timezone.utc).replace(microsecond=0).isoformat(), host_memory_bytes=host_memory_bytes())
+
+
+def recorded_memory(fp: Fingerprint, device: str) -> int | None:
+    """The memory of the machine ``fp`` was taken on: as recorded, or, for a CPU profile of this very machine
+    written before memory was recorded, this machine's (a cached quick profile may be that old); else None."""
+    if fp.host_memory_bytes is not None:
+        return fp.host_memory_bytes
+    if device == "cpu" and (fp.cpu_model, fp.cpu_arch, fp.cpu_count) == (_cpu_model(), _cpu_arch(), os.cpu_count()):
+        return host_memory_bytes()
+    return None
+
+
+def host_memory_bytes() -> int | None:
+    """The memory this process may use: the machine's physical memory, or the container's cgroup limit
+    where that is lower (a container sees the host's RAM in sysconf); None where neither is readable."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        physical = None  # not POSIX
+    limits = [physical] if physical and physical > 0 else []
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):  # v2, v1
+        try:
+            with open(path, encoding="ascii") as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) > 0:  # "max" (v2) or a huge number (v1) when unlimited
+            limits.append(int(text))
+    return min(limits) if limits else None
 
 
 def _cpu_model() -> str:

@@ -208,3 +208,26 @@ def test_a_baseline_within_the_refined_precision_of_the_best_ranks_first(workloa
     clear = [ev(other, 1.0 * (1 + opt.REFINE_PRECISION) * 1.001, 1)]
     assert opt._baseline_on_ties(problem, clear, base, evaluations) == (clear, [])  # a gain above the precision
     assert opt._baseline_on_ties(problem, tie, base, evaluations[1:]) == (tie, [])  # the baseline no trial here
+
+
+def test_host_tiers_larger_than_the_profiled_machine_can_hold_are_not_searched(workload, profile):
+    """A tuned file must not ask a 24 GB machine for a 32 GiB host tier: the space is cut to what fits in 70%
+    of the profiled machine's memory (less, on a CPU, the weights and the device KV pool), with a note."""
+    from dataclasses import replace
+
+    def on(memory):
+        return replace(profile, fingerprint=replace(profile.fingerprint, host_memory_bytes=memory))
+
+    GiB = 1 << 30
+    problem = build_problem(workload, slo="p99=200ms", profile=on(64 * GiB))
+    assert problem.space.param("offload.host_kv_bytes").choices == (0, 8 * GiB, 32 * GiB)
+    assert any("128.0 GiB left out of the search" in n and "70% of its 64.0 GiB" in n for n in problem.notes)
+    small = build_problem(workload, slo="p99=200ms", profile=on(8 * GiB))  # 5.6 GiB less the 4 GiB pool
+    assert small.space.param("offload.host_kv_bytes").choices == (0,)
+    assert build_problem(workload, slo="p99=200ms", profile=on(1 << 40)).space.param(
+        "offload.host_kv_bytes").choices == (0, 8 * GiB, 32 * GiB, 128 * GiB)
+    foreign = replace(profile, fingerprint=replace(profile.fingerprint, cpu_model="Imaginary CPU 9000",
+                                                   host_memory_bytes=None))
+    unknown = build_problem(workload, slo="p99=200ms", profile=foreign)
+    assert len(unknown.space.param("offload.host_kv_bytes").choices) == 4
+    assert any("not checked against the profiled machine's memory" in n for n in unknown.notes)

@@ -260,3 +260,35 @@ def test_unknown_names_and_unreadable_files_say_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="cannot read search space"):
         load_space(str(tmp_path / "missing.yaml"))
     assert parse_space("knobs:\n  bitwidth.key_bits: {choices: [8]}\n", source="x").name == "x"
+
+
+def test_cap_knob_drops_choices_above_the_limit_and_narrows_the_conditions_on_them():
+    from skistune.searchspace import cap_knob
+
+    space = load_space("default")
+    capped, dropped = cap_knob(space, "offload.host_kv_bytes", 20 * GiB)
+    assert dropped == (32 * GiB, 128 * GiB) and capped.param("offload.host_kv_bytes").choices == (0, 8 * GiB)
+    assert capped.param("prefetch.enabled").when == (("offload.host_kv_bytes", (8 * GiB,)),)
+    assert cap_knob(space, "offload.host_kv_bytes", 1 << 50) == (space, ())  # nothing above: unchanged
+    none_left, _ = cap_knob(space, "offload.host_kv_bytes", GiB)
+    assert none_left.param("prefetch.enabled").when == (("offload.host_kv_bytes", ()),)
+    for i in range(30):  # no point of the capped spaces has a host tier above the cap, or one that it cannot have
+        trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=i)).ask()
+        config = suggest_config(trial, none_left)
+        assert config.offload.host_kv_bytes == 0 and not config.prefetch.enabled
+        assert suggest_config(optuna.create_study().ask(), capped).offload.host_kv_bytes in (0, 8 * GiB)
+
+
+def test_cap_knob_cuts_an_integer_range_and_fails_when_nothing_fits(tmp_path):
+    from skistune.searchspace import cap_knob
+
+    space = load_space(_space(tmp_path, """
+        name: ranged
+        knobs:
+          offload.host_kv_bytes: {low: 1073741824, high: 68719476736}
+    """))
+    capped, dropped = cap_knob(space, "offload.host_kv_bytes", 16 * GiB)
+    assert capped.param("offload.host_kv_bytes").high == 16 * GiB and dropped == (f"{16 * GiB + 1}..{64 * GiB}",)
+    with pytest.raises(ValueError, match="offload.host_kv_bytes: the search space's range starts at"):
+        cap_knob(space, "offload.host_kv_bytes", GiB // 2)
+    assert cap_knob(space, "batching.max_num_seqs", 1) == (space, ())  # a knob the space does not search

@@ -56,9 +56,9 @@ def test_cli_show_prints_the_warning_on_one_line(edited):
     assert "step fit R²" in result.stdout
 
 
-def test_diff_and_cache_key_ignore_only_the_date():
+def test_diff_and_cache_key_ignore_only_the_date_and_the_memory():
     here = machine_fingerprint("cpu")
-    later = Fingerprint(**{**here.to_dict(), "date": "2099-01-01T00:00:00+00:00"})
+    later = Fingerprint(**{**here.to_dict(), "date": "2099-01-01T00:00:00+00:00", "host_memory_bytes": 1 << 40})
     other = Fingerprint(**{**here.to_dict(), "threads": here.threads + 1, "gpu_model": "H200"})
     assert fingerprint_diff(here, later) == [] and here.key() == later.key()
     assert fingerprint_diff(here, other) == [f"threads: {here.threads} -> {here.threads + 1}",
@@ -172,3 +172,16 @@ def test_another_cpu_generation_gets_its_own_quick_profile():
     assert zen.key() != zen4.key()
     assert fingerprint_diff(zen4, zen) == ["cpu_arch: AuthenticAMD family 25 model 17 stepping 1, avx512f -> "
                                            "AuthenticAMD family 23 model 1 stepping 2, avx2"]
+
+
+def test_the_machine_memory_is_recorded_and_profiles_from_before_it_load(edited):
+    from skistune.profile.fingerprint import host_memory_bytes, recorded_memory
+
+    here = machine_fingerprint("cpu")
+    assert here.host_memory_bytes == host_memory_bytes() and here.host_memory_bytes > 1 << 28
+    old = load_profile(edited(lambda data: data["fingerprint"].pop("host_memory_bytes", None)))
+    assert old.fingerprint.host_memory_bytes is None
+    assert recorded_memory(old.fingerprint, "cpu") == host_memory_bytes()  # this very machine: its own
+    foreign = Fingerprint(**{**old.fingerprint.to_dict(), "cpu_model": "Imaginary CPU 9000"})
+    assert recorded_memory(foreign, "cpu") is None  # another machine: unknown
+    assert recorded_memory(Fingerprint(**{**foreign.to_dict(), "host_memory_bytes": 7 << 30}), "cpu") == 7 << 30
