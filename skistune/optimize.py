@@ -371,7 +371,7 @@ def host_tier_limit(profile, target) -> tuple[int | None, int | None]:
 def fit_host_memory(space: SearchSpace, profile, target) -> tuple[SearchSpace, str | None]:
     """The space without host tiers larger than the profiled machine can hold (`host_tier_limit`), and a note
     saying what was left out (or that the profile cannot tell)."""
-    from skistune.searchspace import cap_knob
+    from skistune.searchspace import cap_knob, format_bytes
 
     knob = "offload.host_kv_bytes"
     if knob not in space.knob_names():
@@ -384,13 +384,10 @@ def fit_host_memory(space: SearchSpace, profile, target) -> tuple[SearchSpace, s
     if not dropped:
         return space, None
     where = ", less the model's weights and the device KV pool that share it on a CPU" if profile.device == "cpu" else ""
-    return capped, (f"{knob}: {', '.join(_gib(v) for v in dropped)} left out of the search, more than the "
-                    f"{_gib(limit)} the profiled machine can give a host tier ({HOST_TIER_SHARE:.0%} of its "
-                    f"{_gib(memory)} of memory, vLLM's limit for its CPU swap space{where})")
-
-
-def _gib(v) -> str:
-    return f"{v / 2**30:.1f} GiB" if isinstance(v, (int, float)) else str(v)
+    sizes = ", ".join(format_bytes(v) if isinstance(v, int) else str(v) for v in dropped)
+    return capped, (f"{knob}: {sizes} left out of the search, more than the {format_bytes(limit)} the profiled "
+                    f"machine can give a host tier ({HOST_TIER_SHARE:.0%} of its {format_bytes(memory)} of memory, "
+                    f"vLLM's limit for its CPU swap space{where})")
 
 
 def parse_kv_memory(kv_memory) -> int | None:

@@ -99,15 +99,22 @@ def _diff(config, base, names) -> str:
     """The searched knobs that differ from the baseline, by short name where no other knob has it."""
     from skistune.config import knob_fields
     from skistune.optimize import _value as knob_value
+    from skistune.searchspace import format_bytes
 
-    all_short = [n.partition(".")[2] for n in knob_fields()]
+    fields = knob_fields()
+    all_short = [n.partition(".")[2] for n in fields]
     out = []
     for name in names:
         value = knob_value(config, name)
         if value != knob_value(base, name):
             short = name.partition(".")[2]
             label = short if all_short.count(short) == 1 else name
-            out.append(f"{label}={value:.2f}" if isinstance(value, float) else f"{label}={_short(value)}")
+            if isinstance(value, float):
+                out.append(f"{label}={value:.2f}")
+            elif fields[name].metadata.get("unit") == "bytes" and isinstance(value, int) and value:
+                out.append(f"{label}={format_bytes(value)}")  # 8GiB, not 8589934592
+            else:
+                out.append(f"{label}={_short(value)}")
     return ", ".join(out) or "(baseline)"
 
 
@@ -265,14 +272,15 @@ def infeasible_report(result) -> None:
     console.print(t)
     c = Table(title="Closest to feasible (least total violation; <= 0 is met)", title_justify="left")
     c.add_column("trial")
-    c.add_column("knobs changed from the baseline")
     names = [q.name for q in result.problem.space.params if not q.is_switch]
     for name in result.closest[0].violations if result.closest else ():
         c.add_column(name, justify="right")
     for e in result.closest:
-        c.add_row(str(e.trial), _diff(e.config, result.problem.base, names),
-                  *(f"{v:+.3g}" for v in e.violations.values()))
+        c.add_row(str(e.trial), *(f"{v:+.3g}" for v in e.violations.values()))
     console.print(c)
+    for e in result.closest:  # below the table, whole: a column of them cut every knob at "…"
+        console.print(escape(f"trial {e.trial}: {_diff(e.config, result.problem.base, names)}"), highlight=False,
+                      soft_wrap=True)
 
 
 def _summary(result, out: Path | None) -> dict:

@@ -191,6 +191,14 @@ def parse_bytes(name: str, text: str) -> int:
     return int(float(m.group(1)) * _BYTE_UNITS[m.group(2)])
 
 
+def format_bytes(n: int | float) -> str:
+    """A byte count for people: exact in the largest binary unit that divides it, as `parse_bytes` reads it
+    back (``8GiB``, ``256MiB``), else to a tenth of the largest unit it reaches (``15.7 GiB``)."""
+    units = [(u, b) for u, b in _BYTE_UNITS.items() if u and u.endswith("iB")][::-1]  # TiB first
+    unit, size = next(((u, b) for u, b in units if n >= b), ("B", 1))
+    return f"{int(n // size)}{unit}" if n % size == 0 else f"{n / size:.1f} {unit}"
+
+
 def _unknown_knob(name: str, fields_: Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(name, list(fields_), n=1)
     hint = f"did you mean {close[0]}?" if close else "knobs are family.field, see skistune.config.knob_fields()"

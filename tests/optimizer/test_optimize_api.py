@@ -221,7 +221,7 @@ def test_host_tiers_larger_than_the_profiled_machine_can_hold_are_not_searched(w
     GiB = 1 << 30
     problem = build_problem(workload, slo="p99=200ms", profile=on(64 * GiB))
     assert problem.space.param("offload.host_kv_bytes").choices == (0, 8 * GiB, 32 * GiB)
-    assert any("128.0 GiB left out of the search" in n and "70% of its 64.0 GiB" in n for n in problem.notes)
+    assert any("128GiB left out of the search" in n and "70% of its 64GiB" in n for n in problem.notes)
     small = build_problem(workload, slo="p99=200ms", profile=on(8 * GiB))  # 5.6 GiB less the 4 GiB pool
     assert small.space.param("offload.host_kv_bytes").choices == (0,)
     assert build_problem(workload, slo="p99=200ms", profile=on(1 << 40)).space.param(

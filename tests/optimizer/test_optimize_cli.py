@@ -49,6 +49,8 @@ def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_al
     assert r.exit_code == 3, r.output
     assert "no config met every constraint in 3 trials" in r.stderr
     assert "tbt:p99<=1ms" in r.stdout and "3 of 3" in r.stdout and "Closest to feasible" in r.stdout
+    knob_lines = [line for line in r.stdout.splitlines() if line.startswith("trial ")]
+    assert knob_lines and "…" not in r.stdout  # each closest config's knobs whole, on a line of its own
     assert out.read_text() == "untouched\n"
 
 

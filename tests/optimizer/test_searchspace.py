@@ -292,3 +292,12 @@ def test_cap_knob_cuts_an_integer_range_and_fails_when_nothing_fits(tmp_path):
     with pytest.raises(ValueError, match="offload.host_kv_bytes: the search space's range starts at"):
         cap_knob(space, "offload.host_kv_bytes", GiB // 2)
     assert cap_knob(space, "batching.max_num_seqs", 1) == (space, ())  # a knob the space does not search
+
+
+def test_format_bytes_is_exact_where_it_can_be_and_parse_bytes_reads_it_back():
+    from skistune.searchspace import format_bytes, parse_bytes
+
+    for n in (8 * GiB, 256 * GiB, 1 << 40, 512 << 20, 1 << 10, 7):
+        assert parse_bytes("x", format_bytes(n)) == n
+    assert format_bytes(8 * GiB) == "8GiB" and format_bytes(int(23.5 * GiB)) == "23.5 GiB"
+    assert format_bytes(24683664 * 1024) == "23.5 GiB"  # not "24683664KiB": the largest unit it reaches
