@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -31,6 +32,27 @@ def knob(default: Any, help: str, *, unit: str = "", choices: tuple | None = Non
     if isinstance(default, (list, tuple)):
         return field(default=tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+# byte sizes as people write them (config files, search spaces, --kv-memory): 8GiB, 500MB, 17179869184
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
+_BYTE_UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def parse_bytes(name: str, text: str) -> int:
+    m = _BYTES.match(text)
+    if not m:
+        raise ValueError(f"{name}: {text!r} is not a byte size (write e.g. 16GiB, 500MB or 17179869184)")
+    return int(float(m.group(1)) * _BYTE_UNITS[m.group(2)])
+
+
+def format_bytes(n: int | float) -> str:
+    """A byte count for people: exact in the largest binary unit that divides it, as `parse_bytes` reads it
+    back (``8GiB``, ``256MiB``), else to a tenth of the largest unit it reaches (``15.7 GiB``)."""
+    units = [(u, b) for u, b in _BYTE_UNITS.items() if u and u.endswith("iB")][::-1]  # TiB first
+    unit, size = next(((u, b) for u, b in units if n >= b), ("B", 1))
+    return f"{int(n // size)}{unit}" if n % size == 0 else f"{n / size:.1f} {unit}"
 
 
 def _check_value(owner: str, f: dataclasses.Field, value: Any) -> None:
@@ -86,6 +108,9 @@ class _Family:
         if unknown:
             raise ValueError(f"{cls.section}.{unknown[0]}: unknown knob (known: {', '.join(sorted(names))})")
         kwargs = {k: (_to_tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.metadata.get("unit") == "bytes" and isinstance(kwargs.get(f.name), str):  # host_kv_bytes: 8GiB
+                kwargs[f.name] = parse_bytes(f"{cls.section}.{f.name}", kwargs[f.name])
         return cls(**kwargs)
 
 

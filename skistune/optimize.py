@@ -371,7 +371,8 @@ def host_tier_limit(profile, target) -> tuple[int | None, int | None]:
 def fit_host_memory(space: SearchSpace, profile, target) -> tuple[SearchSpace, str | None]:
     """The space without host tiers larger than the profiled machine can hold (`host_tier_limit`), and a note
     saying what was left out (or that the profile cannot tell)."""
-    from skistune.searchspace import cap_knob, format_bytes
+    from skistune.config import format_bytes
+    from skistune.searchspace import cap_knob
 
     knob = "offload.host_kv_bytes"
     if knob not in space.knob_names():
@@ -392,7 +393,7 @@ def fit_host_memory(space: SearchSpace, profile, target) -> tuple[SearchSpace, s
 
 def parse_kv_memory(kv_memory) -> int | None:
     """``kv_memory`` as bytes: an integer, a size string (``"256MiB"``, ``"2GB"``) or None (the device's own)."""
-    from skistune.searchspace import parse_bytes
+    from skistune.config import parse_bytes
 
     if kv_memory is None:
         return None

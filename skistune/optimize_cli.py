@@ -99,7 +99,7 @@ def _diff(config, base, names) -> str:
     """The searched knobs that differ from the baseline, by short name where no other knob has it."""
     from skistune.config import knob_fields
     from skistune.optimize import _value as knob_value
-    from skistune.searchspace import format_bytes
+    from skistune.config import format_bytes
 
     fields = knob_fields()
     all_short = [n.partition(".")[2] for n in fields]

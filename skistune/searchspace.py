@@ -21,7 +21,6 @@ import dataclasses
 import difflib
 import importlib.resources
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from skistune.config import FAMILIES, KVConfig, _check_value, knob_fields
+from skistune.config import FAMILIES, KVConfig, _check_value, knob_fields, parse_bytes
 
 Solver = Callable[[KVConfig], Any]  # given the config built so far, returns the knob's value
 
@@ -41,9 +40,6 @@ _TOP_KEYS = ("name", "description", "switches", "knobs", "fixed")
 _RANGE_KEYS = ("type", "low", "high", "log", "step", "at_most")
 _SPEC_KEYS = ("choices", "solver", "same_as", "when") + _RANGE_KEYS
 _SCALARS = (bool, int, float, str, type(None))  # what Optuna can store as a categorical choice
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
-_BYTE_UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
 @dataclass(frozen=True)
@@ -182,21 +178,6 @@ def _is_type(value: Any, kind: str) -> bool:
         return isinstance(value, float)
     return isinstance(value, {"bool": bool, "int": int, "str": str}[kind]) and (
         kind == "bool" or not isinstance(value, bool))
-
-
-def parse_bytes(name: str, text: str) -> int:
-    m = _BYTES.match(text)
-    if not m:
-        raise ValueError(f"{name}: {text!r} is not a byte size (write e.g. 16GiB, 500MB or 17179869184)")
-    return int(float(m.group(1)) * _BYTE_UNITS[m.group(2)])
-
-
-def format_bytes(n: int | float) -> str:
-    """A byte count for people: exact in the largest binary unit that divides it, as `parse_bytes` reads it
-    back (``8GiB``, ``256MiB``), else to a tenth of the largest unit it reaches (``15.7 GiB``)."""
-    units = [(u, b) for u, b in _BYTE_UNITS.items() if u and u.endswith("iB")][::-1]  # TiB first
-    unit, size = next(((u, b) for u, b in units if n >= b), ("B", 1))
-    return f"{int(n // size)}{unit}" if n % size == 0 else f"{n / size:.1f} {unit}"
 
 
 def _unknown_knob(name: str, fields_: Mapping[str, Any]) -> str:

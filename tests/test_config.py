@@ -34,7 +34,19 @@ def test_partial_files_take_defaults(tmp_path):
     assert load_config(str(j)).prefix_reuse.enabled is False
 
 
+def test_byte_knobs_take_sizes_as_people_write_them(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("offload:\n  host_kv_bytes: 8GiB\n  disk_kv_bytes: 500GB\n  device_kv_bytes: 256MiB\n")
+    cfg = load_config(str(p))
+    assert (cfg.offload.host_kv_bytes, cfg.offload.disk_kv_bytes, cfg.offload.device_kv_bytes) == (
+        8 << 30, 500 * 10**9, 256 << 20)
+    assert KVConfig().with_knobs({"offload.host_kv_bytes": "1GiB"}).offload.host_kv_bytes == 1 << 30
+    assert "host_kv_bytes: 8589934592" in cfg.to_yaml()  # written as the exact integer
+
+
 @pytest.mark.parametrize("updates, message", [
+    ({"offload.host_kv_bytes": "lots"}, "offload.host_kv_bytes: 'lots' is not a byte size"),
+    ({"batching.max_num_seqs": "8GiB"}, "batching.max_num_seqs: '8GiB' is not a number"),
     ({"bitwidth.key_bits": 3}, "bitwidth.key_bits: 3 is not one of 16, 8, 4, 2"),
     ({"batching.max_num_seqs": 0}, "batching.max_num_seqs: 0 is outside [1, 65536]"),
     ({"batching.chunked_prefill": "yes"}, "batching.chunked_prefill: 'yes' is not a boolean"),

@@ -295,7 +295,7 @@ def test_cap_knob_cuts_an_integer_range_and_fails_when_nothing_fits(tmp_path):
 
 
 def test_format_bytes_is_exact_where_it_can_be_and_parse_bytes_reads_it_back():
-    from skistune.searchspace import format_bytes, parse_bytes
+    from skistune.config import format_bytes, parse_bytes
 
     for n in (8 * GiB, 256 * GiB, 1 << 40, 512 << 20, 1 << 10, 7):
         assert parse_bytes("x", format_bytes(n)) == n
