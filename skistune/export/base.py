@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from skistune.config import KVConfig, knob_fields
+from skistune.config import KVConfig, format_bytes, knob_fields
 from skistune.runtime.presets import ModelSpec
 
 EVICTION_DETAILS = ("eviction.budget_tokens", "eviction.budget_fraction", "eviction.sink_tokens",
@@ -25,8 +25,13 @@ EVICTION_DETAILS = ("eviction.budget_tokens", "eviction.budget_fraction", "evict
 TIER_DETAILS = ("offload.demote_first", "offload.write_policy", "prefetch.enabled")
 
 
-def show(value: Any) -> str:
-    """A knob value as it is written in a config file: strings bare, other values as JSON (tuples as lists)."""
+def show(value: Any, knob: str | None = None) -> str:
+    """A knob value as it is written in a config file: strings bare, byte sizes of ``knob`` as ``8GiB``, other
+    values as JSON (tuples as lists)."""
+    f = knob_fields().get(knob) if knob is not None else None
+    if f is not None and f.metadata.get("unit") == "bytes" and isinstance(value, int) and not isinstance(value, bool) \
+            and value:
+        return format_bytes(value)
     if isinstance(value, str):
         return value
     if isinstance(value, tuple):
@@ -52,7 +57,7 @@ class ExportWarning:
 
     def __str__(self) -> str:
         also = f" (also covers {', '.join(self.related)})" if self.related else ""
-        return f"{self.knob}={show(self.value)}: {self.reason}; wrote {self.written}{also}"
+        return f"{self.knob}={show(self.value, self.knob)}: {self.reason}; wrote {self.written}{also}"
 
     def to_dict(self) -> dict[str, Any]:
         value = [list(v) if isinstance(v, tuple) else v for v in self.value] if isinstance(self.value, tuple) \

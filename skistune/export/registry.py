@@ -41,7 +41,7 @@ def export(config: KVConfig | str | Path, target: str, engine_version: str | Non
     cfg = config if isinstance(config, KVConfig) else load_config(str(config))
     result = exporter.export(cfg, version, get_preset(model), file_name or exporter.default_file)
     if strict and result.warnings:
-        listed = ", ".join(f"{w.knob}={show(w.value)} (would write {w.written})" for w in result.warnings)
+        listed = ", ".join(f"{w.knob}={show(w.value, w.knob)} (would write {w.written})" for w in result.warnings)
         raise ValueError(f"--strict: {len(result.warnings)} knob(s) cannot be expressed in {exporter.engine} "
                          f"{version.name}: {listed}; without --strict the warnings say why")
     return result

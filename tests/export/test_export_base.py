@@ -26,6 +26,7 @@ def test_unmapped_knobs_off_their_default_are_warned_and_defaults_pass():
     result = exporter.export(config, exporter.default_version, get_preset("smollm2-135m"), "partial.yaml")
     assert [w.knob for w in result.warnings] == ["offload.host_kv_bytes"]
     assert "has no mapping for this knob yet" in str(result.warnings[0])
+    assert str(result.warnings[0]).startswith("offload.host_kv_bytes=1GiB: ")  # a size, as a config file takes it
     assert "batching.max_num_seqs" in result.expressed and "prefix_reuse.enabled" in result.expressed
 
 
