@@ -1180,12 +1180,16 @@ def pareto_front(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Ev
 
 
 def infeasibility(evaluations: Sequence[Evaluation], k: int = 3) -> tuple[dict[str, int], list[Evaluation]]:
-    """How many trials each constraint rules out, and the ``k`` configs closest to feasible."""
+    """How many trials each constraint rules out, and the ``k`` configs closest to feasible: those that serve
+    the most requests first, then the least total violation. (A config that serves none has every latency
+    undefined, each counted as a violation of 1, which summed less than the large relative excess of one that
+    serves all requests late: it was shown as the closest.)"""
     binding = {name: 0 for e in evaluations[:1] for name in e.violations}
     for e in evaluations:
         for name in e.binding:
             binding[name] = binding.get(name, 0) + 1
-    closest = sorted(_distinct(evaluations), key=lambda e: (e.total_violation, e.trial or 0))[:k]
+    closest = sorted(_distinct(evaluations), key=lambda e: (max(0.0, e.violations.get("served", 0.0)),
+                                                             e.total_violation, e.trial or 0))[:k]
     return {name: n for name, n in binding.items() if n}, closest
 
 

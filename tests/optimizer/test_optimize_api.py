@@ -231,3 +231,22 @@ def test_host_tiers_larger_than_the_profiled_machine_can_hold_are_not_searched(w
     unknown = build_problem(workload, slo="p99=200ms", profile=foreign)
     assert len(unknown.space.param("offload.host_kv_bytes").choices) == 4
     assert any("not checked against the profiled machine's memory" in n for n in unknown.notes)
+
+
+def test_closest_to_feasible_ranks_configs_that_serve_every_request_first():
+    """A config that serves nothing has every latency undefined (a violation of 1 each): it must not be shown
+    as closer to feasible than one that serves every request, late."""
+    from skistune.config import KVConfig
+    from skistune.optimize import Evaluation, infeasibility
+
+    def ev(trial, seqs, **violations):
+        return Evaluation(KVConfig().with_knobs({"batching.max_num_seqs": seqs}), 1.0, (0.0,), violations, {},
+                          trial=trial)
+
+    serves_none = ev(0, 8, tbt=1.0, queue=1.0, served=1.0)
+    late = ev(1, 16, tbt=-0.2, queue=13.5, served=0.0)
+    later = ev(2, 32, tbt=0.5, queue=20.0, served=0.0)
+    drops_some = ev(3, 64, tbt=0.1, queue=0.1, served=0.25)
+    binding, closest = infeasibility([serves_none, late, later, drops_some], k=4)
+    assert [e.trial for e in closest] == [1, 2, 3, 0]
+    assert binding == {"tbt": 4 - 1, "queue": 4, "served": 2}
