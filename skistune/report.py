@@ -577,7 +577,13 @@ def plot_memory_timeline(timeline: Timeline) -> bytes:
 
 def render_plots(report: Report) -> tuple[dict[str, bytes], list[str]]:
     """The PNGs by name (`FILES`), and a note for each plot left out."""
-    images, missing = {"pareto": plot_pareto(report)}, []
+    images, missing = {}, []
+    axis, rate = throughput_axis(report.problem)
+    rates = {rate(e) for e in (*report.evaluations, report.baseline)}
+    if report.feasible or len(rates) > 1:
+        images["pareto"] = plot_pareto(report)
+    else:  # every point on one vertical line (a capacity of 0 everywhere): the plot would say nothing
+        missing.append(f"no Pareto plot: no config met every constraint, and every trial's {axis} is {rates.pop():g}")
     samples = latency_samples(report)
     if samples is None:
         missing.append("no latency CDF: no config met every constraint")

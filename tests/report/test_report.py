@@ -155,10 +155,10 @@ def test_infeasible_study_reports_the_binding_constraint_without_the_best_config
     r = invoke("hard", "--storage", storage, "--out-dir", str(tmp_path / "out"), "--json")
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert not summary["feasible"] and summary["binding"]["tbt:p99<=1ms"] == 2 and set(summary["files"]) == {
-        "pareto", "html"}
+    assert not summary["feasible"] and summary["binding"]["tbt:p99<=1ms"] == 2 and set(summary["files"]) == {"html"}
     assert "no config met every constraint in 2 trials" in r.stdout and "closest" in r.stdout
     assert "no latency CDF" in r.stderr and "no memory timeline" in r.stderr
+    assert "no Pareto plot: no config met every constraint, and every trial's capacity (req/s) is 0" in r.stderr
 
 
 @pytest.mark.parametrize("case, message", [
