@@ -108,6 +108,7 @@ def _one_line_errors(command: str) -> Iterator[None]:
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=OneLineErrors,
+                  rich_markup_mode="markdown",
                   help="Find the best KV-cache settings for serving an LLM under latency, energy and "
                        "quality constraints.")
 

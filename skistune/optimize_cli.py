@@ -330,7 +330,7 @@ TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="trials this run
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="stop the search after this "
                                                                                   "many seconds")]
 StorageOpt = Annotated[Optional[str], typer.Option(
-    "--storage", help="Optuna storage URL (default: sqlite:///skistune-<study>.db in this folder)")]
+    "--storage", help="Optuna storage URL (default: sqlite:///skistune-STUDY.db in this folder)")]
 StudyOpt = Annotated[Optional[str], typer.Option(
     "--study", help="study name: resumes it if it exists (default: named after the problem, so the same command "
                     "resumes)")]

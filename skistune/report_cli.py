@@ -17,9 +17,9 @@ from skistune.cli import app, cli_errors, console, err_console, print_json
 
 StudyArg = Annotated[str, typer.Argument(help="name of a study made by skistune optimize")]
 StorageOpt = Annotated[Optional[str], typer.Option(
-    "--storage", help="the study's Optuna storage URL (default: sqlite:///skistune-<study>.db in this folder)")]
+    "--storage", help="the study's Optuna storage URL (default: sqlite:///skistune-STUDY.db in this folder)")]
 OutDirOpt = Annotated[Optional[Path], typer.Option(
-    "--out-dir", help="folder for the plots and report.html (default: ./skistune-report-<study>/)")]
+    "--out-dir", help="folder for the plots and report.html (default: ./skistune-report-STUDY/)")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="best configs shown")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 

@@ -202,7 +202,7 @@ def profile(
     device: Annotated[str, typer.Option(help="where the runtime runs: cpu or cuda")] = "cpu",
     quick: Annotated[bool, typer.Option("--quick", help="a smaller grid, at most a minute on a laptop CPU "
                                         "(what `skistune optimize` measures when given no profile)")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="profile file to write (default profiles/<device>-<model>"
+    out: Annotated[Optional[Path], typer.Option(help="profile file to write (default profiles/DEVICE-MODEL"
                                                 "[-quick].json)")] = None,
     disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help="directory on the disk tier to time "
                                                      "file I/O in (default: a temporary directory)")] = None,

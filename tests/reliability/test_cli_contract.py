@@ -38,6 +38,19 @@ def test_help_and_no_args_print_the_help_as_before():
         assert bare.exit_code == 2 and "Usage:" in bare.stdout and "error:" not in bare.output, argv
 
 
+def test_help_reflows_docstrings_and_shows_every_placeholder_and_default():
+    """Docstrings are wrapped at 110 columns: help reflows them instead of breaking lines where the source
+    does, and no ``<...>`` placeholder or ``[default: ...]`` text is swallowed as markup."""
+    def words(*argv: str) -> str:  # the help's words, without the panels' borders
+        shown = CliRunner().invoke(app, list(argv), env={"COLUMNS": "200"}).stdout  # (no token cut at "…")
+        return " ".join(shown.replace("│", " ").split())
+
+    assert "the paged KV cache; print the completions and the measured metrics" in words("--help")
+    for argv, text in ((["report", "--help"], "skistune-STUDY.db"), (["optimize", "--help"], "skistune-STUDY.db"),
+                       (["quality", "--help"], "[default: profiles/quality-MODEL.json")):
+        assert text in words(*argv), argv
+
+
 def test_exit_codes_of_commands_and_their_errors_pass_through():
     probe = typer.Typer(cls=type(typer.main.get_command(app)))
 
