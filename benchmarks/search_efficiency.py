@@ -106,28 +106,32 @@ def _lossless_space(name: str, max_num_seqs: str, chunk_sizes: str) -> str:
 """)
 
 
+# Each scenario loads its workload so that the constraints bind and the optimum is rare (0.8-3.6% of the grid
+# within 1% of it): with the profile re-measured on 2026-12-02 (steps ~2x faster) the first definitions'
+# constraints no longer bound, and 12-67% of each lossless grid was within 1% of the optimum (the baseline,
+# enqueued first, was one of them in two scenarios).
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
-        "chat-goodput", "chat, 60 requests at 0.6 req/s: goodput under TTFT p90 <= 1.5 s and TBT p90 <= 500 ms",
-        "chat", 60, {"length_scale": 0.25, "max_input": 1024, "max_output": 128, "rate_rps": 0.6},
-        "goodput", ("ttft:p90<=1500ms", "p90=500ms"),
+        "chat-goodput", "chat, 60 requests at 3 req/s: goodput under TTFT p90 <= 1.5 s and TBT p90 <= 200 ms",
+        "chat", 60, {"length_scale": 0.25, "max_input": 1024, "max_output": 128, "rate_rps": 3.0},
+        "goodput", ("ttft:p90<=1500ms", "p90=200ms"),
         _lossless_space("chat-goodput", "2, 4, 8, 16, 32, 64, 256", "32, 64, 128, 256, 512, 2048")),
     Scenario(
-        "chat-capacity", "chat, 16 requests: capacity (req/s) under TBT p99 <= 500 ms",
+        "chat-capacity", "chat, 16 requests: capacity (req/s) under TBT p99 <= 200 ms",
         "chat", 16, {"length_scale": 0.25, "max_input": 1024, "max_output": 64, "rate_rps": 0.5},
-        "capacity", ("p99=500ms",),
+        "capacity", ("p99=200ms",),
         _lossless_space("chat-capacity", "4, 8, 16, 32, 64, 256", "16, 32, 48, 64, 96, 128, 256, 2048")),
     Scenario(
-        "agent-energy", "agent (prefix-heavy), 30 requests at 0.25 req/s: energy per token under TTFT p90 <= 8 s and "
+        "agent-energy", "agent (prefix-heavy), 30 requests at 1.2 req/s: energy per token under TTFT p90 <= 8 s and "
         "E2E p90 <= 12 s",
-        "agent", 30, {"length_scale": 0.1, "max_input": 4096, "max_output": 256, "rate_rps": 0.25},
+        "agent", 30, {"length_scale": 0.1, "max_input": 4096, "max_output": 256, "rate_rps": 1.2},
         "energy", ("ttft:p90<=8s", "e2e:p90<=12s"),
         _lossless_space("agent-energy", "2, 4, 8, 16, 32, 64, 256", "128, 256, 512, 1024, 2048")),
     Scenario(
-        "long-context-memory", "long-context, 20 requests at 0.05 req/s: peak KV memory under TTFT p90 <= 30 s and "
+        "long-context-memory", "long-context, 20 requests at 0.15 req/s: peak KV memory under TTFT p90 <= 10 s and "
         "E2E p99 <= 120 s",
-        "long-context", 20, {"length_scale": 0.25, "max_input": 6144, "max_output": 128, "rate_rps": 0.05},
-        "memory", ("ttft:p90<=30s", "e2e:p99<=120s"),
+        "long-context", 20, {"length_scale": 0.25, "max_input": 6144, "max_output": 128, "rate_rps": 0.15},
+        "memory", ("ttft:p90<=10s", "e2e:p99<=120s"),
         _lossless_space("long-context-memory", "1, 2, 3, 4, 6, 8, 256", "256, 512, 1024, 2048")),
     Scenario(
         "chat-quality-memory", "chat, 40 requests at 0.5 req/s: peak KV memory under ppl+1%, TTFT p50 <= 2 s and "
@@ -458,9 +462,9 @@ def searching(problem, table: Table, stats: SearchStats, with_solver: bool):
 
 
 def run_search(searcher: str, problem, table: Table, seed: int, n_trials: int,
-               stats: SearchStats) -> tuple[list[tuple[float, bool]], int]:
-    """One search of ``n_trials``: each trial's first objective and feasibility, in trial order, and the
-    number of distinct configs among them."""
+               stats: SearchStats) -> tuple[list[tuple[float, bool]], list[str]]:
+    """One search of ``n_trials``: each trial's first objective and feasibility, in trial order, and each
+    trial's config (as a key: equal keys, equal configs)."""
     import optuna
 
     import skistune.optimize as opt
@@ -485,8 +489,8 @@ def run_search(searcher: str, problem, table: Table, seed: int, n_trials: int,
         for program in t.user_attrs.get(getattr(opt, "ILP_ATTR", "skistune.ilp"), {}).values():
             stats.programs += program["calls"]
             stats.program_s += program["solve_s"]
-    distinct = len({json.dumps(t.user_attrs["config"], sort_keys=True) for t in trials})
-    return [(t.values[0], opt._trial_feasible(t)) for t in trials], distinct
+    keys = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in trials]
+    return [(t.values[0], opt._trial_feasible(t)) for t in trials], keys
 
 
 # ---- one scenario -----------------------------------------------------------------------------------------
@@ -514,19 +518,21 @@ def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any
     off_grid_before = len(table.off_grid)
     for searcher in SEARCHERS:
         stats = SearchStats()
-        per_seed, distinct, to_goal = [], [], []
+        per_seed, distinct, to_goal, evaluations = [], [], [], []
         for seed in args.seeds:
-            trials, n_distinct = run_search(searcher, problem, table, seed, budgets[-1], stats)
+            trials, keys = run_search(searcher, problem, table, seed, budgets[-1], stats)
             to_goal.append(trials_to_goal(trials, optimum, maximize))
+            # the optimizer scores a config once: a trial that repeats one reuses its stored figures
+            evaluations.append(None if to_goal[-1] is None else len(set(keys[:to_goal[-1]])))
             best = best_so_far(trials, budgets, maximize)
             per_seed.append({b: ratio(best[b], optimum, maximize) for b in budgets})
-            distinct.append(n_distinct)
+            distinct.append(len(set(keys)))
             progress.advance(task)
         searches[searcher] = {
             "ratio": {str(b): {"mean": statistics.mean(r[b] for r in per_seed), "min": min(r[b] for r in per_seed),
                                "seeds": [r[b] for r in per_seed],
                                "at_optimum": sum(r[b] >= GOAL for r in per_seed)} for b in budgets},
-            "trials_to_goal": to_goal,
+            "trials_to_goal": to_goal, "evaluations_to_goal": evaluations,
             "distinct_configs_mean": statistics.mean(distinct), "off_grid_scored": stats.off_grid,
             "solver_runs": stats.solver_runs,
             "solver_mean_ms": 1e3 * stats.solver_s / stats.solver_runs if stats.solver_runs else None,
@@ -538,8 +544,9 @@ def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any
     goal_min = searches["skistune"]["ratio"][str(budgets[-1])]["min"]
     # the issue's other reading of the goal: the optimum for at most 2% of the grid's evaluations
     share_budget = math.ceil(GRID_SHARE * len(table.rows))
-    to_goal = searches["skistune"]["trials_to_goal"]
+    to_goal, evaluated = searches["skistune"]["trials_to_goal"], searches["skistune"]["evaluations_to_goal"]
     slowest = None if None in to_goal else max(to_goal)
+    slowest_evaluated = None if None in evaluated else max(evaluated)
     return {"name": scenario.name, "what": scenario.what, "definition": scenario.definition(),
             "objective": scenario.objective,
             "direction": problem.objectives[0].direction, "grid_points": table.leaves, "configs": len(table.rows),
@@ -549,7 +556,11 @@ def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any
             "trials_share_of_grid": budgets[-1] / len(table.rows), "searchers": searches,
             "goal": {"budget": budgets[-1], "skistune_min": goal_min, "met": goal_min >= GOAL},
             "grid_share_goal": {"share": GRID_SHARE, "trials": share_budget, "skistune_slowest_seed": slowest,
-                                "met": slowest is not None and slowest <= share_budget}}
+                                "met": slowest is not None and slowest <= share_budget,
+                                # the issue's words: "the optimum for <= 2% of the grid's evaluations"
+                                "skistune_slowest_seed_evaluations": slowest_evaluated,
+                                "met_in_evaluations": slowest_evaluated is not None
+                                and slowest_evaluated <= share_budget}}
 
 
 # ---- output -----------------------------------------------------------------------------------------------
@@ -592,12 +603,18 @@ def show(console, result: dict[str, Any], budgets: Sequence[int]) -> None:
     console.print("  trials to reach " + f"{GOAL} of the optimum, per seed (- : not within {budgets[-1]}): " + "; ".join(
         f"{name} {' '.join('-' if n is None else str(n) for n in s['trials_to_goal'])}"
         for name, s in r["searchers"].items()))
+    console.print("  ... and the distinct configs scored by then (a repeated config is not scored again): " + "; ".join(
+        f"{name} {' '.join('-' if n is None else str(n) for n in s['evaluations_to_goal'])}"
+        for name, s in r["searchers"].items()))
     g, share = r["goal"], r["grid_share_goal"]
     console.print(f"  goal (skistune min over seeds at {g['budget']} trials >= {GOAL}): "
                   + ("[green]met[/green]" if g["met"] else "[red]not met[/red]") + f" ({g['skistune_min']:.4f}); "
                   f"within {share['share']:.0%} of the grid ({share['trials']} trials) in every seed: "
                   + ("[green]met[/green]" if share["met"] else "[red]not met[/red]")
-                  + f" (slowest seed: {'-' if share['skistune_slowest_seed'] is None else share['skistune_slowest_seed']})")
+                  + f" (slowest seed: {'-' if share['skistune_slowest_seed'] is None else share['skistune_slowest_seed']})"
+                  + "; in distinct configs scored: " + ("[green]met[/green]" if share["met_in_evaluations"]
+                                                        else "[red]not met[/red]")
+                  + f" (slowest seed: {_fmt(share['skistune_slowest_seed_evaluations'])})")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -634,14 +651,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     wall = time.perf_counter() - started
     met = sum(r["goal"]["met"] for r in results)
     share_met = sum(r["grid_share_goal"]["met"] for r in results)
+    share_met_evaluated = sum(r["grid_share_goal"]["met_in_evaluations"] for r in results)
     console.print(f"\ngoal met in {met} of {len(results)} scenarios ({share_met} of {len(results)} within "
-                  f"{GRID_SHARE:.0%} of the grid's evaluations); wall time {wall:.0f} s "
+                  f"{GRID_SHARE:.0%} of the grid in trials, {share_met_evaluated} in distinct configs scored); "
+                  f"wall time {wall:.0f} s "
                   f"(exhaustive {sum(r['exhaustive_s'] for r in results if not r['cached']):.0f} s, "
                   f"searches {sum(r['search_s'] for r in results):.0f} s)")
     if args.json:
         print(json.dumps(json_ready({"benchmark": "search_efficiency", "profile": str(PROFILE.relative_to(ROOT)),
                                      "seeds": len(args.seeds), "budgets": sorted(args.budgets), "goal": GOAL,
                                      "code": code, "wall_s": wall, "goal_met": met, "grid_share_goal_met": share_met,
+                                     "grid_share_goal_met_in_evaluations": share_met_evaluated,
                                      "scenarios": results})))
 
 

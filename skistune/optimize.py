@@ -649,7 +649,9 @@ def _uses_trial_constraints() -> bool:
     return hasattr(optuna.trial.Trial, "set_constraint")
 
 
-def make_sampler(name: str, *, seed: int, problem: Problem, parallel: bool, n_trials: int):
+def make_sampler(name: str, *, seed: int, problem: Problem, parallel: bool, n_trials: int,
+                 tpe_options: Mapping[str, Any] | None = None):
+    """The study's sampler; ``tpe_options`` override the TPE settings (`benchmarks/sampler_variants.py`)."""
     import optuna
 
     if name not in SAMPLERS:
@@ -662,8 +664,8 @@ def make_sampler(name: str, *, seed: int, problem: Problem, parallel: bool, n_tr
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if name == "tpe":
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=parallel,
-                                              **constraints)
+            settings = {"multivariate": True, "group": True, **(tpe_options or {})}
+            return optuna.samplers.TPESampler(seed=seed, constant_liar=parallel, **settings, **constraints)
         if name == "nsga2":
             population = max(4, min(50, n_trials // 4))
             return optuna.samplers.NSGAIISampler(seed=seed, population_size=population, **constraints)

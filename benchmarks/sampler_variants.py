@@ -1,0 +1,90 @@
+"""Sampler settings side by side on the search-efficiency scenarios: trials each setting takes to get within
+0.99 of a scenario's exhaustive optimum, over many seeds, through the optimizer's own trial path (the baseline
+enqueued first, the per-layer bits solver) with only `make_sampler` swapped. It reads the tables that
+`benchmarks/search_efficiency.py` scored and cached (the same code and profile), scoring any missing first.
+
+    python benchmarks/sampler_variants.py [--seeds 20] [--scenarios NAME ...] [--variants NAME ...] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import search_efficiency as se
+
+BUDGET = 200
+
+
+VARIANTS = {
+    "current": {},  # skistune.optimize.make_sampler as it is
+    "independent": {"multivariate": False, "group": False},
+    "ei96": {"n_ei_candidates": 96},
+    "startup5": {"n_startup_trials": 5},
+    "startup20": {"n_startup_trials": 20},
+    "prior2": {"prior_weight": 2.0},
+}
+
+
+def sampler_for(variant: str):
+    """`make_sampler` with the variant's TPE settings."""
+    import skistune.optimize as opt
+
+    return functools.partial(opt.make_sampler, tpe_options=VARIANTS[variant])
+
+
+def main() -> None:
+    import optuna
+    from rich.console import Console
+    from rich.progress import Progress
+
+    import skistune.optimize as opt
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--scenarios", nargs="*", default=[s.name for s in se.SCENARIOS])
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    args = ap.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    console = Console()
+    code = se.code_digest()
+    real = opt.make_sampler
+    rows = []
+    for scenario in (s for s in se.SCENARIOS if s.name in args.scenarios):
+        problem = scenario.problem()
+        maximize = problem.objectives[0].maximize
+        cache = Path(se.DEFAULT_CACHE) / f"{scenario.name}-{se.scenario_digest(scenario, problem, code)}.json"
+        with Progress(console=console, transient=True) as progress:
+            table = se.exhaustive(scenario, problem, cache, 2, progress)
+        optimum, _ = table.optimum(maximize)
+        share = math.ceil(se.GRID_SHARE * len(table.rows))
+        for variant in args.variants:
+            opt.make_sampler = sampler_for(variant)
+            started, to_goal = time.perf_counter(), []
+            try:
+                for seed in range(args.seeds):
+                    trials, _ = se.run_search("skistune", problem, table, seed, BUDGET, se.SearchStats())
+                    to_goal.append(se.trials_to_goal(trials, optimum, maximize))
+            finally:
+                opt.make_sampler = real
+            reached = [n for n in to_goal if n is not None]
+            row = {"scenario": scenario.name, "variant": variant, "seeds": args.seeds, "trials_to_goal": to_goal,
+                   "median": statistics.median(reached) if reached else None, "max": max(reached, default=None),
+                   "not_reached": to_goal.count(None), "grid_share_trials": share,
+                   "over_grid_share": sum(n is None or n > share for n in to_goal),
+                   "seconds": time.perf_counter() - started}
+            rows.append(row)
+            console.print(f"{scenario.name:<20} {variant:<12} median {row['median']!s:>5}  max {row['max']!s:>4}  "
+                          f"not within {BUDGET}: {row['not_reached']:>2}/{args.seeds}  over 2% of the grid "
+                          f"({share} trials): {row['over_grid_share']:>2}/{args.seeds}", highlight=False)
+    if args.json:
+        print(json.dumps({"benchmark": "sampler_variants", "budget": BUDGET, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
