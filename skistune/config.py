@@ -55,6 +55,15 @@ def format_bytes(n: int | float) -> str:
     return f"{int(n // size)}{unit}" if n % size == 0 else f"{n / size:.1f} {unit}"
 
 
+def byte_size_text(knob: str, value: Any) -> str | None:
+    """``8GiB`` for a non-zero integer of a knob measured in bytes (``offload.host_kv_bytes``), else None:
+    how messages show such values instead of ``8589934592``."""
+    f = knob_fields().get(knob)
+    if f is None or f.metadata.get("unit") != "bytes" or not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return format_bytes(value) if value else None
+
+
 def _check_value(owner: str, f: dataclasses.Field, value: Any) -> None:
     name = f"{owner}.{f.name}"
     meta = f.metadata

@@ -99,10 +99,9 @@ def _diff(config, base, names) -> str:
     """The searched knobs that differ from the baseline, by short name where no other knob has it."""
     from skistune.config import knob_fields
     from skistune.optimize import _value as knob_value
-    from skistune.config import format_bytes
+    from skistune.config import byte_size_text
 
-    fields = knob_fields()
-    all_short = [n.partition(".")[2] for n in fields]
+    all_short = [n.partition(".")[2] for n in knob_fields()]
     out = []
     for name in names:
         value = knob_value(config, name)
@@ -111,8 +110,8 @@ def _diff(config, base, names) -> str:
             label = short if all_short.count(short) == 1 else name
             if isinstance(value, float):
                 out.append(f"{label}={value:.2f}")
-            elif fields[name].metadata.get("unit") == "bytes" and isinstance(value, int) and value:
-                out.append(f"{label}={format_bytes(value)}")  # 8GiB, not 8589934592
+            elif (size := byte_size_text(name, value)) is not None:
+                out.append(f"{label}={size}")  # 8GiB, not 8589934592
             else:
                 out.append(f"{label}={_short(value)}")
     return ", ".join(out) or "(baseline)"

@@ -239,7 +239,7 @@ class ProfileExecutor:
         """(time of a decode step of ``batch`` sequences reading ``c0`` KV tokens in all, time added when
         each reads one more)."""
         line = self._decode_lines.get(batch)
-        if line is None:  # once per batch size: a run needs no prediction of its own (one per request saved)
+        if line is None:  # once per batch size: a run then needs no prediction of its own (two saved per run)
             # every step-cost term is constant or linear in the KV read at a fixed batch: two far-apart
             # reads give the line exactly (to float rounding, not the 1-token difference's cancellation)
             zero = self.step_cost.predict_s(decode_shape(batch, 0, self.kv))

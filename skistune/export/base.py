@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from skistune.config import KVConfig, format_bytes, knob_fields
+from skistune.config import KVConfig, byte_size_text, knob_fields
 from skistune.runtime.presets import ModelSpec
 
 EVICTION_DETAILS = ("eviction.budget_tokens", "eviction.budget_fraction", "eviction.sink_tokens",
@@ -28,10 +28,9 @@ TIER_DETAILS = ("offload.demote_first", "offload.write_policy", "prefetch.enable
 def show(value: Any, knob: str | None = None) -> str:
     """A knob value as it is written in a config file: strings bare, byte sizes of ``knob`` as ``8GiB``, other
     values as JSON (tuples as lists)."""
-    f = knob_fields().get(knob) if knob is not None else None
-    if f is not None and f.metadata.get("unit") == "bytes" and isinstance(value, int) and not isinstance(value, bool) \
-            and value:
-        return format_bytes(value)
+    size = byte_size_text(knob, value) if knob is not None else None
+    if size is not None:
+        return size
     if isinstance(value, str):
         return value
     if isinstance(value, tuple):
