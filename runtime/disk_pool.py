@@ -3,13 +3,23 @@ written with ``os.pwrite`` and read with ``os.pread``, and a CRC32 per block kep
 
 A block whose bytes no longer match their checksum is never used: `verify` reads and checks it when the
 scheduler is about to promote it (the block manager then treats it as a cache miss and the KV is
-recomputed); the checked bytes are kept for the copy that follows, so the block is read once."""
+recomputed); the checked bytes are kept for the copy that follows, so the block is read once.
+
+The file is sparse: its size is the tier's capacity, its blocks take disk space as they are written. A
+write the disk cannot take (full, over quota, an I/O error) loses that block only: it has no checksum,
+so it reads as corrupt and is recomputed, and serving goes on (`write_errors` counts them, and the first
+one warns)."""
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
+import warnings
 import weakref
 import zlib
+
+# errors of a write that the disk, not the program, causes: the block is lost, serving goes on
+DISK_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
 
 
 def _close(fd: int, path: str) -> None:
@@ -28,6 +38,7 @@ class DiskPool:
         os.ftruncate(self.fd, num_blocks * block_bytes)
         self.crc: dict[int, int] = {}  # slot -> CRC32 of the bytes written there
         self._checked: dict[int, bytes] = {}  # slot -> bytes verified and not yet copied up
+        self.write_errors = 0  # blocks lost to `DISK_WRITE_ERRORS`
         self._finalizer = weakref.finalize(self, _close, self.fd, self.path)  # the file goes with the pool
 
     def close(self) -> None:
@@ -36,12 +47,22 @@ class DiskPool:
     def write(self, slot: int, data: bytes) -> None:
         if len(data) != self.block_bytes:
             raise ValueError(f"disk pool: block of {len(data)} bytes, the pool's are {self.block_bytes}")
-        view, offset = memoryview(data), slot * self.block_bytes
-        while view:  # pwrite may write less than asked
-            n = os.pwrite(self.fd, view, offset)
-            view, offset = view[n:], offset + n
-        self.crc[slot] = zlib.crc32(data)
         self._checked.pop(slot, None)
+        self.crc.pop(slot, None)  # until the whole block is written, the slot holds nothing usable
+        view, offset = memoryview(data), slot * self.block_bytes
+        try:
+            while view:  # pwrite may write less than asked
+                n = os.pwrite(self.fd, view, offset)
+                view, offset = view[n:], offset + n
+        except OSError as exc:
+            if exc.errno not in DISK_WRITE_ERRORS:
+                raise
+            self.write_errors += 1
+            if self.write_errors == 1:
+                warnings.warn(f"KV disk tier ({self.path}): {os.strerror(exc.errno)}; blocks that cannot be "
+                              "written are recomputed when next needed", RuntimeWarning, stacklevel=2)
+            return
+        self.crc[slot] = zlib.crc32(data)
 
     def read(self, slot: int) -> bytes | None:
         """The block's bytes, or None when they fail their checksum (or were never written)."""

@@ -59,7 +59,7 @@ class TierMetrics:
     swap_fallbacks: int  # swap preemptions that recomputed for want of host room
     prefetched: int  # blocks promoted ahead of use
     prefetch_hit_rate: float | None  # of the promoted blocks sequences used, the share prefetched (None: none)
-    corrupt_blocks: int  # disk blocks that failed their checksum (recomputed, never used)
+    corrupt_blocks: int  # disk blocks that failed their checksum or were never written (disk full): recomputed
 
 
 def tier_metrics(tiers: TierManager, block_bytes: int, device_peak_blocks: int) -> TierMetrics:

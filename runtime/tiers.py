@@ -91,7 +91,7 @@ class TierStats:
     prefetched: int = 0  # blocks promoted ahead of use
     prefetch_hits: int = 0  # blocks a sequence found on the device thanks to a prefetch
     prefetch_misses: int = 0  # blocks promoted on demand when the sequence was admitted
-    corrupt_blocks: int = 0  # disk blocks whose checksum failed (dropped: their KV is recomputed)
+    corrupt_blocks: int = 0  # disk blocks whose checksum failed or whose write the disk refused (recomputed)
     transfer_s: float = 0.0  # time spent copying (filled by the executor)
     stall_s: float = 0.0  # time the step waited for transfers (filled by the executor)
 

@@ -249,6 +249,55 @@ def test_offloaded_prefix_comes_back_from_disk_and_corruption_is_recomputed():
     assert engine.records[2].prefix_hit_tokens == 12 and engine.records[4].prefix_hit_tokens < 12
 
 
+def test_a_full_disk_loses_blocks_not_the_run(monkeypatch):
+    """Writes the disk refuses (ENOSPC) lose their blocks, which are recomputed: same outputs, one warning."""
+    import errno
+
+    from skistune.runtime import disk_pool
+
+    real_pwrite, calls = os.pwrite, []
+
+    def full_after_two(fd, data, offset):  # the disk fills up after two writes
+        calls.append(offset)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, offset)
+
+    rt = tiny_runtime(**{"offload.device_kv_bytes": 5 * BLOCK_BYTES, "offload.disk_kv_bytes": 16 * BLOCK_BYTES})
+    shared, other = prompts(2, length=13, seed=1)
+    reference, _ = serve(tiny_runtime(), [shared], max_new_tokens=4)
+    monkeypatch.setattr(disk_pool.os, "pwrite", full_after_two)
+    engine = rt.new_engine()
+    outputs = []
+    with pytest.warns(RuntimeWarning, match="No space left on device") as caught:
+        for i, p in enumerate([shared, other, shared, other, shared]):
+            rec = engine.add_request(Request(f"r{i}", p, 4))
+            engine.run_until_done()
+            outputs.append(rec.output_token_ids)
+    disk = engine.executor.tier_store.disk
+    assert len([w for w in caught if "KV disk tier" in str(w.message)]) == 1
+    assert outputs[0] == outputs[2] == outputs[4] == reference[0]
+    assert disk.write_errors == len(calls) - 2 > 0 and len(disk.crc) <= 2  # lost blocks hold no checksum
+    assert engine.metrics(1.0).tiers.corrupt_blocks >= 1  # a lost block read as corrupt: recomputed
+
+
+def test_a_disk_error_of_the_program_is_not_swallowed(tmp_path, monkeypatch):
+    """Only errors the disk causes lose a block; a bad file descriptor is a bug and raises."""
+    import errno
+
+    from skistune.runtime import disk_pool
+
+    pool = disk_pool.DiskPool(2, 8, str(tmp_path))
+
+    def bad_fd(fd, data, offset):
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    monkeypatch.setattr(disk_pool.os, "pwrite", bad_fd)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        pool.write(0, bytes(8))
+    assert pool.write_errors == 0
+
+
 def test_three_times_the_device_pool_completes_with_swap_and_offload():
     knobs = {"offload.device_kv_bytes": 10 * BLOCK_BYTES, "offload.host_kv_bytes": 24 * BLOCK_BYTES,
              "offload.disk_kv_bytes": 16 * BLOCK_BYTES, "batching.preemption": "swap",
