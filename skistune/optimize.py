@@ -37,14 +37,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from skistune.config import FAMILIES, KVConfig, knob_fields
+from skistune.config import FAMILIES, KVConfig, format_bytes, knob_fields
 from skistune.objectives import (NAMED, Constraint, EnergyBudget, Objective, Point, QualityFloor, QueueGuard,
                                  energy_j_per_token, goodput_rps, objective_value, parse_energy, parse_objectives,
                                  parse_quality, predict_quality, queue_constraint, queue_name, served_constraint,
                                  slo_constraint, user_constraint)
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import Request
-from skistune.searchspace import SearchSpace, load_space, suggest_config
+from skistune.searchspace import SearchSpace, cap_knob, load_space, suggest_config
 from skistune.slo import SLO, parse_slo
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -341,8 +341,8 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     sim_target = target_from_profile(prof, model)
     if kv_bytes is not None:
         sim_target = replace(sim_target, device_free_bytes=kv_bytes)
-    cut, memory_note = fit_host_memory(cut, prof, sim_target)
-    notes = notes + ([memory_note] if memory_note else [])
+    cut, machine_notes = fit_machine(cut, prof, sim_target)
+    notes = notes + machine_notes
     problem = Problem(w, model, request_set(workload_requests(w, model)), sim_target, prof, slos, objectives,
                       _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
                       left_out, base, max_queue_s, qp, kv_memory=kv_bytes)
@@ -350,6 +350,9 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
 
 
 HOST_TIER_SHARE = 0.7  # of a machine's memory, at most, for a host KV tier: vLLM refuses a larger CPU swap space
+# of the free space of the disk the profile timed, at most, for a disk KV tier: its file fills as blocks are
+# written (a write the full disk refuses loses its block: `runtime.disk_pool`), and the disk has other users
+DISK_TIER_SHARE = 0.9
 
 
 def host_tier_limit(profile, target) -> tuple[int | None, int | None]:
@@ -368,27 +371,48 @@ def host_tier_limit(profile, target) -> tuple[int | None, int | None]:
     return max(0, int(limit)), memory
 
 
-def fit_host_memory(space: SearchSpace, profile, target) -> tuple[SearchSpace, str | None]:
-    """The space without host tiers larger than the profiled machine can hold (`host_tier_limit`), and a note
-    saying what was left out (or that the profile cannot tell)."""
-    from skistune.config import format_bytes
-    from skistune.searchspace import cap_knob
+def disk_tier_limit(profile) -> tuple[int | None, int | None]:
+    """(the largest disk KV tier the profiled machine's disk can hold, its free space), or Nones where the
+    profile does not record it and was measured on another machine (this machine's own profile without the
+    record: the free space now, where the runtime's disk tier lives)."""
+    from skistune.profile.fingerprint import is_this_machine
+    from skistune.profile.transfers import disk_free_bytes
 
-    knob = "offload.host_kv_bytes"
-    if knob not in space.knob_names():
-        return space, None
-    limit, memory = host_tier_limit(profile, target)
-    if limit is None:
-        return space, (f"{knob}: not checked against the profiled machine's memory (the profile predates its "
-                       "record; measure it again with `skistune profile`)")
-    capped, dropped = cap_knob(space, knob, limit)
-    if not dropped:
-        return space, None
-    where = ", less the model's weights and the device KV pool that share it on a CPU" if profile.device == "cpu" else ""
-    sizes = ", ".join(format_bytes(v) if isinstance(v, int) else str(v) for v in dropped)
-    return capped, (f"{knob}: {sizes} left out of the search, more than the {format_bytes(limit)} the profiled "
-                    f"machine can give a host tier ({HOST_TIER_SHARE:.0%} of its {format_bytes(memory)} of memory, "
-                    f"vLLM's limit for its CPU swap space{where})")
+    free = profile.disk_free_bytes
+    if free is None and is_this_machine(profile.fingerprint, profile.device):
+        free = disk_free_bytes(None)
+    return (None, None) if free is None else (int(DISK_TIER_SHARE * free), free)
+
+
+def fit_machine(space: SearchSpace, profile, target) -> tuple[SearchSpace, list[str]]:
+    """The space without host tiers larger than the profiled machine's memory can hold (`host_tier_limit`)
+    or disk tiers larger than its disk (`disk_tier_limit`), and notes saying what was left out (or that the
+    profile cannot tell)."""
+    host_limit, memory = host_tier_limit(profile, target)
+    disk_limit, free = disk_tier_limit(profile)
+    weights = ", less the model's weights and the device KV pool that share it on a CPU" if profile.device == "cpu" else ""
+    tiers = [("offload.host_kv_bytes", host_limit, "memory", "a host tier",
+              f"{HOST_TIER_SHARE:.0%} of its {format_bytes(memory or 0)} of memory, vLLM's limit for its CPU swap "
+              f"space{weights}"),
+             ("offload.disk_kv_bytes", disk_limit, "free disk space", "a disk tier",
+              f"{DISK_TIER_SHARE:.0%} of the {format_bytes(free or 0)} free on the profiled disk")]
+    notes, unchecked = [], []
+    for knob, limit, resource, tier, why in tiers:
+        if knob not in space.knob_names():
+            continue
+        if limit is None:
+            unchecked.append((knob, resource))
+            continue
+        space, dropped = cap_knob(space, knob, limit)
+        if dropped:
+            sizes = ", ".join(format_bytes(v) if isinstance(v, int) else str(v) for v in dropped)
+            notes.append(f"{knob}: {sizes} left out of the search, more than the {format_bytes(limit)} the "
+                         f"profiled machine can give {tier} ({why})")
+    if unchecked:  # one note: a profile from elsewhere that predates both records misses both
+        knobs, resources = (", ".join(x) for x in zip(*unchecked))
+        notes.append(f"{knobs}: not checked against the profiled machine's {resources.replace(', ', ' and ')} "
+                     "(the profile predates their record; measure it again with `skistune profile`)")
+    return space, notes
 
 
 def parse_kv_memory(kv_memory) -> int | None:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from skistune.config import format_bytes
 from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
 
 from .cost import ALL_FEATURES
@@ -27,6 +28,7 @@ def _summary(profile: HardwareProfile, path: Path) -> dict:
         "step": {"cost_model": profile.step_cost.to_dict(), "train": fit.train.to_dict(),
                  "held_out": fit.held_out.to_dict() if fit.held_out else None},
         "transfers": {link: m.fit.to_dict() for link, m in profile.transfers.items()},
+        "host_memory_bytes": profile.fingerprint.host_memory_bytes, "disk_free_bytes": profile.disk_free_bytes,
         "power": profile.power.to_dict(), "flagged": profile.flagged_fits(),
         "notes": list(profile.notes) + ([profile.quantized_kv_note] if profile.quantized_kv_note else []),
     }
@@ -108,6 +110,10 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     rows = [("scheduler overhead: per step + per sequence", f"{fixed_s * 1e6:.0f} µs + {per_seq_s * 1e6:.1f} µs"),
             ("paged attention (one layer) R²", _r2(profile.attention.fit.quality.r2))]
     rows += [_transfer_row(link, m.fit) for link, m in profile.transfers.items()]
+    # what bounds the host and disk tiers the optimizer recommends for this machine
+    memory, free = profile.fingerprint.host_memory_bytes, profile.disk_free_bytes
+    rows.append(("machine memory / disk free where timed", " / ".join(
+        "not recorded" if b is None else format_bytes(b) for b in (memory, free))))
     power = profile.power
     tag = " (modeled)" if power.modeled else f" ({power.source})"
     rows.append((f"power idle / busy{tag}", f"{power.power_w(0.0):.1f} W / {power.power_w(1.0):.1f} W"))

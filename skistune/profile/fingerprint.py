@@ -107,9 +107,12 @@ def recorded_memory(fp: Fingerprint, device: str) -> int | None:
     written before memory was recorded, this machine's (a cached quick profile may be that old); else None."""
     if fp.host_memory_bytes is not None:
         return fp.host_memory_bytes
-    if device == "cpu" and (fp.cpu_model, fp.cpu_arch, fp.cpu_count) == (_cpu_model(), _cpu_arch(), os.cpu_count()):
-        return host_memory_bytes()
-    return None
+    return host_memory_bytes() if is_this_machine(fp, device) else None
+
+
+def is_this_machine(fp: Fingerprint, device: str) -> bool:
+    """Whether a CPU profile with this fingerprint was measured on this machine (same CPU, same cores)."""
+    return device == "cpu" and (fp.cpu_model, fp.cpu_arch, fp.cpu_count) == (_cpu_model(), _cpu_arch(), os.cpu_count())
 
 
 def host_memory_bytes() -> int | None:

@@ -36,7 +36,7 @@ from .power import average_w, find_meter, measured_power, modeled_power
 from .profile import HardwareProfile, Measured, fit_step_points
 from .records import GridPoint, StepPoint, kv_bits
 from .steps import StepBench, fill_kv
-from .transfers import block_copy_timings, disk_timings, page_cache_dropped
+from .transfers import block_copy_timings, disk_free_bytes, disk_timings, page_cache_dropped
 
 Progress = Callable[[str, int, int], None]  # (what was just measured, units done, units in all)
 DTYPES = {"cpu": torch.float32, "cuda": torch.bfloat16}  # what the runtime serves with on each device
@@ -370,7 +370,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         quick=quick, kv_bytes_per_token=bench.kv_bytes_per_token, block_size=runtime.store.block_size,
         fingerprint=fingerprint, duration_s=time.perf_counter() - started, steps=tuple(steps),
         step_fit=step_fit, overhead=overhead, attention=attention, transfers=transfers, power=power,
-        notes=_notes(runtime, disk_dir), quantize=quantize)
+        notes=_notes(runtime, disk_dir), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir))
 
 
 def _available_bytes(device: str) -> int | None:

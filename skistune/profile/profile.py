@@ -75,6 +75,9 @@ class HardwareProfile:
     power: PowerModel
     notes: tuple[str, ...] = ()
     quantize: Measured | None = None  # quantize-on-append of one layer; None in files measured before it existed
+    # free space of the disk the transfers were timed on, when they were: bounds the disk KV tier the
+    # optimizer may recommend for this machine (None: not recorded, as in files written before it was)
+    disk_free_bytes: int | None = None
 
     @property
     def step_cost(self) -> StepCostModel:
@@ -138,6 +141,7 @@ class HardwareProfile:
                      "fit": _step_fit_dict(self.step_fit)},
             "overhead": self.overhead.to_dict(), "kernels": self._kernels_dict(),
             "transfers": {link: m.to_dict() for link, m in self.transfers.items()},
+            "disk_free_bytes": self.disk_free_bytes,
             "power": {**self.power.to_dict(), "energy_j_per_token": self.energy_j_per_token()},
         }
 
@@ -170,7 +174,9 @@ class HardwareProfile:
             transfers=_read_transfers(data), power=_read_power(entry(data, "power", "profile")),
             notes=tuple(str(n) for n in items(data, "notes", "profile", nonempty=False)),
             quantize=(_read_measured(kernels, "quantize_append", _read_linear, "kernels")
-                      if isinstance(kernels, dict) and "quantize_append" in kernels else None))
+                      if isinstance(kernels, dict) and "quantize_append" in kernels else None),
+            disk_free_bytes=(None if data.get("disk_free_bytes") is None
+                             else integer(data, "disk_free_bytes", "profile")))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically (a temp file in the same folder, then renamed over ``path``)."""

@@ -121,6 +121,15 @@ def disk_timings(directory: Path | None, sizes_bytes: Sequence[int], *, warmup: 
     return out
 
 
+def disk_free_bytes(directory: Path | str | None) -> int | None:
+    """Free space of the filesystem holding ``directory`` (default: the temporary directory, where the
+    runtime's disk tier lives); None where it cannot be read."""
+    try:
+        return shutil.disk_usage(directory if directory is not None else tempfile.gettempdir()).free
+    except OSError:
+        return None
+
+
 def page_cache_dropped() -> bool:
     """Whether disk reads bypass the page cache here (posix_fadvise exists: Linux, most Unixes)."""
     return hasattr(os, "posix_fadvise")

@@ -233,6 +233,38 @@ def test_host_tiers_larger_than_the_profiled_machine_can_hold_are_not_searched(w
     assert any("not checked against the profiled machine's memory" in n for n in unknown.notes)
 
 
+def test_disk_tiers_larger_than_the_profiled_disk_are_not_searched(workload, profile):
+    """Nor a 1 TiB disk tier on a disk with 70 GB free: disk tiers are cut to 90% of the free space the
+    profile recorded where it timed its disk; a foreign profile that predates the record is not cut, and says
+    so; this machine's own profile without it is checked against this machine's disk now."""
+    from dataclasses import replace
+
+    from skistune.profile.fingerprint import machine_fingerprint
+    from skistune.profile.transfers import disk_free_bytes
+
+    GiB = 1 << 30
+    roomy = replace(profile, fingerprint=replace(profile.fingerprint, host_memory_bytes=1 << 40))
+
+    def disk_choices(p):
+        problem = build_problem(workload, slo="p99=200ms", profile=p)
+        return problem.space.param("offload.disk_kv_bytes").choices, problem.notes
+
+    choices, notes = disk_choices(replace(roomy, disk_free_bytes=300 * GiB))  # 270 GiB may be used
+    assert choices == (0, 256 * GiB)
+    assert any("1TiB left out of the search" in n and "90% of the 300GiB free" in n for n in notes)
+    assert disk_choices(replace(roomy, disk_free_bytes=2 << 40))[0] == (0, 256 * GiB, 1 << 40)
+    assert disk_choices(replace(roomy, disk_free_bytes=10 * GiB))[0] == (0,)
+    foreign = replace(roomy, fingerprint=replace(roomy.fingerprint, cpu_model="Imaginary CPU 9000"))
+    choices, notes = disk_choices(replace(foreign, disk_free_bytes=None))
+    assert len(choices) == 3 and any("offload.disk_kv_bytes: not checked against the profiled machine's free "
+                                     "disk space" in n for n in notes)
+    mine = machine_fingerprint("cpu")
+    here = replace(roomy, fingerprint=replace(roomy.fingerprint, cpu_model=mine.cpu_model, cpu_arch=mine.cpu_arch,
+                                              cpu_count=mine.cpu_count))
+    expected = tuple(v for v in (0, 256 * GiB, 1 << 40) if v <= 0.9 * disk_free_bytes(None))
+    assert disk_choices(replace(here, disk_free_bytes=None))[0] == expected
+
+
 def test_closest_to_feasible_ranks_configs_that_serve_every_request_first():
     """A config that serves nothing has every latency undefined (a violation of 1 each): it must not be shown
     as closer to feasible than one that serves every request, late."""

@@ -106,6 +106,7 @@ def test_other_stages_are_measured(tiny_profile: HardwareProfile):
         assert tiny_profile.transfer_time_s(1 << 20, link) < tiny_profile.transfer_time_s(1 << 24, link)
     assert tiny_profile.power.source == "modeled" and "modeled" in tiny_profile.power.note
     assert tiny_profile.fingerprint.threads == tiny_profile.threads >= 1
+    assert tiny_profile.disk_free_bytes > 0  # where the disk was timed (the temporary directory here)
 
 
 def test_unknown_transfer_link_is_an_error(tiny_profile: HardwareProfile):
@@ -116,6 +117,10 @@ def test_unknown_transfer_link_is_an_error(tiny_profile: HardwareProfile):
 def test_save_and_load_round_trip_exactly(tiny_profile: HardwareProfile, tmp_path):
     path = tiny_profile.save(tmp_path / "sub" / "p.json")
     assert load_profile(path) == tiny_profile
+    older = json.loads(path.read_text())
+    del older["disk_free_bytes"]  # a file written before the record: loads, with it unknown
+    path.write_text(json.dumps(older))
+    assert load_profile(path).disk_free_bytes is None
     assert [f.name for f in path.parent.iterdir()] == ["p.json"]  # the temp file was renamed, not left
 
 

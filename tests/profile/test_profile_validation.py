@@ -48,6 +48,8 @@ BAD_EDITS = {
     "no step points": (_set(("step", "points"), []), "step.points: empty"),
     "another format": (_set(("format",), "vidur-profile"), "format: 'vidur-profile'"),
     "a newer version": (_set(("version",), 99), "version: 99"),
+    "free disk space as text": (_set(("disk_free_bytes",), "70GB"), "profile.disk_free_bytes: expected an integer"),
+    "negative free disk space": (_set(("disk_free_bytes",), -1), "profile.disk_free_bytes: -1 is below 0"),
 }
 
 
