@@ -1183,9 +1183,12 @@ def _distinct(evaluations: Sequence[Evaluation]) -> list[Evaluation]:
 
 def _sort_key(problem: Problem, e: Evaluation) -> tuple:
     """Best first objective first; ties (capacity comes in steps of the search precision) go to the config
-    with less energy per token, then the earlier trial."""
+    with less energy per token, then to the one that reserves less host memory and disk for KV tiers (a tier
+    the workload never fills changes no figure, but a deployment still sets it aside), then the earlier trial."""
     first = -e.values[0] if problem.objectives[0].maximize else e.values[0]
-    return (first, e.figures.get("energy_j_per_token", 0.0), e.trial if e.trial is not None else -1)
+    offload = e.config.offload
+    return (first, e.figures.get("energy_j_per_token", 0.0), offload.host_kv_bytes, offload.disk_kv_bytes,
+            e.trial if e.trial is not None else -1)
 
 
 def ranked(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:

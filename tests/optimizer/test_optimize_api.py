@@ -210,6 +210,24 @@ def test_a_baseline_within_the_refined_precision_of_the_best_ranks_first(workloa
     assert opt._baseline_on_ties(problem, tie, base, evaluations[1:]) == (tie, [])  # the baseline no trial here
 
 
+def test_ties_go_to_the_config_that_reserves_less_for_kv_tiers(workload, profile):
+    """Equal capacity and energy: the config without (or with smaller) host and disk tiers ranks first, even
+    from a later trial; energy still comes before the tiers."""
+    import skistune.optimize as opt
+    from skistune.config import KVConfig
+
+    problem = build_problem(workload, slo="p99=200ms", profile=profile)
+    GiB = 1 << 30
+
+    def ev(trial, host, disk, energy=0.5):
+        config = KVConfig().with_knobs({"offload.host_kv_bytes": host, "offload.disk_kv_bytes": disk})
+        return opt.Evaluation(config, 1.0, (0.2,), {"tbt:p99<=200ms": -0.1}, {"energy_j_per_token": energy},
+                              trial=trial)
+
+    evaluations = [ev(0, 8 * GiB, 256 * GiB), ev(1, 8 * GiB, 0), ev(2, 0, 0), ev(3, 32 * GiB, 0, energy=0.4)]
+    assert [e.trial for e in opt.ranked(problem, evaluations)] == [3, 2, 1, 0]
+
+
 def test_host_tiers_larger_than_the_profiled_machine_can_hold_are_not_searched(workload, profile):
     """A tuned file must not ask a 24 GB machine for a 32 GiB host tier: the space is cut to what fits in 70%
     of the profiled machine's memory (less, on a CPU, the weights and the device KV pool), with a note."""
