@@ -1405,7 +1405,7 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
                 progress(f"{i + 1}/{len(configs)}{_replay_label(replay)}")
             out[i] = _better(problem, out[i],
                              _measure(problem, runtime, p, requests, "candidate", quality.get(p.config)))
-    out.sort(key=lambda v: _measured_key(problem, v))
+    out = _measured_order(problem, out)
     # the baseline among the candidates, replayed at the winner's rate (the winner itself, or one the search
     # found as good): its replays stand for both roles, another replay would only measure the machine's noise
     for v in out:
@@ -1420,6 +1420,28 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
             progress(f"the baseline{_replay_label(replay)}")
         measured = _better(problem, measured, _measure(problem, runtime, base, requests, "baseline"))
     return out + [measured]
+
+
+# figures of a validation's prediction that tell two schedules of the slice apart: equal in all (to the bit:
+# the simulator is deterministic), the simulator predicts the two configs to run the same steps at the same times
+SCHEDULE_FIGURES = ("rate_rps", "ttft_p99_s", "tbt_p99_s", "e2e_p99_s", "tpot_p99_s", "kv_peak_bytes", "preemptions",
+                    "finished", "energy_j_per_token", "quality_loss", "quality_worst")
+
+
+def same_schedule(a: Validation, b: Validation) -> bool:
+    """Whether the simulator predicts the two replays to run the same schedule of the slice (same rate, same
+    steps): whatever tells their measurements apart is then the machine's noise, not the configs."""
+    fa, fb = a.predicted.figures, b.predicted.figures
+    return bool(fa) and all(fa.get(k) == fb.get(k) for k in SCHEDULE_FIGURES)  # (no figures: nothing to compare)
+
+
+def _measured_order(problem: Problem, validations: list[Validation]) -> list[Validation]:
+    """Best measured first. Configs the simulator predicts to run the same schedule of the slice
+    (`same_schedule`) share their best measurement and keep the search's order among them: near the SLO's
+    edge one replay holds and its twin breaks by a few percent of the machine's speed, which must not pick
+    the winner."""
+    keys = [min(_measured_key(problem, w) for w in validations if w is v or same_schedule(v, w)) for v in validations]
+    return [validations[i] for i in sorted(range(len(validations)), key=keys.__getitem__)]
 
 
 def _replay_label(replay: int) -> str:
@@ -1485,13 +1507,14 @@ class OptimizeResult:
     def measured_gain(self) -> dict[str, Any]:
         """The winner and the baseline replayed at the same rate: their measured objectives and whether each
         held every constraint (for capacity the rate is the winner's, so a baseline that breaks a constraint
-        there is measured evidence of the gain)."""
+        there is measured evidence of the gain, unless ``same_schedule``: the simulator predicts both to run
+        the same steps of the slice, and what tells their replays apart is the machine's noise)."""
         if not self.validated or self.validated[-1].role != "baseline":
             return {}
         tuned, base = self.validated[0], self.validated[-1]
         out: dict[str, Any] = {"rate_rps": tuned.rate_rps, "tuned_holds": tuned.holds, "baseline_holds": base.holds,
                                "baseline_binding": base.measured.binding,
-                               "is_baseline": tuned.config == base.config}
+                               "is_baseline": tuned.config == base.config, "same_schedule": same_schedule(tuned, base)}
         for o, t, b in zip(self.problem.objectives, tuned.measured.values, base.measured.values):
             if o.name != "capacity":
                 out[o.name] = _ratio(t, b, o.maximize)

@@ -2,6 +2,7 @@
 for the slice, and (slow: the real SmolLM2 model) the top config and the baseline replayed at the rate the
 simulator chose, predicted next to measured, the winner chosen by measurement."""
 import time
+from dataclasses import replace
 
 import optuna
 import pytest
@@ -77,6 +78,41 @@ def test_top_config_and_baseline_are_measured_on_the_real_runtime(profile, monke
     assert prov["requests"] == 3 and len(prov["runs"]) == 2 and prov["runs"][0]["measured"]["tbt_p99_s"] > 0
     assert set(r.measured_gain()) >= {"rate_rps", "tuned_holds", "baseline_holds"}
     assert r.write(tmp_path / "t.yaml").is_file()
+
+
+def test_configs_predicted_to_run_the_same_schedule_are_not_told_apart_by_their_replays(profile, monkeypatch):
+    """Near the SLO's edge one replay holds and its twin breaks by a few percent of the machine's speed. Where
+    the simulator predicts two configs to run the same schedule of the slice, the search's order stands among
+    them, and the baseline's measured 'loss' to its twin is not reported as a gain."""
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=profile)
+    twin = opt.baseline_config().with_knobs({"offload.device_memory_fraction": 0.93})  # same steps on the slice
+    other = opt.baseline_config().with_knobs({"batching.max_num_seqs": 1})
+    figures = {"rate_rps": 0.3, "ttft_p99_s": 0.37, "tbt_p99_s": 0.064, "e2e_p99_s": 1.06, "kv_peak_bytes": 13 << 20}
+
+    def validation(config, violation, **changed):
+        def ev(v, f):
+            return opt.Evaluation(config, 1.0, (0.3,), {"tbt:p99<=200ms": v}, f)
+
+        return opt.Validation(config, 0.3, ev(-0.7, {**figures, **changed}), ev(violation, {}), 1.0)
+
+    ranked = [validation(problem.base, +0.9), validation(twin, -0.6), validation(other, +0.1, tbt_p99_s=0.07)]
+    assert opt.same_schedule(ranked[0], ranked[1]) and not opt.same_schedule(ranked[0], ranked[2])
+    # the baseline (ranked first by the search) broke where its twin held: both share the twin's replay
+    assert [v.config for v in opt._measured_order(problem, ranked)] == [problem.base, twin, other]
+    assert [v.config for v in opt._measured_order(problem, ranked[1:] + ranked[:1])] == [twin, problem.base, other]
+
+    result = opt.OptimizeResult(problem, None, "", [], [], ranked[0].predicted,
+                                validated=[ranked[1], replace(ranked[0], role="baseline")])
+    gain = result.measured_gain()
+    assert gain["same_schedule"] and gain["tuned_holds"] and not gain["baseline_holds"]
+    from skistune.optimize_cli import gain_lines
+
+    result.best = [ranked[1].predicted]
+    lines = gain_lines(result)
+    assert any("the machine's noise, not the configs" in line for line in lines), lines
+    result.validated = [ranked[2], replace(ranked[0], role="baseline")]
+    assert not result.measured_gain()["same_schedule"]
+    assert not any("noise" in line for line in gain_lines(result))
 
 
 def test_a_winning_baseline_is_replayed_once_and_reported_as_the_baseline(profile, monkeypatch):
