@@ -3,9 +3,10 @@
 A profile is a snapshot: on a shared host the same grid point measured an hour apart moved by 10% and
 more (BENCHMARKS.md, "Hardware profile"), and every prediction made from the profile moves with it. The
 check times a few of the profile's own 16-bit step points again, the way the profiler timed them
-(`StepBench`: the same engine, setup and medians), and reports the median of now / then: 1.10 means this
-machine now runs the profile's steps 10% slower than when it was measured, so predictions from it will
-be about 10% fast. `skistune profile --check FILE` prints it; `benchmarks/fidelity.py` measures it
+(`StepBench`: the same engine, setup and medians), and reports now / then per kind of step (decode,
+prefill, mixed) and over all: 1.10 means this machine now runs those steps 10% slower than when the profile
+was measured, so predictions of them will be about 10% fast. The kinds are reported apart because they
+drift apart: decodes read memory, prefills compute. `skistune profile --check FILE` prints it; `benchmarks/fidelity.py` measures it
 before and after its replays, so that the drift of the machine and the error of the model can be told apart.
 """
 from __future__ import annotations
@@ -48,9 +49,28 @@ class SpeedCheck:
         """Median of now / then over the points: above 1, this machine is slower now."""
         return statistics.median(p.ratio for p in self.points)
 
+    def by_kind(self) -> dict[str, float]:
+        """Median of now / then per kind of step. The kinds move apart: on a shared VM one-token decodes (memory
+        bound) ran x1.7-2.0 of their profiled time while prefills (compute bound) ran x1.04, 15 minutes
+        after the profile, and the median over all points read x1.045."""
+        kinds = dict.fromkeys(p.kind for p in self.points)
+        return {k: statistics.median(p.ratio for p in self.points if p.kind == k) for k in kinds}
+
+    def verdict(self, tolerance: float = 0.05) -> str:
+        """What the ratios mean for predictions from the profile, in words: per kind where they disagree."""
+        kinds = self.by_kind()
+        off = {k: r for k, r in kinds.items() if abs(r - 1) >= tolerance}
+        if not off:
+            return f"every kind of step within {tolerance:.0%} of when it was measured"
+        # a prediction's error against today's time is then / now - 1 (x2.00 now: predictions 50% short)
+        return "; ".join(f"{k} steps x{r:.2f}: predictions of them about {abs(1 / r - 1):.0%} "
+                         f"{'fast' if r > 1 else 'slow'}" for k, r in off.items()) + (
+            f" (the others within {tolerance:.0%})" if len(off) < len(kinds) else "")
+
     def to_dict(self) -> dict:
-        return {"ratio": self.ratio, "points": [{"kind": p.kind, "grid": p.grid, "then_s": p.then_s,
-                                                 "now_s": p.now_s, "ratio": p.ratio} for p in self.points]}
+        return {"ratio": self.ratio, "by_kind": self.by_kind(),
+                "points": [{"kind": p.kind, "grid": p.grid, "then_s": p.then_s, "now_s": p.now_s, "ratio": p.ratio}
+                           for p in self.points]}
 
 
 def _kv_tokens(p: StepPoint) -> int:

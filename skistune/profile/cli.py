@@ -256,9 +256,8 @@ def _check(path: Path, json_out: bool) -> None:
         grid = ", ".join(f"{k} {v}" for k, v in p.grid.items() if k != "bits")
         table.add_row(p.kind, grid, f"{p.then_s * 1e3:.1f}", f"{p.now_s * 1e3:.1f}", f"{p.ratio:.3f}")
     console.print(table)
-    slower = result.ratio - 1
-    console.print(f"this machine runs the profile's steps x{result.ratio:.3f} (median of {len(result.points)}): "
-                  + (f"predictions from it will be about {abs(slower):.0%} {'fast' if slower > 0 else 'slow'}"
-                     if abs(slower) >= 0.05 else "within 5% of when it was measured"), highlight=False)
+    kinds = ", ".join(f"{k} x{r:.3f}" for k, r in result.by_kind().items())
+    console.print(f"this machine runs the profile's steps x{result.ratio:.3f} (median of {len(result.points)}; "
+                  f"{kinds}): {result.verdict()}", highlight=False)
     if json_out:
         print_json({"profile": str(path), **result.to_dict()})

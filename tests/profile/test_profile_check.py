@@ -35,6 +35,24 @@ def test_a_profile_timed_again_on_its_machine_reads_near_one_and_a_scaled_one_re
     again = speed_check(halved, runtime, per_kind=1)
     assert {p.then_s for p in again.points} == {p.then_s / 2 for p in check.points}
     assert json.loads(json.dumps(check.to_dict()))["ratio"] == check.ratio
+    assert set(check.to_dict()["by_kind"]) == {"decode", "prefill", "mixed"}
+
+
+def test_kinds_that_drift_apart_are_reported_apart():
+    """Decodes (memory bound) at x1.8 and prefills at x1.04: the median over all points reads near 1, the
+    verdict must not say every step is as profiled."""
+    from skistune.profile.check import CheckedPoint, SpeedCheck
+
+    def point(kind, ratio):
+        return CheckedPoint(kind, {}, 0.1, 0.1 * ratio)
+
+    drift = SpeedCheck((point("decode", 1.72), point("decode", 2.04), point("prefill", 1.045), point("prefill", 1.04),
+                        point("mixed", 0.98)))
+    assert abs(drift.ratio - 1.045) < 1e-9 and abs(drift.by_kind()["decode"] - 1.88) < 1e-9
+    assert drift.verdict() == "decode steps x1.88: predictions of them about 47% fast (the others within 5%)"
+    steady = SpeedCheck((point("decode", 1.01), point("prefill", 0.97)))
+    assert steady.verdict() == "every kind of step within 5% of when it was measured"
+    assert "prefill steps x0.80: predictions of them about 25% slow" in SpeedCheck((point("prefill", 0.8),)).verdict()
 
 
 def test_the_check_command_prints_the_ratio_and_json(tmp_path, tiny_profile, monkeypatch):
@@ -47,7 +65,8 @@ def test_the_check_command_prints_the_ratio_and_json(tmp_path, tiny_profile, mon
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["profile"] == str(path) and len(summary["points"]) == 3 and summary["ratio"] > 0
-    assert "this machine runs the profile's steps x" in result.stdout
+    assert "this machine runs the profile's steps x" in result.stdout and "decode x" in result.stdout
+    assert set(summary["by_kind"]) == {"decode", "prefill", "mixed"}
 
 
 def test_check_with_show_or_a_missing_file_is_a_one_line_error(tmp_path, tiny_profile):
