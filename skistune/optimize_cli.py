@@ -142,13 +142,16 @@ def best_table(result) -> Table:
         t.add_column(f"{s.metric.upper()} {s.percentile} (ms)", justify="right")
     t.add_column(f"J/token ({p.profile.power.source})", justify="right")
     t.add_column("KV peak (MiB)", justify="right")
-    t.add_column("quality Δppl mean (95% bound) / worst" + (" (proxy)" if _proxy(p) else ""), justify="right")
     rows = [(f"#{i + 1}", str(e.trial), e) for i, e in enumerate(result.best)] + [("base", "-", result.baseline)]
+    # a column of "none (lossless)" on every row says what the lossless-search note says already
+    lossy = any(e.figures.get("quality_basis") != "exact" for _, _, e in rows)
+    if lossy:
+        t.add_column("quality Δppl mean (95% bound) / worst" + (" (proxy)" if _proxy(p) else ""), justify="right")
     for rank, trial, e in rows:
         t.add_row(rank, trial, *(_objective_cell(p, o, v) for o, v in zip(p.objectives, e.values)),
                   *(_fmt(e.figures["slo_s"].get(str(s)), 1e3) for s in p.slos),
                   _fmt(e.figures["energy_j_per_token"], digits=3), _fmt(e.figures["kv_peak_bytes"], 2**-20),
-                  _quality_cell(e.figures))
+                  *([_quality_cell(e.figures)] if lossy else []))
     return t
 
 
