@@ -137,10 +137,12 @@ def best_table(result) -> Table:
     for col in ("#", "trial"):
         t.add_column(col)
     for o in p.objectives:
-        t.add_column(o.name, justify="right")
+        t.add_column(f"energy ({p.profile.power.source})" if o.name == "energy" else o.name, justify="right")
     for s in p.slos:
         t.add_column(f"{s.metric.upper()} {s.percentile} (ms)", justify="right")
-    t.add_column(f"J/token ({p.profile.power.source})", justify="right")
+    energy = "energy" not in [o.name for o in p.objectives]  # (an energy objective is this figure already)
+    if energy:
+        t.add_column(f"J/token ({p.profile.power.source})", justify="right")
     t.add_column("KV peak (MiB)", justify="right")
     rows = [(f"#{i + 1}", str(e.trial), e) for i, e in enumerate(result.best)] + [("base", "-", result.baseline)]
     # a column of "none (lossless)" on every row says what the lossless-search note says already
@@ -150,8 +152,8 @@ def best_table(result) -> Table:
     for rank, trial, e in rows:
         t.add_row(rank, trial, *(_objective_cell(p, o, v) for o, v in zip(p.objectives, e.values)),
                   *(_fmt(e.figures["slo_s"].get(str(s)), 1e3) for s in p.slos),
-                  _fmt(e.figures["energy_j_per_token"], digits=3), _fmt(e.figures["kv_peak_bytes"], 2**-20),
-                  *([_quality_cell(e.figures)] if lossy else []))
+                  *([_fmt(e.figures["energy_j_per_token"], digits=3)] if energy else []),
+                  _fmt(e.figures["kv_peak_bytes"], 2**-20), *([_quality_cell(e.figures)] if lossy else []))
     return t
 
 
