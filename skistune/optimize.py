@@ -341,6 +341,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     sim_target = target_from_profile(prof, model)
     if kv_bytes is not None:
         sim_target = replace(sim_target, device_free_bytes=kv_bytes)
+    check_slo_floor(slos, sim_target)
     cut, machine_notes = fit_machine(cut, prof, sim_target)
     notes = notes + machine_notes
     problem = Problem(w, model, request_set(workload_requests(w, model)), sim_target, prof, slos, objectives,
@@ -413,6 +414,35 @@ def fit_machine(space: SearchSpace, profile, target) -> tuple[SearchSpace, list[
         notes.append(f"{knobs}: not checked against the profiled machine's {resources.replace(', ', ' and ')} "
                      "(the profile predates their record; measure it again with `skistune profile`)")
     return space, notes
+
+
+class UnmeetableSLO(ValueError):
+    """A latency SLO no config can meet on the profiled hardware (`slo_floor_s`): nothing to search. The
+    command exits with the infeasible code (3), not the bad-input one."""
+
+
+FLOOR_MAX_BATCH = 64  # decode batches the fastest step is looked for among (a CPU's BLAS can run 2 rows faster than 1)
+
+
+def slo_floor_s(target) -> float:
+    """The fastest step the profile predicts for any config: a few one-token decodes with no context, at 16
+    bits (the cost terms are non-negative: bits, eviction and tiers only add). Every latency a request has
+    (TTFT, each gap between tokens, hence TPOT and E2E) spans at least one step."""
+    from skistune.profile.cost import decode_shape
+    from skistune.runtime.kv_layout import kv_traffic
+
+    kv = kv_traffic(KVConfig(), target.spec, target.kv_itemsize)
+    return min(target.step_cost.predict_s(decode_shape(b, 0, kv)) for b in range(1, FLOOR_MAX_BATCH + 1))
+
+
+def check_slo_floor(slos: Sequence[SLO], target) -> None:
+    """Raise `UnmeetableSLO` for the first SLO below `slo_floor_s`."""
+    floor_s = slo_floor_s(target)
+    for s in slos:
+        if s.limit_s < floor_s:
+            raise UnmeetableSLO(f"{s}: no config can meet it on the profiled hardware: the fastest step the "
+                                f"profile predicts (one-token decodes, no context) takes {floor_s * 1e3:.1f} ms, "
+                                "and every latency spans at least one step")
 
 
 def parse_kv_memory(kv_memory) -> int | None:

@@ -376,18 +376,24 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     search with the simulator, validate the top configs on the real runtime, write the tuned config."""
     import optuna
 
-    from skistune.optimize import (SAMPLERS, build_problem, default_storage, default_study_name, open_storage,
-                                   open_study)
+    from skistune.optimize import (SAMPLERS, UnmeetableSLO, build_problem, default_storage, default_study_name,
+                                   open_storage, open_study)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _check_out(out)
     if sampler not in SAMPLERS:
         raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
     w = _workload(workload, requests, first, rate_scale, length_scale, max_input, max_output)
-    problem = build_problem(w, slo=slo or (), objective=objective, energy=energy, quality=quality or (), model=model,
-                            profile=functools.partial(_profile, profile, model), space=space, target=target,
-                            max_queue_s=parse_max_queue(max_queue), quality_profile=quality_profile,
-                            kv_memory=kv_memory)
+    try:
+        problem = build_problem(w, slo=slo or (), objective=objective, energy=energy, quality=quality or (),
+                                model=model, profile=functools.partial(_profile, profile, model), space=space,
+                                target=target, max_queue_s=parse_max_queue(max_queue),
+                                quality_profile=quality_profile, kv_memory=kv_memory)
+    except UnmeetableSLO as exc:  # infeasible before any search: exit 3, as when no trial meets it
+        err_console.print(f"[bold red]infeasible:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        if json_out:
+            print_json({"feasible": False, "trials": 0, "unmeetable": str(exc)})
+        raise typer.Exit(EXIT_INFEASIBLE) from None
     name = study or default_study_name(problem)
     storage = storage or default_storage(name)
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar

@@ -113,10 +113,29 @@ def test_several_objectives_give_a_pareto_front(workload, profile):
     assert pareto_front(r.problem, r.best) == [e for e in pareto_front(r.problem, r.best)]
 
 
+def test_an_slo_below_the_fastest_step_is_refused_before_any_search(workload, profile):
+    """Every latency spans at least one step: an SLO below the fastest one the profile predicts (one-token
+    decodes, no context, at 16 bits) cannot be met by any config, at any rate."""
+    from skistune.profile.cost import decode_shape
+    from skistune.runtime.kv_layout import kv_traffic
+
+    import skistune.optimize as opt
+
+    problem = build_problem(workload, slo="p99=200ms", profile=profile)
+    floor_s = opt.slo_floor_s(problem.target)
+    kv = kv_traffic(opt.baseline_config(), problem.target.spec, problem.target.kv_itemsize)
+    assert 0 < floor_s <= problem.target.step_cost.predict_s(decode_shape(1, 0, kv))
+    assert floor_s <= min(opt.score(problem, problem.base).figures["tbt_p99_s"], 0.2)
+    for slo in (f"p99={floor_s * 1e3 * 0.9:.3f}ms", f"ttft:p50<={floor_s * 1e3 * 0.5:.3f}ms", "e2e:mean<=1ms"):
+        with pytest.raises(opt.UnmeetableSLO, match="the fastest step the profile predicts"):
+            build_problem(workload, slo=slo, profile=profile)
+    build_problem(workload, slo=f"p99={floor_s * 1e3 * 1.01:.3f}ms", profile=profile)  # at the floor: searched
+
+
 def test_infeasible_names_the_binding_constraint_and_the_closest_configs(workload, profile):
-    r = run(workload, profile, slo="p99=1ms", n_trials=3)
+    r = run(workload, profile, slo="ttft:p99<=40ms", n_trials=3)  # above any step, below any prefill
     assert not r.feasible and r.best == [] and r.pareto == []
-    assert r.binding["tbt:p99<=1ms"] == r.trials == 3
+    assert r.binding["ttft:p99<=40ms"] == r.trials == 3
     assert [e.total_violation for e in r.closest] == sorted(e.total_violation for e in r.closest)
     assert all(e.values[0] == 0.0 for e in r.closest)  # capacity 0: no rate meets the SLO
     with pytest.raises(ValueError, match="no config met"):

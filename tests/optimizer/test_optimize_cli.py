@@ -45,13 +45,24 @@ def test_writes_the_tuned_config_with_provenance_and_a_json_summary(here):
 def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_alone(here):
     out = here / "keep.yaml"
     out.write_text("untouched\n")
-    r = invoke("--slo", "p99=1ms", *SMALL, "--out", str(out))
+    r = invoke("--slo", "ttft:p99<=40ms", *SMALL, "--out", str(out))
     assert r.exit_code == 3, r.output
     assert "no config met every constraint in 3 trials" in r.stderr
-    assert "tbt:p99<=1ms" in r.stdout and "3 of 3" in r.stdout and "Closest to feasible" in r.stdout
+    assert "ttft:p99<=40ms" in r.stdout and "3 of 3" in r.stdout and "Closest to feasible" in r.stdout
     knob_lines = [line for line in r.stdout.splitlines() if line.startswith("trial ")]
     assert knob_lines and "…" not in r.stdout  # each closest config's knobs whole, on a line of its own
     assert out.read_text() == "untouched\n"
+
+
+def test_an_slo_below_the_fastest_step_exits_3_before_any_search(here):
+    out = here / "keep.yaml"
+    out.write_text("untouched\n")
+    r = invoke("--slo", "p99=1ms", *SMALL, "--out", str(out), "--json")
+    assert r.exit_code == 3, r.output
+    assert "infeasible: tbt:p99<=1ms: no config can meet it on the profiled hardware" in r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {
+        "feasible": False, "trials": 0, "unmeetable": r.stderr.split("infeasible: ", 1)[1].strip().replace("\n", " ")}
+    assert "search" not in r.stderr and out.read_text() == "untouched\n" and not list(here.glob("*.db"))
 
 
 @pytest.mark.parametrize("args, message", [
