@@ -337,7 +337,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     w = _load_workload(workload, model)
     # last: the profile may have to be measured first (a minute), which bad input elsewhere must not cost
     prof, notes = _load_profile(profile() if callable(profile) else profile, model)
-    notes = quality_notes + notes
+    notes = quality_notes + notes + ([prof.drift_note] if prof.drift_note else [])
     sim_target = target_from_profile(prof, model)
     if kv_bytes is not None:
         sim_target = replace(sim_target, device_free_bytes=kv_bytes)

@@ -29,8 +29,9 @@ def _summary(profile: HardwareProfile, path: Path) -> dict:
                  "held_out": fit.held_out.to_dict() if fit.held_out else None},
         "transfers": {link: m.fit.to_dict() for link, m in profile.transfers.items()},
         "host_memory_bytes": profile.fingerprint.host_memory_bytes, "disk_free_bytes": profile.disk_free_bytes,
+        "drift": dict(profile.drift),
         "power": profile.power.to_dict(), "flagged": profile.flagged_fits(),
-        "notes": list(profile.notes) + ([profile.quantized_kv_note] if profile.quantized_kv_note else []),
+        "notes": list(profile.notes) + [n for n in (profile.quantized_kv_note, profile.drift_note) if n],
     }
 
 
@@ -112,6 +113,8 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     rows += [_transfer_row(link, m.fit) for link, m in profile.transfers.items()]
     # what bounds the host and disk tiers the optimizer recommends for this machine
     memory, free = profile.fingerprint.host_memory_bytes, profile.disk_free_bytes
+    rows.append(("machine speed while measured: last / first step timed",
+                 ", ".join(f"{k} x{r:.2f}" for k, r in profile.drift.items()) or "not recorded"))
     rows.append(("machine memory / disk free where timed", " / ".join(
         "not recorded" if b is None else format_bytes(b) for b in (memory, free))))
     power = profile.power
@@ -166,8 +169,8 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
     console.print(profile_table(profile, path))
     for flagged in profile.flagged_fits():
         err_console.print(f"[yellow]flagged:[/] {escape(str(flagged))} is below the R² threshold", highlight=False)
-    extrapolated = [profile.quantized_kv_note] if profile.quantized_kv_note else []
-    for note in list(profile.notes) + extrapolated:
+    extra = [n for n in (profile.quantized_kv_note, profile.drift_note) if n]
+    for note in list(profile.notes) + extra:
         err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
     if json_out:
         print_json(_summary(profile, path))

@@ -332,6 +332,20 @@ def _transfers(runtime: Runtime, grid: Grid, disk_dir: Path | None, tick: _Track
     return out
 
 
+def _drift(bench: StepBench, steps: list[StepPoint]) -> dict[str, float]:
+    """The first 16-bit decode and prefill points timed again at the end of the measurement: end / start per
+    kind. On a shared VM a one-token decode (memory bound) ran at x1.7-2.0 of its time 15 minutes earlier
+    while prefills (compute bound) held, so a profile records how still the machine stood while it was taken."""
+    out = {}
+    for kind in ("decode", "prefill"):
+        first = next((p for p in steps if p.kind == kind and kv_bits(p.grid) == 16), None)
+        if first is not None:
+            g = first.grid
+            again = bench.decode(g["batch"], g["context"]) if kind == "decode" else bench.prefill(g["chunk"], g["cached"])
+            out[kind] = again.timing.median_s / first.timing.median_s
+    return out
+
+
 def _notes(runtime: Runtime, disk_dir: Path | None) -> tuple[str, ...]:
     notes = list(runtime.notes)
     if runtime.model.device.type == "cpu":
@@ -361,6 +375,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
     attention = _attention(runtime, grid, tick)
     quantize = _quantize(runtime, grid, tick)
     transfers = _transfers(runtime, grid, disk_dir, tick)
+    drift = _drift(bench, steps)
     fingerprint = machine_fingerprint(device.type)
     power = (modeled_power(device.type, fingerprint.cpu_count) if meter is None
              else measured_power(meter, grid.idle_s, busy_w))
@@ -370,7 +385,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         quick=quick, kv_bytes_per_token=bench.kv_bytes_per_token, block_size=runtime.store.block_size,
         fingerprint=fingerprint, duration_s=time.perf_counter() - started, steps=tuple(steps),
         step_fit=step_fit, overhead=overhead, attention=attention, transfers=transfers, power=power,
-        notes=_notes(runtime, disk_dir), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir))
+        notes=_notes(runtime, disk_dir), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir), drift=drift)
 
 
 def _available_bytes(device: str) -> int | None:

@@ -15,7 +15,7 @@ import json
 import os
 import uuid
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,6 +32,7 @@ from .records import LINKS, GridPoint, StepPoint, entry, integer, items, kv_bits
 FORMAT = "skistune.hardware_profile"
 FORMAT_VERSION = 1
 DEVICES = ("cpu", "cuda")
+DRIFT_NOTE_AT = 0.10  # a kind of step that ran this much faster or slower at the end of the measurement is noted
 
 
 class FingerprintWarning(UserWarning):
@@ -78,6 +79,9 @@ class HardwareProfile:
     # free space of the disk the transfers were timed on, when they were: bounds the disk KV tier the
     # optimizer may recommend for this machine (None: not recorded, as in files written before it was)
     disk_free_bytes: int | None = None
+    # each kind's first step point timed again at the end of the measurement, end / start (`measure._drift`):
+    # how still the machine stood while the profile was taken (empty in files written before it was recorded)
+    drift: dict[str, float] = field(default_factory=dict)
 
     @property
     def step_cost(self) -> StepCostModel:
@@ -102,6 +106,16 @@ class HardwareProfile:
     def measures_quantized_kv(self) -> bool:
         """Whether the step fit saw steps with quantized KV (else its quantized-KV terms are zero)."""
         return any(kv_bits(p.grid) != 16 for p in self.steps)
+
+    @property
+    def drift_note(self) -> str | None:
+        """A note when the machine's speed moved by `DRIFT_NOTE_AT` or more while the profile was measured."""
+        moved = {k: r for k, r in self.drift.items() if abs(r - 1) >= DRIFT_NOTE_AT}
+        if not moved:
+            return None
+        kinds = ", ".join(f"{k} steps x{r:.2f}" for k, r in moved.items())
+        return (f"profile {self.name}: the machine's speed moved while it was measured ({kinds} at the end against "
+                "the start): its predictions carry that much error; measure it again on a quiet machine")
 
     @property
     def quantized_kv_note(self) -> str | None:
@@ -141,7 +155,7 @@ class HardwareProfile:
                      "fit": _step_fit_dict(self.step_fit)},
             "overhead": self.overhead.to_dict(), "kernels": self._kernels_dict(),
             "transfers": {link: m.to_dict() for link, m in self.transfers.items()},
-            "disk_free_bytes": self.disk_free_bytes,
+            "disk_free_bytes": self.disk_free_bytes, "drift": dict(self.drift),
             "power": {**self.power.to_dict(), "energy_j_per_token": self.energy_j_per_token()},
         }
 
@@ -176,7 +190,8 @@ class HardwareProfile:
             quantize=(_read_measured(kernels, "quantize_append", _read_linear, "kernels")
                       if isinstance(kernels, dict) and "quantize_append" in kernels else None),
             disk_free_bytes=(None if data.get("disk_free_bytes") is None
-                             else integer(data, "disk_free_bytes", "profile")))
+                             else integer(data, "disk_free_bytes", "profile")),
+            drift=_read_drift(data.get("drift") or {}))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically (a temp file in the same folder, then renamed over ``path``)."""
@@ -195,6 +210,12 @@ class HardwareProfile:
             Path(tmp).unlink(missing_ok=True)
             raise
         return path
+
+
+def _read_drift(data: Any) -> dict[str, float]:
+    if not isinstance(data, dict) or not set(data) <= {"decode", "prefill"}:
+        raise ValueError(f"profile.drift: expected an object of decode/prefill -> ratio, got {data!r}")
+    return {k: number(data, k, "profile.drift", minimum=1e-9) for k in data}
 
 
 def _boolean(data: Any, key: str, where: str) -> bool:

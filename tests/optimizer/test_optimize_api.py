@@ -302,6 +302,14 @@ def test_disk_tiers_larger_than_the_profiled_disk_are_not_searched(workload, pro
     assert disk_choices(replace(here, disk_free_bytes=None))[0] == expected
 
 
+def test_a_profile_taken_while_the_machine_moved_is_noted(workload, profile):
+    from dataclasses import replace
+
+    notes = build_problem(workload, slo="p99=200ms", profile=replace(profile, drift={"decode": 0.8})).notes
+    assert any("the machine's speed moved while it was measured (decode steps x0.80" in n for n in notes)
+    assert not any("moved while" in n for n in build_problem(workload, slo="p99=200ms", profile=profile).notes)
+
+
 def test_closest_to_feasible_ranks_configs_that_serve_every_request_first():
     """A config that serves nothing has every latency undefined (a violation of 1 each): it must not be shown
     as closer to feasible than one that serves every request, late."""

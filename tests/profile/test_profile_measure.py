@@ -107,6 +107,22 @@ def test_other_stages_are_measured(tiny_profile: HardwareProfile):
     assert tiny_profile.power.source == "modeled" and "modeled" in tiny_profile.power.note
     assert tiny_profile.fingerprint.threads == tiny_profile.threads >= 1
     assert tiny_profile.disk_free_bytes > 0  # where the disk was timed (the temporary directory here)
+    assert set(tiny_profile.drift) == {"decode", "prefill"} and all(r > 0 for r in tiny_profile.drift.values())
+
+
+def test_a_machine_that_moved_while_measured_is_noted_per_kind(shipped: HardwareProfile):
+    """The first decode and prefill points are timed again at the end: a kind that moved by 10% or more is
+    named in a note that the simulator's target (hence `skistune evaluate`) and the optimizer carry."""
+    from dataclasses import replace
+
+    from skistune.simulator import target_from_profile
+
+    moved = replace(shipped, drift={"decode": 1.72, "prefill": 1.04})
+    assert "decode steps x1.72" in moved.drift_note and "prefill" not in moved.drift_note
+    assert moved.drift_note in target_from_profile(moved).notes
+    for still in ({"decode": 1.05, "prefill": 0.93}, {}):  # within 10%, or not recorded
+        steady = replace(shipped, drift=still)
+        assert steady.drift_note is None and not any("moved" in n for n in target_from_profile(steady).notes)
 
 
 def test_unknown_transfer_link_is_an_error(tiny_profile: HardwareProfile):
@@ -118,9 +134,9 @@ def test_save_and_load_round_trip_exactly(tiny_profile: HardwareProfile, tmp_pat
     path = tiny_profile.save(tmp_path / "sub" / "p.json")
     assert load_profile(path) == tiny_profile
     older = json.loads(path.read_text())
-    del older["disk_free_bytes"]  # a file written before the record: loads, with it unknown
+    del older["disk_free_bytes"], older["drift"]  # a file written before the records: loads, with them unknown
     path.write_text(json.dumps(older))
-    assert load_profile(path).disk_free_bytes is None
+    assert load_profile(path).disk_free_bytes is None and load_profile(path).drift == {}
     assert [f.name for f in path.parent.iterdir()] == ["p.json"]  # the temp file was renamed, not left
 
 

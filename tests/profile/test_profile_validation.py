@@ -50,6 +50,8 @@ BAD_EDITS = {
     "a newer version": (_set(("version",), 99), "version: 99"),
     "free disk space as text": (_set(("disk_free_bytes",), "70GB"), "profile.disk_free_bytes: expected an integer"),
     "negative free disk space": (_set(("disk_free_bytes",), -1), "profile.disk_free_bytes: -1 is below 0"),
+    "drift of an unknown kind": (_set(("drift",), {"mixed": 1.0}), "profile.drift: expected an object"),
+    "drift that is not a number": (_set(("drift",), {"decode": "x1.2"}), "profile.drift.decode: expected a finite"),
 }
 
 
