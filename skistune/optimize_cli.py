@@ -242,6 +242,23 @@ def validation_table(result) -> Table:
     return t
 
 
+def twin_lines(result) -> list[str]:
+    """The validated configs the simulator predicts to run the same schedule of the slice, group by group
+    (`optimize.same_schedule`): their verdicts differ only by the machine's noise."""
+    from skistune.optimize import same_schedule
+
+    labels = {b.config: f"#{i + 1}" for i, b in enumerate(result.best)}
+    named = [("base" if v.role == "baseline" else labels.get(v.config, "?"), v) for v in result.validated]
+    groups: list[list[tuple[str, object]]] = []
+    for label, v in named:
+        group = next((g for g in groups if same_schedule(g[0][1], v)), None)
+        (group.append((label, v)) if group is not None else groups.append([(label, v)]))
+    return [f"{', '.join(label for label, _ in g)}: the simulator predicts the same schedule of the slice for these, "
+            "so their verdicts differ only by the machine's noise (at the SLO's edge a few percent of its speed "
+            "flips one); the best replay counts for all of them and the search's order stands"
+            for g in groups if len(g) > 1 and len({v.holds for _, v in g}) > 1]
+
+
 def gain_lines(result) -> list[str]:
     lines = []
     if result.best and result.best[0].config == result.baseline.config:
@@ -256,8 +273,8 @@ def gain_lines(result) -> list[str]:
         lines.append(f"gain over the baseline (vLLM defaults), predicted: {name} x{_fmt(ratio, digits=2)}")
     measured = result.measured_gain()
     if measured:
-        base = "holds every constraint too" if measured["baseline_holds"] else \
-            f"breaks {', '.join(measured['baseline_binding'])}"
+        base = f"holds every constraint{' too' if measured['tuned_holds'] else ''}" if measured["baseline_holds"] \
+            else f"breaks {', '.join(measured['baseline_binding'])}"
         tuned = "holds every constraint" if measured["tuned_holds"] else "breaks a constraint"
         lines.append(f"measured at {measured['rate_rps']:.3g} req/s: the tuned config {tuned}; the baseline {base}")
         if measured["same_schedule"]:  # near the SLO's edge a few percent of the machine's speed flips a verdict
@@ -436,6 +453,8 @@ def _report(result, out: Path, json_out: bool) -> None:
         console.print(escape(line), highlight=False, soft_wrap=True)
     if result.validated:
         console.print(validation_table(result))
+        for line in twin_lines(result):
+            console.print(escape(line), highlight=False)
     for line in gain_lines(result):
         console.print(escape(line), highlight=False)
     path = result.write(out)

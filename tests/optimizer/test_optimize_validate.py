@@ -105,11 +105,13 @@ def test_configs_predicted_to_run_the_same_schedule_are_not_told_apart_by_their_
                                 validated=[ranked[1], replace(ranked[0], role="baseline")])
     gain = result.measured_gain()
     assert gain["same_schedule"] and gain["tuned_holds"] and not gain["baseline_holds"]
-    from skistune.optimize_cli import gain_lines
+    from skistune.optimize_cli import gain_lines, twin_lines
 
     result.best = [ranked[1].predicted]
     lines = gain_lines(result)
     assert any("the machine's noise, not the configs" in line for line in lines), lines
+    assert "the baseline breaks tbt:p99<=200ms" in lines[-2] and "too" not in lines[-2]
+    assert [line.split(":")[0] for line in twin_lines(result)] == ["#1, base"]
     result.validated = [ranked[2], replace(ranked[0], role="baseline")]
     assert not result.measured_gain()["same_schedule"]
     assert not any("noise" in line for line in gain_lines(result))
