@@ -517,15 +517,16 @@ def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]],
             ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", color=color, label=label)
     for s in (s for s in slos if s.metric == metric):
         ax.axvline(s.limit_s * scale, color="black", ls="--", lw=1, label=f"SLO {s}")
-    if all(v.size for v in positive) and top_s > 20 * min(v.min() for v in positive):
-        from matplotlib.ticker import FuncFormatter, LogLocator
+    if all(v.size for v in positive) and top_s > 20 * (low_s := min(v.min() for v in positive)):
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
         ax.set_xscale("log")
         # plain numbers at 1, 2 and 5 of each decade: the default labels every minor tick of a short span
-        # in scientific notation ("2x10^0 3x10^0 ..."), and they overlap
+        # in scientific notation ("2x10^0 3x10^0 ..."), and they overlap; past two decades 2 and 5 go
+        # unlabelled too ("500" ran into "1000" on a panel from 30 ms to 6 s)
         plain = FuncFormatter(lambda v, _: f"{v:g}")
         ax.xaxis.set_major_formatter(plain)
         ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-        ax.xaxis.set_minor_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain if top_s <= 100 * low_s else NullFormatter())
     ax.set_xlabel(f"{metric.upper()} ({unit})")
     ax.set_ylabel("fraction of token gaps" if metric == "tbt" else "fraction of requests")
     ax.set_ylim(0, 1.02)
