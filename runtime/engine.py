@@ -19,7 +19,9 @@ from .tiers import TierManager
 
 
 class Executor(Protocol):
-    """Computes a scheduled step and returns the sampled token of every sequence that samples."""
+    """Computes a scheduled step and returns the sampled token of every sequence that samples. An executor
+    may also have ``prepare(kv)``, which the engine calls once its block accounting and tiers exist, before
+    any request: what it allocates there is not charged to the first step."""
 
     def execute(self, out: SchedulerOutput, kv: KVCacheManager) -> dict[str, int]: ...
 
@@ -132,6 +134,9 @@ class Engine:
                                  tier_manager(config, block_bytes))
         self.scheduler = Scheduler(scheduler_limits(config), self.kv, eviction_budget(config, n_layers),
                                    prefetch_blocks(config) if self.kv.tiers is not None else 0)
+        prepare = getattr(executor, "prepare", None)
+        if prepare is not None:
+            prepare(self.kv)
         self.block_bytes = block_bytes
         self.max_context = max_context
         self.executor = executor
