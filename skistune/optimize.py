@@ -391,7 +391,8 @@ def fit_machine(space: SearchSpace, profile, target) -> tuple[SearchSpace, list[
     profile cannot tell)."""
     host_limit, memory = host_tier_limit(profile, target)
     disk_limit, free = disk_tier_limit(profile)
-    weights = ", less the model's weights and the device KV pool that share it on a CPU" if profile.device == "cpu" else ""
+    cpu = profile.device == "cpu"
+    weights = ", less the model's weights and the device KV pool that share it on a CPU" if cpu else ""
     tiers = [("offload.host_kv_bytes", host_limit, "memory", "a host tier",
               f"{HOST_TIER_SHARE:.0%} of its {format_bytes(memory or 0)} of memory, vLLM's limit for its CPU swap "
               f"space{weights}"),
@@ -1470,7 +1471,8 @@ def _measured_order(problem: Problem, validations: list[Validation]) -> list[Val
     (`same_schedule`) share their best measurement and keep the search's order among them: near the SLO's
     edge one replay holds and its twin breaks by a few percent of the machine's speed, which must not pick
     the winner."""
-    keys = [min(_measured_key(problem, w) for w in validations if w is v or same_schedule(v, w)) for v in validations]
+    keys = [min(_measured_key(problem, w) for w in validations if w is v or same_schedule(v, w))
+            for v in validations]
     return [validations[i] for i in sorted(range(len(validations)), key=keys.__getitem__)]
 
 

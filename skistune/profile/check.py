@@ -6,8 +6,9 @@ check times a few of the profile's own 16-bit step points again, the way the pro
 (`StepBench`: the same engine, setup and medians), and reports now / then per kind of step (decode,
 prefill, mixed) and over all: 1.10 means this machine now runs those steps 10% slower than when the profile
 was measured, so predictions of them will be about 10% fast. The kinds are reported apart because they
-drift apart: decodes read memory, prefills compute. `skistune profile --check FILE` prints it; `benchmarks/fidelity.py` measures it
-before and after its replays, so that the drift of the machine and the error of the model can be told apart.
+drift apart: decodes read memory, prefills compute. `skistune profile --check FILE` prints it;
+`benchmarks/fidelity.py` measures it before and after its replays, so that the drift of the machine and
+the error of the model can be told apart.
 """
 from __future__ import annotations
 

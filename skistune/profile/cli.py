@@ -111,10 +111,10 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     rows = [("scheduler overhead: per step + per sequence", f"{fixed_s * 1e6:.0f} µs + {per_seq_s * 1e6:.1f} µs"),
             ("paged attention (one layer) R²", _r2(profile.attention.fit.quality.r2))]
     rows += [_transfer_row(link, m.fit) for link, m in profile.transfers.items()]
-    # what bounds the host and disk tiers the optimizer recommends for this machine
-    memory, free = profile.fingerprint.host_memory_bytes, profile.disk_free_bytes
     rows.append(("machine speed while measured: last / first step timed",
                  ", ".join(f"{k} x{r:.2f}" for k, r in profile.drift.items()) or "not recorded"))
+    # what bounds the host and disk tiers the optimizer recommends for this machine
+    memory, free = profile.fingerprint.host_memory_bytes, profile.disk_free_bytes
     rows.append(("machine memory / disk free where timed", " / ".join(
         "not recorded" if b is None else format_bytes(b) for b in (memory, free))))
     power = profile.power

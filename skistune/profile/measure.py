@@ -341,7 +341,8 @@ def _drift(bench: StepBench, steps: list[StepPoint]) -> dict[str, float]:
         first = next((p for p in steps if p.kind == kind and kv_bits(p.grid) == 16), None)
         if first is not None:
             g = first.grid
-            again = bench.decode(g["batch"], g["context"]) if kind == "decode" else bench.prefill(g["chunk"], g["cached"])
+            again = (bench.decode(g["batch"], g["context"]) if kind == "decode"
+                     else bench.prefill(g["chunk"], g["cached"]))
             out[kind] = again.timing.median_s / first.timing.median_s
     return out
 
