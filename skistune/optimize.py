@@ -1282,6 +1282,9 @@ class Validation:
     role: str = "candidate"  # or "baseline"
     pool_cap_bytes: int | None = None  # the KV pool the replay used, when capped (see `replay_config`)
     held_out_quality: Any = None  # QualityLoss measured on held-out text (configs with a lossy knob)
+    # the top configs not replayed because the simulator predicts them the same schedule of the slice as
+    # this one (`same_prediction`): their replays would only measure the machine's noise
+    twins: tuple[KVConfig, ...] = ()
 
     @property
     def holds(self) -> bool:
@@ -1364,7 +1367,7 @@ def validation_record(v: Validation) -> dict[str, Any]:
     figures and whether the measurement held every constraint."""
     return {"role": v.role, "config": v.config.to_dict(), "rate_rps": v.rate_rps, "holds": v.holds,
             "binding": v.measured.binding, "wall_s": v.wall_s, "predicted": dict(v.predicted.figures),
-            "measured": dict(v.measured.figures)}
+            "measured": dict(v.measured.figures), "twins": [c.to_dict() for c in v.twins]}
 
 
 def held_out_quality(problem: Problem, configs: Sequence[KVConfig], runtime=None,
@@ -1425,24 +1428,37 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
     runtime = load_runtime(problem) if runtime is None else runtime
     if hasattr(runtime, "result"):  # a Future from `load_runtime_in_background`
         runtime = runtime.result()
-    quality = held_out_quality(problem, configs, runtime, progress)
-    predicted = [score(problem, config, requests, precision=REFINE_PRECISION) for config in configs]
-    out: list[Validation | None] = [None] * len(configs)
+    scored = [score(problem, config, requests, precision=REFINE_PRECISION) for config in configs]
+    # one replay per schedule: configs the simulator predicts to run the same steps of the slice (near the
+    # SLO's edge one replay holds and its twin's breaks by a few percent of the machine's speed) are replayed
+    # once, as the first of them in the search's order
+    groups: list[list[Evaluation]] = []
+    for e in scored:
+        group = next((g for g in groups if same_prediction(g[0], e)), None)
+        (group.append(e) if group is not None else groups.append([e]))
+    predicted = [g[0] for g in groups]
+    quality = held_out_quality(problem, [p.config for p in predicted], runtime, progress)
+    out: list[Validation | None] = [None] * len(predicted)
     for replay in range(VALIDATE_REPEATS):  # interleaved, so that a slow spell of the machine hits every config
         for i, p in enumerate(predicted):
             if replay and not _replay_again(problem, out[i]):
                 continue
             if progress:
-                progress(f"{i + 1}/{len(configs)}{_replay_label(replay)}")
+                progress(f"{i + 1}/{len(predicted)}{_replay_label(replay)}")
             out[i] = _better(problem, out[i],
                              _measure(problem, runtime, p, requests, "candidate", quality.get(p.config)))
-    out = _measured_order(problem, out)
+    out = sorted((replace(v, twins=tuple(e.config for e in g[1:])) for v, g in zip(out, groups)),
+                 key=lambda v: _measured_key(problem, v))
     # the baseline among the candidates, replayed at the winner's rate (the winner itself, or one the search
     # found as good): its replays stand for both roles, another replay would only measure the machine's noise
     for v in out:
         if v.config == problem.base and v.predicted.rate_scale == out[0].predicted.rate_scale:
             return out + [replace(v, role="baseline")]
+    if problem.base in out[0].twins:  # predicted to run the winner's schedule: nothing a replay could compare
+        return out
     base = score_at(problem, problem.base, requests, out[0].predicted.rate_scale)
+    if same_prediction(base, out[0].predicted):  # the same, though not among the candidates
+        return [replace(out[0], twins=out[0].twins + (problem.base,))] + out[1:]
     measured = None
     for replay in range(VALIDATE_REPEATS):
         if replay and not _replay_again(problem, measured):
@@ -1459,21 +1475,16 @@ SCHEDULE_FIGURES = ("rate_rps", "ttft_p99_s", "tbt_p99_s", "e2e_p99_s", "tpot_p9
                     "finished", "energy_j_per_token", "quality_loss", "quality_worst")
 
 
-def same_schedule(a: Validation, b: Validation) -> bool:
-    """Whether the simulator predicts the two replays to run the same schedule of the slice (same rate, same
-    steps): whatever tells their measurements apart is then the machine's noise, not the configs."""
-    fa, fb = a.predicted.figures, b.predicted.figures
+def same_prediction(a: Evaluation, b: Evaluation) -> bool:
+    """Whether the simulator predicts the two configs to run the same schedule of the slice (same rate, same
+    steps): whatever would tell their replays apart is then the machine's noise, not the configs."""
+    fa, fb = a.figures, b.figures
     return bool(fa) and all(fa.get(k) == fb.get(k) for k in SCHEDULE_FIGURES)  # (no figures: nothing to compare)
 
 
-def _measured_order(problem: Problem, validations: list[Validation]) -> list[Validation]:
-    """Best measured first. Configs the simulator predicts to run the same schedule of the slice
-    (`same_schedule`) share their best measurement and keep the search's order among them: near the SLO's
-    edge one replay holds and its twin breaks by a few percent of the machine's speed, which must not pick
-    the winner."""
-    keys = [min(_measured_key(problem, w) for w in validations if w is v or same_schedule(v, w))
-            for v in validations]
-    return [validations[i] for i in sorted(range(len(validations)), key=keys.__getitem__)]
+def same_schedule(a: Validation, b: Validation) -> bool:
+    """`same_prediction` of two replays."""
+    return same_prediction(a.predicted, b.predicted)
 
 
 def _replay_label(replay: int) -> str:
@@ -1614,7 +1625,7 @@ def _measured_provenance(result: OptimizeResult) -> dict[str, Any] | None:
     p = result.problem
     runs = [{"role": v.role, "rate_rps": v.rate_rps, "holds": v.holds, "binding": v.measured.binding,
              "wall_s": v.wall_s, "kv_pool_cap_bytes": v.pool_cap_bytes, "predicted": _scored(p, v.predicted),
-             "measured": _scored(p, v.measured)}
+             "measured": _scored(p, v.measured), "same_schedule_not_replayed": len(v.twins)}
             for v in result.validated]
     return {"runtime": f"{p.model} on this machine (waits for arrivals skipped)",
             "requests": result.validated[0].measured.figures["requests"], "max_input": VALIDATE_MAX_INPUT,

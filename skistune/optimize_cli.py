@@ -243,20 +243,19 @@ def validation_table(result) -> Table:
 
 
 def twin_lines(result) -> list[str]:
-    """The validated configs the simulator predicts to run the same schedule of the slice, group by group
-    (`optimize.same_schedule`): their verdicts differ only by the machine's noise."""
-    from skistune.optimize import same_schedule
-
+    """The top configs (and the baseline) left unreplayed because the simulator predicts them the same schedule
+    of the slice as a replayed one (`Validation.twins`)."""
     labels = {b.config: f"#{i + 1}" for i, b in enumerate(result.best)}
-    named = [("base" if v.role == "baseline" else labels.get(v.config, "?"), v) for v in result.validated]
-    groups: list[list[tuple[str, object]]] = []
-    for label, v in named:
-        group = next((g for g in groups if same_schedule(g[0][1], v)), None)
-        (group.append((label, v)) if group is not None else groups.append([(label, v)]))
-    return [f"{', '.join(label for label, _ in g)}: the simulator predicts the same schedule of the slice for these, "
-            "so their verdicts differ only by the machine's noise (at the SLO's edge a few percent of its speed "
-            "flips one); the best replay counts for all of them and the search's order stands"
-            for g in groups if len(g) > 1 and len({v.holds for _, v in g}) > 1]
+    labels[result.baseline.config] = "the baseline"  # (when it is also among the best, it is named as such)
+    lines = []
+    for v in result.validated:
+        if v.role == "candidate" and v.twins:
+            names = [labels.get(c, "a config") for c in v.twins]
+            names = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+            lines.append(f"{names}: the simulator predicts the same schedule of the slice as "
+                         f"{labels.get(v.config, 'the replayed config')}, so not replayed (their replays would only "
+                         "measure the machine's noise: at the SLO's edge a few percent of its speed flips a verdict)")
+    return lines
 
 
 def gain_lines(result) -> list[str]:

@@ -428,6 +428,14 @@ def report_lines(report: Report) -> list[str]:
     lines = knob_lines(_view(report, report.best)) if report.feasible else [
         f"no config met every constraint in {len(report.evaluations)} trials; see the constraints table"]
     lines += [f"note: {n}" for n in report.problem.notes]
+    if report.validated:  # the top configs the last validation did not replay, as optimize said
+        from types import SimpleNamespace
+
+        from skistune.optimize_cli import twin_lines
+        replays = [SimpleNamespace(role=v["role"], config=KVConfig.from_dict(v["config"]),
+                                   twins=tuple(KVConfig.from_dict(c) for c in v.get("twins", ())))
+                   for v in report.validated]
+        lines += twin_lines(SimpleNamespace(best=report.best, baseline=report.baseline, validated=replays))
     if not report.validated:
         lines.append("note: no validated run in the study (skistune optimize --validate K replays the top K on "
                      "the real runtime)")
