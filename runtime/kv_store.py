@@ -115,7 +115,11 @@ class TierStore:
             self.layer_parts.append(range(first, first + n))
             first += n
         pin = self.parts[0].device.type == "cuda"
-        self.host = [torch.zeros((host_blocks, *t.shape[1:]), dtype=t.dtype, pin_memory=pin) for t in self.parts]
+        _check_host_tier(host_blocks * store.block_bytes)
+        # page-locked for the GPU's copies (allocated now); on a CPU zeroed by the kernel as blocks are first
+        # written (`zeros_lazy`), as the device pool is: zero-filling a 2 GiB host tier took about a second
+        self.host = [torch.zeros((host_blocks, *t.shape[1:]), dtype=t.dtype, pin_memory=True) if pin
+                     else zeros_lazy((host_blocks, *t.shape[1:]), t.dtype) for t in self.parts]
         self.part_bytes = [t[0].numel() * t.element_size() for t in self.parts]
         if sum(self.part_bytes) != store.block_bytes:
             raise RuntimeError(f"KV tiers: a block is {sum(self.part_bytes)} bytes, the layout says {store.block_bytes}")
@@ -158,6 +162,19 @@ class TierStore:
             buf = torch.frombuffer(bytearray(self.disk.take(s)), dtype=torch.uint8)
             for t, piece in zip(self.parts, buf.split(self.part_bytes)):
                 t[d].copy_(piece.view(t.dtype).view(t.shape[1:]))
+
+
+def _check_host_tier(nbytes: int) -> None:
+    """A host tier larger than this machine's memory cannot be served: say so before allocating it (filling
+    it would end in the kernel's out-of-memory kill, with no message)."""
+    from ..profile.fingerprint import host_memory_bytes
+
+    memory = host_memory_bytes()
+    if memory is not None and nbytes > memory:
+        gib = 2 ** 30
+        raise ValueError(f"offload.host_kv_bytes: a {nbytes / gib:.1f} GiB host tier is more than this machine's "
+                         f"{memory / gib:.1f} GiB of memory (skistune optimize searches up to 70% of it, less the "
+                         "weights and the device KV pool on a CPU)")
 
 
 def _block_bytes(tensors: list[torch.Tensor], block: int) -> bytes:

@@ -261,6 +261,16 @@ def test_the_tier_pools_are_allocated_with_the_engine_not_in_the_first_step():
     assert tiny_runtime().new_engine().executor.tier_store is None  # no tiers: nothing allocated
 
 
+def test_a_host_tier_larger_than_the_machine_is_a_clear_error_not_an_oom_kill(monkeypatch):
+    """A 128 GiB host tier on a 23.5 GiB machine was zero-filled until the kernel killed the process."""
+    from skistune.profile import fingerprint
+
+    monkeypatch.setattr(fingerprint, "host_memory_bytes", lambda: 6 * BLOCK_BYTES)
+    with pytest.raises(ValueError, match="offload.host_kv_bytes: .* host tier is more than this machine's"):
+        tiny_runtime(**{"offload.host_kv_bytes": 8 * BLOCK_BYTES}).new_engine()
+    assert tiny_runtime(**{"offload.host_kv_bytes": 4 * BLOCK_BYTES}).new_engine().executor.tier_store is not None
+
+
 def test_a_full_disk_loses_blocks_not_the_run(monkeypatch):
     """Writes the disk refuses (ENOSPC) lose their blocks, which are recomputed: same outputs, one warning."""
     import errno
