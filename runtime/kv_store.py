@@ -72,6 +72,8 @@ class PagedKVStore:
         self.ring_tokens = full_precision_ring_tokens(config)
         self.slots = config.batching.max_num_seqs
         shape = (num_blocks + 1, block_size, spec.n_kv_heads, spec.head_dim)
+        if torch.device(device).type == "cpu":  # the "device" pool is host memory here
+            check_fits_memory(num_blocks * self.block_bytes, "offload.device_kv_bytes", "KV pool")
         self.layers = [
             (_side(kb, True, shape, self.value_group, self.slots, self.ring_tokens, dtype, device),
              _side(vb, False, shape, self.value_group, self.slots, self.ring_tokens, dtype, device))
@@ -115,7 +117,7 @@ class TierStore:
             self.layer_parts.append(range(first, first + n))
             first += n
         pin = self.parts[0].device.type == "cuda"
-        _check_host_tier(host_blocks * store.block_bytes)
+        check_fits_memory(host_blocks * store.block_bytes, "offload.host_kv_bytes", "host tier")
         # page-locked for the GPU's copies (allocated now); on a CPU zeroed by the kernel as blocks are first
         # written (`zeros_lazy`), as the device pool is: zero-filling a 2 GiB host tier took about a second
         self.host = [torch.zeros((host_blocks, *t.shape[1:]), dtype=t.dtype, pin_memory=True) if pin
@@ -164,17 +166,17 @@ class TierStore:
                 t[d].copy_(piece.view(t.dtype).view(t.shape[1:]))
 
 
-def _check_host_tier(nbytes: int) -> None:
-    """A host tier larger than this machine's memory cannot be served: say so before allocating it (filling
-    it would end in the kernel's out-of-memory kill, with no message)."""
+def check_fits_memory(nbytes: int, knob: str, what: str) -> None:
+    """KV in host memory larger than this machine's memory cannot be served: say so before allocating it
+    (the pools are zeroed lazily, so filling them would end in the kernel's out-of-memory kill, with no
+    message)."""
     from ..profile.fingerprint import host_memory_bytes
 
     memory = host_memory_bytes()
     if memory is not None and nbytes > memory:
         gib = 2 ** 30
-        raise ValueError(f"offload.host_kv_bytes: a {nbytes / gib:.1f} GiB host tier is more than this machine's "
-                         f"{memory / gib:.1f} GiB of memory (skistune optimize searches up to 70% of it, less the "
-                         "weights and the device KV pool on a CPU)")
+        raise ValueError(f"{knob}: a {nbytes / gib:.1f} GiB {what} in host memory is more than this machine's "
+                         f"{memory / gib:.1f} GiB")
 
 
 def _block_bytes(tensors: list[torch.Tensor], block: int) -> bytes:

@@ -266,9 +266,13 @@ def test_a_host_tier_larger_than_the_machine_is_a_clear_error_not_an_oom_kill(mo
     from skistune.profile import fingerprint
 
     monkeypatch.setattr(fingerprint, "host_memory_bytes", lambda: 6 * BLOCK_BYTES)
-    with pytest.raises(ValueError, match="offload.host_kv_bytes: .* host tier is more than this machine's"):
-        tiny_runtime(**{"offload.host_kv_bytes": 8 * BLOCK_BYTES}).new_engine()
-    assert tiny_runtime(**{"offload.host_kv_bytes": 4 * BLOCK_BYTES}).new_engine().executor.tier_store is not None
+    with pytest.raises(ValueError, match="offload.host_kv_bytes: .* host tier in host memory is more than this"):
+        tiny_runtime(**{"offload.host_kv_bytes": 8 * BLOCK_BYTES, "offload.device_kv_bytes": 4 * BLOCK_BYTES}
+                     ).new_engine()
+    with pytest.raises(ValueError, match="offload.device_kv_bytes: .* KV pool in host memory is more than this"):
+        tiny_runtime(**{"offload.device_kv_bytes": 8 * BLOCK_BYTES})  # (on a CPU the device pool is host memory)
+    small = tiny_runtime(**{"offload.host_kv_bytes": 4 * BLOCK_BYTES, "offload.device_kv_bytes": 4 * BLOCK_BYTES})
+    assert small.new_engine().executor.tier_store is not None
 
 
 def test_a_full_disk_loses_blocks_not_the_run(monkeypatch):
