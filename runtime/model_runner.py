@@ -204,9 +204,9 @@ class ModelRunner:
 
     # ---- tiers: transfers of the step ---------------------------------------------------------------
     def prepare(self, kv: KVCacheManager) -> None:
-        """Called by the engine once it has sized its tiers, before any request: their pools are allocated
-        (zero-filled host memory, the disk file) now, not in the first step, where a 2 GiB host tier added
-        about 1 s to the first request's TTFT."""
+        """Called by the engine once it has sized its tiers, before any request: their pools are made (the
+        host pool, pinned on a GPU; the disk file) now, not in the first step, where zero-filling a 2 GiB
+        host tier added about 1 s to the first request's TTFT."""
         if kv.tiers is not None:
             self._tier_store(kv.tiers)
 
