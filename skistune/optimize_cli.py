@@ -306,6 +306,28 @@ def infeasible_report(result) -> None:
     for e in result.closest:  # below the table, whole: a column of them cut every knob at "…"
         console.print(escape(f"trial {e.trial}: {_diff(e.config, result.problem.base, names)}"), highlight=False,
                       soft_wrap=True)
+    line = burst_line(result.problem, result.closest)
+    if line:
+        console.print(escape(line), highlight=False, soft_wrap=True)
+
+
+BURSTY_CV = 2.0  # inter-arrival CV above which a workload's bursts, not its mean rate, decide its queues
+
+
+def burst_line(problem, closest) -> str | None:
+    """Why lowering the rate did not help, when the closest configs meet no rate and the workload is
+    bursty: scaling the rate stretches every gap, so the requests of a burst still arrive together."""
+    from skistune.workloads.stats import workload_stats
+
+    if not closest or problem.objectives[0].name != "capacity" or any(e.values[0] > 0 for e in closest):
+        return None
+    cv = workload_stats(problem.workload).burstiness
+    if cv is None or cv <= BURSTY_CV:
+        return None
+    return (f"every config above breaks the constraints even at {_lowest_rate_rps(problem):.2g} req/s (1/1024 of "
+            f"the workload's rate): its arrivals come in bursts (inter-arrival CV {cv:.1f}, 1 for Poisson), and a "
+            "lower rate stretches the gaps between bursts, not the requests within one, which still arrive "
+            "together")
 
 
 def _summary(result, out: Path | None) -> dict:

@@ -54,6 +54,23 @@ def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_al
     assert out.read_text() == "untouched\n"
 
 
+def test_an_infeasible_bursty_workload_says_why_a_lower_rate_did_not_help():
+    """Azure code's arrivals (CV ~10) come in bursts that no rate scaling spreads: said under the report when
+    the closest configs meet no rate; not for a Poisson-like workload, nor when some rate was met."""
+    import skistune.optimize as opt
+    from skistune.optimize_cli import burst_line
+    from skistune.workloads import load_workload
+
+    def closest(problem, capacity):
+        return [opt.Evaluation(problem.base, 1.0, (capacity,), {"tbt:p99<=200ms": 1.0}, {})]
+
+    code = opt.build_problem(load_workload("code", requests=16), slo="p99=200ms", profile=PROFILE)
+    assert "arrivals come in bursts (inter-arrival CV" in burst_line(code, closest(code, 0.0))
+    assert burst_line(code, closest(code, 0.01)) is None
+    chat = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=PROFILE)
+    assert burst_line(chat, closest(chat, 0.0)) is None
+
+
 def test_an_slo_below_the_fastest_step_exits_3_before_any_search(here):
     out = here / "keep.yaml"
     out.write_text("untouched\n")
