@@ -324,7 +324,7 @@ def burst_line(problem, closest) -> str | None:
     cv = workload_stats(problem.workload).burstiness
     if cv is None or cv <= BURSTY_CV:
         return None
-    return (f"every config above breaks the constraints even at {_lowest_rate_rps(problem):.2g} req/s (1/1024 of "
+    return (f"the closest configs break the constraints even at {_lowest_rate_rps(problem):.2g} req/s (1/1024 of "
             f"the workload's rate): its arrivals come in bursts (inter-arrival CV {cv:.1f}, 1 for Poisson), and a "
             "lower rate stretches the gaps between bursts, not the requests within one, which still arrive "
             "together")
