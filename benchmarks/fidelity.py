@@ -142,9 +142,8 @@ def machine_speed(profile_path: str, runtime, when: str) -> dict:
     from skistune.profile import load_profile
     from skistune.profile.check import speed_check
     check = speed_check(load_profile(profile_path, check_fingerprint=False), runtime)
-    kinds = ", ".join(f"{k} x{r:.3f}" for k, r in check.by_kind().items())
     print(f"machine speed {when} the replays: the profile's steps take x{check.ratio:.3f} of their profiled time "
-          f"(median of {len(check.points)}; {kinds})", flush=True)
+          f"(median of {len(check.points)}; {check.by_kind_text()})", flush=True)
     return {"when": when, **check.to_dict()}
 
 

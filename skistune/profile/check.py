@@ -57,6 +57,10 @@ class SpeedCheck:
         kinds = dict.fromkeys(p.kind for p in self.points)
         return {k: statistics.median(p.ratio for p in self.points if p.kind == k) for k in kinds}
 
+    def by_kind_text(self) -> str:
+        """`by_kind` in words: ``decode x1.113, prefill x1.018``."""
+        return ", ".join(f"{k} x{r:.3f}" for k, r in self.by_kind().items())
+
     def verdict(self, tolerance: float = 0.05) -> str:
         """What the ratios mean for predictions from the profile, in words: per kind where they disagree."""
         kinds = self.by_kind()
