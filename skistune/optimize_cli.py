@@ -280,9 +280,12 @@ def gain_lines(result) -> list[str]:
             lines.append("  (on the validation slice the simulator predicts both to run the same schedule: what "
                          "tells these replays apart is the machine's noise, not the configs)")
         else:
+            if measured["tuned_holds"] and not measured["baseline_holds"] and measured["baseline_predicted_holds"]:
+                lines.append("  (the simulator predicted the baseline to hold at this rate too: its break is the "
+                             "machine's noise or the simulator's error at the SLO's edge, not evidence of the gain)")
             lines += [f"gain over the baseline, measured: {k} x{_fmt(v, digits=2)}" for k, v in measured.items()
                       if k not in ("rate_rps", "tuned_holds", "baseline_holds", "baseline_binding", "is_baseline",
-                                   "same_schedule")]
+                                   "same_schedule", "baseline_predicted_holds")]
     return lines
 
 

@@ -127,8 +127,27 @@ def test_configs_predicted_to_run_the_same_schedule_are_replayed_once(profile, m
     replays.clear()
     out = opt.validate(problem, [twin, other], runtime=object(), requests=requests)
     assert replays[-1] == problem.base and out[-1].role == "baseline" and out[0].twins == ()
-    assert opt.OptimizeResult(problem, None, "", [], [], out[-1].predicted, validated=out).measured_gain()[
-        "same_schedule"] is False
+    result = opt.OptimizeResult(problem, None, "", [fake_score(problem, twin)], [], out[-1].predicted, validated=out)
+    gain = result.measured_gain()
+    assert gain["same_schedule"] is False and gain["baseline_predicted_holds"] and not gain["baseline_holds"]
+    # predicted to hold there too, the baseline's break is not shown as evidence of the gain
+    assert any("predicted the baseline to hold at this rate too" in line for line in gain_lines(result))
+
+
+def test_same_prediction_reads_the_schedule_and_every_margin_not_the_kv_peak():
+    """Block sizes of 16 and 32 tokens round the same steps' KV differently: the same schedule. A constraint or
+    objective that differs (one reading the KV peak, say) tells two predictions apart."""
+    figures = {"rate_rps": 0.3, "ttft_p99_s": 0.37, "tbt_p99_s": 0.064, "e2e_p99_s": 1.06, "kv_peak_bytes": 13 << 20}
+    config = opt.baseline_config()
+
+    def ev(values=(0.3,), violations=None, **changed):
+        return opt.Evaluation(config, 1.0, values, violations or {"tbt:p99<=200ms": -0.5}, {**figures, **changed})
+
+    assert opt.same_prediction(ev(), ev(kv_peak_bytes=14 << 20))
+    assert not opt.same_prediction(ev(), ev(tbt_p99_s=0.065))
+    assert not opt.same_prediction(ev(), ev(values=(0.31,)))
+    assert not opt.same_prediction(ev(), ev(violations={"tbt:p99<=200ms": -0.5, "kv": 1.0}))
+    assert not opt.same_prediction(opt.Evaluation(config, 1.0, (0.3,), {}, {}), ev())
 
 
 def test_a_winning_baseline_is_replayed_once_and_reported_as_the_baseline(profile, monkeypatch):
