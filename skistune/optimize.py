@@ -44,7 +44,7 @@ from skistune.objectives import (NAMED, Constraint, EnergyBudget, Objective, Poi
                                  slo_constraint, user_constraint)
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import Request
-from skistune.searchspace import SearchSpace, cap_knob, load_space, suggest_config
+from skistune.searchspace import SearchSpace, cap_knob, load_space, param_refs, suggest_config
 from skistune.slo import SLO, parse_slo
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -92,10 +92,6 @@ def baseline_config() -> KVConfig:
     })
 
 
-def _refs(p) -> list[str]:
-    return [ref for ref, _ in p.when] + [r for r in (p.at_most, p.same_as) if r is not None]
-
-
 def modeled_space(space: SearchSpace, base: KVConfig,
                   modeled: frozenset[str] | None = None) -> tuple[SearchSpace, tuple[str, ...]]:
     """The space cut down to the knobs the simulator models (``simulator.MODELED_KNOBS`` by default, read
@@ -108,12 +104,12 @@ def modeled_space(space: SearchSpace, base: KVConfig,
     keep = {p.name for p in space.params if not p.is_switch and p.name in modeled}
     changed = True
     while changed:  # switches that kept knobs (or kept switches) read
-        reads = {r for p in space.params if p.name in keep for r in _refs(p)}
+        reads = {r for p in space.params if p.name in keep for r in param_refs(p)}
         changed = bool({p.name for p in space.params if p.is_switch and p.name in reads} - keep)
         keep |= {p.name for p in space.params if p.is_switch and p.name in reads}
     params = tuple(p for p in space.params if p.name in keep)
     fixed = {k: v for k, v in space.fixed.items() if k in modeled}
-    for ref in {r for p in params for r in _refs(p)} - keep - set(fixed):
+    for ref in {r for p in params for r in param_refs(p)} - keep - set(fixed):
         if "." in ref:  # a left-out knob a condition or bound reads: pinned at the base value
             family, _, name = ref.partition(".")
             fixed[ref] = getattr(getattr(base, family), name)

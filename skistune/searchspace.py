@@ -7,6 +7,7 @@ choice is checked against that knob's own metadata at load time. The config's jo
 the space's structure, so every sampled point is a valid ``KVConfig``:
 
     when:     a knob exists only where it means something (an eviction budget only with a policy)
+    when_any: ... where one of several conditions holds (a quantization group where keys or values are quantized)
     at_most:  a range bounded by another knob (chunk_size <= max_num_batched_tokens)
     same_as:  a knob tied to another (one KV dtype for keys and values in vLLM and SGLang)
     solver:   a knob filled by a program (bits per layer from the integer program), not sampled
@@ -38,7 +39,7 @@ SHIPPED_PACKAGE = "skistune.searchspaces"
 _REPO_SPACES = Path(__file__).resolve().parent.parent / "searchspace"
 _TOP_KEYS = ("name", "description", "switches", "knobs", "fixed")
 _RANGE_KEYS = ("type", "low", "high", "log", "step", "at_most")
-_SPEC_KEYS = ("choices", "solver", "same_as", "when") + _RANGE_KEYS
+_SPEC_KEYS = ("choices", "solver", "same_as", "when", "when_any") + _RANGE_KEYS
 _SCALARS = (bool, int, float, str, type(None))  # what Optuna can store as a categorical choice
 
 
@@ -54,6 +55,7 @@ class Param:
     log: bool = False
     step: float | None = None
     when: tuple[tuple[str, tuple], ...] = ()  # all must hold: (knob or switch, allowed values)
+    when_any: tuple[tuple[str, tuple], ...] = ()  # ... and at least one of these, where given
     at_most: str | None = None
     same_as: str | None = None
     solver: str | None = None
@@ -229,17 +231,17 @@ def _parse_fixed(raw: Any, fields_: Mapping[str, dataclasses.Field]) -> dict[str
     return out
 
 
-def _parse_when(name: str, raw: Any) -> tuple[tuple[str, tuple], ...]:
+def _parse_when(name: str, raw: Any, key: str = "when") -> tuple[tuple[str, tuple], ...]:
     if raw is None:
         return ()
     if not isinstance(raw, dict) or not raw:
-        raise ValueError(f"{name}: when: expected a mapping of knob -> allowed values, "
+        raise ValueError(f"{name}: {key}: expected a mapping of knob -> allowed values, "
                          "e.g. {eviction.policy: [h2o, snapkv]}")
     out = []
     for ref, values in raw.items():
         values = values if isinstance(values, list) else [values]
         if not values:
-            raise ValueError(f"{name}: when {ref}: empty list of values (the knob could never be active)")
+            raise ValueError(f"{name}: {key} {ref}: empty list of values (the knob could never be active)")
         out.append((str(ref), tuple(values)))
     return tuple(out)
 
@@ -262,10 +264,10 @@ def _parse_switch(name: str, spec: Any) -> Param:
     if not name.isidentifier():
         raise ValueError(f"switches: {name}: a switch name is a plain identifier without dots "
                          "(dotted names are knobs; list those under knobs)")
-    if not isinstance(spec, dict) or "choices" not in spec or set(spec) - {"choices", "when"}:
-        raise ValueError(f"switches: {name}: expected {{choices: [...]}} (optionally with when:)")
+    if not isinstance(spec, dict) or "choices" not in spec or set(spec) - {"choices", "when", "when_any"}:
+        raise ValueError(f"switches: {name}: expected {{choices: [...]}} (optionally with when: or when_any:)")
     return Param(name, "choices", choices=_parse_choices(name, spec["choices"], None),
-                 when=_parse_when(name, spec.get("when")))
+                 when=_parse_when(name, spec.get("when")), when_any=_parse_when(name, spec.get("when_any"), "when_any"))
 
 
 def _parse_knob(name: str, spec: Any, fields_: Mapping[str, dataclasses.Field]) -> Param:
@@ -286,18 +288,19 @@ def _parse_knob(name: str, spec: Any, fields_: Mapping[str, dataclasses.Field]) 
         raise ValueError(f"{name}: {min(set(spec) & set(_RANGE_KEYS))} applies only to low/high ranges")
     if kinds[0] != "solver" and _field_type(f) == "other":
         raise ValueError(f"{name}: a structured knob; fill it with solver: or set it under fixed:")
-    when, nullable = _parse_when(name, spec.get("when")), bool(f.metadata.get("nullable"))
+    when = dict(when=_parse_when(name, spec.get("when")), when_any=_parse_when(name, spec.get("when_any"), "when_any"))
+    nullable = bool(f.metadata.get("nullable"))
     if kinds[0] == "choices":
-        return Param(name, "choices", choices=_parse_choices(name, spec["choices"], f), when=when, nullable=nullable)
+        return Param(name, "choices", choices=_parse_choices(name, spec["choices"], f), nullable=nullable, **when)
     if kinds[0] in ("solver", "same_as"):
         ref = spec[kinds[0]]
         if not isinstance(ref, str) or not ref:
             raise ValueError(f"{name}: {kinds[0]}: expected a name")
-        return Param(name, kinds[0], when=when, nullable=nullable, **{kinds[0]: ref})
+        return Param(name, kinds[0], nullable=nullable, **when, **{kinds[0]: ref})
     return _parse_range(name, spec, f, when)
 
 
-def _parse_range(name: str, spec: dict, f: dataclasses.Field, when: tuple) -> Param:
+def _parse_range(name: str, spec: dict, f: dataclasses.Field, when: Mapping[str, tuple]) -> Param:
     kind = _field_type(f)
     if kind not in ("int", "float") or f.metadata.get("choices") is not None:
         raise ValueError(f"{name}: not a numeric range knob; list its values with choices:")
@@ -319,8 +322,8 @@ def _parse_range(name: str, spec: dict, f: dataclasses.Field, when: tuple) -> Pa
             raise ValueError(f"{name}: step must be a positive {kind} and cannot be combined with log")
     if at_most is not None and not isinstance(at_most, str):
         raise ValueError(f"{name}: at_most: expected a knob name")
-    return Param(name, kind, low=low, high=high, log=log, step=step, when=when, at_most=at_most,
-                 nullable=bool(f.metadata.get("nullable")))
+    return Param(name, kind, low=low, high=high, log=log, step=step, at_most=at_most,
+                 nullable=bool(f.metadata.get("nullable")), **when)
 
 
 # ---- references between knobs -----------------------------------------------------------------------
@@ -332,17 +335,19 @@ def _check_refs(params: list[Param], fixed: dict[str, Any], fields_: Mapping[str
         by_name[p.name] = p
     out = []
     for p in params:
-        when = tuple((ref, _condition_values(p.name, ref, vals, by_name, fixed, fields_)) for ref, vals in p.when)
+        when, when_any = (tuple((ref, _condition_values(p.name, ref, vals, by_name, fixed, fields_, key))
+                                for ref, vals in conditions) for key, conditions in (("when", p.when),
+                                                                                     ("when_any", p.when_any)))
         for ref in (p.at_most, p.same_as):
             if ref is not None:
                 _check_link(p, ref, by_name, fixed, fields_)
-        out.append(replace(p, when=when))
+        out.append(replace(p, when=when, when_any=when_any))
     return out
 
 
 def _condition_values(name: str, ref: str, values: tuple, by_name: Mapping[str, Param], fixed: Mapping[str, Any],
-                      fields_: Mapping[str, dataclasses.Field]) -> tuple:
-    where = f"{name}: when {ref}"
+                      fields_: Mapping[str, dataclasses.Field], key: str = "when") -> tuple:
+    where = f"{name}: {key} {ref}"
     if ref == name:
         raise ValueError(f"{where}: a knob cannot depend on itself")
     target = by_name.get(ref)
@@ -395,14 +400,15 @@ def _link_values(ref: str, by_name: Mapping[str, Param], fixed: Mapping[str, Any
     return (target.low, target.high) if target.kind in ("int", "float") else ()
 
 
-def _refs(p: Param) -> list[str]:
-    return [ref for ref, _ in p.when] + [r for r in (p.at_most, p.same_as) if r is not None]
+def param_refs(p: Param) -> list[str]:
+    """The knobs and switches ``p`` reads: its conditions, its bound, the knob it copies."""
+    return [ref for ref, _ in p.when + p.when_any] + [r for r in (p.at_most, p.same_as) if r is not None]
 
 
 def _decision_order(params: list[Param]) -> tuple[Param, ...]:
     """File order, except that a knob comes after every knob it reads (stable topological sort)."""
     names = {p.name for p in params}
-    deps = {p.name: {r for r in _refs(p) if r in names} for p in params}
+    deps = {p.name: {r for r in param_refs(p) if r in names} for p in params}
     ordered: list[Param] = []
     done: set[str] = set()
     while len(ordered) < len(params):
@@ -423,14 +429,16 @@ def _current(name: str, values: Mapping[str, Any], base: KVConfig) -> Any:
     return getattr(getattr(base, family), knob)
 
 
+def _holds(ref: str, allowed: tuple, decided: Mapping[str, Any], fixed: Mapping[str, Any]) -> bool:
+    if ref not in decided and ref not in fixed:
+        return False  # what it depends on is itself inactive
+    value = decided[ref] if ref in decided else fixed[ref]
+    return any(_same(value, a) for a in allowed)
+
+
 def _is_active(p: Param, decided: Mapping[str, Any], fixed: Mapping[str, Any]) -> bool:
-    for ref, allowed in p.when:
-        if ref not in decided and ref not in fixed:
-            return False  # what it depends on is itself inactive
-        value = decided[ref] if ref in decided else fixed[ref]
-        if not any(_same(value, a) for a in allowed):
-            return False
-    return True
+    return (all(_holds(ref, allowed, decided, fixed) for ref, allowed in p.when)
+            and (not p.when_any or any(_holds(ref, allowed, decided, fixed) for ref, allowed in p.when_any)))
 
 
 def _settle_inactive(p: Param, values: dict[str, Any], base: KVConfig) -> None:
@@ -600,7 +608,10 @@ def cap_knob(space: SearchSpace, knob: str, limit: int | float) -> tuple[SearchS
     def narrowed(q: Param) -> Param:
         if q is p:
             return capped
-        when = tuple((ref, tuple(v for v in vals if ref != knob or v in kept)) for ref, vals in q.when)
-        return replace(q, when=when) if p.kind == "choices" else q
+        if p.kind != "choices":
+            return q
+        when, when_any = (tuple((ref, tuple(v for v in vals if ref != knob or v in kept)) for ref, vals in conditions)
+                          for conditions in (q.when, q.when_any))
+        return replace(q, when=when, when_any=when_any)
 
     return replace(space, params=tuple(narrowed(q) for q in space.params)), dropped

@@ -35,11 +35,11 @@ def _knob(config: KVConfig, dotted: str):
 
 def _conditions_hold(p, params, fixed) -> bool:
     """Re-derived from the trial's own parameters, independently of the module's bookkeeping."""
-    for ref, allowed in p.when:
+    def holds(ref, allowed):
         value = params[ref] if ref in params else fixed.get(ref, _MISSING)
-        if not any(value == a and type(value) is type(a) for a in allowed):
-            return False
-    return True
+        return any(value == a and type(value) is type(a) for a in allowed)
+
+    return all(holds(*c) for c in p.when) and (not p.when_any or any(holds(*c) for c in p.when_any))
 
 
 def _check_point(space: SearchSpace, config: KVConfig, params: dict) -> None:
@@ -134,6 +134,54 @@ def test_inactive_knobs_are_null_or_kept_under_their_bound(tmp_path):
                    "batching.chunk_size": 100})
     config = suggest_config(optuna.trial.FixedTrial(chosen), space, base=base)
     assert config.eviction.budget_fraction == 0.2 and config.batching.chunk_size == 100
+
+
+def test_when_any_makes_a_knob_exist_where_one_of_its_conditions_holds(tmp_path):
+    """A quantization group means something where keys or values (or some layer) are quantized: in the shipped
+    spaces a 16-bit config carries neither a sampled group size nor a full-precision window."""
+    space = load_space(_space(tmp_path, """
+        switches:
+          mixed_precision: {choices: [false, true]}
+        knobs:
+          bitwidth.key_bits: {choices: [16, 4]}
+          bitwidth.value_bits: {choices: [16, 8]}
+          bitwidth.group_size: {choices: [64, 128], when_any: {bitwidth.key_bits: [4], bitwidth.value_bits: [8],
+                                                               mixed_precision: [true]},
+                                when: {prefix_reuse.enabled: [true]}}
+        fixed:
+          prefix_reuse.enabled: true
+        """))
+    assert [p.name for p in space.params][-1] == "bitwidth.group_size"  # decided after what it reads
+    seen = set()
+    for i in range(60):
+        trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=i)).ask()
+        config = suggest_config(trial, space)
+        quantized = (config.bitwidth.key_bits, config.bitwidth.value_bits) != (16, 16)
+        expected = quantized or trial.params["mixed_precision"]
+        assert ("bitwidth.group_size" in trial.params) == expected, trial.params
+        if not expected:
+            assert config.bitwidth.group_size == KVConfig().bitwidth.group_size  # the base value
+        seen.add((quantized, trial.params["mixed_precision"], "bitwidth.group_size" in trial.params))
+    assert len(seen) == 4  # every branch reached
+    default = load_space("default")
+    for knob in ("bitwidth.group_size", "bitwidth.full_precision_window"):
+        assert {ref for ref, _ in default.param(knob).when_any} == {"bitwidth.key_bits", "bitwidth.value_bits",
+                                                                     "mixed_precision"}
+
+
+@pytest.mark.parametrize("body, problem", [
+    ("knobs:\n  bitwidth.group_size: {choices: [64], when_any: {bitwidth.key_bits: [4]}}\n",
+     r"bitwidth.group_size: when_any bitwidth.key_bits: not in this space"),
+    ("knobs:\n  bitwidth.key_bits: {choices: [16]}\n  bitwidth.group_size: {choices: [64], when_any: {bitwidth.key_bits: [4]}}\n",
+     r"when_any bitwidth.key_bits: 4 is not one of its values \(16\)"),
+    ("knobs:\n  bitwidth.group_size: {choices: [64], when_any: [bitwidth.key_bits]}\n",
+     r"bitwidth.group_size: when_any: expected a mapping"),
+    ("knobs:\n  bitwidth.key_bits: {choices: [16]}\n  bitwidth.group_size: {choices: [64], when_any: {bitwidth.key_bits: []}}\n",
+     r"when_any bitwidth.key_bits: empty list of values"),
+])
+def test_invalid_when_any_names_the_knob_and_reason(tmp_path, body, problem):
+    with pytest.raises(ValueError, match=problem):
+        load_space(_space(tmp_path, body, "broken.yaml"))
 
 
 def test_solvers_see_the_sampled_config_and_are_skipped_when_absent(tmp_path):
