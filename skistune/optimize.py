@@ -515,6 +515,14 @@ def _isolated_ttft_p99(problem: Problem, config: KVConfig, requests: RequestSet)
     return metrics.ttft_s.p99
 
 
+def slos_broken_alone(problem: Problem, config: KVConfig) -> dict[str, float]:
+    """The latency SLOs ``config`` breaks even with each of the search's requests served alone (no other
+    request queued or batched with it), with the value each reaches then (seconds): no arrival rate can meet
+    them, however low."""
+    metrics, _ = _replay(config, problem.search.isolated, problem.target, 1.0)
+    return {str(s): s.value_s(metrics) for s in problem.slos if not s.met(metrics)}
+
+
 def _capacity_scale(problem: Problem, config: KVConfig, requests: RequestSet, reference_s: float,
                     precision: float, start_scale: float | None = None) -> tuple[float, Metrics | None]:
     """The highest rate scale meeting every SLO and the queueing guard (0 and None when none does);

@@ -309,7 +309,7 @@ def infeasible_report(result) -> None:
     for e in result.closest:  # below the table, whole: a column of them cut every knob at "…"
         console.print(escape(f"trial {e.trial}: {_diff(e.config, result.problem.base, names)}"), highlight=False,
                       soft_wrap=True)
-    line = burst_line(result.problem, result.closest)
+    line = why_no_rate_line(result.problem, result.closest)
     if line:
         console.print(escape(line), highlight=False, soft_wrap=True)
 
@@ -317,13 +317,21 @@ def infeasible_report(result) -> None:
 BURSTY_CV = 2.0  # inter-arrival CV above which a workload's bursts, not its mean rate, decide its queues
 
 
-def burst_line(problem, closest) -> str | None:
-    """Why lowering the rate did not help, when the closest configs meet no rate and the workload is
-    bursty: scaling the rate stretches every gap, so the requests of a burst still arrive together."""
+def why_no_rate_line(problem, closest) -> str | None:
+    """Why lowering the rate did not help, when the closest configs meet no rate: an SLO the closest config
+    breaks even with each request served alone (no rate can meet it), else a bursty workload's bursts
+    (scaling the rate stretches every gap, so the requests of a burst still arrive together)."""
+    from skistune.optimize import slos_broken_alone
     from skistune.workloads.stats import workload_stats
 
     if not closest or problem.objectives[0].name != "capacity" or any(e.values[0] > 0 for e in closest):
         return None
+    alone = slos_broken_alone(problem, closest[0].config)
+    if alone:
+        broken = ", ".join(f"{name} ({_seconds(v)})" for name, v in alone.items())
+        return (f"the closest config breaks {broken} even with each request served alone, nothing queued or "
+                "batched with it: no arrival rate can meet that here; relax the SLO or cap the prompts "
+                "(--max-input)")
     cv = workload_stats(problem.workload).burstiness
     if cv is None or cv <= BURSTY_CV:
         return None
@@ -331,6 +339,10 @@ def burst_line(problem, closest) -> str | None:
             f"the workload's rate): its arrivals come in bursts (inter-arrival CV {cv:.1f}, 1 for Poisson), and a "
             "lower rate stretches the gaps between bursts, not the requests within one, which still arrive "
             "together")
+
+
+def _seconds(value_s: float) -> str:
+    return f"{value_s:.3g} s" if value_s >= 1 else f"{value_s * 1e3:.3g} ms"
 
 
 def _summary(result, out: Path | None) -> dict:
@@ -439,9 +451,23 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     storage = storage or default_storage(name)
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
     open_study(problem, open_storage(storage), name, sampler=None)
+    _warn_broken_alone(problem)
     result = _solve_with_progress(problem, n_trials=trials, timeout=timeout, storage=storage, study_name=name,
                                   n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
     _report(result, out, json_out)
+
+
+def _warn_broken_alone(problem) -> None:
+    """Before a long search: an SLO the baseline breaks even with each request served alone (a TTFT limit
+    under the prefill of the workload's longest prompts) is likely to leave every config infeasible."""
+    from skistune.optimize import slos_broken_alone
+
+    broken = slos_broken_alone(problem, problem.base)
+    if broken:
+        names = ", ".join(f"{name} ({_seconds(v)})" for name, v in broken.items())
+        err_console.print(f"[yellow]warning:[/] vLLM's defaults break {escape(names)} even with each request served "
+                          "alone: a config must serve a request alone faster than they do to meet it (the search "
+                          "goes on; Ctrl-C keeps its trials)", highlight=False, soft_wrap=True)
 
 
 def _solve_with_progress(problem, *, n_trials: int, **options: Any):

@@ -423,11 +423,11 @@ def report_tables(report: Report) -> list:
 
 def report_lines(report: Report) -> list[str]:
     """Notes under the tables: the best configs' knobs, the problem's notes, what is missing and why."""
-    from skistune.optimize_cli import burst_line, knob_lines
+    from skistune.optimize_cli import knob_lines, why_no_rate_line
 
     lines = knob_lines(_view(report, report.best)) if report.feasible else [
         f"no config met every constraint in {len(report.evaluations)} trials; see the constraints table",
-        *filter(None, [burst_line(report.problem, report.closest)])]
+        *filter(None, [why_no_rate_line(report.problem, report.closest)])]
     lines += [f"note: {n}" for n in report.problem.notes]
     if report.validated:  # the top configs the last validation did not replay, as optimize said
         from types import SimpleNamespace

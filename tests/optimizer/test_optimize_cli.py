@@ -48,7 +48,10 @@ def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_al
     r = invoke("--slo", "ttft:p99<=40ms", *SMALL, "--out", str(out))
     assert r.exit_code == 3, r.output
     assert "no config met every constraint in 3 trials" in r.stderr
+    # said before the search: the defaults' prefill of one prompt alone outlasts 40 ms
+    assert r.stderr.index("vLLM's defaults break ttft:p99<=40ms (") < r.stderr.index("no config met")
     assert "ttft:p99<=40ms" in r.stdout and "3 of 3" in r.stdout and "Closest to feasible" in r.stdout
+    assert "even with each request served alone" in r.stdout  # the cause, under the closest configs
     knob_lines = [line for line in r.stdout.splitlines() if line.startswith("trial ")]
     assert knob_lines and "…" not in r.stdout  # each closest config's knobs whole, on a line of its own
     assert out.read_text() == "untouched\n"
@@ -58,17 +61,33 @@ def test_an_infeasible_bursty_workload_says_why_a_lower_rate_did_not_help():
     """Azure code's arrivals (CV ~10) come in bursts that no rate scaling spreads: said under the report when
     the closest configs meet no rate; not for a Poisson-like workload, nor when some rate was met."""
     import skistune.optimize as opt
-    from skistune.optimize_cli import burst_line
+    from skistune.optimize_cli import why_no_rate_line
     from skistune.workloads import load_workload
 
     def closest(problem, capacity):
         return [opt.Evaluation(problem.base, 1.0, (capacity,), {"tbt:p99<=200ms": 1.0}, {})]
 
     code = opt.build_problem(load_workload("code", requests=16), slo="p99=200ms", profile=PROFILE)
-    assert "arrivals come in bursts (inter-arrival CV" in burst_line(code, closest(code, 0.0))
-    assert burst_line(code, closest(code, 0.01)) is None
+    assert "arrivals come in bursts (inter-arrival CV" in why_no_rate_line(code, closest(code, 0.0))
+    assert why_no_rate_line(code, closest(code, 0.01)) is None
     chat = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=PROFILE)
-    assert burst_line(chat, closest(chat, 0.0)) is None
+    assert why_no_rate_line(chat, closest(chat, 0.0)) is None
+
+
+def test_an_slo_broken_with_each_request_served_alone_is_named_as_the_cause_not_the_bursts():
+    """Long prompts whose prefill alone outlasts a TTFT SLO: no rate helps, whatever the bursts; the line names
+    the SLO and the value it reaches alone."""
+    import skistune.optimize as opt
+    from skistune.optimize_cli import why_no_rate_line
+    from skistune.workloads import load_workload
+
+    code = opt.build_problem(load_workload("code", requests=16), slo=["ttft:p99<=300ms", "p99=200ms"],
+                             profile=PROFILE)
+    alone = opt.slos_broken_alone(code, code.base)
+    assert list(alone) == ["ttft:p99<=300ms"] and alone["ttft:p99<=300ms"] > 0.3  # TBT holds alone
+    line = why_no_rate_line(code, [opt.Evaluation(code.base, 1.0, (0.0,), {"ttft:p99<=300ms": 1.0}, {})])
+    assert line.startswith("the closest config breaks ttft:p99<=300ms (") and "served alone" in line
+    assert "bursts" not in line
 
 
 def test_an_slo_below_the_fastest_step_exits_3_before_any_search(here):
