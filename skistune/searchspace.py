@@ -471,7 +471,10 @@ def _sample(trial: Any, p: Param, values: Mapping[str, Any], base: KVConfig) -> 
         return low  # the bound leaves one value: pinned, nothing to ask
     if p.kind == "int":
         return trial.suggest_int(p.name, int(low), int(high), step=int(p.step or 1), log=p.log)
-    return trial.suggest_float(p.name, float(low), float(high), step=p.step, log=p.log)
+    value = trial.suggest_float(p.name, float(low), float(high), step=p.step, log=p.log)
+    # a stepped float is low + k x step in binary floating point (0.5700000000000001): the config, its file and
+    # the engine flags it exports get the decimal the step means
+    return value if p.step is None else float(f"{value:.12g}")
 
 
 def _build_config(space: SearchSpace, base: KVConfig, values: Mapping[str, Any]) -> KVConfig:

@@ -115,6 +115,19 @@ def test_tpe_handles_conditional_and_bounded_ranges():
         study.tell(trial, float(i % 7))
 
 
+def test_a_stepped_float_is_the_decimal_its_step_means():
+    """Optuna gives low + k x step in binary floating point (0.5700000000000001); the config, its file and the
+    engine flags get 0.57."""
+    space = load_space("default")
+    assert space.param("offload.device_memory_fraction").step == 0.01
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=3))
+    for _ in range(40):
+        trial = study.ask()
+        fraction = suggest_config(trial, space).offload.device_memory_fraction
+        assert fraction == round(fraction, 2) and len(repr(fraction)) <= 4, fraction
+        study.tell(trial, fraction)
+
+
 def test_inactive_knobs_are_null_or_kept_under_their_bound(tmp_path):
     space = load_space(_space(tmp_path, """
         knobs:
