@@ -323,21 +323,40 @@ def best_configs_table(report: Report):
 def pareto_table(report: Report):
     from rich.table import Table
 
-    from skistune.optimize_cli import _diff, _fmt, _quality_cell
+    from skistune.optimize_cli import _fmt, _quality_cell
 
     axis, rate = throughput_axis(report.problem)
     axes = front_axes(report.problem)
     t = Table(title=f"Pareto front: {_count(len(report.pareto), 'feasible config')} no other beats on "
                     f"{', '.join(axes[:-1])} and {axes[-1]} together", title_justify="left")
-    for col, justify in (("trial", "left"), (axis, "right"), ("J/token", "right"), ("KV peak (MiB)", "right"),
-                         ("quality Δppl mean / worst", "right"), ("knobs changed from the baseline", "left")):
+    # (the knobs are named under the tables, as the best configs' are: a column of them, folded to a terminal's
+    # width, stood a dozen lines tall per row)
+    for col, justify in (("trial", "left"), ("config", "left"), (axis, "right"), ("J/token", "right"),
+                         ("KV peak (MiB)", "right"), ("quality Δppl mean / worst", "right")):
         t.add_column(col, justify=justify, overflow="fold")
-    names = [q.name for q in report.problem.space.params if not q.is_switch]
     for e in [*report.pareto, report.baseline]:
-        t.add_row("base" if e is report.baseline else str(e.trial), f"{rate(e):.4g}",
+        t.add_row("base" if e is report.baseline else str(e.trial), _best_label(report, e), f"{rate(e):.4g}",
                   _fmt(e.figures["energy_j_per_token"], digits=3), _fmt(e.figures["kv_peak_bytes"], 2**-20),
-                  _quality_cell(e.figures), _diff(e.config, report.problem.base, names))
+                  _quality_cell(e.figures))
     return t
+
+
+def _best_label(report: Report, e: Evaluation) -> str:
+    """``#k`` where the config is the k-th best, vLLM's defaults for the baseline, else its knob line below."""
+    if e is report.baseline:
+        return "vLLM defaults"
+    k = next((i for i, b in enumerate(report.best) if b.trial == e.trial), None)
+    return f"#{k + 1}" if k is not None else f"trial {e.trial}, below"
+
+
+def pareto_lines(report: Report) -> list[str]:
+    """The knobs of the front's configs that are not among the best configs (those have a line already)."""
+    from skistune.optimize_cli import _diff
+
+    names = [q.name for q in report.problem.space.params if not q.is_switch]
+    best = {b.trial for b in report.best}
+    return [f"trial {e.trial} (Pareto front): {_diff(e.config, report.problem.base, names)}"
+            for e in report.pareto if e.trial not in best]
 
 
 def violations_table(report: Report):
@@ -425,7 +444,7 @@ def report_lines(report: Report) -> list[str]:
     """Notes under the tables: the best configs' knobs, the problem's notes, what is missing and why."""
     from skistune.optimize_cli import knob_lines, why_no_rate_line
 
-    lines = knob_lines(_view(report, report.best)) if report.feasible else [
+    lines = knob_lines(_view(report, report.best)) + pareto_lines(report) if report.feasible else [
         f"no config met every constraint in {len(report.evaluations)} trials; see the constraints table",
         *filter(None, [why_no_rate_line(report.problem, report.closest)])]
     lines += [f"note: {n}" for n in report.problem.notes]

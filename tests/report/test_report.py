@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from skistune.cli import app
 from skistune.config import KVConfig
 from skistune.optimize import VALIDATED_ATTR
-from skistune.report import (FILES, build_report, memory_timeline, report_tables, sampled_replay, table_html,
-                             tradeoff_front, write_report)
+from skistune.report import (FILES, build_report, memory_timeline, report_lines, report_tables, sampled_replay,
+                             table_html, tradeoff_front, write_report)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -89,6 +89,14 @@ def test_tables_and_html_carry_the_same_rows(report):
     titles = [str(t.title).split(" ")[0] for t in tables]
     assert titles == ["Best", "Pareto", "Constraints:", "Knob"]  # no validation stored: no fidelity table
     assert tables[0].row_count == len(report.best) + 1 and tables[1].row_count == len(report.pareto) + 1
+    # the front's configs named by their place among the best configs, or by a knob line under the tables
+    labels = list(tables[1].columns[1].cells)
+    best = {b.trial: f"#{i + 1}" for i, b in enumerate(report.best)}
+    assert labels[:-1] == [best.get(e.trial, f"trial {e.trial}, below") for e in report.pareto]
+    assert labels[-1] == "vLLM defaults"
+    lines = report_lines(report)
+    assert all(any(line.startswith(f"trial {e.trial} (Pareto front): ") for line in lines)
+               for e in report.pareto if e.trial not in best)
     violations = table_html(tables[2])
     for name, n in report.binding.items():
         assert f"<td class='left'>{html.escape(name)}</td><td class='right'>{n} of 4</td>" in violations
