@@ -15,7 +15,8 @@ from skistune.config import format_bytes
 from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
 
 from .cost import ALL_FEATURES
-from .profile import FingerprintWarning, HardwareProfile, load_profile
+from .fingerprint import machine_fingerprint
+from .profile import FingerprintWarning, HardwareProfile, cached_profile_path, load_profile
 
 MODEL_HELP = "model preset (smollm2-135m has real weights; larger presets run with random weights, for timing)"
 
@@ -177,11 +178,15 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
 
 
 def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
-             show: Optional[Path], refit: Optional[Path], check: Optional[Path], json_out: bool) -> None:
+             show: Optional[Path], refit: Optional[Path], check: Optional[Path], json_out: bool,
+             cache: bool = False) -> None:
     from skistune.cli import err_console
 
     if sum(x is not None for x in (show, refit, check)) > 1:
         raise ValueError("--show, --refit and --check: give one")
+    if cache and (out is not None or show or refit or check):
+        raise ValueError("--cache writes the quick profile where skistune optimize reads it: not with --out, "
+                         "--show, --refit or --check")
     if check is not None:
         _check(check, json_out)
         return
@@ -201,7 +206,12 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
                               f"{_held_errors(before)} -> {_held_errors(shown.step_fit)}", highlight=False)
         _report(shown, show or refit, json_out)
         return
-    profile = _measure(model, device, quick, disk_dir, err_console)
+    if cache:
+        from .measure import check_target
+
+        check_target(model, device)  # (a bad --device before the fingerprint reads it)
+        out = cached_profile_path(model, device, machine_fingerprint(device))
+    profile = _measure(model, device, quick or cache, disk_dir, err_console)
     path = profile.save(out or Path("profiles") / f"{profile.name}.json")
     _report(profile, path, json_out)
 
@@ -221,6 +231,9 @@ def profile(
                                                   "to --out), instead of measuring")] = None,
     check: Annotated[Optional[Path], typer.Option(help="time a few of an existing profile's steps again and say "
                                                   "how much faster or slower this machine runs them now")] = None,
+    cache: Annotated[bool, typer.Option("--cache", help="measure the quick profile again and write it where "
+                                        "`skistune optimize` reads it when given no profile (replacing the one "
+                                        "it keeps for this machine)")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
 ) -> None:
     """Measure this machine for a model: whole runtime steps over batch x context and prefill chunks (and
@@ -231,7 +244,7 @@ def profile(
         cli_errors,  # here: skistune.cli imports this module to register the command
     )
 
-    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, check, json_out)
+    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, check, json_out, cache)
 
 
 def _check(path: Path, json_out: bool) -> None:

@@ -114,8 +114,10 @@ class HardwareProfile:
         if not moved:
             return None
         kinds = ", ".join(f"{k} steps x{r:.2f}" for k, r in moved.items())
+        how = ("`skistune profile --cache` replaces the quick profile `skistune optimize` keeps" if self.quick
+               else "`skistune profile --out FILE`")
         return (f"profile {self.name}: the machine's speed moved while it was measured ({kinds} at the end against "
-                "the start): its predictions carry that much error; measure it again on a quiet machine")
+                f"the start): its predictions carry that much error; measure it again on a quiet machine ({how})")
 
     @property
     def quantized_kv_note(self) -> str | None:

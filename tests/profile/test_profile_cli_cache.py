@@ -90,6 +90,24 @@ def test_a_cache_entry_from_before_quantized_kv_is_used_with_its_note(tmp_path, 
     assert len(fake_measure) == 0 and not got.measures_quantized_kv and got.quantized_kv_note is not None
 
 
+def test_cli_cache_measures_the_quick_profile_again_where_optimize_reads_it(tmp_path, fake_measure, monkeypatch,
+                                                                          tiny_profile):
+    """A drifted cached profile names the command that replaces it; that command writes nothing else."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"))
+    drifted = replace(tiny_profile, quick=True, drift={"decode": 1.4})
+    drifted.save(path)
+    assert "`skistune profile --cache` replaces" in drifted.drift_note
+    assert "--out FILE" in replace(drifted, quick=False).drift_note
+    result = CliRunner().invoke(app, ["profile", "--cache"])
+    assert result.exit_code == 0, result.output
+    assert fake_measure == [("smollm2-135m", "cpu", True, None)]  # the quick grid
+    assert load_profile(path) == tiny_profile and not (tmp_path / "profiles").exists()
+    bad = CliRunner().invoke(app, ["profile", "--cache", "--out", str(tmp_path / "x.json")])
+    assert bad.exit_code == 2 and "--cache writes the quick profile" in bad.stderr and len(fake_measure) == 1
+
+
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cache_dir() == tmp_path / "skistune" / "profiles"
