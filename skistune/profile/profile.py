@@ -348,7 +348,7 @@ def fit_step_points(steps: Sequence[StepPoint], rows: ProjectionRule, table: Pro
 def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder: Path | None = None,
                     progress=None) -> HardwareProfile:
     """The quick profile of this machine for ``model``: from the cache (one per fingerprint and model),
-    else measured now (`QUICK_GRID`: 31-55 s on the 2-core CPUs measured) and cached."""
+    else measured now (`QUICK_GRID`: 31-58 s on the 2-core CPUs measured) and cached."""
     path = cached_profile_path(model, device, machine_fingerprint(device), folder)
     if path.is_file():
         try:
