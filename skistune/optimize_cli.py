@@ -462,7 +462,8 @@ def _warn_broken_alone(problem) -> None:
     under the prefill of the workload's longest prompts) is likely to leave every config infeasible."""
     from skistune.optimize import slos_broken_alone
 
-    broken = slos_broken_alone(problem, problem.base)
+    with err_console.status("checking vLLM's defaults with each request served alone"):  # (seconds on a big trace)
+        broken = slos_broken_alone(problem, problem.base)
     if broken:
         names = ", ".join(f"{name} ({_seconds(v)})" for name, v in broken.items())
         err_console.print(f"[yellow]warning:[/] vLLM's defaults break {escape(names)} even with each request served "
