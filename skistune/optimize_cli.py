@@ -328,9 +328,8 @@ def why_no_rate_line(problem, closest) -> str | None:
         return None
     alone = slos_broken_alone(problem, closest[0].config)
     if alone:
-        broken = ", ".join(f"{name} ({_seconds(v)})" for name, v in alone.items())
-        return (f"the closest config breaks {broken} even with each request served alone, nothing queued or "
-                "batched with it: no arrival rate can meet that here; relax the SLO or cap the prompts "
+        return (f"the closest config breaks {_broken_text(alone)} even with each request served alone, nothing "
+                "queued or batched with it: no arrival rate can meet that here; relax the SLO or cap the prompts "
                 "(--max-input)")
     cv = workload_stats(problem.workload).burstiness
     if cv is None or cv <= BURSTY_CV:
@@ -341,8 +340,9 @@ def why_no_rate_line(problem, closest) -> str | None:
             "together")
 
 
-def _seconds(value_s: float) -> str:
-    return f"{value_s:.3g} s" if value_s >= 1 else f"{value_s * 1e3:.3g} ms"
+def _broken_text(broken: dict[str, float]) -> str:
+    """SLOs with the latency each reaches: ``ttft:p99<=5000ms (30.2 s)``."""
+    return ", ".join(f"{name} ({v:.3g} s)" if v >= 1 else f"{name} ({v * 1e3:.3g} ms)" for name, v in broken.items())
 
 
 def _summary(result, out: Path | None) -> dict:
@@ -465,10 +465,9 @@ def _warn_broken_alone(problem) -> None:
     with err_console.status("checking vLLM's defaults with each request served alone"):  # (seconds on a big trace)
         broken = slos_broken_alone(problem, problem.base)
     if broken:
-        names = ", ".join(f"{name} ({_seconds(v)})" for name, v in broken.items())
-        err_console.print(f"[yellow]warning:[/] vLLM's defaults break {escape(names)} even with each request served "
-                          "alone: a config must serve a request alone faster than they do to meet it (the search "
-                          "goes on; Ctrl-C keeps its trials)", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] vLLM's defaults break {escape(_broken_text(broken))} even with each "
+                          "request served alone: a config must serve a request alone faster than they do to meet it "
+                          "(the search goes on; Ctrl-C keeps its trials)", highlight=False, soft_wrap=True)
 
 
 def _solve_with_progress(problem, *, n_trials: int, **options: Any):
