@@ -329,8 +329,8 @@ def why_no_rate_line(problem, closest) -> str | None:
     alone = slos_broken_alone(problem, closest[0].config)
     if alone:
         return (f"the closest config breaks {_broken_text(alone)} even with each request served alone, nothing "
-                "queued or batched with it: no arrival rate can meet that here; relax the SLO or cap the prompts "
-                "(--max-input)")
+                "queued or batched with it: no lower arrival rate can help it; a config that serves one request "
+                "faster, a looser SLO or shorter prompts (--max-input) can")
     cv = workload_stats(problem.workload).burstiness
     if cv is None or cv <= BURSTY_CV:
         return None
