@@ -515,12 +515,27 @@ def _isolated_ttft_p99(problem: Problem, config: KVConfig, requests: RequestSet)
     return metrics.ttft_s.p99
 
 
-def slos_broken_alone(problem: Problem, config: KVConfig) -> dict[str, float]:
-    """The latency SLOs ``config`` breaks even with each of the search's requests served alone (no other
-    request queued or batched with it), with the value each reaches then (seconds): no arrival rate can meet
-    them, however low."""
-    metrics, _ = _replay(config, problem.search.isolated, problem.target, 1.0)
-    return {str(s): s.value_s(metrics) for s in problem.slos if not s.met(metrics)}
+def served_alone(problem: Problem, config: KVConfig) -> tuple[Metrics, list]:
+    """Predicted metrics and per-request records of ``config`` with each of the search's requests served
+    alone (no other request queued or batched with it): what no arrival rate, however low, improves on."""
+    return _replay(config, problem.search.isolated, problem.target, 1.0)
+
+
+def slos_broken_alone(problem: Problem, alone: Metrics) -> dict[str, float]:
+    """The latency SLOs broken with each request served alone (`served_alone`), with the value each reaches
+    then (seconds)."""
+    return {str(s): s.value_s(alone) for s in problem.slos if not s.met(alone)}
+
+
+def outlasting_gaps(problem: Problem, alone_records: Sequence, scale: float) -> tuple[int, float]:
+    """At an arrival-rate ``scale``: how many of the search's requests, each served alone in the time
+    `served_alone` predicts, would still run when the next one arrives; and the shortest gap between two
+    arrivals then (seconds; inf with one request)."""
+    served = {r.request_id: r.finish_s - r.arrival_s for r in alone_records if r.finish_s is not None}
+    ordered = sorted(problem.search.requests, key=lambda r: r.arrival_s)
+    gaps = [(b.arrival_s - a.arrival_s) / scale for a, b in zip(ordered, ordered[1:])]
+    return (sum(served.get(a.request_id, 0.0) > gap for a, gap in zip(ordered, gaps)),
+            min(gaps, default=math.inf))
 
 
 def _capacity_scale(problem: Problem, config: KVConfig, requests: RequestSet, reference_s: float,

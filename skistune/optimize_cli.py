@@ -319,30 +319,43 @@ BURSTY_CV = 2.0  # inter-arrival CV above which a workload's bursts, not its mea
 
 def why_no_rate_line(problem, closest) -> str | None:
     """Why lowering the rate did not help, when the closest configs meet no rate: an SLO the closest config
-    breaks even with each request served alone (no rate can meet it), else a bursty workload's bursts
-    (scaling the rate stretches every gap, so the requests of a burst still arrive together)."""
-    from skistune.optimize import slos_broken_alone
+    breaks even with each request served alone (no rate can meet it); a bursty workload's bursts (scaling the
+    rate stretches every gap, so the requests of a burst still arrive together); or requests that outlast
+    the shortest gap between arrivals even at the lowest rate the search tries."""
+    from skistune.optimize import MIN_RATE_SCALE, outlasting_gaps, served_alone, slos_broken_alone
     from skistune.workloads.stats import workload_stats
 
     if not closest or problem.objectives[0].name != "capacity" or any(e.values[0] > 0 for e in closest):
         return None
-    alone = slos_broken_alone(problem, closest[0].config)
-    if alone:
-        return (f"the closest config breaks {_broken_text(alone)} even with each request served alone, nothing "
+    alone, records = served_alone(problem, closest[0].config)
+    broken = slos_broken_alone(problem, alone)
+    if broken:
+        return (f"the closest config breaks {_broken_text(broken)} even with each request served alone, nothing "
                 "queued or batched with it: no lower arrival rate can help it; a config that serves one request "
                 "faster, a looser SLO or shorter prompts (--max-input) can")
+    lowest = f"{_lowest_rate_rps(problem):.2g} req/s (1/{round(1 / MIN_RATE_SCALE)} of the workload's rate)"
     cv = workload_stats(problem.workload).burstiness
-    if cv is None or cv <= BURSTY_CV:
-        return None
-    return (f"the closest configs break the constraints even at {_lowest_rate_rps(problem):.2g} req/s (1/1024 of "
-            f"the workload's rate): its arrivals come in bursts (inter-arrival CV {cv:.1f}, 1 for Poisson), and a "
-            "lower rate stretches the gaps between bursts, not the requests within one, which still arrive "
-            "together")
+    if cv is not None and cv > BURSTY_CV:
+        return (f"the closest configs break the constraints even at {lowest}: its arrivals come in bursts "
+                f"(inter-arrival CV {cv:.1f}, 1 for Poisson), and a lower rate stretches the gaps between bursts, "
+                "not the requests within one, which still arrive together")
+    overlapping, gap_s = outlasting_gaps(problem, records, MIN_RATE_SCALE)
+    if overlapping:  # (e.g. 11k-token prompts on a CPU: one request outlasts what were seconds of trace)
+        return (f"the closest configs break the constraints even at {lowest}: requests still overlap there, "
+                f"{overlapping} of {len(records)} taking longer to serve alone (the closest config, up to "
+                f"{_seconds(alone.e2e_s.max)}) than the gap to the next arrival (the shortest: {_seconds(gap_s)}); "
+                "the search tries no lower rate; shorter prompts (--max-input), a looser queueing guard "
+                "(--max-queue) or faster hardware can help")
+    return None
 
 
 def _broken_text(broken: dict[str, float]) -> str:
     """SLOs with the latency each reaches: ``ttft:p99<=5000ms (30.2 s)``."""
-    return ", ".join(f"{name} ({v:.3g} s)" if v >= 1 else f"{name} ({v * 1e3:.3g} ms)" for name, v in broken.items())
+    return ", ".join(f"{name} ({_seconds(v)})" for name, v in broken.items())
+
+
+def _seconds(value_s: float) -> str:
+    return f"{value_s:.3g} s" if value_s >= 1 else f"{value_s * 1e3:.3g} ms"
 
 
 def _summary(result, out: Path | None) -> dict:
@@ -460,10 +473,10 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
 def _warn_broken_alone(problem) -> None:
     """Before a long search: an SLO the baseline breaks even with each request served alone (a TTFT limit
     under the prefill of the workload's longest prompts) is likely to leave every config infeasible."""
-    from skistune.optimize import slos_broken_alone
+    from skistune.optimize import served_alone, slos_broken_alone
 
     with err_console.status("checking vLLM's defaults with each request served alone"):  # (seconds on a big trace)
-        broken = slos_broken_alone(problem, problem.base)
+        broken = slos_broken_alone(problem, served_alone(problem, problem.base)[0])
     if broken:
         err_console.print(f"[yellow]warning:[/] vLLM's defaults break {escape(_broken_text(broken))} even with each "
                           "request served alone: a config must serve a request alone faster than they do to meet it "

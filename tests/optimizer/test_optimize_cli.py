@@ -59,7 +59,8 @@ def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_al
 
 def test_an_infeasible_bursty_workload_says_why_a_lower_rate_did_not_help():
     """Azure code's arrivals (CV ~10) come in bursts that no rate scaling spreads: said under the report when
-    the closest configs meet no rate; not for a Poisson-like workload, nor when some rate was met."""
+    the closest configs meet no rate; not for a Poisson-like workload (bursts are not its cause), nor when
+    some rate was met."""
     import skistune.optimize as opt
     from skistune.optimize_cli import why_no_rate_line
     from skistune.workloads import load_workload
@@ -71,7 +72,7 @@ def test_an_infeasible_bursty_workload_says_why_a_lower_rate_did_not_help():
     assert "arrivals come in bursts (inter-arrival CV" in why_no_rate_line(code, closest(code, 0.0))
     assert why_no_rate_line(code, closest(code, 0.01)) is None
     chat = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=PROFILE)
-    assert why_no_rate_line(chat, closest(chat, 0.0)) is None
+    assert "bursts" not in (why_no_rate_line(chat, closest(chat, 0.0)) or "")  # Poisson-like: not its bursts
 
 
 def test_an_slo_broken_with_each_request_served_alone_is_named_as_the_cause_not_the_bursts():
@@ -83,11 +84,32 @@ def test_an_slo_broken_with_each_request_served_alone_is_named_as_the_cause_not_
 
     code = opt.build_problem(load_workload("code", requests=16), slo=["ttft:p99<=300ms", "p99=200ms"],
                              profile=PROFILE)
-    alone = opt.slos_broken_alone(code, code.base)
+    alone = opt.slos_broken_alone(code, opt.served_alone(code, code.base)[0])
     assert list(alone) == ["ttft:p99<=300ms"] and alone["ttft:p99<=300ms"] > 0.3  # TBT holds alone
     line = why_no_rate_line(code, [opt.Evaluation(code.base, 1.0, (0.0,), {"ttft:p99<=300ms": 1.0}, {})])
     assert line.startswith("the closest config breaks ttft:p99<=300ms (") and "served alone" in line
     assert "bursts" not in line
+
+
+def test_requests_that_outlast_the_gaps_at_the_lowest_rate_are_named_as_the_cause():
+    """Long prompts on a slow machine: even at 1/1024 of the workload's rate a request served alone outlasts
+    the gap to the next arrival, so a queue builds at every rate tried; said with the counts and the times."""
+    import skistune.optimize as opt
+    from skistune.optimize_cli import why_no_rate_line
+    from skistune.workloads import load_workload
+
+    problem = opt.build_problem(load_workload("long-context", requests=12), slo="p99=200ms", profile=PROFILE)
+    _, records = opt.served_alone(problem, problem.base)
+    served = {r.request_id: r.finish_s - r.arrival_s for r in records}
+    ordered = sorted(problem.search.requests, key=lambda r: r.arrival_s)
+    for scale in (opt.MIN_RATE_SCALE, 1e-9):  # counted independently: service alone against the scaled gaps
+        gaps = [(b.arrival_s - a.arrival_s) / scale for a, b in zip(ordered, ordered[1:])]
+        expected = sum(served[a.request_id] > g for a, g in zip(ordered, gaps))
+        assert opt.outlasting_gaps(problem, records, scale) == (expected, min(gaps))
+    overlapping, _ = opt.outlasting_gaps(problem, records, opt.MIN_RATE_SCALE)
+    assert overlapping > 0 and opt.outlasting_gaps(problem, records, 1e-9)[0] == 0
+    line = why_no_rate_line(problem, [opt.Evaluation(problem.base, 1.0, (0.0,), {"queue<=5s": 1.0}, {})])
+    assert f"requests still overlap there, {overlapping} of 12 taking longer to serve alone" in line
 
 
 def test_an_slo_below_the_fastest_step_exits_3_before_any_search(here):
