@@ -318,21 +318,34 @@ BURSTY_CV = 2.0  # inter-arrival CV above which a workload's bursts, not its mea
 
 
 def why_no_rate_line(problem, closest) -> str | None:
-    """Why lowering the rate did not help, when the closest configs meet no rate: an SLO the closest config
-    breaks even with each request served alone (no rate can meet it); a bursty workload's bursts (scaling the
-    rate stretches every gap, so the requests of a burst still arrive together); or requests that outlast
-    the shortest gap between arrivals even at the lowest rate the search tries."""
+    """Why no arrival rate worked, when the closest configs meet none: an SLO the closest config breaks even
+    with each request served alone (no rate can meet it); without a capacity objective, the workload's own rate
+    the constraints were checked at; a bursty workload's bursts (scaling the rate stretches every gap, so the
+    requests of a burst still arrive together); or requests that outlast the shortest gap between arrivals
+    even at the lowest rate the search tries."""
     from skistune.optimize import MIN_RATE_SCALE, outlasting_gaps, served_alone, slos_broken_alone
     from skistune.workloads.stats import workload_stats
 
-    if not closest or problem.objectives[0].name != "capacity" or any(e.values[0] > 0 for e in closest):
+    if not closest:
         return None
+    names = [o.name for o in problem.objectives]
+    if "capacity" in names and any(e.values[names.index("capacity")] > 0 for e in closest):
+        return None  # a rate was met: what bound is in the tables
     alone, records = served_alone(problem, closest[0].config)
     broken = slos_broken_alone(problem, alone)
     if broken:
         return (f"the closest config breaks {_broken_text(broken)} even with each request served alone, nothing "
                 "queued or batched with it: no lower arrival rate can help it; a config that serves one request "
                 "faster, a looser SLO or shorter prompts (--max-input) can")
+    if not problem.at_capacity:
+        from skistune.objectives import queue_name
+
+        timing = {str(s) for s in problem.slos} | ({queue_name(problem.max_queue_s)} if problem.max_queue_s else set())
+        if not timing & set(closest[0].binding):
+            return None
+        return (f"without a capacity objective the constraints are checked at the workload's own rate "
+                f"({problem.search.base_rps:.3g} req/s), and the closest configs break them there, not alone: "
+                "lower it (--rate-scale), or maximise capacity too (--objective capacity,...)")
     lowest = f"{_lowest_rate_rps(problem):.2g} req/s (1/{round(1 / MIN_RATE_SCALE)} of the workload's rate)"
     cv = workload_stats(problem.workload).burstiness
     if cv is not None and cv > BURSTY_CV:

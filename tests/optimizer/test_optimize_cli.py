@@ -112,6 +112,24 @@ def test_requests_that_outlast_the_gaps_at_the_lowest_rate_are_named_as_the_caus
     assert f"requests still overlap there, {overlapping} of 12 taking longer to serve alone" in line
 
 
+def test_without_a_capacity_objective_the_workloads_own_rate_is_named():
+    """Goodput is scored at the workload's own rate: a closest config breaking a latency SLO there (and not
+    alone) is told to lower the rate or maximise capacity; one breaking only another constraint is not."""
+    import skistune.optimize as opt
+    from skistune.optimize_cli import why_no_rate_line
+    from skistune.workloads import load_workload
+
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", objective="goodput",
+                                energy="0.01J/token", profile=PROFILE)
+
+    def closest(binding):
+        return [opt.Evaluation(problem.base, 1.0, (0.0,), {binding: 1.0}, {})]
+
+    line = why_no_rate_line(problem, closest("tbt:p99<=200ms"))
+    assert line.startswith("without a capacity objective the constraints are checked at the workload's own rate (")
+    assert why_no_rate_line(problem, closest("energy<=0.01J/token")) is None
+
+
 def test_an_slo_below_the_fastest_step_exits_3_before_any_search(here):
     out = here / "keep.yaml"
     out.write_text("untouched\n")
