@@ -506,8 +506,26 @@ def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float]) -> None
     for e, (x, y) in zip(report.pareto, points):
         cell = (round(50 * (x - x0) / (x1 - x0)), round(50 * (y - y0) / (y1 - y0)))
         labels.setdefault(cell, ((x, y), []))[1].append(f"{ranks.get(e.config, '')}trial {e.trial}")
-    for xy, names in labels.values():
-        ax.annotate(", ".join(names), xy, textcoords="offset points", xytext=(7, 7), fontsize=8, zorder=5)
+    for (x, y), names in labels.values():
+        right = (x - x0) / (x1 - x0) > 0.75  # near the right edge the label goes left of its ring, not off the axes
+        ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(-7, 7) if right else (7, 7),
+                    ha="right" if right else "left", fontsize=8, zorder=5)
+
+
+LOG_AXIS_SPAN = 20  # values spanning more than this factor are plotted on a log axis
+
+
+def _log_axis(axis, set_scale, low: float, high: float) -> None:
+    """A log axis labelled in plain numbers at 1, 2 and 5 of each decade: the default labels every minor tick
+    of a short span in scientific notation ("2x10^0 3x10^0 ..."), and they overlap; past two decades 2 and 5
+    go unlabelled too ("500" ran into "1000" on a panel from 30 ms to 6 s)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    set_scale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    axis.set_major_formatter(plain)
+    axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+    axis.set_minor_formatter(plain if high <= 100 * low else NullFormatter())
 
 
 def plot_pareto(report: Report) -> bytes:
@@ -523,6 +541,12 @@ def plot_pareto(report: Report) -> bytes:
     base = report.baseline
     ax.plot([rate(base)], [base.figures["energy_j_per_token"]], "*", color="tab:red", ms=16, zorder=3,
             label="baseline (vLLM defaults)")
+    # configs that meet no rate are scored at the lowest one, where idle power over hours of trace makes
+    # their J/token thousands of times the others': a log axis keeps the feasible ones apart
+    energies = [e.figures.get("energy_j_per_token", math.nan) for e in [*report.evaluations, base]]
+    positive = [j for j in energies if math.isfinite(j) and j > 0]
+    if positive and max(positive) > LOG_AXIS_SPAN * min(positive):
+        _log_axis(ax.yaxis, ax.set_yscale, min(positive), max(positive))
     _mark_front(ax, report, rate)
     ax.set_xlabel(axis)
     ax.set_ylabel(f"J/token ({report.problem.profile.power.source})")
@@ -534,8 +558,8 @@ def plot_pareto(report: Report) -> bytes:
 
 
 def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]], slos) -> None:
-    """One metric's CDFs (ms, or s past 10 s; log scale when the values span over 20x, so that a tail of
-    slow steps does not squash the body against the axis) with its SLOs."""
+    """One metric's CDFs (ms, or s past 10 s; log scale when the values span over `LOG_AXIS_SPAN`, so that a
+    tail of slow steps does not squash the body against the axis) with its SLOs."""
     positive = [v[metric][v[metric] > 0] for v in samples.values()]
     top_s = max((v.max() for v in positive if v.size), default=0.0)
     scale, unit = (1e3, "ms") if top_s < 10 else (1.0, "s")
@@ -545,16 +569,8 @@ def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]],
             ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", color=color, label=label)
     for s in (s for s in slos if s.metric == metric):
         ax.axvline(s.limit_s * scale, color="black", ls="--", lw=1, label=f"SLO {s}")
-    if all(v.size for v in positive) and top_s > 20 * (low_s := min(v.min() for v in positive)):
-        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-        ax.set_xscale("log")
-        # plain numbers at 1, 2 and 5 of each decade: the default labels every minor tick of a short span
-        # in scientific notation ("2x10^0 3x10^0 ..."), and they overlap; past two decades 2 and 5 go
-        # unlabelled too ("500" ran into "1000" on a panel from 30 ms to 6 s)
-        plain = FuncFormatter(lambda v, _: f"{v:g}")
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-        ax.xaxis.set_minor_formatter(plain if top_s <= 100 * low_s else NullFormatter())
+    if all(v.size for v in positive) and top_s > LOG_AXIS_SPAN * (low_s := min(v.min() for v in positive)):
+        _log_axis(ax.xaxis, ax.set_xscale, low_s, top_s)
     ax.set_xlabel(f"{metric.upper()} ({unit})")
     ax.set_ylabel("fraction of token gaps" if metric == "tbt" else "fraction of requests")
     ax.set_ylim(0, 1.02)

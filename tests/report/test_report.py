@@ -103,6 +103,23 @@ def test_tables_and_html_carry_the_same_rows(report):
     assert violations.count("<tr>") == 1 + len(report.problem.constraints)
 
 
+def test_pareto_plot_goes_log_when_a_config_that_meets_no_rate_dwarfs_the_others(report, monkeypatch):
+    """Scored at the lowest rate, a config that meets none spends idle power over hours of trace: its J/token,
+    thousands of times the others', squashed every feasible point onto the axis."""
+    import skistune.report as rep
+
+    figures = []
+    monkeypatch.setattr(rep, "_png", lambda fig: figures.append(fig) or b"")
+    rep.plot_pareto(report)
+    energies = [e.figures["energy_j_per_token"] for e in [*report.evaluations, report.baseline]]
+    spread = max(energies) > rep.LOG_AXIS_SPAN * min(energies)
+    assert figures[-1].axes[0].get_yscale() == ("log" if spread else "linear")
+    idle = dataclasses.replace(report.evaluations[0], figures={**report.evaluations[0].figures,
+                                                               "energy_j_per_token": 1000 * max(energies)})
+    rep.plot_pareto(dataclasses.replace(report, evaluations=(idle, *report.evaluations[1:])))
+    assert figures[-1].axes[0].get_yscale() == "log"
+
+
 def test_write_report_writes_three_pngs_and_a_self_contained_html(report, tmp_path):
     files, missing = write_report(report, tmp_path / "out")
     assert missing == [] and set(files) == set(FILES)
