@@ -1,0 +1,12 @@
+"""Keeps the repository's root off the import path. `python -m pytest` puts the working directory first on
+``sys.path``, and from the root the folder that installs as ``skistune.kernels`` is importable as a top-level
+``kernels`` package too: it shadowed Hugging Face's ``kernels`` package, which transformers imports from 5.25
+on (the reference the runtime tests compare with), and every test that loads transformers failed with
+``cannot import name 'CUDAProperties' from 'kernels'``. The tests import skistune as installed."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
