@@ -28,6 +28,7 @@ import numpy as np
 from skistune.config import KVConfig
 from skistune.optimize import (RECIPE_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed, infeasibility, ranked,
                                score)
+from skistune.plotting import log_axis, wants_log
 
 DEFAULT_TOP_K = 5  # best configs shown
 FILES = {"pareto": "pareto.png", "latency": "latency-cdf.png", "memory": "memory-timeline.png",
@@ -512,22 +513,6 @@ def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float]) -> None
                     ha="right" if right else "left", fontsize=8, zorder=5)
 
 
-LOG_AXIS_SPAN = 20  # values spanning more than this factor are plotted on a log axis
-
-
-def _log_axis(axis, set_scale, low: float, high: float) -> None:
-    """A log axis labelled in plain numbers at 1, 2 and 5 of each decade: the default labels every minor tick
-    of a short span in scientific notation ("2x10^0 3x10^0 ..."), and they overlap; past two decades 2 and 5
-    go unlabelled too ("500" ran into "1000" on a panel from 30 ms to 6 s)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    set_scale("log")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    axis.set_major_formatter(plain)
-    axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
-    axis.set_minor_formatter(plain if high <= 100 * low else NullFormatter())
-
-
 def plot_pareto(report: Report) -> bytes:
     """Throughput (capacity) vs J/token, quality loss as colour: the front ringed, the baseline a star."""
     from matplotlib.figure import Figure
@@ -545,8 +530,8 @@ def plot_pareto(report: Report) -> bytes:
     # their J/token thousands of times the others': a log axis keeps the feasible ones apart
     energies = [e.figures.get("energy_j_per_token", math.nan) for e in [*report.evaluations, base]]
     positive = [j for j in energies if math.isfinite(j) and j > 0]
-    if positive and max(positive) > LOG_AXIS_SPAN * min(positive):
-        _log_axis(ax.yaxis, ax.set_yscale, min(positive), max(positive))
+    if positive and wants_log(min(positive), max(positive)):
+        log_axis(ax.yaxis, ax.set_yscale, min(positive), max(positive))
     _mark_front(ax, report, rate)
     ax.set_xlabel(axis)
     ax.set_ylabel(f"J/token ({report.problem.profile.power.source})")
@@ -558,8 +543,8 @@ def plot_pareto(report: Report) -> bytes:
 
 
 def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]], slos) -> None:
-    """One metric's CDFs (ms, or s past 10 s; log scale when the values span over `LOG_AXIS_SPAN`, so that a
-    tail of slow steps does not squash the body against the axis) with its SLOs."""
+    """One metric's CDFs (ms, or s past 10 s; log scale when the values span over `plotting.LOG_AXIS_SPAN`,
+    so that a tail of slow steps does not squash the body against the axis) with its SLOs."""
     positive = [v[metric][v[metric] > 0] for v in samples.values()]
     top_s = max((v.max() for v in positive if v.size), default=0.0)
     scale, unit = (1e3, "ms") if top_s < 10 else (1.0, "s")
@@ -569,8 +554,8 @@ def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]],
             ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", color=color, label=label)
     for s in (s for s in slos if s.metric == metric):
         ax.axvline(s.limit_s * scale, color="black", ls="--", lw=1, label=f"SLO {s}")
-    if all(v.size for v in positive) and top_s > LOG_AXIS_SPAN * (low_s := min(v.min() for v in positive)):
-        _log_axis(ax.xaxis, ax.set_xscale, low_s, top_s)
+    if all(v.size for v in positive) and wants_log(low_s := min(v.min() for v in positive), top_s):
+        log_axis(ax.xaxis, ax.set_xscale, low_s, top_s)
     ax.set_xlabel(f"{metric.upper()} ({unit})")
     ax.set_ylabel("fraction of token gaps" if metric == "tbt" else "fraction of requests")
     ax.set_ylim(0, 1.02)

@@ -66,3 +66,21 @@ def test_plot_writes_a_png(tmp_path):
     result = CliRunner().invoke(app, ["workload", "show", "chat", "--requests", "200", "--plot", str(path)])
     assert result.exit_code == 0, result.output
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_axes_go_log_only_where_the_values_span_decades(tmp_path, monkeypatch):
+    """Mooncake's nonzero gaps (2.999-3.001 s) on a log axis were labelled "3x10^0 3.005x10^0 ..." on top of
+    each other: a short span gets a linear axis with plain ticks, lengths over decades a log one."""
+    import matplotlib.figure
+
+    from skistune.workloads import load_workload
+    from skistune.workloads.plot import plot_workload
+
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    plot_workload(load_workload(MOONCAKE_CONV), tmp_path / "m.png")
+    ax_in, ax_out, _, ax_gap = saved[-1].axes
+    assert (ax_in.get_xscale(), ax_out.get_xscale(), ax_gap.get_xscale()) == ("log", "log", "linear")
+    assert ax_gap.xaxis.get_major_formatter().get_useOffset() is False
+    plot_workload(load_workload(AZURE_CONV), tmp_path / "a.png")
+    assert saved[-1].axes[3].get_xscale() == "log"  # gaps from microseconds to seconds
