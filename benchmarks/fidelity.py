@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from skistune.config import KVConfig
-from skistune.evaluate import sim_target, workload_requests
+from skistune.evaluate import FIDELITY_FIGURES, compare_metrics, sim_target, workload_requests
 from skistune.runtime.llm import Runtime
 from skistune.simulator import simulate
 from skistune.workloads import load_workload
@@ -89,10 +89,7 @@ def workloads(n: int) -> dict:
     }
 
 
-METRICS = [("ttft p50", lambda m: m.ttft_s.p50), ("ttft p99", lambda m: m.ttft_s.p99),
-           ("tbt p50", lambda m: m.tbt_s.p50), ("tbt p99", lambda m: m.tbt_s.p99),
-           ("e2e p50", lambda m: m.e2e_s.p50), ("e2e p99", lambda m: m.e2e_s.p99),
-           ("tok/s", lambda m: m.throughput_tok_per_s), ("kv peak", lambda m: m.kv_peak_bytes)]
+METRICS = [(name, f) for name, _, f in FIDELITY_FIGURES]  # (the figures `skistune evaluate --mode compare` prints)
 
 
 def main() -> None:
@@ -115,7 +112,7 @@ def main() -> None:
             cfg = KVConfig().with_knobs(CONFIGS[cname])
             predicted = simulate(cfg, reqs, target)
             measured = rt.with_config(cfg).replay(reqs)
-            errors = {name: (f(predicted) - f(measured)) / f(measured) if f(measured) else 0.0 for name, f in METRICS}
+            errors = {r["figure"]: r["error"] or 0.0 for r in compare_metrics(predicted, measured)}
             rows.append({"workload": wname, "config": cname, "errors": errors,
                          "predicted": {n: f(predicted) for n, f in METRICS},
                          "measured": {n: f(measured) for n, f in METRICS},

@@ -2,7 +2,7 @@
 `Metrics` either way, so any prediction can be checked."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from skistune.config import KVConfig
 from skistune.runtime.metrics import Metrics
@@ -12,6 +12,26 @@ from skistune.simulator import SimTarget, simulate, target_from_profile
 from skistune.workloads import Workload, scale_lengths, to_requests
 
 MODES = ("simulate", "run")
+# what a prediction is checked on, (name, unit, figure of a Metrics): `skistune evaluate --mode compare` and
+# benchmarks/fidelity.py
+FIDELITY_FIGURES: tuple[tuple[str, str, Callable[[Metrics], float]], ...] = (
+    ("ttft p50", "ms", lambda m: m.ttft_s.p50), ("ttft p99", "ms", lambda m: m.ttft_s.p99),
+    ("tbt p50", "ms", lambda m: m.tbt_s.p50), ("tbt p99", "ms", lambda m: m.tbt_s.p99),
+    ("e2e p50", "ms", lambda m: m.e2e_s.p50), ("e2e p99", "ms", lambda m: m.e2e_s.p99),
+    ("tok/s", "tok/s", lambda m: m.throughput_tok_per_s), ("kv peak", "MiB", lambda m: m.kv_peak_bytes))
+
+
+def relative_error(predicted: float, measured: float) -> float | None:
+    """(predicted - measured) / measured; None where nothing was measured (0, or NaN: no request finished)."""
+    if not measured or measured != measured or predicted != predicted:
+        return None
+    return (predicted - measured) / measured
+
+
+def compare_metrics(predicted: Metrics, measured: Metrics) -> list[dict]:
+    """Each of `FIDELITY_FIGURES`: the prediction, the measurement and the relative error."""
+    return [{"figure": name, "predicted": f(predicted), "measured": f(measured),
+             "error": relative_error(f(predicted), f(measured))} for name, _, f in FIDELITY_FIGURES]
 
 
 def fit_to_context(workload: Workload, max_context: int) -> Workload:

@@ -17,7 +17,8 @@ from skistune.workloads.cli import (FirstOpt, JsonOpt, LengthScaleOpt, MaxInputO
 def evaluate(
     config: Annotated[Path, typer.Argument(help="KV config file (YAML/JSON), e.g. one written by optimize")],
     workload: WorkloadOpt = "chat",
-    mode: Annotated[str, typer.Option(help="simulate (hardware profile) or run (real runtime)")] = "simulate",
+    mode: Annotated[str, typer.Option(help="simulate (hardware profile), run (real runtime), or compare (both, "
+                                      "and the prediction's error)")] = "simulate",
     model: ModelOpt = "smollm2-135m",
     profile: ProfileOpt = None,
     seed: SeedOpt = 0,
@@ -33,18 +34,56 @@ def evaluate(
     (same table, same JSON), so that any prediction can be checked."""
     from skistune.config import load_config
     from skistune.display import metrics_table, summary_table
-    from skistune.evaluate import evaluate as run_evaluate, workload_requests
+    from skistune.evaluate import MODES, compare_metrics, evaluate as run_evaluate, workload_requests
     from skistune.workloads import load_workload
 
+    if mode not in (*MODES, "compare"):
+        raise ValueError(f"--mode {mode!r}: use simulate, run or compare")
     cfg = load_config(str(config))
     w = load_workload(workload, seed=seed, requests=requests, first=first, rate_scale=rate_scale,
                       length_scale=length_scale, max_input=max_input, max_output=max_output)
     reqs = workload_requests(w, model, seed)
-    label = "predicted (simulator)" if mode == "simulate" else "measured (runtime)"
-    with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
-        metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=profile)
-    console.print(metrics_table(metrics, f"{model} on {w.source}: {label}"))
-    console.print(summary_table(metrics))
+    runs = {}
+    for one in (("simulate", "run") if mode == "compare" else (mode,)):
+        with console.status(f"{'simulating' if one == 'simulate' else 'serving'} {len(reqs)} requests"):
+            runs[one] = run_evaluate(cfg, reqs, model=model, mode=one, profile=profile)
+    if mode == "compare":
+        rows = compare_metrics(runs["simulate"], runs["run"])
+        console.print(comparison_table(rows, runs["simulate"], runs["run"],
+                                       f"{model} on {w.source}: predicted (simulator) / measured (runtime)"))
+        for note in runs["simulate"].notes:
+            console.print(f"note (prediction): {note}", highlight=False, soft_wrap=True)
+    else:
+        label = "predicted (simulator)" if mode == "simulate" else "measured (runtime)"
+        console.print(metrics_table(runs[mode], f"{model} on {w.source}: {label}"))
+        console.print(summary_table(runs[mode]))
     if json_out:
-        print_json({"mode": mode, "model": model, "workload": w.source, "workload_digest": w.digest(),
-                    "metrics": metrics.to_dict()})
+        head = {"mode": mode, "model": model, "workload": w.source, "workload_digest": w.digest()}
+        if mode == "compare":
+            print_json({**head, "predicted": runs["simulate"].to_dict(), "measured": runs["run"].to_dict(),
+                        "errors": {r["figure"]: r["error"] for r in rows}})
+        else:
+            print_json({**head, "metrics": runs[mode].to_dict()})
+
+
+def comparison_table(rows: list[dict], predicted, measured, title: str):
+    """Predicted, measured and the relative error of each figure (ms for latencies, MiB for the KV peak), then
+    the counts that tell two schedules apart."""
+    from rich.table import Table
+
+    from skistune.evaluate import FIDELITY_FIGURES
+
+    units = {name: unit for name, unit, _ in FIDELITY_FIGURES}
+    scale = {"ms": 1e3, "MiB": 2 ** -20, "tok/s": 1.0}
+    t = Table(title=title, title_justify="left")
+    for col in ("figure", "predicted", "measured", "error"):
+        t.add_column(col, justify="left" if col == "figure" else "right")
+    for r in rows:
+        unit = units[r["figure"]]
+        name = r["figure"] if unit in r["figure"] else f"{r['figure']} ({unit})"
+        error = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        t.add_row(name, f"{r['predicted'] * scale[unit]:,.1f}", f"{r['measured'] * scale[unit]:,.1f}", error)
+    for name, f in (("finished", lambda m: m.num_finished), ("preemptions", lambda m: m.preemptions),
+                    ("prefix-hit tokens", lambda m: m.prefix_hit_tokens)):
+        t.add_row(name, f"{f(predicted):,}", f"{f(measured):,}", "")
+    return t

@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from skistune.cli import app
@@ -25,3 +26,29 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path):
     r = CliRunner().invoke(app, ["evaluate", str(cfg), "--profile", PROFILE])
     assert r.exit_code == 2 and "batching.max_num_seqs: 0 is outside" in r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_bad_mode_is_one_line_and_exit_2(tmp_path):
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("batching:\n  max_num_seqs: 8\n")
+    r = CliRunner().invoke(app, ["evaluate", str(cfg), "--mode", "both", "--profile", PROFILE])
+    assert r.exit_code == 2 and "--mode 'both': use simulate, run or compare" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_compare_prints_the_prediction_the_measurement_and_its_error(tmp_path):
+    """One command checks a prediction: the simulator and the real runtime on the same requests, each
+    figure's relative error, and both Metrics in the JSON."""
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("batching:\n  max_num_seqs: 8\n")
+    r = CliRunner().invoke(app, ["evaluate", str(cfg), "--mode", "compare", "--requests", "2", "--max-input", "32",
+                                 "--max-output", "4", "--profile", PROFILE, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    assert out["mode"] == "compare" and out["measured"]["num_finished"] == out["predicted"]["num_finished"] == 2
+    p, m = out["predicted"]["ttft_s"]["p99"], out["measured"]["ttft_s"]["p99"]
+    assert out["errors"]["ttft p99"] == pytest.approx((p - m) / m)
+    kv = out["predicted"]["kv_peak_bytes"] / out["measured"]["kv_peak_bytes"] - 1
+    assert out["errors"]["kv peak"] == pytest.approx(kv)
+    assert "ttft p99 (ms)" in r.output and "preemptions" in r.output
