@@ -246,6 +246,11 @@ def _parse_when(name: str, raw: Any, key: str = "when") -> tuple[tuple[str, tupl
     return tuple(out)
 
 
+def _conditions(name: str, spec: Mapping[str, Any]) -> dict[str, tuple]:
+    """A knob's or switch's ``when`` and ``when_any``, parsed, as `Param` keywords."""
+    return {key: _parse_when(name, spec.get(key), key) for key in ("when", "when_any")}
+
+
 def _parse_choices(name: str, raw: Any, f: dataclasses.Field | None) -> tuple:
     if not isinstance(raw, list) or not raw:
         raise ValueError(f"{name}: choices: expected a non-empty list")
@@ -266,8 +271,7 @@ def _parse_switch(name: str, spec: Any) -> Param:
                          "(dotted names are knobs; list those under knobs)")
     if not isinstance(spec, dict) or "choices" not in spec or set(spec) - {"choices", "when", "when_any"}:
         raise ValueError(f"switches: {name}: expected {{choices: [...]}} (optionally with when: or when_any:)")
-    return Param(name, "choices", choices=_parse_choices(name, spec["choices"], None),
-                 when=_parse_when(name, spec.get("when")), when_any=_parse_when(name, spec.get("when_any"), "when_any"))
+    return Param(name, "choices", choices=_parse_choices(name, spec["choices"], None), **_conditions(name, spec))
 
 
 def _parse_knob(name: str, spec: Any, fields_: Mapping[str, dataclasses.Field]) -> Param:
@@ -288,8 +292,7 @@ def _parse_knob(name: str, spec: Any, fields_: Mapping[str, dataclasses.Field]) 
         raise ValueError(f"{name}: {min(set(spec) & set(_RANGE_KEYS))} applies only to low/high ranges")
     if kinds[0] != "solver" and _field_type(f) == "other":
         raise ValueError(f"{name}: a structured knob; fill it with solver: or set it under fixed:")
-    when = dict(when=_parse_when(name, spec.get("when")), when_any=_parse_when(name, spec.get("when_any"), "when_any"))
-    nullable = bool(f.metadata.get("nullable"))
+    when, nullable = _conditions(name, spec), bool(f.metadata.get("nullable"))
     if kinds[0] == "choices":
         return Param(name, "choices", choices=_parse_choices(name, spec["choices"], f), nullable=nullable, **when)
     if kinds[0] in ("solver", "same_as"):
@@ -335,9 +338,9 @@ def _check_refs(params: list[Param], fixed: dict[str, Any], fields_: Mapping[str
         by_name[p.name] = p
     out = []
     for p in params:
-        when, when_any = (tuple((ref, _condition_values(p.name, ref, vals, by_name, fixed, fields_, key))
-                                for ref, vals in conditions) for key, conditions in (("when", p.when),
-                                                                                     ("when_any", p.when_any)))
+        when = tuple((ref, _condition_values(p.name, ref, vals, by_name, fixed, fields_)) for ref, vals in p.when)
+        when_any = tuple((ref, _condition_values(p.name, ref, vals, by_name, fixed, fields_, "when_any"))
+                         for ref, vals in p.when_any)
         for ref in (p.at_most, p.same_as):
             if ref is not None:
                 _check_link(p, ref, by_name, fixed, fields_)
