@@ -289,7 +289,9 @@ def gain_lines(result) -> list[str]:
     return lines
 
 
-def infeasible_report(result) -> None:
+def infeasible_report(result) -> str | None:
+    """The binding constraints, the closest configs, and why no rate worked where that can be told (returned,
+    for the JSON summary)."""
     err_console.print(f"[bold red]infeasible:[/] no config met every constraint in {result.trials} trials",
                       highlight=False)
     t = Table(title="Constraints that bind", title_justify="left")
@@ -312,6 +314,7 @@ def infeasible_report(result) -> None:
     line = why_no_rate_line(result.problem, result.closest)
     if line:
         console.print(escape(line), highlight=False, soft_wrap=True)
+    return line
 
 
 BURSTY_CV = 2.0  # inter-arrival CV above which a workload's bursts, not its mean rate, decide its queues
@@ -520,9 +523,9 @@ def _report(result, out: Path, json_out: bool) -> None:
     for note in result.notes:
         err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     if not result.feasible:
-        infeasible_report(result)
+        why = infeasible_report(result)
         if json_out:
-            print_json(_summary(result, None))
+            print_json({**_summary(result, None), "why": why})
         raise typer.Exit(EXIT_INFEASIBLE)
     console.print(best_table(result))
     for line in knob_lines(result):

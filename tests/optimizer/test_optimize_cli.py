@@ -45,8 +45,10 @@ def test_writes_the_tuned_config_with_provenance_and_a_json_summary(here):
 def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_alone(here):
     out = here / "keep.yaml"
     out.write_text("untouched\n")
-    r = invoke("--slo", "ttft:p99<=40ms", *SMALL, "--out", str(out))
+    r = invoke("--slo", "ttft:p99<=40ms", *SMALL, "--out", str(out), "--json")
     assert r.exit_code == 3, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not summary["feasible"] and "even with each request served alone" in summary["why"]
     assert "no config met every constraint in 3 trials" in r.stderr
     # said before the search: the defaults' prefill of one prompt alone outlasts 40 ms
     assert r.stderr.index("vLLM's defaults break ttft:p99<=40ms (") < r.stderr.index("no config met")
