@@ -73,7 +73,8 @@ class Report:
     way; ``validated``: the last validation's records (`optimize.validation_record`), winner first,
     baseline last; ``binding``/``closest``: trials each constraint ruled out, configs closest to feasible;
     ``importance``: each knob's share of the first objective's variance (empty with ``importance_note``
-    saying why)."""
+    saying why); ``why``: why no arrival rate worked, in a study with no feasible config, where it can be told
+    (`optimize_cli.why_no_rate_line`)."""
 
     problem: Problem
     study: Any
@@ -88,6 +89,7 @@ class Report:
     importance: Mapping[str, float]
     importance_method: str
     importance_note: str | None = None
+    why: str | None = None
 
     @property
     def feasible(self) -> bool:
@@ -107,10 +109,14 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
     binding, closest = infeasibility(evaluations)
     importance, method, note = knob_importance(study, problem)
     validated = tuple(study.user_attrs.get(VALIDATED_ATTR, ()))
-    return Report(problem, study, label, tuple(evaluations), tuple(_winner_first(ranked(problem, evaluations),
-                                                                                  validated)[:top_k]),
-                  tuple(tradeoff_front(problem, evaluations)), score(problem, problem.base),
-                  validated, binding, tuple(closest), importance, method, note)
+    best = tuple(_winner_first(ranked(problem, evaluations), validated)[:top_k])
+    why = None
+    if not best:  # (simulates the closest config with each request alone: once, for the terminal, HTML and JSON)
+        from skistune.optimize_cli import why_no_rate_line
+
+        why = why_no_rate_line(problem, closest)
+    return Report(problem, study, label, tuple(evaluations), best, tuple(tradeoff_front(problem, evaluations)),
+                  score(problem, problem.base), validated, binding, tuple(closest), importance, method, note, why)
 
 
 def _winner_first(ranked_evaluations: list[Evaluation], validated: Sequence[dict]) -> list[Evaluation]:
@@ -443,11 +449,11 @@ def report_tables(report: Report) -> list:
 
 def report_lines(report: Report) -> list[str]:
     """Notes under the tables: the best configs' knobs, the problem's notes, what is missing and why."""
-    from skistune.optimize_cli import knob_lines, why_no_rate_line
+    from skistune.optimize_cli import knob_lines
 
     lines = knob_lines(_view(report, report.best)) + pareto_lines(report) if report.feasible else [
         f"no config met every constraint in {len(report.evaluations)} trials; see the constraints table",
-        *filter(None, [why_no_rate_line(report.problem, report.closest)])]
+        *filter(None, [report.why])]
     lines += [f"note: {n}" for n in report.problem.notes]
     if report.validated:  # the top configs the last validation did not replay, as optimize said
         from types import SimpleNamespace
@@ -720,4 +726,5 @@ def summary(report: Report, files: Mapping[str, Path]) -> dict[str, Any]:
             "best": [scored(e) for e in report.best], "pareto": [scored(e) for e in report.pareto],
             "baseline": scored(report.baseline), "binding": dict(report.binding),
             "validated": [dict(v) for v in report.validated], "importance": dict(report.importance),
-            "importance_method": report.importance_method, "files": {k: str(v) for k, v in files.items()}}
+            "importance_method": report.importance_method, "why": report.why,
+            "files": {k: str(v) for k, v in files.items()}}
