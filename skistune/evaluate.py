@@ -48,14 +48,19 @@ def workload_requests(workload: Workload, model: str, seed: int = 0) -> list[Req
     return to_requests(fit_to_context(workload, spec.max_context), vocab_size=spec.vocab_size, seed=seed)
 
 
+def hardware_profile(model: str, profile=None, device: str = "cpu"):
+    """``profile`` as a `HardwareProfile`: loaded from its file, or this machine's cached quick profile for
+    ``model`` when None."""
+    from skistune.profile import default_profile, load_profile
+
+    return default_profile(model, device) if profile is None else (
+        load_profile(profile) if isinstance(profile, str) else profile)
+
+
 def sim_target(model: str, profile=None, device: str = "cpu") -> SimTarget:
     """The simulation target of a model preset on the profiled machine (the cached quick profile of this
     machine when ``profile`` is None)."""
-    from skistune.profile import default_profile, load_profile
-
-    prof = default_profile(model, device) if profile is None else (
-        load_profile(profile) if isinstance(profile, str) else profile)
-    return target_from_profile(prof, model)
+    return target_from_profile(hardware_profile(model, profile, device), model)
 
 
 def evaluate(config: KVConfig, requests: Sequence[Request], *, model: str = "smollm2-135m", mode: str = "simulate",

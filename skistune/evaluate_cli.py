@@ -28,13 +28,16 @@ def evaluate(
     length_scale: LengthScaleOpt = 1.0,
     max_input: MaxInputOpt = None,
     max_output: MaxOutputOpt = None,
+    speed_check: Annotated[bool, typer.Option(help="with --mode compare: time a few of the profile's steps again "
+                                              "after the replay, to tell the machine's drift from the model's "
+                                              "error")] = True,
     json_out: JsonOpt = False,
 ) -> None:
     """Metrics of one config on one workload: predicted by the simulator or measured on the real runtime
     (same table, same JSON), so that any prediction can be checked."""
     from skistune.config import load_config
     from skistune.display import metrics_table, summary_table
-    from skistune.evaluate import MODES, compare_metrics, evaluate as run_evaluate, workload_requests
+    from skistune.evaluate import MODES, evaluate as run_evaluate, workload_requests
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
@@ -43,27 +46,50 @@ def evaluate(
     w = load_workload(workload, seed=seed, requests=requests, first=first, rate_scale=rate_scale,
                       length_scale=length_scale, max_input=max_input, max_output=max_output)
     reqs = workload_requests(w, model, seed)
-    runs = {}
-    for one in (("simulate", "run") if mode == "compare" else (mode,)):
-        with console.status(f"{'simulating' if one == 'simulate' else 'serving'} {len(reqs)} requests"):
-            runs[one] = run_evaluate(cfg, reqs, model=model, mode=one, profile=profile)
     if mode == "compare":
-        rows = compare_metrics(runs["simulate"], runs["run"])
-        console.print(comparison_table(rows, runs["simulate"], runs["run"],
-                                       f"{model} on {w.source}: predicted (simulator) / measured (runtime)"))
-        for note in runs["simulate"].notes:
-            console.print(f"note (prediction): {note}", highlight=False, soft_wrap=True)
-    else:
-        label = "predicted (simulator)" if mode == "simulate" else "measured (runtime)"
-        console.print(metrics_table(runs[mode], f"{model} on {w.source}: {label}"))
-        console.print(summary_table(runs[mode]))
+        _compare(cfg, reqs, w, model, profile, speed_check, json_out)
+        return
+    with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
+        metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=profile)
+    label = "predicted (simulator)" if mode == "simulate" else "measured (runtime)"
+    console.print(metrics_table(metrics, f"{model} on {w.source}: {label}"))
+    console.print(summary_table(metrics))
     if json_out:
-        head = {"mode": mode, "model": model, "workload": w.source, "workload_digest": w.digest()}
-        if mode == "compare":
-            print_json({**head, "predicted": runs["simulate"].to_dict(), "measured": runs["run"].to_dict(),
-                        "errors": {r["figure"]: r["error"] for r in rows}})
-        else:
-            print_json({**head, "metrics": runs[mode].to_dict()})
+        print_json({"mode": mode, "model": model, "workload": w.source, "workload_digest": w.digest(),
+                    "metrics": metrics.to_dict()})
+
+
+def _compare(cfg, reqs, w, model: str, profile, speed_check: bool, json_out: bool) -> None:
+    """The prediction and the measurement of the same requests, each figure's error, and (``speed_check``)
+    how fast this machine runs the profile's own steps now: on a shared host that drift alone can be tens of
+    percent, which the error table cannot tell from the simulator's."""
+    from skistune.evaluate import compare_metrics, evaluate as run_evaluate, hardware_profile
+    from skistune.runtime.llm import Runtime
+
+    prof = hardware_profile(model, profile)
+    with console.status(f"simulating {len(reqs)} requests"):
+        predicted = run_evaluate(cfg, reqs, model=model, mode="simulate", profile=prof)
+    with console.status(f"serving {len(reqs)} requests"):
+        runtime = Runtime.from_preset(model, cfg)
+        measured = run_evaluate(cfg, reqs, model=model, mode="run", runtime=runtime)
+    check = None
+    if speed_check:
+        from skistune.profile.check import speed_check as time_again
+
+        with console.status("timing a few of the profile's steps again"):
+            check = time_again(prof, runtime)
+    rows = compare_metrics(predicted, measured)
+    console.print(comparison_table(rows, predicted, measured,
+                                   f"{model} on {w.source}: predicted (simulator) / measured (runtime)"))
+    if check is not None:
+        console.print(check.summary_line(), highlight=False, soft_wrap=True)
+    for note in predicted.notes:
+        console.print(f"note (prediction): {note}", highlight=False, soft_wrap=True)
+    if json_out:
+        print_json({"mode": "compare", "model": model, "workload": w.source, "workload_digest": w.digest(),
+                    "predicted": predicted.to_dict(), "measured": measured.to_dict(),
+                    "errors": {r["figure"]: r["error"] for r in rows},
+                    "speed_check": check.to_dict() if check is not None else None})
 
 
 def comparison_table(rows: list[dict], predicted, measured, title: str):

@@ -72,6 +72,11 @@ class SpeedCheck:
                          f"{'fast' if r > 1 else 'slow'}" for k, r in off.items()) + (
             f" (the others within {tolerance:.0%})" if len(off) < len(kinds) else "")
 
+    def summary_line(self) -> str:
+        """The check in one line, as `skistune profile --check` and `skistune evaluate --mode compare` print it."""
+        return (f"this machine runs the profile's steps x{self.ratio:.3f} (median of {len(self.points)}; "
+                f"{self.by_kind_text()}): {self.verdict()}")
+
     def to_dict(self) -> dict:
         return {"ratio": self.ratio, "by_kind": self.by_kind(),
                 "points": [{"kind": p.kind, "grid": p.grid, "then_s": p.then_s, "now_s": p.now_s, "ratio": p.ratio}

@@ -272,7 +272,6 @@ def _check(path: Path, json_out: bool) -> None:
         grid = ", ".join(f"{k} {v}" for k, v in p.grid.items() if k != "bits")
         table.add_row(p.kind, grid, f"{p.then_s * 1e3:.1f}", f"{p.now_s * 1e3:.1f}", f"{p.ratio:.3f}")
     console.print(table)
-    console.print(f"this machine runs the profile's steps x{result.ratio:.3f} (median of {len(result.points)}; "
-                  f"{result.by_kind_text()}): {result.verdict()}", highlight=False)
+    console.print(result.summary_line(), highlight=False)
     if json_out:
         print_json({"profile": str(path), **result.to_dict()})

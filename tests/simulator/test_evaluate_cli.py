@@ -52,3 +52,7 @@ def test_compare_prints_the_prediction_the_measurement_and_its_error(tmp_path):
     kv = out["predicted"]["kv_peak_bytes"] / out["measured"]["kv_peak_bytes"] - 1
     assert out["errors"]["kv peak"] == pytest.approx(kv)
     assert "ttft p99 (ms)" in r.output and "preemptions" in r.output
+    # the machine's drift since the profile, from its own steps timed again: told apart from the model's error
+    check = out["speed_check"]
+    assert check["ratio"] > 0 and set(check["by_kind"]) <= {"decode", "prefill", "mixed"} and check["points"]
+    assert f"this machine runs the profile's steps x{check['ratio']:.3f}" in r.output
