@@ -139,8 +139,7 @@ def machine_speed(profile_path: str, runtime, when: str) -> dict:
     from skistune.profile import load_profile
     from skistune.profile.check import speed_check
     check = speed_check(load_profile(profile_path, check_fingerprint=False), runtime)
-    print(f"machine speed {when} the replays: the profile's steps take x{check.ratio:.3f} of their profiled time "
-          f"(median of {len(check.points)}; {check.by_kind_text()})", flush=True)
+    print(f"{when} the replays, {check.summary_line()}", flush=True)
     return {"when": when, **check.to_dict()}
 
 

@@ -511,14 +511,13 @@ def _replay(config: KVConfig, requests: Sequence[Request], target, scale: float)
 def _isolated_ttft_p99(problem: Problem, config: KVConfig, requests: RequestSet) -> float:
     if problem.max_queue_s is None:
         return 0.0
-    metrics, _ = _replay(config, requests.isolated, problem.target, 1.0)
-    return metrics.ttft_s.p99
+    return served_alone(problem, config, requests)[0].ttft_s.p99
 
 
-def served_alone(problem: Problem, config: KVConfig) -> tuple[Metrics, list]:
-    """Predicted metrics and per-request records of ``config`` with each of the search's requests served
-    alone (no other request queued or batched with it): what no arrival rate, however low, improves on."""
-    return _replay(config, problem.search.isolated, problem.target, 1.0)
+def served_alone(problem: Problem, config: KVConfig, requests: RequestSet | None = None) -> tuple[Metrics, list]:
+    """Predicted metrics and per-request records of ``config`` with each request (the search's by default)
+    served alone (no other request queued or batched with it): what no arrival rate, however low, improves on."""
+    return _replay(config, (requests or problem.search).isolated, problem.target, 1.0)
 
 
 def slos_broken_alone(problem: Problem, alone: Metrics) -> dict[str, float]:
