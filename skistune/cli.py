@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
@@ -32,13 +33,27 @@ def print_error(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+def print_warning(message: str) -> None:
+    """``warning: <message>`` as one line on stderr."""
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def _show_warning(message: Warning | str, category: type, filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    print_warning(str(message).strip())
+
+
 def cli_errors(fn: Callable) -> Callable:
-    """Turn domain errors into one line on stderr and exit code 2 (no traceback)."""
+    """Turn domain errors into one line on stderr and exit code 2 (no traceback), and Python warnings (a
+    profile measured on another machine, a library's deprecation) into one ``warning:`` line each instead of
+    the interpreter's two lines naming a source file."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                return fn(*args, **kwargs)
         except (ValueError, OSError, KeyError) as exc:
             print_error(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
             raise typer.Exit(EXIT_BAD_INPUT) from None

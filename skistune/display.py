@@ -6,18 +6,22 @@ from rich.table import Table
 from skistune.runtime.metrics import Metrics
 
 
-def _ms(x: float) -> str:
-    return "-" if x != x else f"{x * 1e3:,.1f}"
+LATENCY_COLUMNS = ("p50", "p90", "p99", "max", "mean")
+SECONDS_FROM_S = 100.0  # latencies this long or longer print in seconds: in ms they overflow an 80-column table
 
 
 def metrics_table(m: Metrics, title: str = "Metrics") -> Table:
+    """Latency percentiles, in ms, or in s when some figure reaches `SECONDS_FROM_S` (an overloaded or
+    long-prompt workload queues for hours)."""
+    values = {name: [m.latency(name).at(c) for c in LATENCY_COLUMNS] for name in ("ttft", "tbt", "e2e", "tpot")}
+    in_s = any(x >= SECONDS_FROM_S for row in values.values() for x in row if x == x)
+    unit, scale, digits = ("s", 1.0, 2) if in_s else ("ms", 1e3, 1)
     lat = Table(title=title, title_justify="left")
-    lat.add_column("latency (ms)")
-    for col in ("p50", "p90", "p99", "max", "mean"):
+    lat.add_column(f"latency ({unit})")
+    for col in LATENCY_COLUMNS:
         lat.add_column(col, justify="right")
-    for name in ("ttft", "tbt", "e2e", "tpot"):
-        p = m.latency(name)
-        lat.add_row(name.upper(), *(_ms(p.at(c)) for c in ("p50", "p90", "p99", "max", "mean")))
+    for name, row in values.items():
+        lat.add_row(name.upper(), *("-" if x != x else f"{x * scale:,.{digits}f}" for x in row))
     return lat
 
 

@@ -34,18 +34,29 @@ def compare_metrics(predicted: Metrics, measured: Metrics) -> list[dict]:
              "error": relative_error(f(predicted), f(measured))} for name, _, f in FIDELITY_FIGURES]
 
 
-def fit_to_context(workload: Workload, max_context: int) -> Workload:
-    """Cap outputs, then prompts, so that every request fits the model's context."""
+def fit_to_context(workload: Workload, max_context: int, model: str = "the model") -> Workload:
+    """Cap outputs, then prompts, so that every request fits the model's context; a note on the workload
+    says how many requests and prompt tokens the caps cut (a trace of long prompts can lose most of them)."""
     too_long = (workload.input_tokens + workload.output_tokens) > max_context
     if not too_long.any():
         return workload
     max_output = min(int(workload.output_tokens.max()), max_context // 4)
-    return scale_lengths(workload, 1.0, max_input=max_context - max_output, max_output=max_output)
+    fitted = scale_lengths(workload, 1.0, max_input=max_context - max_output, max_output=max_output)
+    total = int(workload.input_tokens.sum())
+    cut = total - int(fitted.input_tokens.sum())
+    return fitted.with_note(
+        f"{int(too_long.sum()):,} of {len(workload):,} requests do not fit {model}'s {max_context:,}-token context: "
+        f"prompts capped at {max_context - max_output:,} tokens and outputs at {max_output:,} "
+        f"({cut:,} of {total:,} prompt tokens cut, {cut / total:.0%})")
+
+
+def fit_workload(workload: Workload, model: str) -> Workload:
+    """``workload`` as a model preset serves it: fitted to its context (`fit_to_context`)."""
+    return fit_to_context(workload, get_preset(model).max_context, model)
 
 
 def workload_requests(workload: Workload, model: str, seed: int = 0) -> list[Request]:
-    spec = get_preset(model)
-    return to_requests(fit_to_context(workload, spec.max_context), vocab_size=spec.vocab_size, seed=seed)
+    return to_requests(fit_workload(workload, model), vocab_size=get_preset(model).vocab_size, seed=seed)
 
 
 def hardware_profile(model: str, profile=None, device: str = "cpu"):

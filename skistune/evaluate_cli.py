@@ -9,8 +9,10 @@ import typer
 
 from skistune.cli import cli_errors, console, print_json
 from skistune.optimize_cli import ModelOpt, ProfileOpt
-from skistune.workloads.cli import (FirstOpt, JsonOpt, LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateScaleOpt,
-                                    RequestsOpt, SeedOpt, WorkloadOpt)
+from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt, JsonOpt,
+                                    LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, RequestsOpt,
+                                    SampleOpt, SeedOpt, SkipBadRowsOpt, WindowOpt, WorkloadOpt, parse_window,
+                                    print_notes)
 
 
 @cli_errors
@@ -21,13 +23,21 @@ def evaluate(
                                       "and the prediction's error)")] = "simulate",
     model: ModelOpt = "smollm2-135m",
     profile: ProfileOpt = None,
+    format: FormatOpt = None,
+    skip_bad_rows: SkipBadRowsOpt = False,
     seed: SeedOpt = 0,
     requests: RequestsOpt = None,
+    rate: RateOpt = None,
+    burstiness: BurstinessOpt = None,
+    block_tokens: BlockTokensOpt = None,
+    jitter: JitterOpt = None,
+    window: WindowOpt = None,
     first: FirstOpt = None,
-    rate_scale: RateScaleOpt = 1.0,
+    sample: SampleOpt = None,
     length_scale: LengthScaleOpt = 1.0,
     max_input: MaxInputOpt = None,
     max_output: MaxOutputOpt = None,
+    rate_scale: RateScaleOpt = 1.0,
     speed_check: Annotated[bool, typer.Option(help="with --mode compare: time a few of the profile's steps again "
                                               "after the replay, to tell the machine's drift from the model's "
                                               "error")] = True,
@@ -37,14 +47,18 @@ def evaluate(
     (same table, same JSON), so that any prediction can be checked."""
     from skistune.config import load_config
     from skistune.display import metrics_table, summary_table
-    from skistune.evaluate import MODES, evaluate as run_evaluate, workload_requests
+    from skistune.evaluate import MODES, evaluate as run_evaluate, fit_workload, workload_requests
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
         raise ValueError(f"--mode {mode!r}: use simulate, run or compare")
     cfg = load_config(str(config))
-    w = load_workload(workload, seed=seed, requests=requests, first=first, rate_scale=rate_scale,
-                      length_scale=length_scale, max_input=max_input, max_output=max_output)
+    w = fit_workload(load_workload(
+        workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests, rate_rps=rate,
+        burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window_s=parse_window(window),
+        first=first, sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output,
+        rate_scale=rate_scale), model)
+    print_notes(w)
     reqs = workload_requests(w, model, seed)
     if mode == "compare":
         _compare(cfg, reqs, w, model, profile, speed_check, json_out)
@@ -52,11 +66,17 @@ def evaluate(
     with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
         metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=profile)
     label = "predicted (simulator)" if mode == "simulate" else "measured (runtime)"
-    console.print(metrics_table(metrics, f"{model} on {w.source}: {label}"))
+    console.print(metrics_table(metrics, f"{model} on {w.label()}: {label}"))
     console.print(summary_table(metrics))
     if json_out:
-        print_json({"mode": mode, "model": model, "workload": w.source, "workload_digest": w.digest(),
-                    "metrics": metrics.to_dict()})
+        print_json({"mode": mode, "model": model, **_workload_fields(w), "metrics": metrics.to_dict()})
+
+
+def _workload_fields(w) -> dict:
+    """What was evaluated, for --json: the source, the transforms applied to it (context caps included) and
+    the digest of the requests that ran."""
+    return {"workload": w.source, "transforms": list(w.transforms), "workload_notes": list(w.notes),
+            "workload_digest": w.digest()}
 
 
 def _compare(cfg, reqs, w, model: str, profile, speed_check: bool, json_out: bool) -> None:
@@ -80,13 +100,13 @@ def _compare(cfg, reqs, w, model: str, profile, speed_check: bool, json_out: boo
             check = time_again(prof, runtime)
     rows = compare_metrics(predicted, measured)
     console.print(comparison_table(rows, predicted, measured,
-                                   f"{model} on {w.source}: predicted (simulator) / measured (runtime)"))
+                                   f"{model} on {w.label()}: predicted (simulator) / measured (runtime)"))
     if check is not None:
         console.print(check.summary_line(), highlight=False, soft_wrap=True)
     for note in predicted.notes:
         console.print(f"note (prediction): {note}", highlight=False, soft_wrap=True)
     if json_out:
-        print_json({"mode": "compare", "model": model, "workload": w.source, "workload_digest": w.digest(),
+        print_json({"mode": "compare", "model": model, **_workload_fields(w),
                     "predicted": predicted.to_dict(), "measured": measured.to_dict(),
                     "errors": {r["figure"]: r["error"] for r in rows},
                     "speed_check": check.to_dict() if check is not None else None})

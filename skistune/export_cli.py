@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from rich.syntax import Syntax
 
-from skistune.cli import cli_errors, console, err_console, print_json
+from skistune.cli import cli_errors, console, err_console, print_json, print_warning
 from skistune.export import DEFAULT_MODEL, ExportResult, exporter_names
 from skistune.optimize_cli import JsonOpt, ModelOpt
 
@@ -62,7 +62,7 @@ def _print_result(result: ExportResult, out: Optional[Path]) -> None:
     if result.command:
         err_console.print(f"[bold]command:[/] {escape(result.command)}", highlight=False, soft_wrap=True)
     for w in result.warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(str(w))}", highlight=False, soft_wrap=True)
+        print_warning(str(w))
     for note in result.notes:
         err_console.print(f"[dim]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
     if result.out_of_scope:

@@ -318,7 +318,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     ``"256MiB"``) that a config's ``offload.device_memory_fraction`` takes its pool from, in place of the
     profile's device (a GPU's memory; on a CPU the 4 GiB of `kv_layout.CPU_KV_SPACE_BYTES`): what a
     deployment gives KV, as vLLM's ``VLLM_CPU_KVCACHE_SPACE`` or a GPU shared with other work does."""
-    from skistune.evaluate import workload_requests
+    from skistune.evaluate import fit_workload, workload_requests
     from skistune.simulator import target_from_profile
 
     slos, budget, floors = _parse_specs(slo, energy, quality)
@@ -331,9 +331,10 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     cut, left_out = modeled_space(full_space, base, searchable)
     kv_bytes = parse_kv_memory(kv_memory)
     w = _load_workload(workload, model)
+    fit_notes = list(fit_workload(w, model).notes[len(w.notes):])  # (prompts the model's context cut short)
     # last: the profile may have to be measured first (a minute), which bad input elsewhere must not cost
     prof, notes = _load_profile(profile() if callable(profile) else profile, model)
-    notes = quality_notes + notes + ([prof.drift_note] if prof.drift_note else [])
+    notes = fit_notes + quality_notes + notes + ([prof.drift_note] if prof.drift_note else [])
     sim_target = target_from_profile(prof, model)
     if kv_bytes is not None:
         sim_target = replace(sim_target, device_free_bytes=kv_bytes)

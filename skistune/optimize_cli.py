@@ -49,14 +49,13 @@ def parse_max_queue(text: str) -> float | None:
     return float(m.group(1)) * (1e-3 if m.group(2) == "ms" else 1.0)
 
 
-def _workload(spec: str, requests: int | None, first: int | None, rate_scale: float, length_scale: float,
-              max_input: int | None, max_output: int | None):
+def _workload(spec: str, *, requests: int | None, first: int | None, window: str | None, **options: Any):
+    """The workload after `workload show`'s options (a preset of `DEFAULT_REQUESTS` unless told)."""
     from skistune.workloads import PRESETS, load_workload
 
     if requests is None and first is None and spec in PRESETS:
         requests = DEFAULT_REQUESTS
-    return load_workload(spec, requests=requests, first=first, rate_scale=rate_scale, length_scale=length_scale,
-                         max_input=max_input, max_output=max_output)
+    return load_workload(spec, requests=requests, first=first, window_s=parse_window(window), **options)
 
 
 def _profile(path: str | None, model: str) -> Any:
@@ -427,6 +426,8 @@ StudyOpt = Annotated[Optional[str], typer.Option(
                     "resumes)")]
 JobsOpt = Annotated[int, typer.Option("--jobs", min=1, help="worker processes sharing the study")]
 SearchSeedOpt = Annotated[int, typer.Option("--seed", min=0, help="seed of the search")]
+WorkloadSeedOpt = Annotated[int, typer.Option("--workload-seed", min=0, help="seed of the workload: presets, "
+                                              "generated arrivals, --sample and --jitter")]
 ValidateOpt = Annotated[int, typer.Option("--validate", min=0, help="top configs replayed on the real runtime "
                                                                     "(0 skips)")]
 TargetOpt = Annotated[Optional[str], typer.Option(
@@ -446,7 +447,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object 
 @_cli_errors
 def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt = None,
              quality_profile: QualityProfileOpt = None, workload: WorkloadOpt = "chat",
-             requests: RequestsOpt = None, first: FirstOpt = None, rate_scale: RateScaleOpt = 1.0,
+             format: FormatOpt = None, skip_bad_rows: SkipBadRowsOpt = False, workload_seed: WorkloadSeedOpt = 0,
+             requests: RequestsOpt = None, rate: RateOpt = None, burstiness: BurstinessOpt = None,
+             block_tokens: BlockTokensOpt = None, jitter: JitterOpt = None, window: WindowOpt = None,
+             first: FirstOpt = None, sample: SampleOpt = None, rate_scale: RateScaleOpt = 1.0,
              length_scale: LengthScaleOpt = 1.0, max_input: MaxInputOpt = None, max_output: MaxOutputOpt = None,
              model: ModelOpt = "smollm2-135m", profile: ProfileOpt = None, space: SpaceOpt = None,
              objective: ObjectiveOpt = "capacity", trials: TrialsOpt = DEFAULT_TRIALS, timeout: TimeoutOpt = None,
@@ -465,7 +469,10 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     _check_out(out)
     if sampler not in SAMPLERS:
         raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
-    w = _workload(workload, requests, first, rate_scale, length_scale, max_input, max_output)
+    w = _workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=workload_seed, requests=requests,
+                  rate_rps=rate, burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window=window,
+                  first=first, sample=sample, rate_scale=rate_scale, length_scale=length_scale,
+                  max_input=max_input, max_output=max_output)
     try:
         problem = build_problem(w, slo=slo or (), objective=objective, energy=energy, quality=quality or (),
                                 model=model, profile=functools.partial(_profile, profile, model), space=space,
@@ -480,6 +487,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     storage = storage or default_storage(name)
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
     open_study(problem, open_storage(storage), name, sampler=None)
+    print_notes(w)  # (every input checked: what the workload's reader noticed, before the search)
     _warn_broken_alone(problem)
     result = _solve_with_progress(problem, n_trials=trials, timeout=timeout, storage=storage, study_name=name,
                                   n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
@@ -494,9 +502,9 @@ def _warn_broken_alone(problem) -> None:
     with err_console.status("checking vLLM's defaults with each request served alone"):  # (seconds on a big trace)
         broken = slos_broken_alone(problem, served_alone(problem, problem.base)[0])
     if broken:
-        err_console.print(f"[yellow]warning:[/] vLLM's defaults break {escape(_broken_text(broken))} even with each "
-                          "request served alone: a config must serve a request alone faster than they do to meet it "
-                          "(the search goes on; Ctrl-C keeps its trials)", highlight=False, soft_wrap=True)
+        print_warning(f"vLLM's defaults break {_broken_text(broken)} even with each request served alone: a config "
+                      "must serve a request alone faster than they do to meet it (the search goes on; Ctrl-C keeps "
+                      "its trials)")
 
 
 def _solve_with_progress(problem, *, n_trials: int, **options: Any):
@@ -546,6 +554,7 @@ def _report(result, out: Path, json_out: bool) -> None:
 
 # Last: skistune.cli imports this module at its end to register `optimize` (defined above by now); the
 # option aliases and consoles are read when the command runs (annotations are strings until then).
-from skistune.cli import cli_errors, console, err_console, print_json  # noqa: E402
-from skistune.workloads.cli import (FirstOpt, LengthScaleOpt, MaxInputOpt, MaxOutputOpt,  # noqa: E402
-                                    RateScaleOpt, WorkloadOpt)
+from skistune.cli import cli_errors, console, err_console, print_json, print_warning  # noqa: E402
+from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,  # noqa: E402
+                                    LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, SampleOpt,
+                                    SkipBadRowsOpt, WindowOpt, WorkloadOpt, parse_window, print_notes)

@@ -2,7 +2,6 @@
 ``--show`` an existing one. Either way it prints the fitted figures and flags weak fits."""
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -16,7 +15,7 @@ from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
 
 from .cost import ALL_FEATURES
 from .fingerprint import machine_fingerprint
-from .profile import FingerprintWarning, HardwareProfile, cached_profile_path, load_profile
+from .profile import HardwareProfile, cached_profile_path, load_profile
 
 MODEL_HELP = "model preset (smollm2-135m has real weights; larger presets run with random weights, for timing)"
 
@@ -191,11 +190,7 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
         _check(check, json_out)
         return
     if show is not None or refit is not None:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", FingerprintWarning)
-            shown = load_profile(show or refit)
-        for warning in caught:
-            err_console.print(f"[yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
+        shown = load_profile(show or refit)  # (a fingerprint warning: one line, through `cli_errors`)
         if refit is not None:  # same points, this version's step model; written over the file unless --out
             before = shown.step_fit
             shown = shown.refit_steps()
@@ -254,11 +249,7 @@ def _check(path: Path, json_out: bool) -> None:
 
     from .check import speed_check
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", FingerprintWarning)
-        profile = load_profile(path)
-    for warning in caught:
-        err_console.print(f"[yellow]warning:[/] {escape(str(warning.message))}", highlight=False, soft_wrap=True)
+    profile = load_profile(path)  # (a fingerprint warning: one line, through `cli_errors`)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(f"loading {profile.model}", total=None)

@@ -106,6 +106,10 @@ class Workload:
             h.update(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
         return h.hexdigest()[:16]
 
+    def label(self) -> str:
+        """The source and what was applied to it, for titles: ``preset:chat ... | first 8, rate x0.1``."""
+        return " | ".join([self.source or self.name] + ([", ".join(self.transforms)] if self.transforms else []))
+
     def with_note(self, note: str) -> "Workload":
         return replace(self, notes=self.notes + (note,))
 

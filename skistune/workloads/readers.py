@@ -25,6 +25,7 @@ import numpy as np
 
 from skistune.workloads.model import Workload, chain_blocks, gather_blocks
 from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, renewal_arrivals
+from skistune.workloads.transforms import QUANTUM_NOTE
 
 FORMATS: dict[str, str] = {
     "azure": "CSV TIMESTAMP,ContextTokens,GeneratedTokens (Azure LLM inference trace)",
@@ -460,7 +461,7 @@ def _quantum_note(arrival_s: np.ndarray) -> tuple[str, ...]:
     step_s = float(np.median(np.diff(distinct_s)))
     if step_s < 1.0:
         return ()
-    return (f"timestamps come in steps of {step_s:g} s ({len(distinct_s)} distinct for {len(arrival_s)} "
+    return (f"{QUANTUM_NOTE} {step_s:g} s ({len(distinct_s)} distinct for {len(arrival_s)} "
             f"requests): spread them with jitter_s={step_s:g} (--jitter {step_s:g})",)
 
 

@@ -9,6 +9,9 @@ import numpy as np
 
 from skistune.workloads.model import Workload, truncate_blocks
 
+# how a reader's note on coarse timestamps begins (`readers._quantum_note`): jittering answers it
+QUANTUM_NOTE = "timestamps come in steps of"
+
 
 def scale_rate(workload: Workload, factor: float) -> Workload:
     """Arrivals ``factor`` times as frequent (the same requests in 1/factor of the time)."""
@@ -45,8 +48,10 @@ def scale_lengths(workload: Workload, factor: float = 1.0, *, max_input: int | N
         output_tokens = np.minimum(output_tokens, max_output)
     # a prompt lists no more blocks than it holds (a cap or rounding may shorten it)
     block_offsets, block_ids = truncate_blocks(block_offsets, block_ids, -(-input_tokens // block_tokens))
-    description = f"lengths x{factor:g}" + (f", input <= {max_input}" if max_input is not None else "") + (
-        f", output <= {max_output}" if max_output is not None else "")
+    parts = ([f"lengths x{factor:g}"] if factor != 1.0 else []) + (
+        [f"input <= {max_input}"] if max_input is not None else []) + (
+        [f"output <= {max_output}"] if max_output is not None else [])
+    description = ", ".join(parts) or "lengths x1"
     return workload.with_transform(description, input_tokens=input_tokens, output_tokens=output_tokens,
                                    block_offsets=block_offsets, block_ids=block_ids, block_tokens=block_tokens)
 
@@ -111,4 +116,6 @@ def jitter(workload: Workload, step_s: float, seed: int = 0) -> Workload:
     offsets = offsets[np.lexsort((offsets, workload.arrival_s))]
     arrival_s = workload.arrival_s + step_s * offsets
     order = np.argsort(arrival_s, kind="stable")
-    return workload.take(order).with_transform(f"jitter {step_s:g} s seed {seed}", arrival_s=arrival_s[order])
+    notes = tuple(n for n in workload.notes if not n.startswith(QUANTUM_NOTE))
+    return workload.take(order).with_transform(f"jitter {step_s:g} s seed {seed}", arrival_s=arrival_s[order],
+                                               notes=notes)

@@ -1,4 +1,5 @@
 """`skistune evaluate`: the simulated metrics as one JSON object; bad input is one line and exit code 2."""
+import io
 import json
 from pathlib import Path
 
@@ -18,6 +19,52 @@ def test_simulated_metrics_end_with_one_json_object(tmp_path):
     out = json.loads(r.output.strip().splitlines()[-1])
     assert out["mode"] == "simulate" and out["metrics"]["num_requests"] == 20
     assert out["metrics"]["num_finished"] == 20 and out["metrics"]["ttft_s"]["p99"] > 0
+
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+MOONCAKE = TRACES / "mooncake_conversation" / "conversation_trace.head.jsonl"
+
+
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason="needs ../shared/traces")
+def test_what_was_evaluated_is_said_context_caps_and_transforms_included(tmp_path):
+    """Mooncake's prompts outgrow SmolLM2's 8,192-token context: the caps that fit them are a note (stderr)
+    and part of the workload's label and JSON, as are the options applied (here `workload show`'s --jitter);
+    a profile measured elsewhere is one warning line, not Python's warning with its source line."""
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("{}\n")
+    r = CliRunner().invoke(app, ["evaluate", str(cfg), "--workload", str(MOONCAKE), "--first", "40", "--jitter", "3",
+                                 "--profile", PROFILE, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    assert out["transforms"][:2] == ["jitter 3 s seed 0", "first 40"]
+    assert out["transforms"][2].startswith("input <= ")
+    cap = [n for n in out["workload_notes"] if "do not fit smollm2-135m's 8,192-token context" in n]
+    assert len(cap) == 1 and "prompt tokens cut" in cap[0]
+    assert not any("--jitter 3" in n for n in out["workload_notes"])  # (the reader's advice, taken)
+    assert f"note: conversation_trace: {cap[0]}" in " ".join(r.output.split())
+    assert "jitter 3 s seed 0, first 40, input <=" in " ".join(r.output.split())  # the table's title
+    assert "FingerprintWarning" not in r.output and "load_profile(" not in r.output
+
+
+def test_long_latencies_print_in_seconds():
+    """An overloaded run queues for hours: in ms its figures would not fit an 80-column table."""
+    from rich.console import Console
+
+    from skistune.display import metrics_table
+    from skistune.runtime.metrics import Metrics, Percentiles
+
+    def table_text(latency_s: float) -> str:
+        p = Percentiles.of([latency_s])
+        m = Metrics(ttft_s=p, tbt_s=Percentiles.of([0.02]), e2e_s=p, tpot_s=Percentiles.of([0.02]), duration_s=1.0,
+                    num_requests=1, num_finished=1, num_rejected=0, output_tokens=2, throughput_tok_per_s=2.0,
+                    throughput_req_per_s=1.0, kv_peak_bytes=0, kv_capacity_bytes=1, preemptions=0,
+                    prefix_hit_tokens=0, prompt_tokens=1, busy_s=1.0)
+        console = Console(width=80, record=True, file=io.StringIO())
+        console.print(metrics_table(m))
+        return console.export_text()
+
+    assert "…" not in table_text(3600.0) and "3,600.00" in table_text(3600.0) and "latency (s)" in table_text(3600.0)
+    assert "latency (ms)" in table_text(0.5)
 
 
 def test_bad_config_is_one_line_and_exit_2(tmp_path):

@@ -34,6 +34,7 @@ def test_scale_lengths_with_caps(conv):
     assert small.input_tokens.min() >= 1 and small.output_tokens.min() >= 1
     assert small.input_tokens[0] == min(256, round(conv.input_tokens[0] * 0.1))
     assert small.transforms == ("lengths x0.1, input <= 256, output <= 32",)
+    assert scale_lengths(conv, 1.0, max_output=32).transforms == ("output <= 32",)  # (no "lengths x1")
 
 
 def test_scaling_mooncake_keeps_its_prefix_reuse(mooncake):
@@ -93,6 +94,8 @@ def test_jitter_spreads_steps_and_keeps_order(mooncake):
     assert workload_stats(spread).burstiness == pytest.approx(1.0, abs=0.1)  # Poisson-like within steps
     assert len(np.unique(spread.arrival_s)) == len(spread)
     assert jitter(mooncake, 3.0, seed=0).digest() == spread.digest() != jitter(mooncake, 3.0, seed=1).digest()
+    # the reader's advice to jitter is dropped once taken
+    assert any("--jitter 3" in n for n in mooncake.notes) and not any("--jitter" in n for n in spread.notes)
 
 
 def test_take_keeps_blocks_with_their_requests(mooncake):
