@@ -74,6 +74,8 @@ SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random")
 HEARTBEAT_S = 5  # RDB storages: a trial whose worker stopped beating this long x 4 is marked failed
 PROBLEM_ATTR = "skistune.problem"
 VALIDATED_ATTR = "skistune.validated"  # the last validation's replays, for `skistune report`
+SIMPLIFIES_ATTR = "skistune.simplifies"  # on a trial that tries the best config with a knob group as the baseline's
+CHOSEN_ATTR = "skistune.chosen"  # the config the last run ranked first (and wrote), for `skistune report`
 ILP_ATTR = "skistune.ilp"  # a trial's integer-program runs: {program: {calls, solve_s}}
 
 
@@ -1414,6 +1416,22 @@ def held_out_quality(problem: Problem, configs: Sequence[KVConfig], runtime=None
                            basis=basis) for c, r in zip(lossy, rows)}
 
 
+def _measured_order(problem: Problem, validations: list[Validation]) -> list[Validation]:
+    """Validations given in the search's order, put in measured order: those that held first, and among them
+    the search's order stands unless one measured better than the first by more than a tie (`beats`); those
+    that broke keep the search's order. (Replays at the SLO's edge differ by the machine's noise: a measured
+    difference within the tie, or which of two broken configs broke less, is not evidence against the
+    search's ranking, which puts the baseline first on a tie.)"""
+    held = [v for v in validations if v.holds]
+    if held:
+        winner = held[0]
+        for v in held[1:]:
+            if beats(problem, v.measured.values[0], winner.measured.values[0]):
+                winner = v
+        held = [winner] + [v for v in held if v is not winner]
+    return held + [v for v in validations if not v.holds]
+
+
 def _measured_key(problem: Problem, v: Validation) -> tuple:
     first = v.measured.values[0]
     return (not v.holds, v.measured.total_violation if not v.holds else 0.0,
@@ -1466,8 +1484,7 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
                 progress(f"{i + 1}/{len(predicted)}{_replay_label(replay)}")
             out[i] = _better(problem, out[i],
                              _measure(problem, runtime, p, requests, "candidate", quality.get(p.config)))
-    out = sorted((replace(v, twins=tuple(e.config for e in g[1:])) for v, g in zip(out, groups)),
-                 key=lambda v: _measured_key(problem, v))
+    out = _measured_order(problem, [replace(v, twins=tuple(e.config for e in g[1:])) for v, g in zip(out, groups)])
     # the baseline among the candidates, replayed at the winner's rate (the winner itself, or one the search
     # found as good): its replays stand for both roles, another replay would only measure the machine's noise
     for v in out:
@@ -1728,7 +1745,9 @@ def _chosen(refined: list[Evaluation], validated: list[Validation]) -> tuple[lis
         return refined, []
     winner = validated[0]
     notes = [] if winner.holds else [(f"no validated config held every constraint on the real runtime "
-                                      f"({', '.join(winner.measured.binding)}); chose the one closest to holding")]
+                                      f"({', '.join(winner.measured.binding)} broke); the search's best is kept: "
+                                      "the simulator is optimistic for this machine now (`skistune evaluate --mode "
+                                      "compare` tells its drift from the model's error)")]
     first = [e for e in refined if e.config == winner.config]
     return first + [e for e in refined if e.config != winner.config], notes
 
@@ -1750,24 +1769,103 @@ def ilp_note(study) -> str | None:
     return "; ".join(parts) or None
 
 
+def beats(problem: Problem, a: float, b: float) -> bool:
+    """Whether first-objective value ``a`` is better than ``b`` by more than `REFINE_PRECISION` (relative): a
+    smaller difference is a tie the search cannot resolve (capacity comes in steps of its precision; other
+    figures are predicted closer than the simulator's error on any machine)."""
+    margin = REFINE_PRECISION * abs(b)
+    return a > b + margin if problem.objectives[0].maximize else a < b - margin
+
+
 def _baseline_on_ties(problem: Problem, refined: list[Evaluation], baseline: Evaluation,
                       evaluations: Sequence[Evaluation]) -> tuple[list[Evaluation], list[str]]:
-    """A capacity within `REFINE_PRECISION` of the best is a tie the search cannot resolve: when the baseline
-    (a trial of this space) ties with the best config, it goes first, so that nothing is changed for a gain
-    below the resolution. Returns the refined list and a note saying so."""
-    if len(problem.objectives) > 1 or problem.objectives[0].name != "capacity" or not refined:
+    """When the baseline (a trial of this space) ties with the best config (`beats`), it goes first, so that
+    nothing is changed for a gain below the resolution. Returns the refined list and a note saying so."""
+    if len(problem.objectives) > 1 or not refined:
         return refined, []
     trial = next((e.trial for e in evaluations if e.config == baseline.config), None)
     best = refined[0]
     if trial is None or not baseline.feasible or best.config == baseline.config or not best.feasible:
         return refined, []
-    if baseline.values[0] * (1 + REFINE_PRECISION) < best.values[0]:
+    if beats(problem, best.values[0], baseline.values[0]):
         return refined, []
     rest = [e for e in refined if e.config != baseline.config]
     note = (f"the best config's predicted {problem.objectives[0].name} ({best.values[0]:.4g} vs "
-            f"{baseline.values[0]:.4g}) is within the search's {REFINE_PRECISION:.0%} precision of the baseline's: "
-            "a tie, so the baseline is ranked first")
+            f"{baseline.values[0]:.4g}) is within {REFINE_PRECISION:.0%} of the baseline's: a tie, so the baseline "
+            "is ranked first")
     return [replace(baseline, trial=trial), *rest][:len(refined)], [note]
+
+
+# Knob groups that the best config's predicted gain may not need, tried back at the baseline's values in this
+# order: what a deployment pays for first (host memory and disk set aside for KV tiers), then the lossy knobs,
+# then the rest. (A search rarely samples a group's defaults exactly: a 128 GiB host tier that the workload
+# never fills changes no figure, and won ties on noise-level differences of the objective.)
+SIMPLIFY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("KV tiers", ("offload.host_kv_bytes", "offload.disk_kv_bytes", "offload.demote_first", "offload.write_policy",
+                  "prefetch.", "batching.preemption")),
+    ("eviction", ("eviction.",)),
+    ("KV bits", ("bitwidth.", "mixed_precision")),
+    ("prefix reuse", ("prefix_reuse.",)),
+    ("batching", ("batching.", "offload.device_memory_fraction")),
+)
+
+
+def _simplify(problem: Problem, study, refined: list[Evaluation],
+              stage: Callable[[str], None]) -> tuple[list[Evaluation], list[str]]:
+    """The best config with each of `SIMPLIFY_GROUPS` back at the baseline's values where the space can
+    express them, each kept only if the config stays feasible and its predicted first objective within a tie
+    (`beats`) of the best's. Each try is a trial of the study (enqueued, so `skistune report` sees it), then
+    refined as the top configs were. Single objective only (a front has no one best to simplify)."""
+    if len(problem.objectives) > 1 or not refined or not refined[0].feasible or refined[0].trial is None \
+            or refined[0].config == problem.base:
+        return refined, []
+    first = best = refined[0]
+    params = dict(study.trials[best.trial].params)
+    base_params = _baseline_params(problem)
+    run = _trial_function(problem, study)
+    stage("simplifying the best config")
+    reverted = []
+    # the tries already made for this best config (a resumed study): read back, not run again
+    tries = {t.user_attrs[SIMPLIFIES_ATTR]: t for t in study.get_trials(deepcopy=False)
+             if t.user_attrs.get(SIMPLIFIES_ATTR, "").startswith(f"{first.trial}:")}
+    for label, prefixes in SIMPLIFY_GROUPS:
+        candidate = {**params, **{n: v for n, v in base_params.items() if n.startswith(prefixes)}}
+        key = f"{first.trial}:{label}:{json.dumps(candidate, sort_keys=True, default=str)}"
+        if candidate == params:
+            continue
+        trial = tries.get(key)
+        if trial is None:
+            study.enqueue_trial(candidate, user_attrs={SIMPLIFIES_ATTR: key})
+            with warnings.catch_warnings():  # (a storage with heartbeats warns that ask and tell don't send them)
+                warnings.filterwarnings("ignore", message="Heartbeat of storage")
+                trial = study.ask()  # (the enqueued one: ask and tell, so that another worker's trial is never read)
+                study.tell(trial, run(trial))
+            trial = study.trials[trial.number]
+        if "config" not in trial.user_attrs:
+            continue
+        tried = Evaluation.from_trial(trial)
+        if tried.config == best.config or not tried.feasible:
+            continue
+        fine = replace(score(problem, tried.config, precision=REFINE_PRECISION, start_scale=tried.rate_scale),
+                       trial=tried.trial)
+        if fine.feasible and not beats(problem, first.values[0], fine.values[0]):
+            best, params = fine, dict(study.trials[tried.trial].params)
+            reverted.append(label)
+    if best is first:
+        return refined, []
+    name = problem.objectives[0].name
+    note = (f"trial {first.trial} with its {', '.join(reverted)} as the baseline's (trial {best.trial}) is predicted "
+            f"within {REFINE_PRECISION:.0%} of its {name} ({best.values[0]:.4g} vs {first.values[0]:.4g}): the "
+            "simpler config is ranked first")
+    return [best] + [e for e in refined if e.config != best.config][:len(refined) - 1], [note]
+
+
+def _search_trials(study) -> int:
+    """The study's finished trials, less those that tried a best config's knob groups at the baseline's."""
+    import optuna
+
+    return sum(SIMPLIFIES_ATTR not in t.user_attrs
+               for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
 def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
@@ -1783,20 +1881,23 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     if not front:
         binding, closest = infeasibility(evaluations)
         return {"best": [], "pareto": [], "baseline": baseline, "binding": binding, "closest": closest,
-                "trials": len(evaluations), "notes": []}
+                "trials": _search_trials(study), "notes": []}
     pool = front if len(problem.objectives) > 1 else ranked(problem, evaluations)
     refined = _with_baseline(problem, _refine(problem, pool[:top_k or DEFAULT_TOP_K]), baseline, evaluations)
     refined, tie_notes = _baseline_on_ties(problem, refined, baseline, evaluations)
+    refined, simple_notes = _simplify(problem, study, refined, stage)
+    tie_notes += simple_notes
     validated = validate(problem, [e.config for e in refined if e.feasible][:top_k] or [refined[0].config],
                          runtime=runtime, progress=lambda m: stage(f"validating {m} on the real runtime")) \
         if top_k else []
     best, notes = _chosen(refined, validated)
     if validated:
         study.set_user_attr(VALIDATED_ATTR, [validation_record(v) for v in validated])
+    study.set_user_attr(CHOSEN_ATTR, best[0].config.to_dict())
     by_config = {e.config: e for e in refined}
     pareto = [by_config.get(e.config, e) for e in front]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
-            "trials": len(evaluations), "notes": tie_notes + notes + [n for n in (ilp_note(study),) if n]}
+            "trials": _search_trials(study), "notes": tie_notes + notes + [n for n in (ilp_note(study),) if n]}
 
 
 def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any = "capacity", direction: Any = None,

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from skistune.config import KVConfig
-from skistune.optimize import (RECIPE_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed, infeasibility, ranked,
-                               score)
+from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed, infeasibility,
+                               ranked, score)
 from skistune.plotting import log_axis, wants_log
 
 DEFAULT_TOP_K = 5  # best configs shown
@@ -109,7 +109,7 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
     binding, closest = infeasibility(evaluations)
     importance, method, note = knob_importance(study, problem)
     validated = tuple(study.user_attrs.get(VALIDATED_ATTR, ()))
-    best = tuple(_winner_first(ranked(problem, evaluations), validated)[:top_k])
+    best = tuple(_winner_first(ranked(problem, evaluations), study.user_attrs.get(CHOSEN_ATTR), validated)[:top_k])
     why = None
     if not best:  # (simulates the closest config with each request alone: once, for the terminal, HTML and JSON)
         from skistune.optimize_cli import why_no_rate_line
@@ -119,12 +119,15 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
                   score(problem, problem.base), validated, binding, tuple(closest), importance, method, note, why)
 
 
-def _winner_first(ranked_evaluations: list[Evaluation], validated: Sequence[dict]) -> list[Evaluation]:
-    """The configs in the search's order, except that the one validation chose (what `skistune optimize`
-    wrote: the first validated candidate) comes first, as optimize listed it: at the search's precision
-    several configs often tie, and the report must not call another one #1."""
-    winner = next((v["config"] for v in validated if v.get("role") == "candidate"), None)
-    first = [e for e in ranked_evaluations if winner is not None and e.config.to_dict() == winner]
+def _winner_first(ranked_evaluations: list[Evaluation], chosen: dict | None,
+                  validated: Sequence[dict]) -> list[Evaluation]:
+    """The configs in the search's order, except that the one `skistune optimize` ranked first and wrote
+    (``chosen``; in a study from before it was recorded, the first validated candidate) comes first: at the
+    search's precision several configs often tie, a tie goes to the baseline or the simpler config, and
+    validation chooses by measurement, so the report must not call another one #1."""
+    if chosen is None:
+        chosen = next((v["config"] for v in validated if v.get("role") == "candidate"), None)
+    first = [e for e in ranked_evaluations if chosen is not None and e.config.to_dict() == chosen]
     return first[:1] + [e for e in ranked_evaluations if not first or e is not first[0]]
 
 

@@ -247,6 +247,31 @@ def test_ties_go_to_the_config_that_reserves_less_for_kv_tiers(workload, profile
     assert [e.trial for e in opt.ranked(problem, evaluations)] == [3, 2, 1, 0]
 
 
+def test_the_best_config_keeps_no_knob_group_its_gain_does_not_need(workload, profile):
+    """A host and a disk tier that the workload never fills change no figure: the best config is tried with
+    each knob group as the baseline's, in trials of the study, and the tiers go; a gain that needs a group
+    keeps it. Run again (a resumed study), the tries are read back, not added again."""
+    import skistune.optimize as opt
+
+    problem = build_problem(workload, slo="p99=200ms", profile=profile)
+    study = opt.open_study(problem, optuna.storages.InMemoryStorage(), "s", sampler=None)
+    host, disk = (max(problem.space.param(n).choices) for n in ("offload.host_kv_bytes", "offload.disk_kv_bytes"))
+    tiered = {**opt._baseline_params(problem), "offload.host_kv_bytes": host, "offload.disk_kv_bytes": disk,
+              "batching.max_num_batched_tokens": 8192, "batching.chunk_size": 512}
+    study.enqueue_trial(tiered)
+    study.optimize(opt._trial_function(problem, study), n_trials=2)  # the baseline, then the tiered config
+    best = opt._refine(problem, [e for e in opt.completed(study) if e.trial == 1])
+    assert best[0].config.offload.host_kv_bytes == host and best[0].feasible
+    simpler, notes = opt._simplify(problem, study, best, lambda stage: None)
+    kept = simpler[0].config
+    assert kept.offload.host_kv_bytes == 0 and kept.offload.disk_kv_bytes == 0 and "KV tiers" in notes[0]
+    assert not opt.beats(problem, best[0].values[0], simpler[0].values[0])  # within a tie of the best
+    assert simpler[0].trial is not None and opt.SIMPLIFIES_ATTR in study.trials[simpler[0].trial].user_attrs
+    before = len(study.trials)
+    assert opt._simplify(problem, study, best, lambda stage: None) == (simpler, notes)
+    assert len(study.trials) == before and opt._search_trials(study) == 2
+
+
 def test_host_tiers_larger_than_the_profiled_machine_can_hold_are_not_searched(workload, profile):
     """A tuned file must not ask a 24 GB machine for a 32 GiB host tier: the space is cut to what fits in 70%
     of the profiled machine's memory (less, on a CPU, the weights and the device KV pool), with a note."""

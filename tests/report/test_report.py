@@ -220,7 +220,10 @@ def test_the_validated_winner_is_listed_first_as_optimize_wrote_it():
     validated = [{"role": "candidate", "config": configs[2].to_dict()},
                  {"role": "candidate", "config": configs[0].to_dict()},
                  {"role": "baseline", "config": KVConfig().to_dict()}]
-    assert [e.trial for e in _winner_first(evaluations, validated)] == [2, 0, 1]
-    assert [e.trial for e in _winner_first(evaluations, [])] == [0, 1, 2]  # not validated: the search's order
+    assert [e.trial for e in _winner_first(evaluations, None, validated)] == [2, 0, 1]  # (a study from before)
+    assert [e.trial for e in _winner_first(evaluations, None, [])] == [0, 1, 2]  # not validated: the search's order
     baseline_only = [{"role": "baseline", "config": configs[1].to_dict()}]
-    assert [e.trial for e in _winner_first(evaluations, baseline_only)] == [0, 1, 2]
+    assert [e.trial for e in _winner_first(evaluations, None, baseline_only)] == [0, 1, 2]
+    # what optimize ranked first and wrote, validated or not (a tie to the baseline, a simpler config)
+    assert [e.trial for e in _winner_first(evaluations, configs[1].to_dict(), [])] == [1, 0, 2]
+    assert [e.trial for e in _winner_first(evaluations, configs[0].to_dict(), validated)] == [0, 1, 2]
