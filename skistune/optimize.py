@@ -346,6 +346,13 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     problem = Problem(w, model, request_set(workload_requests(w, model)), sim_target, prof, slos, objectives,
                       _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
                       left_out, base, max_queue_s, qp, kv_memory=kv_bytes)
+    # the study's first trial, checked now: a space whose fixed knobs clash with the baseline's values (a
+    # chunk range over a fixed token budget) is bad input before the search, not a failed trial in it
+    import optuna
+
+    first = {p.name: p.choices[0] if p.kind == "choices" else p.low for p in problem.space.params
+             if p.kind in ("choices", "int", "float")}  # (where the baseline's value is outside the space: any point)
+    suggest_config(optuna.trial.FixedTrial({**first, **_baseline_params(problem)}), problem.space, problem.base)
     return replace(problem, notes=tuple(n for n in (not_modeled_note(left_out), _power_note(prof), *notes) if n))
 
 

@@ -465,7 +465,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     from skistune.optimize import (SAMPLERS, UnmeetableSLO, build_problem, default_storage, default_study_name,
                                    open_storage, open_study)
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
     _check_out(out)
     if sampler not in SAMPLERS:
         raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")

@@ -68,7 +68,7 @@ def worker(storage: StorageArg, study: StudyArg, trials: TrialsOpt = 10, timeout
 
     from skistune.optimize import _storage_label, join_study
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
     job = join_study(storage, study, seed=seed)  # every check before the first trial (and the progress bar)
     run = _run(job, trials, timeout)
     best, objective = _best(job), job.problem.objectives[0].name
