@@ -72,13 +72,25 @@ def test_small_presets_report_a_reuse_shortfall():
     assert not synthesize("chat", requests=1000, seed=0).notes
 
 
-@pytest.mark.parametrize("burstiness", [1.0, 3.0])
+@pytest.mark.parametrize("burstiness", [1.0, 1.8, 3.0])
 def test_renewal_arrivals_have_the_asked_rate_and_cv(burstiness):
     arrival_s = renewal_arrivals(50000, 4.0, burstiness, np.random.default_rng(0))
     gaps_s = np.diff(arrival_s)
     assert arrival_s[0] == 0 and np.all(gaps_s >= 0)
     assert len(arrival_s) / arrival_s[-1] == pytest.approx(4.0)
     assert gaps_s.std() / gaps_s.mean() == pytest.approx(burstiness, rel=0.05)
+
+
+def test_very_bursty_arrivals_are_idle_gaps_between_bursts_not_simultaneous_arrivals():
+    """The code preset's CV of 13.2 (Azure code): no gap is 0 and the gaps' quantiles have the trace's
+    shape (median a fraction of the mean gap, p99.9 hundreds of mean gaps), where Gamma gaps were 82% zeros."""
+    arrival_s = renewal_arrivals(200_000, 2.57, 13.2, np.random.default_rng(0))
+    gaps_s = np.diff(arrival_s)
+    mean = gaps_s.mean()
+    assert (gaps_s == 0).sum() == 0
+    assert gaps_s.std() / mean == pytest.approx(13.2, rel=0.1)
+    p50, p999 = np.quantile(gaps_s, [0.5, 0.999]) / mean
+    assert 0.1 < p50 < 0.5 and 100 < p999 < 300  # Azure code: 0.16 and 203
 
 
 def test_lognormal_lengths_hold_median_p99_and_mean_exactly():
