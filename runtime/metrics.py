@@ -15,7 +15,9 @@ import numpy as np
 from .request import RequestRecord
 from .tiers import TierManager
 
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 95, 99, 99.9)
+# the names `Percentiles.at` reads (and SLOs are written with): p99.9 is the field p999
+PERCENTILE_NAMES = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,8 @@ class Percentiles:
     max: float
     mean: float
     count: int
+    p95: float = float("nan")  # (after the others: figures stored before they existed read as unknown)
+    p999: float = float("nan")
 
     @classmethod
     def of(cls, values: "Sequence[float] | np.ndarray") -> "Percentiles":
@@ -33,14 +37,14 @@ class Percentiles:
         if arr.size == 0:
             nan = float("nan")
             return cls(nan, nan, nan, nan, nan, 0)
-        p50, p90, p99 = np.percentile(arr, PERCENTILES)
-        return cls(float(p50), float(p90), float(p99), float(arr.max()), float(arr.mean()), int(arr.size))
+        p50, p90, p95, p99, p999 = (float(x) for x in np.percentile(arr, PERCENTILES))
+        return cls(p50, p90, p99, float(arr.max()), float(arr.mean()), int(arr.size), p95, p999)
 
     def at(self, percentile: str) -> float:
-        """Value by name: ``p50``, ``p90``, ``p99``, ``max`` or ``mean``."""
-        if percentile not in ("p50", "p90", "p99", "max", "mean"):
-            raise ValueError(f"percentile {percentile!r}: use p50, p90, p99, max or mean")
-        return getattr(self, percentile)
+        """Value by name: one of `PERCENTILE_NAMES`."""
+        if percentile not in PERCENTILE_NAMES:
+            raise ValueError(f"percentile {percentile!r}: use {', '.join(PERCENTILE_NAMES)}")
+        return getattr(self, "p999" if percentile == "p99.9" else percentile)
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,19 @@
 """Service-level objectives: ``METRIC:pXX<=VALUE`` (e.g. ``ttft:p99<=500ms``) or the short form
 ``pXX=VALUE``, which means TBT (time between tokens) — the convention of Vidur-Search's TBT-P99 SLO.
-Metrics: ttft, tbt, e2e, tpot. Percentiles: p50, p90, p99, max, mean. Units: s, ms, us (default s)."""
+Metrics: ttft, tbt, e2e, tpot. Percentiles: p50, p90, p95, p99, p99.9, max, mean. Units: s, ms, us (default s)."""
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
 
-from skistune.runtime.metrics import Metrics
+from skistune.runtime.metrics import PERCENTILE_NAMES, Metrics
 
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-_FULL = re.compile(r"^(ttft|tbt|e2e|tpot):(p50|p90|p99|max|mean)<=([0-9.]+(?:e-?[0-9]+)?)(s|ms|us)?$")
-_SHORT = re.compile(r"^(p50|p90|p99|max|mean)=([0-9.]+(?:e-?[0-9]+)?)(s|ms|us)?$")
+_PERCENTILE = "|".join(re.escape(name) for name in PERCENTILE_NAMES)
+_FULL = re.compile(rf"^(ttft|tbt|e2e|tpot):({_PERCENTILE})<=([0-9.]+(?:e-?[0-9]+)?)(s|ms|us)?$")
+_SHORT = re.compile(rf"^({_PERCENTILE})=([0-9.]+(?:e-?[0-9]+)?)(s|ms|us)?$")
+_PERCENTILE_WORD = re.compile(r"(?:^|:)(p[0-9.]+)(?:<=|=)")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ def parse_slo(text: str) -> SLO:
     elif short:
         metric, (pct, value, unit) = "tbt", short.groups()
     else:
+        word = _PERCENTILE_WORD.search(t)
+        if word and word.group(1) not in PERCENTILE_NAMES:
+            raise ValueError(f"SLO {text!r}: percentile {word.group(1)} is not one of "
+                             f"{', '.join(PERCENTILE_NAMES)}")
         raise ValueError(f"SLO {text!r}: write METRIC:pXX<=VALUE (e.g. ttft:p99<=500ms) or pXX=VALUE for TBT "
                          "(e.g. p99=200ms); metrics ttft, tbt, e2e, tpot")
     try:

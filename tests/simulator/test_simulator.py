@@ -131,3 +131,19 @@ def test_capacity_is_the_same_from_any_start_and_a_good_guess_saves_simulations(
     assert capacity(KVConfig(), reqs, t, [parse_slo("ttft:p99<=1us")], start=2.0).rate_scale == 0.0
     top = capacity(KVConfig(), reqs, t, [parse_slo("ttft:p99<=1000s")], max_scale=4.0, start=0.5)
     assert top.rate_scale == 4.0
+
+
+def test_slos_take_tail_percentiles_and_name_a_wrong_one():
+    """p95 and p99.9 are common SLO percentiles; a percentile outside the list is named in the error."""
+    from skistune.runtime.metrics import Percentiles
+    from skistune.slo import parse_slo
+
+    slo = parse_slo("ttft:p99.9<=2s")
+    assert (slo.metric, slo.percentile, slo.limit_s, str(slo)) == ("ttft", "p99.9", 2.0, "ttft:p99.9<=2000ms")
+    assert parse_slo("p95=150ms").percentile == "p95"
+    p = Percentiles.of(np.arange(1001, dtype=np.float64))
+    assert (p.at("p95"), p.at("p99.9"), p.at("p99")) == pytest.approx((950.0, 999.0, 990.0))
+    for text, message in (("ttft:p101<=1s", "percentile p101 is not one of p50, p90, p95, p99, p99.9"),
+                          ("p0=1s", "percentile p0 is not one of"), ("ttft:p99<1s", "write METRIC:pXX<=VALUE")):
+        with pytest.raises(ValueError, match=message):
+            parse_slo(text)
