@@ -374,6 +374,12 @@ def parse_objectives(objective: str | Callable | Sequence[str | Callable],
                              "callable of the metrics")
     if len({o.name for o in out}) != len(out):
         raise ValueError(f"objective: {', '.join(o.name for o in out)} names one objective twice")
+    if direction is not None and all(isinstance(item, str) for item in items):
+        named = ["maximize" if o.maximize else "minimize" for o in out]
+        if list(directions) != named:  # (directions that agree are harmless)
+            have = "has its own direction" if len(out) == 1 else "have their own directions"
+            raise ValueError(f"direction: {', '.join(o.name for o in out)} {have} ({', '.join(named)}); "
+                             "direction applies to callable objectives")
     return tuple(out)
 
 

@@ -21,6 +21,7 @@ validate the winners on the real runtime, and write the tuned config.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -118,6 +119,18 @@ def modeled_space(space: SearchSpace, base: KVConfig,
     left_out = {p.name for p in space.params if not p.is_switch and p.name not in modeled}
     left_out |= {k for k, v in space.fixed.items() if k not in modeled and v != _value(base, k)}
     return replace(space, params=params, fixed=MappingProxyType(fixed)), tuple(sorted(left_out))
+
+
+def _check_fixed_lossy(space: SearchSpace, base: KVConfig, searchable: frozenset[str]) -> None:
+    """A space that fixes a lossy knob (eviction, KV bits) away from the baseline asks for a config whose
+    outputs differ from the model's: without a quality floor to price it, refused, not quietly reset."""
+    from skistune import simulator
+
+    fixed = [f"{k}: {v}" for k, v in space.fixed.items()
+             if k in simulator.LOSSY_KNOBS and k not in searchable and v != _value(base, k)]
+    if fixed:
+        raise ValueError(f"space {space.name}: fixes {', '.join(fixed)}, which changes the model's outputs: give a "
+                         "quality floor (--quality ppl+1%) to price it, or leave it out of fixed:")
 
 
 def _value(config: KVConfig, dotted: str) -> Any:
@@ -331,6 +344,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     base = baseline_config()
     qp, searchable, quality_notes = _quality_setup(floors, objectives, quality_profile, model)
     cut, left_out = modeled_space(full_space, base, searchable)
+    _check_fixed_lossy(full_space, base, searchable)
     kv_bytes = parse_kv_memory(kv_memory)
     w = _load_workload(workload, model)
     fit_notes = list(fit_workload(w, model).notes[len(w.notes):])  # (prompts the model's context cut short)
@@ -1940,8 +1954,24 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
                             energy=energy, quality=quality, model=model, profile=profile, space=space,
                             target=target, max_queue_s=max_queue_s, quality_profile=quality_profile,
                             kv_memory=kv_memory)
-    return solve(problem, n_trials=n_trials, timeout=timeout, storage=storage, study_name=study_name, n_jobs=n_jobs,
-                 seed=seed, sampler=sampler, validate=validate, progress=progress, on_stage=on_stage, runtime=runtime)
+    with _quiet_optuna():
+        return solve(problem, n_trials=n_trials, timeout=timeout, storage=storage, study_name=study_name,
+                     n_jobs=n_jobs, seed=seed, sampler=sampler, validate=validate, progress=progress,
+                     on_stage=on_stage, runtime=runtime)
+
+
+@contextlib.contextmanager
+def _quiet_optuna():
+    """Optuna's own INFO lines (one per trial, hundreds of characters each) off while it runs, as they were:
+    the result carries what was found; a caller who set Optuna's verbosity lower keeps it."""
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(max(level, optuna.logging.WARNING))
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
 
 
 def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | None = None, storage: Any = None,

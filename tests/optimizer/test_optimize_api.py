@@ -85,6 +85,17 @@ def test_custom_constraint_rules_out_configs_and_is_counted(workload, profile):
     assert trials[0].constraints["at_most_8_seqs"] == 248  # and Optuna sees it as a constraint
 
 
+def test_a_direction_for_a_named_objective_must_agree_with_its_own():
+    """``objective="capacity", direction="minimize"`` was ignored (the study still maximised): refused."""
+    from skistune.objectives import parse_objectives
+
+    with pytest.raises(ValueError, match=r"capacity has its own direction \(maximize\)"):
+        parse_objectives("capacity", "minimize")
+    with pytest.raises(ValueError, match="have their own directions"):
+        parse_objectives("capacity,energy", ["maximize", "maximize"])
+    assert [o.name for o in parse_objectives("capacity,energy", ["maximize", "minimize"])] == ["capacity", "energy"]
+
+
 def test_energy_objective_and_budget_at_the_workloads_rate(slow, profile):
     r = run(slow, profile, objective="energy", energy="50J/token", slo=(), max_queue_s=None)
     best = r.best[0]

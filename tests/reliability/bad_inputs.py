@@ -45,6 +45,8 @@ INPUT_FILES: dict[str, str | bytes] = {
     "not_utf8.yaml": b"\xff\xfe\x00garbage", "c[b]_unknown.yaml": "batching:\n  nope: 1\n",
     "[red]space.yaml": SPACE_HEAD + "  batching.nope: {choices: [1, 2]}\n",
     # the baseline's chunk (2048 tokens) over the fixed step budget: the first trial could not be built
+    "lossy_fixed.yaml": SPACE_HEAD + "  batching.max_num_seqs: {low: 8, high: 64}\n"
+                        "fixed:\n  eviction.policy: h2o\n  eviction.budget_fraction: 0.5\n",
     "clash.yaml": SPACE_HEAD + "  batching.chunk_size: {low: 64, high: 4096}\n"
                   "fixed:\n  batching.max_num_batched_tokens: 1024\n",
 }
@@ -131,6 +133,8 @@ CASES: tuple[BadInput, ...] = (
     BadInput("space unknown knob", "space", optimize(space="{in}/unknown_knob.yaml"), "batching.nope: unknown knob"),
     BadInput("space low above high", "space", optimize(space="{in}/low_high.yaml"), "low (64) must be below high"),
     BadInput("space and target", "space", optimize(space="default", target="vllm"), "give one"),
+    BadInput("space fixes a lossy knob with no quality floor", "space", optimize(space="{in}/lossy_fixed.yaml"),
+             "space mine: fixes eviction.policy: h2o, eviction.budget_fraction: 0.5, which changes the model's"),
     BadInput("space clashes with its fixed knobs", "space", optimize(space="{in}/clash.yaml"),
              "space mine: the point is not a valid config (batching.chunk_size: 2048 exceeds"),
     BadInput("profile missing", "profile", optimize(profile="{in}/no_such.json"), "no_such.json: cannot read"),
