@@ -1276,9 +1276,12 @@ def _dominates(problem: Problem, a: Evaluation, b: Evaluation) -> bool:
 
 
 def pareto_front(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
-    """The feasible, non-dominated configs, best first objective first."""
+    """The feasible, non-dominated configs, best first objective first; of configs predicted the same values
+    on every objective, only the first in `ranked`'s order (the one that sets aside less for KV tiers, then the
+    earlier trial: the baseline before a config that equals it with a 128 GiB host tier)."""
     pool = ranked(problem, evaluations)
-    return [e for e in pool if not any(_dominates(problem, o, e) for o in pool)]
+    front = [e for e in pool if not any(_dominates(problem, o, e) for o in pool)]
+    return list({tuple(e.values): e for e in reversed(front)}.values())[::-1]
 
 
 def infeasibility(evaluations: Sequence[Evaluation], k: int = 3) -> tuple[dict[str, int], list[Evaluation]]:

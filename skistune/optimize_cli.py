@@ -213,6 +213,33 @@ def knob_lines(result) -> list[str]:
                     "max_num_batched_tokens 2048, chunk 2048, fcfs, memory fraction 0.9)"]
 
 
+def pareto_table(result) -> Table | None:
+    """With several objectives: the whole front (configs no other beats on every objective), each by trial,
+    the best configs by their rank; None with one objective, or when the best configs are the whole front."""
+    p = result.problem
+    best = {e.config: i for i, e in enumerate(result.best)}
+    if len(p.objectives) < 2 or all(e.config in best for e in result.pareto):
+        return None
+    t = Table(title=f"Pareto front: {len(result.pareto)} configs no other beats on every objective",
+              title_justify="left")
+    for col in ("trial", "config"):
+        t.add_column(col)
+    for o in p.objectives:
+        t.add_column(f"{o.name} {'↑' if o.maximize else '↓'}", justify="right")
+    for e in result.pareto:
+        t.add_row(str(e.trial), f"#{best[e.config] + 1}" if e.config in best else "below",
+                  *(_objective_cell(p, o, v) for o, v in zip(p.objectives, e.values)))
+    return t
+
+
+def pareto_knob_lines(result) -> list[str]:
+    """The front's configs that are not among the best, as the knobs they change from the baseline."""
+    p = result.problem
+    names = [q.name for q in p.space.params if not q.is_switch]
+    best = {e.config for e in result.best}
+    return [f"trial {e.trial}: {_diff(e.config, p.base, names)}" for e in result.pareto if e.config not in best]
+
+
 def validation_table(result) -> Table:
     p = result.problem
     first = result.validated[0].measured.figures["requests"]
@@ -381,6 +408,9 @@ def _summary(result, out: Path | None) -> dict:
             "trials": result.trials, "out": str(out) if out else None, "notes": result.notes,
             "best": {**scored(result.best[0]), "config": result.config.to_dict()} if result.best else None,
             "baseline": scored(result.baseline),
+            "pareto": [{"trial": e.trial, **scored(e)} for e in result.pareto],
+            "closest": [{"trial": e.trial, "config": e.config.to_dict(), "violations": dict(e.violations)}
+                        for e in result.closest],
             "gain": result.gain(), "measured_gain": result.measured_gain(), "binding": result.binding,
             "validated": [{"role": v.role, "rate_rps": v.rate_rps, "holds": v.holds,
                            "predicted": dict(v.predicted.figures), "measured": dict(v.measured.figures)}
@@ -538,6 +568,11 @@ def _report(result, out: Path, json_out: bool) -> None:
     console.print(best_table(result))
     for line in knob_lines(result):
         console.print(escape(line), highlight=False, soft_wrap=True)
+    front = pareto_table(result)
+    if front is not None:
+        console.print(front)
+        for line in pareto_knob_lines(result):
+            console.print(escape(line), highlight=False, soft_wrap=True)
     if result.validated:
         console.print(validation_table(result))
         for line in twin_lines(result):

@@ -122,6 +122,21 @@ def test_several_objectives_give_a_pareto_front(workload, profile):
                 assert not (b.values[0] >= a.values[0] and b.values[1] <= a.values[1]
                             and (b.values[0] > a.values[0] or b.values[1] < a.values[1]))
     assert pareto_front(r.problem, r.best) == [e for e in pareto_front(r.problem, r.best)]
+    assert len({tuple(e.values) for e in front}) == len(front)  # equal points: one, the simplest
+
+
+def test_of_equal_points_on_the_front_the_one_without_tiers_stays(workload, profile):
+    import skistune.optimize as opt
+
+    problem = build_problem(workload, slo="p99=200ms", objective="capacity,memory", profile=profile)
+    tiered = problem.base.with_knobs({"offload.host_kv_bytes": 8 << 30})
+
+    def ev(config, values, trial):
+        return opt.Evaluation(config, 1.0, values, {"tbt:p99<=200ms": -0.1}, {}, trial=trial)
+
+    front = pareto_front(problem, [ev(tiered, (0.2, 600.0), 3), ev(problem.base, (0.2, 600.0), 0),
+                                   ev(tiered.with_knobs({"batching.max_num_seqs": 8}), (0.1, 300.0), 5)])
+    assert [e.trial for e in front] == [0, 5]
 
 
 def test_an_slo_below_the_fastest_step_is_refused_before_any_search(workload, profile):

@@ -30,6 +30,7 @@ def test_writes_the_tuned_config_with_provenance_and_a_json_summary(here):
     config = load_config(str(here / "skistune-tuned.yaml"))
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["feasible"] and summary["best"]["config"] == config.to_dict()
+    assert summary["pareto"] and all(set(e) >= {"trial", "config", "values"} for e in summary["pareto"])
     prov = __import__("yaml").safe_load((here / "skistune-tuned.yaml").read_text())["provenance"]
     assert prov["slo"] == ["tbt:p99<=200ms"] and prov["search"]["trials"] == 3
     assert prov["workload"]["digest"] and prov["profile"]["fingerprint"] and prov["search_space"]["name"] == "default"
@@ -49,6 +50,8 @@ def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_al
     assert r.exit_code == 3, r.output
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert not summary["feasible"] and "even with each request served alone" in summary["why"]
+    closest = summary["closest"]  # what the terminal's table shows, for scripts
+    assert closest and set(closest[0]) == {"trial", "config", "violations"} and closest[0]["violations"]["ttft:p99<=40ms"] > 0
     assert "no config met every constraint in 3 trials" in r.stderr
     # said before the search: the defaults' prefill of one prompt alone outlasts 40 ms
     assert r.stderr.index("vLLM's defaults break ttft:p99<=40ms (") < r.stderr.index("no config met")
