@@ -30,11 +30,20 @@ StrictOpt = Annotated[bool, typer.Option(
     "--strict", help="fail (exit 2) if any knob cannot be expressed in the target instead of warning")]
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
+def check_out(path: Path) -> None:
+    """Fail before anything is exported or written if ``--out`` cannot be written: a missing folder, or a
+    directory (the rename would fail, naming the temporary file rather than --out)."""
     folder = path.parent
     if not folder.is_dir():
         raise ValueError(f"--out {path}: folder {folder} does not exist")
+    if path.is_dir():
+        raise ValueError(f"--out {path}: is a directory (give a file name, e.g. {path / 'FILE.yaml'})")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
+    check_out(path)
+    folder = path.parent
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -85,6 +94,8 @@ def export(
     instead (--strict makes that an error)."""
     from skistune.export import export as run_export
 
+    if out is not None:
+        check_out(out)
     result = run_export(config, to, engine_version, strict, model=model, file_name=str(out) if out else None)
     if out is not None:
         write_atomic(out, result.text)

@@ -80,9 +80,37 @@ def no_eviction(plan: Plan, why: str) -> None:
     plan.instead("eviction.policy", "no eviction (every token kept)", why, related=EVICTION_DETAILS)
 
 
+SIZE_DIGIT = 0.001  # sizes in GiB/GB are written with three decimals
+ROUNDING_TOLERANCE = 0.02  # a written size within 2% of the asked one is the same setting
+
+
 def size_in(bytes_: int, unit: int) -> float:
     """A byte count in GiB/GB with three decimals (at least 0.001, so a small pool stays on)."""
-    return max(round(bytes_ / unit, 3), 0.001)
+    return max(round(bytes_ / unit, 3), SIZE_DIGIT)
+
+
+def size_differs(asked: int, written: float, digit: float = 0) -> bool:
+    """Whether a size written in an engine's unit (``written``, back in bytes) is not the ``asked`` one: off
+    by more than ROUNDING_TOLERANCE of it and by more than the rounding of its last printed digit (``digit``
+    bytes, half of which a written value may be off). ``digit`` is 0 where the engine itself takes whole
+    units (SGLang's GB, vLLM's blocks): any rounding beyond the tolerance is then the engine's, not ours."""
+    return abs(written - asked) > max(ROUNDING_TOLERANCE * asked, digit / 2)
+
+
+def size_setting(plan: Plan, knob: str, unit: int, name: str) -> float:
+    """``knob``'s byte size as ``name`` in GiB (``unit`` GIB) or GB with three decimals (`size_in`), expressed,
+    or warned about where that is not the asked size: a pool smaller than 0.001 of the unit is written as
+    0.001, so that the tier stays on."""
+    asked = plan.value(knob)
+    size = size_in(asked, unit)
+    if size_differs(asked, size * unit, SIZE_DIGIT * unit):
+        unit_name = "GiB" if unit == GIB else "GB"
+        plan.instead(knob, f"{name} {size} ({round(size * unit)} bytes)", f"{name} is in {unit_name}, written "
+                     f"with three decimals: a smaller pool is written as the smallest, {SIZE_DIGIT}, to keep the "
+                     "tier on")
+    else:
+        plan.express(knob)
+    return size
 
 
 class _Dumper(yaml.SafeDumper):
@@ -106,6 +134,14 @@ def dump_yaml(data: dict[str, Any], header: str) -> str:
 def comment(text: str) -> str:
     """``text`` as YAML comment lines."""
     return "".join(f"# {line}\n" if line else "#\n" for line in text.splitlines())
+
+
+def command_line(words: list[str], flags: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> str:
+    """A shell command line: ``env`` assignments, ``words`` (program, arguments, paths) and ``flags``
+    (`shell_args`), every value shell-quoted so the line can be pasted as printed (a path with a space
+    stays one argument)."""
+    assignments = [f"{key}={shlex.quote(str(value))}" for key, value in (env or {}).items()]
+    return " ".join([*assignments, *(shlex.quote(str(w)) for w in words), *shell_args(flags or {})])
 
 
 def shell_args(flags: dict[str, Any]) -> list[str]:

@@ -1,10 +1,12 @@
 """`layers`: per-layer key/value bits and eviction budgets, ``{layer: {nbits_key, nbits_value, budget}}``,
 for tools that configure KV compression layer by layer (and for reading what a config means per layer).
 
-Budgets per layer (`layer_budgets`):
+Budgets per layer (`layer_budgets`, from `layer_schedule`, the one schedule TensorRT-LLM's per-layer
+max_attention_window is written from too):
 - ``uniform``: every layer keeps the config's budget.
 - ``pyramid``: the runtime's schedule (PyramidKV as kvpress computes it, see
   `skistune.runtime.eviction_budget`): more tokens in the first layers, fewer in the last, the same mean.
+  A fraction budget's per-layer shares are those of a sequence at the model's full context (max_context).
 Fraction budgets are capped at 1.0 (a layer cannot keep more than its whole context).
 ``budget`` is null when the policy is ``none`` (every token kept).
 
@@ -22,20 +24,41 @@ from skistune.export.common import comment
 from skistune.runtime.eviction_budget import layer_budgets as runtime_layer_budgets
 from skistune.runtime.presets import ModelSpec
 
-NOMINAL_CONTEXT = 1_000_000  # tokens: long enough that rounding to whole tokens moves a fraction < 1e-6
 
+def layer_schedule(config: KVConfig, model: ModelSpec) -> list[int] | None:
+    """Tokens each layer of ``model`` keeps, as the runtime applies the budget
+    (`runtime.eviction_budget.layer_budgets`) to a sequence at the model's full context; None when the policy
+    is ``none``. The one per-layer schedule of every export: `layer_budgets` (the `layers` file) and
+    TensorRT-LLM's max_attention_window are both written from it, so they cannot disagree.
 
-def layer_budgets(config: KVConfig, n_layers: int) -> list[int | float | None]:
-    """The eviction budget of each layer, as the runtime applies it (`runtime.eviction_budget.layer_budgets`,
-    one schedule for both): tokens (int) for a token budget, a fraction of the context (float) for a
-    fractional one (the runtime's schedule on a long nominal context, divided by it); None for every layer
-    when the policy is ``none``."""
+    Which context: a token budget does not depend on it. A fraction does, and not only in scale: the runtime
+    keeps ceil(fraction x the tokens seen so far), and the pyramid spreads that around the protected tokens
+    (sinks + recent window), a fixed number of tokens in every layer, so each layer's share changes with the
+    context and no single list of shares is right at every length. The model's max_context is the one both
+    exports need: the runtime's budgets are largest there (they size the KV memory), and TensorRT-LLM's window
+    is a fixed token count, so it must be the window of a sequence at full context. (A long nominal context,
+    1M tokens, used to stand in for "any context": no preset serves one, the protected tokens vanish in it,
+    and the last layers' shares came out far below what the runtime keeps at the model's context.)"""
     ev = config.eviction
     if ev.policy == "none":
-        return [None] * n_layers
+        return None
+    budgets = runtime_layer_budgets(ev, model.n_layers, model.max_context)
+    if ev.budget_fraction is not None:  # a layer cannot keep more than the whole context
+        budgets = [min(b, model.max_context) for b in budgets]
+    return budgets
+
+
+def layer_budgets(config: KVConfig, model: ModelSpec) -> list[int | float | None]:
+    """The eviction budget of each layer of ``model`` (`layer_schedule`): tokens (int) for a token budget, a
+    fraction of the context (float) for a fractional one; None for every layer when the policy is ``none``."""
+    ev, tokens = config.eviction, layer_schedule(config, model)
+    if tokens is None:
+        return [None] * model.n_layers
     if ev.budget_tokens is not None:
-        return runtime_layer_budgets(ev, n_layers, ev.budget_tokens)  # the context does not enter a token budget
-    return [min(1.0, round(b / NOMINAL_CONTEXT, 6)) for b in runtime_layer_budgets(ev, n_layers, NOMINAL_CONTEXT)]
+        return tokens
+    if ev.layer_schedule == "uniform":  # the same share at every context: the fraction itself, not rounded
+        return [min(1.0, ev.budget_fraction)] * model.n_layers  # to whole tokens of one context
+    return [round(t / model.max_context, 6) for t in tokens]
 
 
 def check_layer_bits(config: KVConfig, model: ModelSpec) -> None:
@@ -57,7 +80,7 @@ class LayersExporter(Exporter):
     def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
         config = plan.config
         check_layer_bits(config, model)
-        budgets = layer_budgets(config, model.n_layers)
+        budgets = layer_budgets(config, model)
         lines = []
         for layer, budget in enumerate(budgets):
             key_bits, value_bits = config.bitwidth.bits_for_layer(layer)
@@ -65,8 +88,12 @@ class LayersExporter(Exporter):
             # one flow-style line per layer: a 30-layer model stays a 30-line table
             lines.append(f"{layer}: {yaml.safe_dump(entry, default_flow_style=True, sort_keys=False).strip()}\n")
         plan.express(*plan.relevant)
-        unit = "fraction of the context kept" if config.eviction.budget_fraction is not None else "tokens kept"
+        ev = config.eviction
+        unit = "fraction of the context kept" if ev.budget_fraction is not None else "tokens kept"
+        # the pyramid's shares of a fraction hold at one context only (see layer_schedule): say which
+        at = f", at the full {model.max_context}-token context" if ev.budget_fraction is not None and \
+            ev.layer_schedule == "pyramid" else ""
         header = (f"Per-layer KV bits and eviction budgets for {model.name} ({model.n_layers} layers).\n"
-                  f"budget: {unit} per sequence and KV head (null: every token kept); "
-                  f"policy {config.eviction.policy}, schedule {config.eviction.layer_schedule}.")
+                  f"budget: {unit} per sequence and KV head{at} (null: every token kept); "
+                  f"policy {ev.policy}, schedule {ev.layer_schedule}.")
         return Rendered(comment(header) + "".join(lines))

@@ -22,11 +22,10 @@ Mapping, knob -> LMCache:
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import GIB, dump_yaml, model_id, size_in
+from skistune.export.common import GIB, command_line, dump_yaml, model_id, size_setting
 from skistune.runtime.presets import ModelSpec
 
 DISK_PATH = "file:///var/tmp/skistune-lmcache/"  # placeholder: skistune's config names no disk path
@@ -34,18 +33,23 @@ CHUNK_SIZE = 256  # LMCache's default chunk (reference §3); skistune has no chu
 CONNECTOR = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
 
 
-def lmcache_settings(plan: Plan) -> dict[str, Any]:
+def lmcache_settings(plan: Plan, in_env: bool = False) -> dict[str, Any]:
     """LMCache's keys for the config's host and disk tiers; accounts for the tier and prefetch knobs
-    (shared with the vLLM exporter, which reaches a disk tier through LMCache)."""
+    (shared with the vLLM exporter, which reaches a disk tier through LMCache: ``in_env``, warnings then name
+    the settings as the environment variables it writes)."""
     off, pf = plan.config.offload, plan.config.prefetch
+    name = (lambda key: f"LMCACHE_{key.upper()}") if in_env else (lambda key: key)
     settings: dict[str, Any] = {"chunk_size": CHUNK_SIZE, "local_cpu": off.host_kv_bytes > 0}
     if off.host_kv_bytes:
-        settings["max_local_cpu_size"] = size_in(off.host_kv_bytes, GIB)
+        settings["max_local_cpu_size"] = size_setting(plan, "offload.host_kv_bytes", GIB, name("max_local_cpu_size"))
+    else:
+        plan.express("offload.host_kv_bytes")
     settings["local_disk"] = DISK_PATH if off.disk_kv_bytes else None
     if off.disk_kv_bytes:
-        settings["max_local_disk_size"] = size_in(off.disk_kv_bytes, GIB)
+        settings["max_local_disk_size"] = size_setting(plan, "offload.disk_kv_bytes", GIB, name("max_local_disk_size"))
+    else:
+        plan.express("offload.disk_kv_bytes")
     settings["use_layerwise"] = bool(pf.enabled and (off.host_kv_bytes or off.disk_kv_bytes))
-    plan.express("offload.host_kv_bytes", "offload.disk_kv_bytes")
     plan.fixed("offload.write_policy", "write_through", "LMCache stores KV chunks as the engine saves them")
     plan.fixed("offload.demote_first", "cached_prefix", "LMCache holds hashed prefix chunks; preempted "
                "sequences are the engine's business")
@@ -94,6 +98,7 @@ class LMCacheExporter(Exporter):
         header = (f"LMCache {version.name} configuration, written by skistune export.\n"
                   "Use: LMCACHE_CONFIG_FILE=<this file> with the engine's LMCache connector "
                   "(vLLM: LMCacheConnectorV1).")
-        command = (f"LMCACHE_CONFIG_FILE={shlex.quote(file_name)} vllm serve {model_id(model)} --kv-transfer-config "
-                   f"{shlex.quote(connector_json(settings['use_layerwise']))}")
+        command = command_line(["vllm", "serve", model_id(model)],
+                               {"kv-transfer-config": connector_json(settings["use_layerwise"])},
+                               env={"LMCACHE_CONFIG_FILE": file_name})
         return Rendered(dump_yaml(settings, header), command)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
+from skistune.export.common import command_line
 from skistune.runtime.presets import ModelSpec
 
 
@@ -15,4 +16,5 @@ class NativeExporter(Exporter):
 
     def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
         plan.express(*plan.relevant)
-        return Rendered(plan.config.to_yaml(), f"skistune evaluate {file_name} --mode run --model {model.name}")
+        return Rendered(plan.config.to_yaml(), command_line(["skistune", "evaluate", file_name],
+                                                           {"mode": "run", "model": model.name}))

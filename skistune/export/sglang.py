@@ -33,11 +33,11 @@ import math
 from typing import Any
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import GB, dump_yaml, fixed_scaling, model_id, no_eviction, shell_args, single_kv_bits
+from skistune.export.common import (GB, command_line, dump_yaml, fixed_scaling, model_id, no_eviction, single_kv_bits,
+                                    size_differs)
 from skistune.runtime.presets import ModelSpec
 
 WIDTHS = (16, 8)
-ROUNDING_TOLERANCE = 0.02  # a host pool within 2% of the asked size is the same setting in whole GB
 HICACHE_MIN_RATIO = 2  # host pool / device pool, per the HiCache design doc (reference §2)
 
 
@@ -64,7 +64,7 @@ class SglangExporter(Exporter):
         flags.update(self._hicache(plan, model, width))
         header = (f"SGLang {version.name} server arguments: python -m sglang.launch_server --model-path MODEL "
                   "--config <this file>\nwritten by skistune export; keys are SGLang's flags without the dashes")
-        command = " ".join(["python -m sglang.launch_server --model-path", model_id(model), *shell_args(flags)])
+        command = command_line(["python", "-m", "sglang.launch_server", "--model-path", model_id(model)], flags)
         return Rendered(dump_yaml(flags, header), command)
 
     def _cache(self, plan: Plan) -> dict[str, Any]:
@@ -134,7 +134,7 @@ class SglangExporter(Exporter):
         off = plan.config.offload
         size = max(1, round(off.host_kv_bytes / GB))
         reasons = []
-        if abs(size * GB - off.host_kv_bytes) > ROUNDING_TOLERANCE * off.host_kv_bytes:
+        if size_differs(off.host_kv_bytes, size * GB):  # whole GB are SGLang's unit: no printed digit to allow
             reasons.append("SGLang sizes the host pool in whole GB (1e9 bytes)")
         if off.device_kv_bytes is not None and size * GB < HICACHE_MIN_RATIO * off.device_kv_bytes:
             size = math.ceil(HICACHE_MIN_RATIO * off.device_kv_bytes / GB)

@@ -10,9 +10,11 @@ Mapping, knob -> TensorRT-LLM:
   bitwidth.key/value_bits   kv_cache_config.dtype auto (16) | fp8 (8); 4 and 2 bits are written as fp8
                             (nvfp4 needs a checkpoint quantized offline with ModelOpt).
   eviction streaming        max_attention_window (a list, repeated across layers: one entry per layer for a
-                            pyramid schedule) + sink_token_length. The reference does not say whether the
-                            window counts the sink tokens; the whole budget is written as the window. Other
-                            policies (score-based) have no equivalent: no eviction.
+                            pyramid schedule, the same schedule as the `layers` export: `layer_schedule`) +
+                            sink_token_length. A fraction budget becomes the windows of a sequence at the
+                            model's full context (a warning: the window is a token count). The reference does
+                            not say whether the window counts the sink tokens; the whole budget is written as
+                            the window. Other policies (score-based) have no equivalent: no eviction.
   prefix_reuse.*            enable_block_reuse, tokens_per_block (a power of two greater than 1, per the
                             TensorRT-LLM KV-cache docs; the reference says "power of 2").
   batching.*                max_batch_size, max_num_tokens, enable_chunked_prefill; no per-sequence chunk
@@ -20,7 +22,8 @@ Mapping, knob -> TensorRT-LLM:
                             FIRST_COME_FIRST_SERVED in scheduler_config (where TensorRT-LLM's SchedulerConfig
                             holds it; the reference names the field, not its block);
                             capacity_scheduler_policy GUARANTEED_NO_EVICT (the default, written explicitly):
-                            running requests are not preempted, and there is no KV swap.
+                            a request is admitted only when its KV fits, so running requests are never
+                            preempted (neither recomputed nor swapped; there is no KV swap).
   offload.device_*          free_gpu_memory_fraction, or max_tokens = device_kv_bytes / KV bytes per token.
   offload.host_kv_bytes     host_cache_size (bytes), plus onboard_blocks: true before PR #12449.
   offload.disk_kv_bytes     not written: newer releases list disk_cache_size / disk_cache_path, but the
@@ -34,8 +37,8 @@ from __future__ import annotations
 from typing import Any
 
 from skistune.export.base import EVICTION_DETAILS, EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import dump_yaml, fixed_scaling, model_id, single_kv_bits
-from skistune.export.layers import layer_budgets
+from skistune.export.common import command_line, dump_yaml, fixed_scaling, model_id, single_kv_bits
+from skistune.export.layers import layer_schedule
 from skistune.runtime.presets import ModelSpec
 
 WIDTHS = (16, 8)
@@ -67,7 +70,7 @@ class TrtllmExporter(Exporter):
         data["scheduler_config"] = self._scheduler(plan)
         header = (f"TensorRT-LLM ({version.name}) LLM API options: trtllm-serve MODEL --config <this file>\n"
                   "written by skistune export")
-        return Rendered(dump_yaml(data, header), f"trtllm-serve {model_id(model)} --config {file_name}")
+        return Rendered(dump_yaml(data, header), command_line(["trtllm-serve", model_id(model)], {"config": file_name}))
 
     def _blocks(self, plan: Plan) -> dict[str, Any]:
         size = plan.value("prefix_reuse.block_size")
@@ -101,13 +104,12 @@ class TrtllmExporter(Exporter):
                          f"({ev.policy}) eviction; its only one is an attention window with sink tokens (streaming)",
                          related=EVICTION_DETAILS)
             return {}
-        config = plan.config
+        windows = layer_schedule(plan.config, model)
+        assert windows is not None  # a streaming policy has a budget
         if ev.budget_fraction is not None:
-            tokens = max(1, int(ev.budget_fraction * model.max_context))
-            config = config.with_knobs({"eviction.budget_fraction": None, "eviction.budget_tokens": tokens})
-            plan.instead("eviction.budget_fraction", f"max_attention_window {tokens} (of {model.name}'s "
-                         f"{model.max_context}-token context)", "TensorRT-LLM's window is a token count")
-        windows = layer_budgets(config, model.n_layers)
+            plan.instead("eviction.budget_fraction", self._windows_text(windows, model),
+                         "TensorRT-LLM's window is a token count: the budget of a sequence at the model's full "
+                         "context")
         plan.express("eviction.policy", "eviction.budget_tokens", "eviction.layer_schedule", "eviction.sink_tokens")
         recent = max(0, min(windows) - ev.sink_tokens)
         if ev.recent_window > recent:
@@ -117,6 +119,15 @@ class TrtllmExporter(Exporter):
             plan.express("eviction.recent_window")
         window = windows[:1] if len(set(windows)) == 1 else windows
         return {"max_attention_window": window, "sink_token_length": ev.sink_tokens}
+
+    @staticmethod
+    def _windows_text(windows: list[int], model: ModelSpec) -> str:
+        """What the file's max_attention_window holds, for a warning: one window, or the per-layer list's ends."""
+        of = f"of {model.name}'s {model.max_context}-token context"
+        if len(set(windows)) == 1:
+            return f"max_attention_window {windows[0]} ({of})"
+        return (f"per-layer max_attention_window {windows[0]} (layer 0) down to {windows[-1]} (layer "
+                f"{len(windows) - 1}), mean {sum(windows) / len(windows):g} tokens {of}")
 
     def _tiers(self, plan: Plan, version: EngineVersion) -> dict[str, Any]:
         off, pf = plan.config.offload, plan.config.prefetch
@@ -155,8 +166,9 @@ class TrtllmExporter(Exporter):
     def _scheduler(self, plan: Plan) -> dict[str, Any]:
         plan.fixed("batching.policy", "fcfs", "TensorRT-LLM's context chunking is first-come-first-served or "
                    "equal-progress; it has no longest-prefix or deadline order", written="FIRST_COME_FIRST_SERVED")
-        plan.fixed("batching.preemption", "recompute", "TensorRT-LLM has no KV swap; GUARANTEED_NO_EVICT does "
-                   "not preempt running requests")
+        plan.fixed("batching.preemption", "recompute", "TensorRT-LLM has no KV swap; with GUARANTEED_NO_EVICT a "
+                   "request starts only when its KV is sure to fit, so running requests are never preempted",
+                   written="capacity_scheduler_policy GUARANTEED_NO_EVICT (no preemption)")
         scheduler = {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
         if plan.config.batching.chunked_prefill:
             scheduler["context_chunking_policy"] = "FIRST_COME_FIRST_SERVED"

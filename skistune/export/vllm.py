@@ -42,14 +42,16 @@ import json
 from typing import Any
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import (GIB, dump_yaml, fixed_scaling, model_id, no_eviction, round_up_width,
-                                    shell_args, single_kv_bits, size_in)
+from skistune.export.common import (GIB, command_line, dump_yaml, fixed_scaling, model_id, no_eviction,
+                                    round_up_width, single_kv_bits, size_differs, size_setting)
 from skistune.export.layers import check_layer_bits
 from skistune.export.lmcache import connector_json, lmcache_env, lmcache_settings
 from skistune.runtime.presets import ModelSpec
 
 WIDTHS = (16, 8)
-OTHER_DTYPES = "; the newest also lists int4/nvfp4/turboquant dtypes, whose behaviour the reference does not give"
+# Why the newest's narrower dtypes are not used; 0.11 has none narrower than fp8 to explain (its literal is
+# the portable set plus fp8_inc), so its warnings say nothing about them.
+NEWEST_DTYPES = "; the newest also lists int4/nvfp4/turboquant dtypes, whose behaviour the reference does not give"
 
 
 def _dtype(width: int) -> str:
@@ -61,10 +63,11 @@ class VllmExporter(Exporter):
     engine = "vLLM"
     versions = (
         EngineVersion("0.11", "vllm/engine/arg_utils.py @99d7eb5d (about v0.11); reference §1",
-                      {"block_sizes": (1, 8, 16, 32, 64, 128), "skip_layers": False, "offload": "connector"}),
+                      {"block_sizes": (1, 8, 16, 32, 64, 128), "skip_layers": False, "offload": "connector",
+                       "other_dtypes": ""}),
         EngineVersion("main-002f10e0", "vllm/engine/arg_utils.py, config/cache.py @002f10e0 (the newest in the "
                                        "reference, about v0.2x-0.30, 2026); reference §1",
-                      {"block_sizes": None, "skip_layers": True, "offload": "size"}),
+                      {"block_sizes": None, "skip_layers": True, "offload": "size", "other_dtypes": NEWEST_DTYPES}),
     )
     default_file = "vllm-config.yaml"
 
@@ -81,16 +84,15 @@ class VllmExporter(Exporter):
                   "written by skistune export; keys are vLLM's flags without the leading dashes"]
         if env:
             header.append("LMCache (LMCacheConnectorV1) reads its settings from the environment:")
-            header.append("  " + " ".join(f"{k}={v}" for k, v in env.items()))
-        prefix = "".join(f"{k}={v} " for k, v in env.items())
-        command = " ".join([f"{prefix}vllm serve {model_id(model)}", *shell_args(flags)])
+            header.append("  " + command_line([], env=env))
+        command = command_line(["vllm", "serve", model_id(model)], flags, env)
         return Rendered(dump_yaml(flags, "\n".join(header)), command)
 
     def _kv_dtype(self, plan: Plan, version: EngineVersion, model: ModelSpec) -> tuple[dict[str, Any], int]:
         """--kv-cache-dtype (and, per layer, --kv-cache-dtype-skip-layers); the width used for sizes."""
         layer_bits = plan.config.bitwidth.layer_bits
         if layer_bits is None or not version["skip_layers"]:
-            width = single_kv_bits(plan, WIDTHS, _dtype, OTHER_DTYPES)
+            width = single_kv_bits(plan, WIDTHS, _dtype, version["other_dtypes"])
             return {"kv-cache-dtype": _dtype(width)}, width
         check_layer_bits(plan.config, model)
         widths = [round_up_width(max(pair), WIDTHS) for pair in layer_bits]
@@ -101,7 +103,7 @@ class VllmExporter(Exporter):
         if any(b != w for pair, w in zip(layer_bits, widths) for b in pair):
             written = f"kv-cache-dtype {flags['kv-cache-dtype']}" + (f", 16-bit layers {skip}" if skip else "")
             plan.instead("bitwidth.layer_bits", written, "vLLM has 16-bit or fp8 KV per layer, one dtype for keys "
-                         "and values; each layer's wider width, rounded up" + OTHER_DTYPES)
+                         "and values; each layer's wider width, rounded up" + version["other_dtypes"])
         else:
             plan.express("bitwidth.layer_bits")
         return flags, max(widths)
@@ -151,20 +153,27 @@ class VllmExporter(Exporter):
         """The offload flags and the environment they need (LMCache's, for a disk tier)."""
         off = plan.config.offload
         if off.disk_kv_bytes:
-            settings = lmcache_settings(plan)
+            settings = lmcache_settings(plan, in_env=True)
             plan.notes.append("disk tier through LMCache: the command sets LMCACHE_* variables (or export --to "
                               "lmcache and set LMCACHE_CONFIG_FILE); LMCACHE_LOCAL_DISK is a placeholder path")
             return {"kv-transfer-config": connector_json(settings["use_layerwise"])}, lmcache_env(settings)
-        plan.express("offload.host_kv_bytes", "offload.disk_kv_bytes")
+        plan.express("offload.disk_kv_bytes")
         if not off.host_kv_bytes:
+            plan.express("offload.host_kv_bytes")
             return {}, {}
         self._native_offload_behaviour(plan)
         if version["offload"] == "size":
-            return {"kv-offloading-size": size_in(off.host_kv_bytes, GIB), "kv-offloading-backend": "native"}, {}
+            size = size_setting(plan, "offload.host_kv_bytes", GIB, "kv-offloading-size")
+            return {"kv-offloading-size": size, "kv-offloading-backend": "native"}, {}
         block_bytes = model.kv_bytes_per_token(width, width) * block_size
-        blocks = max(1, off.host_kv_bytes // block_bytes)
+        blocks = max(1, off.host_kv_bytes // block_bytes)  # rounded down: never more host memory than asked...
         plan.notes.append(f"num_cpu_blocks {blocks} = host_kv_bytes / {block_bytes} bytes per {block_size}-token "
                           f"block of {model.name} at {width}-bit KV, on one rank (tensor parallel 1)")
+        if size_differs(off.host_kv_bytes, blocks * block_bytes):  # ...but at least one block
+            plan.instead("offload.host_kv_bytes", f"num_cpu_blocks {blocks} ({blocks * block_bytes} bytes)",
+                         f"the OffloadingConnector sizes the CPU pool in whole blocks ({block_bytes} bytes each)")
+        else:
+            plan.express("offload.host_kv_bytes")
         extra = {"block_size": block_size, "num_cpu_blocks": blocks}
         connector = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
         return {"kv-transfer-config": json.dumps(connector, separators=(",", ":"))}, {}

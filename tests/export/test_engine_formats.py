@@ -9,9 +9,12 @@ import pytest
 import yaml
 
 from skistune.runtime.eviction_budget import layer_budgets as runtime_layer_budgets
+from skistune.runtime.presets import get_preset
 
 from export_cases import DISK, GIB, GOLDEN_CONFIGS, H2O, HOST, HOST_PREFETCH, config_of, golden_config
 from skistune.export import export, layer_budgets
+
+SMOLLM = get_preset("smollm2-135m")  # the default model: 30 layers, an 8192-token context
 
 LMCACHE_KEYS = {"chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "max_local_disk_size", "use_layerwise"}
 KV_CACHE_CONFIG_FIELDS = {"enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length",
@@ -139,7 +142,7 @@ def test_trtllm_streaming_is_a_window_with_sinks():
     config = config_of({"eviction.policy": "streaming", "eviction.budget_tokens": 1000, "eviction.sink_tokens": 4,
                         "eviction.layer_schedule": "pyramid"})
     kv = yaml.safe_load(export(config, "trtllm").text)["kv_cache_config"]
-    assert kv["max_attention_window"] == layer_budgets(config, 30) and kv["sink_token_length"] == 4
+    assert kv["max_attention_window"] == layer_budgets(config, SMOLLM) and kv["sink_token_length"] == 4
     uniform = yaml.safe_load(export(config.with_knobs({"eviction.layer_schedule": "uniform"}), "trtllm").text)
     assert uniform["kv_cache_config"]["max_attention_window"] == [1000]  # one entry, repeated across layers
 
@@ -164,16 +167,48 @@ def test_layers_rejects_per_layer_bits_of_another_model():
 
 def test_layer_budgets_schedules():
     uniform = config_of(H2O)
-    assert layer_budgets(uniform, 4) == [256] * 4
+    assert layer_budgets(uniform, SMOLLM) == [256] * 30
     pyramid = config_of({**H2O, "eviction.layer_schedule": "pyramid"})
-    budgets = layer_budgets(pyramid, 5)
-    assert budgets == runtime_layer_budgets(pyramid.eviction, 5, 256)  # one schedule: the runtime's
+    budgets = layer_budgets(pyramid, SMOLLM)
+    assert budgets == runtime_layer_budgets(pyramid.eviction, 30, 256)  # one schedule: the runtime's
     assert budgets == sorted(budgets, reverse=True) and budgets[0] > 256 > budgets[-1]
     fraction = config_of({"eviction.policy": "snapkv", "eviction.budget_fraction": 0.5,
                           "eviction.layer_schedule": "pyramid"})
-    shares = layer_budgets(fraction, 3)
-    assert shares == sorted(shares, reverse=True) and abs(sum(shares) / 3 - 0.5) < 1e-3
-    assert layer_budgets(config_of({}), 3) == [None, None, None]
+    shares = layer_budgets(fraction, SMOLLM)
+    assert shares == sorted(shares, reverse=True) and abs(sum(shares) / 30 - 0.5) < 1e-3
+    # the runtime's pyramid at the model's full context, as shares of it
+    assert shares == [round(b / 8192, 6) for b in runtime_layer_budgets(fraction.eviction, 30, 8192)]
+    assert layer_budgets(config_of({"eviction.policy": "snapkv", "eviction.budget_fraction": 0.1}), SMOLLM) == \
+        [0.1] * 30  # uniform: the fraction itself, at every context
+    assert layer_budgets(config_of({}), SMOLLM) == [None] * 30
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "llama-3.1-70b"])
+@pytest.mark.parametrize("fraction", [0.25, 0.9])
+def test_trtllm_and_layers_write_one_schedule_for_a_fraction_budget(model, fraction):
+    """A pyramid fraction budget: TensorRT-LLM's windows are the `layers` file's shares of the same context,
+    and the warning says what the file holds (a per-layer list, not one window)."""
+    config = config_of({"eviction.policy": "streaming", "eviction.budget_fraction": fraction,
+                        "eviction.layer_schedule": "pyramid"})
+    spec = get_preset(model)
+    result = export(config, "trtllm", model=model)
+    windows = yaml.safe_load(result.text)["kv_cache_config"]["max_attention_window"]
+    shares = yaml.safe_load(export(config, "layers", model=model).text)
+    assert len(windows) == spec.n_layers and windows[0] > windows[-1]
+    assert windows == [round(shares[layer]["budget"] * spec.max_context) for layer in range(spec.n_layers)]
+    assert windows == runtime_layer_budgets(config.eviction, spec.n_layers, spec.max_context) or fraction == 0.9
+    assert max(windows) <= spec.max_context  # capped: a layer keeps at most the whole context (share 1.0)
+    written = {w.knob: w.written for w in result.warnings}["eviction.budget_fraction"]
+    assert written.startswith(f"per-layer max_attention_window {windows[0]} (layer 0) down to {windows[-1]} "
+                              f"(layer {spec.n_layers - 1})")
+
+
+def test_trtllm_fraction_budget_uniform_is_one_window():
+    config = config_of({"eviction.policy": "streaming", "eviction.budget_fraction": 0.25})
+    result = export(config, "trtllm")
+    assert yaml.safe_load(result.text)["kv_cache_config"]["max_attention_window"] == [2048]
+    written = {w.knob: w.written for w in result.warnings}["eviction.budget_fraction"]
+    assert written == "max_attention_window 2048 (of smollm2-135m's 8192-token context)"
 
 
 @pytest.mark.parametrize("version", ["0.11", "main-002f10e0"])
@@ -190,3 +225,65 @@ def test_configs_of_the_vllm_search_space_export_to_vllm_without_warnings(versio
         trial = study.ask()
         assert export(suggest_config(trial, space), "vllm", version, strict=True).warnings == ()
         study.tell(trial, 0.0)
+
+
+@pytest.mark.parametrize("target", ["native", "lmcache", "trtllm"])
+def test_commands_quote_the_file_name(target):
+    result = export(config_of(HOST), target, file_name="my dir/kv cfg.yaml")
+    argv = shlex.split(result.command)
+    assert "my dir/kv cfg.yaml" in argv or "LMCACHE_CONFIG_FILE=my dir/kv cfg.yaml" in argv
+
+
+def test_vllm_command_quotes_the_lmcache_environment(monkeypatch):
+    import skistune.export.lmcache as lmcache
+    monkeypatch.setattr(lmcache, "DISK_PATH", "file:///var/tmp/kv cache/")  # a value that needs quoting
+    result = export(config_of({**HOST, **DISK}), "vllm")
+    argv = shlex.split(result.command)
+    assert "LMCACHE_LOCAL_DISK=file:///var/tmp/kv cache/" in argv
+    assert argv[argv.index("vllm"):argv.index("vllm") + 3] == ["vllm", "serve", "HuggingFaceTB/SmolLM2-135M-Instruct"]
+
+
+@pytest.mark.parametrize(("target", "version", "written"), [
+    ("vllm", "main-002f10e0", "kv-offloading-size 0.001 (1073742 bytes)"),
+    ("vllm", "0.11", "num_cpu_blocks 1 (368640 bytes)"),  # 16-token blocks of 23040 bytes per token
+    ("lmcache", "main-000620e3", "max_local_cpu_size 0.001 (1073742 bytes)"),
+    ("sglang", "main-001067ff", "hicache-size 1"),
+])
+def test_a_tiny_host_pool_rounded_up_is_warned(target, version, written):
+    result = export(config_of({"offload.host_kv_bytes": 1000}), target, version)
+    assert {w.knob: w.written for w in result.warnings}["offload.host_kv_bytes"] == written
+
+
+def test_tiny_lmcache_sizes_through_vllm_name_the_variables():
+    result = export(config_of({"offload.host_kv_bytes": 1000, "offload.disk_kv_bytes": 5000}), "vllm")
+    written = {w.knob: w.written for w in result.warnings}
+    assert written["offload.host_kv_bytes"].startswith("LMCACHE_MAX_LOCAL_CPU_SIZE 0.001")
+    assert written["offload.disk_kv_bytes"].startswith("LMCACHE_MAX_LOCAL_DISK_SIZE 0.001")
+
+
+@pytest.mark.parametrize(("target", "version"), [("vllm", "main-002f10e0"), ("vllm", "0.11"),
+                                                 ("lmcache", "main-000620e3")])
+@pytest.mark.parametrize("host", [8 * GIB, 10**9, 3 * 10**6, 700_000])
+def test_host_sizes_within_the_printed_rounding_are_not_warned(target, version, host):
+    """Only a size the engine's unit or a floor moves beyond rounding is warned: 3 MB is 0.003 GiB (0.3% off
+    after rounding to three decimals), 700 kB is 0.001 GiB (its nearest), 1e9 bytes is 0.931 GiB."""
+    result = export(config_of({"offload.host_kv_bytes": host}), target, version)
+    warned = "offload.host_kv_bytes" in result.warned_knobs()
+    # vLLM 0.11's whole blocks (368640 bytes) cannot hold 700 kB within 2%: one block is written, and warned
+    assert warned == (version == "0.11" and host == 700_000)
+
+
+def test_trtllm_swap_warning_says_what_is_written():
+    result = export(config_of({"batching.preemption": "swap"}), "trtllm")
+    [warning] = [w for w in result.warnings if w.knob == "batching.preemption"]
+    assert warning.written == "capacity_scheduler_policy GUARANTEED_NO_EVICT (no preemption)"
+    assert "recompute" not in str(warning)
+    assert yaml.safe_load(result.text)["scheduler_config"]["capacity_scheduler_policy"] == "GUARANTEED_NO_EVICT"
+
+
+def test_vllm_dtype_warnings_mention_only_the_exported_versions_dtypes():
+    config = config_of({"bitwidth.key_bits": 4, "bitwidth.value_bits": 4})
+    old = export(config, "vllm", "0.11")
+    assert old.warnings and not any("newest" in str(w) or "nvfp4" in str(w) for w in old.warnings)
+    new = export(config, "vllm", "main-002f10e0")
+    assert any("nvfp4" in str(w) for w in new.warnings)

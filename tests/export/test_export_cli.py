@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 
 import pytest
 from typer.testing import CliRunner
@@ -110,3 +111,21 @@ def test_invalid_config_is_one_line_and_exit_2(tmp_path):
 def test_layers_with_another_model():
     r = run(DEFAULT, "--to", "layers", "--model", "llama-3-8b")
     assert r.exit_code == 0 and r.stdout.count("nbits_key") == 32
+
+
+@pytest.mark.parametrize("target", ["vllm", "trtllm"])
+def test_out_that_is_a_directory_is_one_line_naming_out(tmp_path, target):
+    folder = tmp_path / "somedir"
+    folder.mkdir()
+    r = run(DEFAULT, "--to", target, "--out", str(folder))
+    one_line_error(r, f"--out {folder}: is a directory")
+    assert ".tmp" not in r.stderr and list(tmp_path.iterdir()) == [folder] and not list(folder.iterdir())
+
+
+def test_printed_command_quotes_the_out_path(tmp_path):
+    target = tmp_path / "my cfg.yaml"
+    r = run(DEFAULT, "--to", "trtllm", "--out", str(target), "--json")
+    assert r.exit_code == 0, r.output
+    command = json.loads(r.stdout.strip().splitlines()[-1])["command"]
+    assert shlex.split(command)[-2:] == ["--config", str(target)]  # one argument, as pasted into a shell
+    assert f"command: {command}" in " ".join(r.stderr.split())
