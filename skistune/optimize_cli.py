@@ -253,7 +253,7 @@ def validation_table(result) -> Table:
     lossy = any(v.held_out_quality is not None for v in result.validated)
     if lossy:
         t.add_column("Δppl mean (predicted / held-out)", justify="right")
-    t.add_column("holds", justify="center")
+    t.add_column("holds", justify="center", overflow="fold")  # ("no (tbt:p99<=200ms)" whole)
     labels = {b.config: f"#{i + 1}" for i, b in enumerate(result.best)}
     for v in result.validated:
         label = "base" if v.role == "baseline" else labels.get(v.config, "?")
@@ -514,6 +514,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
             print_json({"feasible": False, "trials": 0, "unmeetable": str(exc)})
         raise typer.Exit(EXIT_INFEASIBLE) from None
     name = study or default_study_name(problem)
+    resume = f"--study {name}" + (f" --storage {storage}" if storage else "")  # (how to add trials later)
     storage = storage or default_storage(name)
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
     open_study(problem, open_storage(storage), name, sampler=None)
@@ -521,7 +522,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     _warn_broken_alone(problem)
     result = _solve_with_progress(problem, n_trials=trials, timeout=timeout, storage=storage, study_name=name,
                                   n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
-    _report(result, out, json_out)
+    _report(result, out, json_out, resume)
 
 
 def _warn_broken_alone(problem) -> None:
@@ -542,22 +543,27 @@ def _solve_with_progress(problem, *, n_trials: int, **options: Any):
     refinement and validation stages); Ctrl-C keeps the finished trials and says how to resume."""
     from skistune.optimize import solve
 
+    feasible = [0]
+
     def on_progress(p) -> None:
+        feasible[0] = p.feasible
         bar.update(task, completed=p.done, status=f"feasible {p.feasible}  best "
                                                   f"{_best_text(problem.objectives[0], p.best)}")
+
+    def on_stage(message: str) -> None:  # (the search's best, at its precision, is not what the table shows)
+        bar.update(task, description=message, status=f"feasible {feasible[0]}")
 
     try:
         with _search_bar() as bar:
             task = bar.add_task("search", total=n_trials, status="")
-            return solve(problem, n_trials=n_trials, progress=on_progress,
-                         on_stage=lambda m: bar.update(task, description=m), **options)
+            return solve(problem, n_trials=n_trials, progress=on_progress, on_stage=on_stage, **options)
     except KeyboardInterrupt:
         err_console.print("interrupted: finished trials are kept in the study; run the same command (or pass "
                           "--study) to resume", highlight=False)
         raise typer.Exit(130) from None
 
 
-def _report(result, out: Path, json_out: bool) -> None:
+def _report(result, out: Path, json_out: bool, resume: str) -> None:
     for note in result.notes:
         err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     if not result.feasible:
@@ -581,7 +587,7 @@ def _report(result, out: Path, json_out: bool) -> None:
         console.print(escape(line), highlight=False)
     path = result.write(out)
     name = result.study.study_name
-    console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command, or --study {name}, "
+    console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command, or {resume}, "
                          "adds trials)"), highlight=False, soft_wrap=True)
     if json_out:
         print_json(_summary(result, path))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import base64
 import html
 import math
+import os
+import tempfile
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -695,10 +697,16 @@ def report_html(report: Report, images: Mapping[str, bytes], notes: Sequence[str
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
-    """The output folder, checked before any work: it may exist, but not as a file."""
+    """The output folder, checked before any work: it may exist, but not as a file, and it must be writable
+    (or creatable: the closest existing folder above it writable)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out-dir {out}: is a file; give a folder")
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    try:  # (a folder made and removed: permission bits say nothing for root, nor on /proc)
+        os.rmdir(tempfile.mkdtemp(prefix=".skistune-probe-", dir=existing))
+    except OSError as exc:
+        raise ValueError(f"--out-dir {out}: cannot create a folder in {existing} ({exc.strerror})") from None
     return out
 
 

@@ -227,3 +227,14 @@ def test_the_validated_winner_is_listed_first_as_optimize_wrote_it():
     # what optimize ranked first and wrote, validated or not (a tie to the baseline, a simpler config)
     assert [e.trial for e in _winner_first(evaluations, configs[1].to_dict(), [])] == [1, 0, 2]
     assert [e.trial for e in _winner_first(evaluations, configs[0].to_dict(), validated)] == [0, 1, 2]
+
+
+def test_an_out_dir_that_cannot_be_created_is_refused_before_any_work(tmp_path):
+    """`--out-dir /proc/nope` printed the whole report, then failed writing it: checked first, by making a
+    folder there (permission bits say nothing for root)."""
+    from skistune.report import check_out_dir
+
+    with pytest.raises(ValueError, match="--out-dir /proc/nope: cannot create a folder in /proc"):
+        check_out_dir("/proc/nope")
+    assert check_out_dir(tmp_path / "new" / "sub") == tmp_path / "new" / "sub"
+    assert list(tmp_path.iterdir()) == []  # (the check leaves nothing behind)
