@@ -327,6 +327,26 @@ class KVConfig:
             raise ValueError(f"config: not valid JSON ({exc})") from None
         return cls.from_dict(data)
 
+    def effective(self) -> "KVConfig":
+        """This config with the knobs that do nothing in it at their defaults: a prefetch depth and unit with
+        prefetch off, what moves down and how it is written without a host or disk tier, the details of an
+        eviction policy of ``none``, quantization groups and windows with every layer at 16 bits. Two configs
+        that serve alike compare equal (a search space that fixes ``prefetch.depth`` does not make a config
+        differ from vLLM's defaults)."""
+        inert: list[str] = []
+        if not self.prefetch.enabled:
+            inert += ["prefetch.depth", "prefetch.unit"]
+        if not self.offload.host_kv_bytes and not self.offload.disk_kv_bytes:
+            inert += ["offload.demote_first", "offload.write_policy"]
+        if self.eviction.policy == "none":
+            inert += [f"eviction.{f.name}" for f in fields(EvictionConfig) if f.name != "policy"]
+        b = self.bitwidth
+        if b.key_bits == b.value_bits == 16 and not b.layer_bits:
+            inert += ["bitwidth.group_size", "bitwidth.full_precision_window"]
+        defaults = KVConfig()
+        return self.with_knobs({k: getattr(getattr(defaults, k.partition(".")[0]), k.partition(".")[2])
+                                for k in inert})
+
     def with_knobs(self, updates: Mapping[str, Any]) -> "KVConfig":
         """A copy with dotted knobs replaced, e.g. ``{"eviction.policy": "h2o"}``."""
         by_family: dict[str, dict[str, Any]] = {}

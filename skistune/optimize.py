@@ -1512,7 +1512,7 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
     # the baseline among the candidates, replayed at the winner's rate (the winner itself, or one the search
     # found as good): its replays stand for both roles, another replay would only measure the machine's noise
     for v in out:
-        if v.config == problem.base and v.predicted.rate_scale == out[0].predicted.rate_scale:
+        if v.config.effective() == problem.base.effective() and v.predicted.rate_scale == out[0].predicted.rate_scale:
             return out + [replace(v, role="baseline")]
     if problem.base in out[0].twins:  # predicted to run the winner's schedule: nothing a replay could compare
         return out
@@ -1749,17 +1749,25 @@ def _refine(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluat
     return sorted(fine, key=lambda e: (not e.feasible, _sort_key(problem, e)))
 
 
+def _baseline_as_trial(baseline: Evaluation, evaluations: Sequence[Evaluation]) -> Evaluation | None:
+    """The baseline's refined evaluation as the trial that ran it in this space (the enqueued first trial),
+    with that trial's config: the same as the baseline's but for knobs that do nothing (`KVConfig.effective`:
+    a space may fix a prefetch depth with prefetch off). None when no trial ran it."""
+    target = baseline.config.effective()
+    trial = next((e for e in evaluations if e.config.effective() == target), None)
+    return None if trial is None else replace(baseline, config=trial.config, trial=trial.trial)
+
+
 def _with_baseline(problem: Problem, refined: list[Evaluation], baseline: Evaluation,
                    evaluations: Sequence[Evaluation]) -> list[Evaluation]:
     """The refined top configs, with the baseline among them when it was a trial of this space and, at the
     finer precision, beats one of them: the result is never predicted worse than the defaults."""
-    trial = next((e.trial for e in evaluations if e.config == baseline.config), None)
-    if trial is None or not baseline.feasible or any(e.config == baseline.config for e in refined):
+    as_trial = _baseline_as_trial(baseline, evaluations)
+    if as_trial is None or not baseline.feasible or any(e.config == as_trial.config for e in refined):
         return refined
     if len(problem.objectives) > 1 or _sort_key(problem, baseline)[0] >= _sort_key(problem, refined[-1])[0]:
         return refined
-    merged = sorted([*refined, replace(baseline, trial=trial)],
-                    key=lambda e: (not e.feasible, _sort_key(problem, e)))
+    merged = sorted([*refined, as_trial], key=lambda e: (not e.feasible, _sort_key(problem, e)))
     return merged[:len(refined)]
 
 
@@ -1807,17 +1815,17 @@ def _baseline_on_ties(problem: Problem, refined: list[Evaluation], baseline: Eva
     nothing is changed for a gain below the resolution. Returns the refined list and a note saying so."""
     if len(problem.objectives) > 1 or not refined:
         return refined, []
-    trial = next((e.trial for e in evaluations if e.config == baseline.config), None)
+    as_trial = _baseline_as_trial(baseline, evaluations)
     best = refined[0]
-    if trial is None or not baseline.feasible or best.config == baseline.config or not best.feasible:
+    if as_trial is None or not baseline.feasible or best.config == as_trial.config or not best.feasible:
         return refined, []
     if beats(problem, best.values[0], baseline.values[0]):
         return refined, []
-    rest = [e for e in refined if e.config != baseline.config]
+    rest = [e for e in refined if e.config != as_trial.config]
     note = (f"the best config's predicted {problem.objectives[0].name} ({best.values[0]:.4g} vs "
             f"{baseline.values[0]:.4g}) is within {REFINE_PRECISION:.0%} of the baseline's: a tie, so the baseline "
             "is ranked first")
-    return [replace(baseline, trial=trial), *rest][:len(refined)], [note]
+    return [as_trial, *rest][:len(refined)], [note]
 
 
 # Knob groups that the best config's predicted gain may not need, tried back at the baseline's values in this
@@ -1841,7 +1849,7 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
     (`beats`) of the best's. Each try is a trial of the study (enqueued, so `skistune report` sees it), then
     refined as the top configs were. Single objective only (a front has no one best to simplify)."""
     if len(problem.objectives) > 1 or not refined or not refined[0].feasible or refined[0].trial is None \
-            or refined[0].config == problem.base:
+            or refined[0].config.effective() == problem.base.effective():
         return refined, []
     first = best = refined[0]
     params = dict(study.trials[best.trial].params)

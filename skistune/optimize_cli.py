@@ -101,6 +101,7 @@ def _diff(config, base, names) -> str:
     from skistune.config import byte_size_text
 
     all_short = [n.partition(".")[2] for n in knob_fields()]
+    config, base = config.effective(), base.effective()  # (a knob that does nothing here changes nothing)
     out = []
     for name in names:
         value = knob_value(config, name)
@@ -286,7 +287,7 @@ def twin_lines(result) -> list[str]:
 
 def gain_lines(result) -> list[str]:
     lines = []
-    if result.best and result.best[0].config == result.baseline.config:
+    if result.best and result.best[0].config.effective() == result.baseline.config.effective():
         return ["the best config found is the baseline itself (vLLM defaults): nothing to change for this workload "
                 "on this hardware"]
     for name, ratio in result.gain().items():

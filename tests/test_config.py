@@ -85,3 +85,15 @@ def test_every_knob_documents_itself():
     for name, f in fields.items():
         assert f.metadata["help"], name
         assert f.metadata["choices"] is not None or f.metadata["low"] is not None or name == "bitwidth.layer_bits", name
+
+
+def test_effective_sets_knobs_that_do_nothing_to_their_defaults():
+    """A prefetch depth with prefetch off, a write policy with no lower tier, eviction details with no eviction,
+    quantization groups at 16 bits: configs that serve alike compare equal through `effective`."""
+    inert = KVConfig().with_knobs({"prefetch.depth": 8, "offload.write_policy": "write_through",
+                                   "eviction.sink_tokens": 16, "bitwidth.group_size": 64})
+    assert inert != KVConfig() and inert.effective() == KVConfig().effective() == KVConfig()
+    live = KVConfig().with_knobs({"prefetch.enabled": True, "prefetch.depth": 8, "offload.host_kv_bytes": 1 << 30,
+                                  "offload.write_policy": "write_through", "bitwidth.key_bits": 4,
+                                  "bitwidth.group_size": 64})
+    assert live.effective() == live
