@@ -7,8 +7,6 @@ or nothing when ``--out`` writes it; the command line, warnings and notes go to 
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,6 +17,7 @@ from rich.syntax import Syntax
 from skistune.cli import cli_errors, console, err_console, print_json, print_warning
 from skistune.export import DEFAULT_MODEL, ExportResult, exporter_names
 from skistune.optimize_cli import JsonOpt, ModelOpt
+from skistune.paths import check_out_file, write_atomic
 
 ToOpt = Annotated[str, typer.Option("--to", help=f"export target: {', '.join(exporter_names())}")]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
@@ -28,37 +27,6 @@ ExportOutOpt = Annotated[Optional[Path], typer.Option(
     "--out", help="write the file here (atomically) instead of printing it")]
 StrictOpt = Annotated[bool, typer.Option(
     "--strict", help="fail (exit 2) if any knob cannot be expressed in the target instead of warning")]
-
-
-def check_out(path: Path) -> None:
-    """Fail before anything is exported or written if ``--out`` cannot be written: a missing folder, or a
-    directory (the rename would fail, naming the temporary file rather than --out)."""
-    folder = path.parent
-    if not folder.is_dir():
-        raise ValueError(f"--out {path}: folder {folder} does not exist")
-    if path.is_dir():
-        raise ValueError(f"--out {path}: is a directory (give a file name, e.g. {path / 'FILE.yaml'})")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder, then rename: readers never see half a file."""
-    check_out(path)
-    folder = path.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; the file gets a normal file's mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _print_result(result: ExportResult, out: Optional[Path]) -> None:
@@ -95,7 +63,7 @@ def export(
     from skistune.export import export as run_export
 
     if out is not None:
-        check_out(out)
+        check_out_file(out, "--out")
     result = run_export(config, to, engine_version, strict, model=model, file_name=str(out) if out else None)
     if out is not None:
         write_atomic(out, result.text)

@@ -30,7 +30,6 @@ import os
 import sys
 import time
 import types
-import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,6 +44,7 @@ from skistune.objectives import (NAMED, Constraint, EnergyBudget, Objective, Poi
                                  slo_constraint, user_constraint)
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import Request
+from skistune.paths import write_atomic
 from skistune.searchspace import SearchSpace, cap_knob, load_space, param_refs, suggest_config
 from skistune.slo import SLO, parse_slo
 
@@ -1641,23 +1641,6 @@ class OptimizeResult:
     def write(self, path: str | os.PathLike) -> Path:
         """Write the tuned config atomically (a temporary file in the same folder, then renamed)."""
         return write_atomic(Path(path), self.to_yaml())
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a new file beside ``path`` (created with the usual permissions, umask applied),
-    flush it to disk, then rename it over ``path``: readers see the old file or the new one, never a part."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 # ---- provenance ---------------------------------------------------------------------------------------------

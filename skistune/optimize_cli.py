@@ -70,13 +70,6 @@ def _profile(path: str | None, model: str) -> Any:
     return default_profile(model, "cpu")
 
 
-def _check_out(out: Path) -> None:
-    if out.is_dir():
-        raise ValueError(f"--out {out}: is a folder; give a file name")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise ValueError(f"--out {out}: folder {out.parent} does not exist")
-
-
 # ---- display ------------------------------------------------------------------------------------------------
 def _fmt(x: float | None, scale: float = 1.0, digits: int = 1) -> str:
     if x is None or x != x:
@@ -497,7 +490,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
                                    open_storage, open_study)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
-    _check_out(out)
+    check_out_file(out, "--out")
     if sampler not in SAMPLERS:
         raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
     w = _workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=workload_seed, requests=requests,
@@ -597,6 +590,7 @@ def _report(result, out: Path, json_out: bool, resume: str) -> None:
 # Last: skistune.cli imports this module at its end to register `optimize` (defined above by now); the
 # option aliases and consoles are read when the command runs (annotations are strings until then).
 from skistune.cli import cli_errors, console, err_console, print_json, print_warning  # noqa: E402
+from skistune.paths import check_out_file  # noqa: E402
 from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,  # noqa: E402
                                     LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, SampleOpt,
                                     SkipBadRowsOpt, WindowOpt, WorkloadOpt, parse_window, print_notes)

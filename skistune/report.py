@@ -713,7 +713,7 @@ def check_out_dir(out_dir: str | Path) -> Path:
 def write_report(report: Report, out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
     """Write the PNGs and report.html into ``out_dir`` (created if missing). Returns the files by name
     (`FILES`) and a note for each plot left out."""
-    from skistune.optimize import write_atomic
+    from skistune.paths import write_atomic
 
     out = check_out_dir(out_dir)
     out.mkdir(parents=True, exist_ok=True)

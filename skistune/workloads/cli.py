@@ -11,6 +11,7 @@ from rich.table import Table
 
 from skistune.workloads.load import load_workload
 from skistune.workloads.model import Workload
+from skistune.paths import check_out_file
 from skistune.workloads.readers import FORMATS
 from skistune.workloads.stats import WorkloadStats, workload_stats
 from skistune.workloads.synthetic import PRESETS
@@ -72,6 +73,14 @@ def _three(mean: float, p50: float, p99: float) -> str:
     return " / ".join(_fmt(value, 0) for value in (mean, p50, p99))
 
 
+def _multi_turn(stats: WorkloadStats) -> str:
+    """Sessions of two or more requests and how many requests they hold. Requests alone in their session (and
+    those without a session id, which readers give an id of their own) are not sessions here."""
+    if stats.multi_turn_sessions == 0:
+        return "none"
+    return f"{stats.multi_turn_sessions:,} / {stats.multi_turn_requests:,}"
+
+
 def stats_table(stats: WorkloadStats, workload: Workload) -> Table:
     table = Table(title=f"workload {stats.name}", show_header=False)
     table.add_column("figure", style="bold")
@@ -82,7 +91,7 @@ def stats_table(stats: WorkloadStats, workload: Workload) -> Table:
         ("input tokens mean / p50 / p99", _three(stats.input_mean, stats.input_p50, stats.input_p99)),
         ("output tokens mean / p50 / p99", _three(stats.output_mean, stats.output_p50, stats.output_p99)),
         (f"prefix reuse ratio ({stats.block_tokens}-token blocks)", _fmt(stats.prefix_reuse_ratio, 3)),
-        ("sessions (multi-turn)", f"{stats.sessions:,} ({stats.multi_turn_sessions:,})"),
+        ("multi-turn sessions / their requests", _multi_turn(stats)),
         ("source", workload.source), ("transforms", ", ".join(workload.transforms) or "none"),
         ("digest", stats.digest),
     ]
@@ -100,6 +109,8 @@ def show(workload: WorkloadArg, format: FormatOpt = None, skip_bad_rows: SkipBad
          max_input: MaxInputOpt = None, max_output: MaxOutputOpt = None, rate_scale: RateScaleOpt = 1.0,
          plot: PlotOpt = None, json_output: JsonOpt = False) -> None:
     """Requests, duration, rate, burstiness, input/output mean/p50/p99 and prefix reuse of a workload."""
+    if plot is not None:
+        check_out_file(plot, "--plot")  # before loading: a mistyped folder fails at once, not after reading a large trace
     loaded = load_workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests,
                            rate_rps=rate, burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter,
                            window_s=parse_window(window), first=first, sample=sample, length_scale=length_scale,

@@ -5,48 +5,122 @@ from pathlib import Path
 
 import numpy as np
 
+from skistune.paths import check_out_file
 from skistune.plotting import log_axis, wants_log
 from skistune.workloads.model import Workload
 
+FEW_GAP_VALUES = 5  # nonzero gaps taking at most this many distinct values are a clock's steps, not timing
+CLUSTER_SPAN = 0.05  # values within this fraction of their largest are plotted on an axis from 0
 
-def _histogram(ax, values: np.ndarray, color: str) -> None:
+
+def _integer_ticks(axis) -> None:
+    """Ticks at whole numbers only, for counts ("17.5 requests" on a small trace means nothing)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _histogram(ax, values: np.ndarray, color: str, integer: bool = False) -> None:
     """50 bins, log-spaced on a log axis where the positive values span over `LOG_AXIS_SPAN` (token lengths
     often span decades), else even on a linear one (a log axis over a short span only crowds its labels:
-    Mooncake's nonzero gaps, 2.99-3.03 s, were labelled "3x10^0 3.005x10^0 ..." on top of each other)."""
+    Mooncake's nonzero gaps, 2.99-3.03 s, were labelled "3x10^0 3.005x10^0 ..." on top of each other).
+    Values bunched within `CLUSTER_SPAN` of their largest get an axis from 0, so that float noise of a few
+    milliseconds around 3 s is not spread over the panel as if it were fine-grained timing. ``integer``:
+    the values are counts (tokens), ticked at whole numbers."""
+    from matplotlib.ticker import MaxNLocator
+
     low, high = float(values.min()), float(values.max())
     if wants_log(low, high):
         ax.hist(values, bins=np.geomspace(low, high * 1.01, 50), color=color)
         log_axis(ax.xaxis, ax.set_xscale, low, high)
+        return
+    if not integer and high > 0 and high - low < CLUSTER_SPAN * high:
+        ax.hist(values, bins=50, range=(0.0, high * 1.1), color=color)
+        ax.set_xlim(0.0, high * 1.1)
     else:
-        from matplotlib.ticker import MaxNLocator
-
         ax.hist(values, bins=50, color=color)
-        ax.xaxis.set_major_locator(MaxNLocator(6))
-        ax.ticklabel_format(axis="x", useOffset=False)  # ("+3" under ticks of -0.001..0.001 said little)
+    ax.xaxis.set_major_locator(MaxNLocator(6, integer=integer, min_n_ticks=1))  # (one length: one tick)
+    ax.ticklabel_format(axis="x", useOffset=False)  # ("+3" under ticks of -0.001..0.001 said little)
+
+
+def _step_note(positive_s: np.ndarray) -> str | None:
+    """What few distinct nonzero gaps mean: "nonzero gaps take 3 values (2.999-3.001 s): arrivals recorded in
+    3 s steps; try --jitter 3". None when the gaps take many values (or too few gaps to tell)."""
+    values = np.unique(np.round(positive_s, 6))  # float noise of seconds computed from milliseconds
+    if len(values) > FEW_GAP_VALUES or len(positive_s) < 2 * len(values):
+        return None
+    span = f"{values[0]:g} s" if len(values) == 1 else f"{values[0]:g}-{values[-1]:g} s"
+    note = f"nonzero gaps take {len(values)} value{'s' * (len(values) != 1)} ({span})"
+    step_s = float(f"{np.median(positive_s):.2g}")  # Mooncake: 2.999, 3.000 and 3.001 s are steps of 3 s
+    multiples = values / step_s
+    if np.all(np.abs(multiples - np.round(multiples)) < 0.01) and np.all(np.round(multiples) >= 1):
+        note += f":\narrivals recorded in {step_s:g} s steps; try --jitter {step_s:g}"
+    return note
+
+
+def _gap_panel(ax, arrival_s: np.ndarray) -> None:
+    """Inter-arrival histogram of the nonzero gaps; the title counts the zero ones (simultaneous arrivals)."""
+    gaps_s = np.diff(arrival_s)
+    positive_s = gaps_s[gaps_s > 0]
+    zeros = len(gaps_s) - len(positive_s)
+    if len(gaps_s) == 0:
+        title = "inter-arrival"
+        message = "no gap to show: one request"
+    elif len(positive_s) == 0:
+        title = f"inter-arrival\nall {len(gaps_s):,} gaps are 0 (simultaneous arrivals)"
+        message = "no nonzero gap to show: every request arrives at once"
+    else:
+        title = (f"inter-arrival\n{zeros:,} of {len(gaps_s):,} gaps are 0 (simultaneous arrivals)"
+                 if zeros else f"inter-arrival\n{len(gaps_s):,} gaps, none 0")
+        message = _step_note(positive_s)
+        _histogram(ax, positive_s, "tab:red")
+        _integer_ticks(ax.yaxis)
+    ax.set(xlabel="inter-arrival time (s)", ylabel="nonzero gaps" if zeros else "gaps", title=title)
+    if len(positive_s) == 0:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, message, transform=ax.transAxes, ha="center", va="center")
+    elif message:
+        ax.text(0.03, 0.95, message, transform=ax.transAxes, ha="left", va="top", fontsize=9,
+                bbox=dict(facecolor="white", edgecolor="0.7", alpha=0.9))
+
+
+def _title(workload: Workload) -> str:
+    n = len(workload)
+    if n == 1:
+        return f"{workload.name}: 1 request"
+    if workload.duration_s == 0:
+        return f"{workload.name}: {n:,} requests, all at the same time"
+    duration_s = workload.duration_s
+    duration = f"{duration_s:,.0f}" if duration_s >= 10 else f"{duration_s:.2g}"  # (0.8 s, not "1 s")
+    return f"{workload.name}: {n:,} requests over {duration} s"
 
 
 def plot_workload(workload: Workload, path: str | Path) -> Path:
-    """Input and output length histograms, arrivals per time bin and the inter-arrival histogram."""
+    """Input and output length histograms, arrivals per time bin and the inter-arrival histogram. The folder
+    of ``path`` must exist (ValueError otherwise)."""
+    path = Path(path)
+    check_out_file(path, "--plot")
     try:
         from matplotlib.figure import Figure  # no pyplot: draws off-screen without touching global state
     except ImportError:
         raise ValueError("plotting needs matplotlib: pip install matplotlib") from None
-    path = Path(path)
     fig = Figure(figsize=(11, 7))
     (ax_in, ax_out), (ax_rate, ax_gap) = fig.subplots(2, 2)
     for ax, tokens, what in ((ax_in, workload.input_tokens, "input"), (ax_out, workload.output_tokens, "output")):
-        _histogram(ax, np.asarray(tokens), "tab:blue" if what == "input" else "tab:orange")
+        _histogram(ax, np.asarray(tokens), "tab:blue" if what == "input" else "tab:orange", integer=True)
+        _integer_ticks(ax.yaxis)
         ax.set(xlabel=f"{what} tokens", ylabel="requests", title=f"{what} length")
     bin_s = max(1.0, workload.duration_s / 100)
-    ax_rate.hist(workload.arrival_s, bins=max(1, int(np.ceil(workload.duration_s / bin_s))), color="tab:green")
+    start_s = float(workload.arrival_s[0])
+    span_s = max(bin_s, workload.duration_s)  # one request (or one arrival time): one bin, not -0.5..0.5
+    ax_rate.hist(workload.arrival_s, bins=max(1, int(np.ceil(span_s / bin_s))), range=(start_s, start_s + span_s),
+                 color="tab:green")
+    ax_rate.set_xlim(start_s, start_s + span_s)
+    _integer_ticks(ax_rate.yaxis)
     ax_rate.set(xlabel="time (s)", ylabel=f"requests per {bin_s:.3g} s", title="arrivals")
-    gaps_s = np.diff(workload.arrival_s)
-    positive_s = gaps_s[gaps_s > 0]
-    if len(positive_s):
-        _histogram(ax_gap, positive_s, "tab:red")
-    ax_gap.set(xlabel="inter-arrival time (s)", ylabel="gaps", title=f"inter-arrival ({int(np.sum(gaps_s == 0))} at 0)")
-    fig.suptitle(f"{workload.name}: {len(workload)} requests over {workload.duration_s:.0f} s")
+    _gap_panel(ax_gap, workload.arrival_s)
+    fig.suptitle(_title(workload))
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path

@@ -27,8 +27,9 @@ class WorkloadStats:
     output_p99: float
     prefix_reuse_ratio: float  # fraction of prompt blocks already seen earlier (unbounded cache)
     block_tokens: int
-    sessions: int
-    multi_turn_sessions: int
+    sessions: int  # distinct session ids: a lone request, with or without a session id in its source, counts
+    multi_turn_sessions: int  # sessions of two or more requests (requests without a session id are never one)
+    multi_turn_requests: int = 0  # requests in those sessions
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,9 +62,12 @@ def _distinct(ids: np.ndarray) -> int:
     return len(np.unique(ids))
 
 
-def _session_counts(session_ids: np.ndarray) -> tuple[int, int]:
+def _session_counts(session_ids: np.ndarray) -> tuple[int, int, int]:
+    """Distinct ids, ids shared by two or more requests, and the requests with those. Readers give a request
+    without a session id (BurstGPT's API-log rows) an id of its own, so it is never in a multi-turn session."""
     _, turns = np.unique(session_ids, return_counts=True)
-    return len(turns), int(np.sum(turns > 1))
+    multi = turns > 1
+    return len(turns), int(np.sum(multi)), int(np.sum(turns[multi]))
 
 
 def workload_stats(workload: Workload) -> WorkloadStats:
@@ -71,11 +75,11 @@ def workload_stats(workload: Workload) -> WorkloadStats:
     duration_s = workload.duration_s
     input_p50, input_p99 = np.percentile(workload.input_tokens, [50, 99])
     output_p50, output_p99 = np.percentile(workload.output_tokens, [50, 99])
-    sessions, multi_turn = _session_counts(workload.session_ids)
+    sessions, multi_turn, multi_turn_requests = _session_counts(workload.session_ids)
     return WorkloadStats(
         name=workload.name, digest=workload.digest(), requests=n, duration_s=duration_s,
         rate_rps=n / duration_s if duration_s > 0 else None, burstiness=burstiness(workload.arrival_s),
         input_mean=float(workload.input_tokens.mean()), input_p50=float(input_p50), input_p99=float(input_p99),
         output_mean=float(workload.output_tokens.mean()), output_p50=float(output_p50), output_p99=float(output_p99),
         prefix_reuse_ratio=prefix_reuse_ratio(workload), block_tokens=workload.block_tokens,
-        sessions=sessions, multi_turn_sessions=multi_turn)
+        sessions=sessions, multi_turn_sessions=multi_turn, multi_turn_requests=multi_turn_requests)

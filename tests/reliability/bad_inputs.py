@@ -177,7 +177,7 @@ CASES: tuple[BadInput, ...] = (
     BadInput("target unknown", "option", optimize(target="tgi"), "target 'tgi'"),
     BadInput("sampler unknown", "option", optimize(sampler="cmaes"), "--sampler 'cmaes'"),
     BadInput("max-queue not a time", "option", optimize(max_queue="soon"), "--max-queue 'soon'"),
-    BadInput("out is a folder", "option", optimize(out="{in}"), "is a folder"),
+    BadInput("out is a folder", "option", optimize(out="{in}"), "is a directory"),
     BadInput("out folder missing", "option", optimize(out="/no/such/dir/x.yaml"), "does not exist"),
     BadInput("config not UTF-8", "config", evaluate("{in}/c_not_utf8.yaml"), "c_not_utf8.yaml: not a config"),
     BadInput("export config not UTF-8", "config", ("export", "{in}/c_not_utf8.json", "--to", "vllm"),

@@ -62,7 +62,7 @@ def test_preset_options():
 
 
 def test_plot_writes_a_png(tmp_path):
-    path = tmp_path / "plots" / "chat.png"
+    path = tmp_path / "chat.png"  # (the folder must exist: test_workload_show_plot.py)
     result = CliRunner().invoke(app, ["workload", "show", "chat", "--requests", "200", "--plot", str(path)])
     assert result.exit_code == 0, result.output
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,136 @@
+"""`skistune workload show`: --plot's folder check, the plot's panels on small and coarse traces, and the
+multi-turn session row (problems a user test found)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from skistune.cli import app
+from skistune.workloads import load_workload, workload_stats
+from skistune.workloads.model import Workload
+from workload_paths import AZURE_CONV, BURSTGPT_1, BURSTGPT_3, MOONCAKE_CONV
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures plot_workload draws, instead of their PNG files."""
+    import matplotlib.figure
+
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    return saved
+
+
+def _plot(workload: Workload, figures: list, tmp_path):
+    from skistune.workloads.plot import plot_workload
+
+    plot_workload(workload, tmp_path / "w.png")
+    return figures[-1]
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_plot_into_a_missing_folder_is_refused_not_created(tmp_path, json_flag):
+    target = tmp_path / "nonexist" / "x.png"
+    result = CliRunner().invoke(app, ["workload", "show", "chat", "--requests", "50", "--plot", str(target),
+                                      *json_flag])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [f"error: --plot {target}: folder {target.parent} does not exist"]
+    assert "Traceback" not in result.output and result.stdout == ""
+    assert not target.parent.exists()
+
+
+def test_plot_workload_refuses_a_missing_folder(tmp_path):
+    from skistune.workloads.plot import plot_workload
+
+    with pytest.raises(ValueError, match="does not exist"):
+        plot_workload(load_workload("chat", requests=20), tmp_path / "no" / "x.png")
+    assert not (tmp_path / "no").exists()
+
+
+def test_gap_panel_says_how_many_gaps_are_zero_and_reads_coarse_steps_honestly(figures, tmp_path):
+    """Raw Mooncake: 7168 of 7979 gaps are 0 and the rest are 2.999-3.001 s (3 s steps in milliseconds); they
+    were three bars on an axis of 2.9992-3.0008 s under the title "(7168 at 0)"."""
+    ax_gap = _plot(load_workload(MOONCAKE_CONV), figures, tmp_path).axes[3]
+    assert "7,168 of 7,979 gaps are 0 (simultaneous arrivals)" in ax_gap.get_title()
+    texts = " ".join(text.get_text() for text in ax_gap.texts)
+    assert "take 3 values" in texts and "3 s steps" in texts and "--jitter 3" in texts
+    low, high = ax_gap.get_xlim()
+    assert low == 0 and 3.1 < high < 4  # the steps on an axis from 0, not float noise spread over the panel
+    jittered = _plot(load_workload(MOONCAKE_CONV, jitter_s=3.0), figures, tmp_path).axes[3]
+    assert not any("steps" in text.get_text() for text in jittered.texts)  # spread gaps take many values
+
+
+def test_gap_panel_without_zero_gaps(figures, tmp_path):
+    ax_gap = _plot(load_workload("chat", requests=200), figures, tmp_path).axes[3]
+    assert "199 gaps, none 0" in ax_gap.get_title() and not ax_gap.texts
+
+
+@pytest.mark.parametrize("trace", [BURSTGPT_1, BURSTGPT_3])
+def test_count_axes_have_integer_ticks(figures, tmp_path, trace):
+    """BurstGPT's samples were labelled "17.5 requests"."""
+    fig = _plot(load_workload(trace), figures, tmp_path)
+    for ax in fig.axes:
+        ticks = ax.yaxis.get_majorticklocs()
+        assert len(ticks) and np.all(ticks == np.round(ticks)), (ax.get_title(), ticks)
+
+
+def test_one_request_plots_gracefully(figures, tmp_path):
+    workload = load_workload("chat", requests=50, first=1)
+    fig = _plot(workload, figures, tmp_path)
+    ax_in, ax_out, ax_rate, ax_gap = fig.axes
+    assert fig._suptitle.get_text() == "chat: 1 request"  # was "1 requests over 0 s"
+    assert ax_rate.get_xlim()[0] >= 0  # was -0.5..0.5
+    assert [text.get_text() for text in ax_gap.texts] == ["no gap to show: one request"]
+    for ax, tokens in ((ax_in, workload.input_tokens), (ax_out, workload.output_tokens)):
+        low, high = ax.get_xlim()  # one tick, at the one length (was 1495.6 1495.8 ... 1496.4)
+        ticks = ax.xaxis.get_majorticklocs()
+        assert list(ticks[(ticks >= low) & (ticks <= high)]) == [tokens[0]]
+
+
+def test_one_arrival_time_plots_gracefully(figures, tmp_path):
+    """Mooncake's first ten requests all arrive at 0."""
+    fig = _plot(load_workload(MOONCAKE_CONV, first=10), figures, tmp_path)
+    _, _, ax_rate, ax_gap = fig.axes
+    assert fig._suptitle.get_text() == "conversation_trace: 10 requests, all at the same time"
+    assert ax_rate.get_xlim()[0] >= 0
+    assert "all 9 gaps are 0" in ax_gap.get_title()
+    assert "no nonzero gap to show" in ax_gap.texts[0].get_text()
+
+
+def test_one_request_through_the_cli(tmp_path):
+    path = tmp_path / "one.png"
+    result = CliRunner().invoke(app, ["workload", "show", "chat", "--first", "1", "--plot", str(path)])
+    assert result.exit_code == 0, result.output
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _table(*args: str) -> str:
+    result = CliRunner().invoke(app, ["workload", "show", *args], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_session_row_counts_multi_turn_sessions_and_their_requests():
+    """BurstGPT_3: 135 sessions, 76 of two or more turns; 5 API-log rows have no session id. The row said
+    "140 (76)", counting each of those rows as a session; Azure (no sessions) said "19,366 (0)"."""
+    row = next(line for line in _table(str(BURSTGPT_3)).splitlines() if "multi-turn sessions" in line)
+    assert "multi-turn sessions / their requests" in row and "76 / 335" in row
+    assert "140" not in row
+    azure = next(line for line in _table(str(AZURE_CONV)).splitlines() if "multi-turn sessions" in line)
+    assert "none" in azure and "19,366" not in azure
+    figures = json.loads(CliRunner().invoke(app, ["workload", "show", str(BURSTGPT_3), "--json"]).stdout
+                         .strip().splitlines()[-1])
+    assert (figures["sessions"], figures["multi_turn_sessions"], figures["multi_turn_requests"]) == (140, 76, 335)
+
+
+def test_requests_without_a_session_id_are_not_in_multi_turn_sessions(write):
+    header = "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+    rows = ["1,a,1,ChatGPT,10,5,15,Conversation log", "2,,1,ChatGPT,10,5,15,API log",
+            "3,a,1,ChatGPT,30,5,35,Conversation log", "4,,1,ChatGPT,10,5,15,API log",
+            "5,b,1,ChatGPT,10,5,15,Conversation log"]
+    stats = workload_stats(load_workload(str(write("sessions.csv", header + "\n".join(rows) + "\n"))))
+    assert (stats.multi_turn_sessions, stats.multi_turn_requests) == (1, 2)
+    assert stats.sessions == 4  # unchanged meaning: distinct ids, a lone request (with or without an id) its own
