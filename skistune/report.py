@@ -504,18 +504,24 @@ def _scatter_trials(ax, report: Report, rate: Callable[[Evaluation], float]):
     return points, lossy
 
 
-def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float]) -> None:
+def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float], axis: str) -> None:
     """Ring the front's configs and label them, one label for configs within 2% of the axes of each other
     (e.g. configs that differ in an objective off the plot, such as memory)."""
     if not report.pareto:
         return
     points = [(rate(e), e.figures["energy_j_per_token"]) for e in report.pareto]
+    off_plot = [o.name for o in report.problem.objectives if o.name != "energy" and not axis.startswith(o.name)]
+    also = f"; also on {', '.join(off_plot)}, off the plot" if off_plot else ""  # (a ringed point may look beaten)
     ax.plot(*zip(*points), "o", mfc="none", mec="black", ms=12, mew=1.5, zorder=4,
-            label=f"Pareto front ({_count(len(report.pareto), 'config')})")
+            label=f"Pareto front ({_count(len(report.pareto), 'config')}{also})")
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
     ranks = {e.config: f"#{i + 1} " for i, e in enumerate(report.best)}
     labels: dict[tuple[int, int], tuple[tuple[float, float], list[str]]] = {}
-    for e, (x, y) in zip(report.pareto, points):
+    marked = list(zip(report.pareto, points))
+    if report.best and report.best[0].config not in {e.config for e in report.pareto}:  # what optimize wrote
+        first = report.best[0]  # (off the front: the baseline after a tie, or a simpler config)
+        marked.append((first, (rate(first), first.figures["energy_j_per_token"])))
+    for e, (x, y) in marked:
         cell = (round(50 * (x - x0) / (x1 - x0)), round(50 * (y - y0) / (y1 - y0)))
         labels.setdefault(cell, ((x, y), []))[1].append(f"{ranks.get(e.config, '')}trial {e.trial}")
     for (x, y), names in labels.values():
@@ -524,11 +530,28 @@ def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float]) -> None
                     ha="right" if right else "left", fontsize=8, zorder=5)
 
 
+def plot_x_axis(report: Report) -> tuple[str, Callable[[Evaluation], float]]:
+    """The Pareto plot's x axis: the study's rate objective; without one, where every config was scored at
+    the workload's own rate (a rate axis would stack every trial on one vertical line), its first objective
+    other than energy (J/token is the y axis), else the KV peak."""
+    axis, rate = throughput_axis(report.problem)
+    if _rate_index(report.problem) is not None or len({rate(e) for e in report.evaluations}) > 1:
+        return axis, rate
+    problem = report.problem
+    i = next((i for i, o in enumerate(problem.objectives) if o.name != "energy"), None)
+    if i is None:
+        return "KV peak (MiB)", lambda e: e.figures["kv_peak_bytes"] / 2**20
+    o = problem.objectives[i]
+    if o.name == "memory":
+        return "memory: KV peak (MiB)", lambda e: e.values[i] / 2**20
+    return f"{o.name}{f' ({o.unit})' if o.unit else ''}", lambda e: e.values[i]
+
+
 def plot_pareto(report: Report) -> bytes:
     """Throughput (capacity) vs J/token, quality loss as colour: the front ringed, the baseline a star."""
     from matplotlib.figure import Figure
 
-    axis, rate = throughput_axis(report.problem)
+    axis, rate = plot_x_axis(report)
     fig = Figure(figsize=(8.5, 5.5), dpi=110)
     ax = fig.add_subplot()
     points, lossy = _scatter_trials(ax, report, rate)
@@ -543,7 +566,7 @@ def plot_pareto(report: Report) -> bytes:
     positive = [j for j in energies if math.isfinite(j) and j > 0]
     if positive and wants_log(min(positive), max(positive)):
         log_axis(ax.yaxis, ax.set_yscale, min(positive), max(positive))
-    _mark_front(ax, report, rate)
+    _mark_front(ax, report, rate, axis)
     ax.set_xlabel(axis)
     ax.set_ylabel(f"J/token ({report.problem.profile.power.source})")
     ax.set_title(f"Study {report.name}: {len(report.evaluations)} trials, predicted by the simulator",

@@ -238,3 +238,23 @@ def test_an_out_dir_that_cannot_be_created_is_refused_before_any_work(tmp_path):
         check_out_dir("/proc/nope")
     assert check_out_dir(tmp_path / "new" / "sub") == tmp_path / "new" / "sub"
     assert list(tmp_path.iterdir()) == []  # (the check leaves nothing behind)
+
+
+def test_without_a_rate_objective_the_pareto_plot_spreads_trials_on_another_axis(report):
+    """An energy study scores every config at the workload's own rate: a rate axis stacked every trial on
+    one vertical line. Its x axis is then the study's first objective other than energy, else the KV peak."""
+    from dataclasses import replace
+
+    from skistune.objectives import parse_objectives
+    from skistune.report import plot_x_axis
+
+    assert plot_x_axis(report)[0] == "capacity (req/s)"  # (the fixture's study maximises capacity)
+    at_own_rate = [replace(e, figures={**e.figures, "rate_rps": 0.5}) for e in report.evaluations]
+
+    def study_of(objective):
+        return replace(report, problem=replace(report.problem, objectives=parse_objectives(objective)),
+                       evaluations=tuple(at_own_rate))
+
+    axis, x = plot_x_axis(study_of("energy"))
+    assert axis == "KV peak (MiB)" and x(at_own_rate[0]) == at_own_rate[0].figures["kv_peak_bytes"] / 2**20
+    assert plot_x_axis(study_of("energy,memory"))[0] == "memory: KV peak (MiB)"
