@@ -19,6 +19,7 @@ import html
 import math
 import os
 import tempfile
+import textwrap
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -305,6 +306,11 @@ def memory_timeline(report: Report) -> Timeline | None:
             config = replay_config(p, predicted, requests)
         except KVPoolTooSmall:  # the capped pool cannot hold the config's full-precision rings: uncapped
             config = predicted.config
+        capped = [f"{tier} {_mib(getattr(config.offload, f'{tier}_kv_bytes'))} of the config's "
+                  f"{_mib(getattr(predicted.config.offload, f'{tier}_kv_bytes'))}" for tier in ("host", "disk")
+                  if getattr(config.offload, f"{tier}_kv_bytes") != getattr(predicted.config.offload, f"{tier}_kv_bytes")]
+        if capped:  # (the plot's pools are the replay's, not the tuned file's)
+            label += f"; pools capped for the replay as the runtime's were: {', '.join(capped)}"
         return sampled_replay(config, requests.requests, p.target, scale, label)
     if not report.best:
         return None
@@ -633,7 +639,7 @@ def plot_memory_timeline(timeline: Timeline) -> bytes:
             ax.axhline(capacity / 2**20, color=color, ls="-.", lw=1, label=f"{tier} pool capacity")
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("KV in use (MiB)")
-    ax.set_title(timeline.label, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(timeline.label, 100)), fontsize=9)  # (a long label ran off the figure)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: lines fill the axes
     return _png(fig)
