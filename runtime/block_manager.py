@@ -154,6 +154,7 @@ class KVCacheManager:
         self.num_evicted: dict[str, int] = {}  # computed tokens whose KV was evicted (compacted sequences only)
         self.swapped_evicted: dict[str, int] = {}  # ... and of compacted sequences while swapped to the host
         self.peak_used_blocks = 0
+        self.evicted_tokens = 0  # KV slots that eviction compactions dropped, over every sequence (a metric)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -373,7 +374,9 @@ class KVCacheManager:
         tail = table[self.blocks_for(num_kv_tokens):]
         del table[len(table) - len(tail):]
         self.pool.free(tail[::-1])
-        self.num_evicted[seq.seq_id] = seq.num_computed_tokens - num_kv_tokens
+        evicted = seq.num_computed_tokens - num_kv_tokens
+        self.evicted_tokens += evicted - self.num_evicted.get(seq.seq_id, 0)
+        self.num_evicted[seq.seq_id] = evicted
 
     def forget(self, seq: HasTokens) -> None:
         """Drop a finished sequence's cached hashes (kept across preemption, dropped at the end)."""

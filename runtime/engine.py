@@ -216,7 +216,7 @@ class Engine:
                                kv_peak_bytes=self.kv.peak_used_blocks * self.block_bytes,
                                kv_capacity_bytes=self.kv.pool.num_blocks * self.block_bytes,
                                preemptions=self.scheduler.num_preemptions, busy_s=self.busy_s, notes=self.notes,
-                               tiers=self.tier_metrics())
+                               tiers=self.tier_metrics(), evicted_tokens=self.kv.evicted_tokens)
 
     def tier_metrics(self) -> TierMetrics | None:
         tiers = self.kv.tiers

@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from ..config import KVConfig
+from ..kernels import cpu_native
 from .engine import Clock, Engine, WallClock, layerwise_depth
 from .kv_layout import CPU_KV_SPACE_BYTES, kv_pool_blocks
 from .kv_store import PagedKVStore
@@ -34,6 +35,8 @@ class Runtime:
         self.tokenizer = tokenizer
         self.notes = notes
         self.model = LlamaModel(spec, weights)
+        if self.model.device.type == "cpu":  # built now, once per machine: not inside the first timed decode
+            cpu_native.library()  # (a fresh install's first replay had the compile in a token's time)
         self.store = self._new_store()
 
     def _new_store(self) -> PagedKVStore:

@@ -102,6 +102,7 @@ class Metrics:
     prompt_tokens: int
     busy_s: float  # time spent computing steps (duration minus idle waits for arrivals)
     rejections: dict[str, str] = field(default_factory=dict)  # request id -> reason
+    evicted_tokens: int = 0  # KV slots eviction compactions dropped, over all sequences (0: no eviction)
     notes: tuple[str, ...] = ()  # e.g. "random weights: timing only"
     tiers: TierMetrics | None = None  # None: no host or disk tier
 
@@ -117,7 +118,7 @@ class Metrics:
 
 def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_bytes: int,
                     kv_capacity_bytes: int, preemptions: int, busy_s: float = 0.0,
-                    notes: tuple[str, ...] = (), tiers: TierMetrics | None = None) -> Metrics:
+                    notes: tuple[str, ...] = (), tiers: TierMetrics | None = None, evicted_tokens: int = 0) -> Metrics:
     done = [r for r in records if r.finish_s is not None]
     # Whole-run arrays rather than a numpy call per request: a simulated replay ends with tens of thousands
     # of requests and millions of tokens.
@@ -146,4 +147,4 @@ def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_
         preemptions=preemptions, prefix_hit_tokens=sum(r.prefix_hit_tokens for r in records),
         prompt_tokens=sum(r.prompt_len for r in records), busy_s=busy_s,
         rejections={r.request_id: r.rejected_reason for r in records if r.rejected_reason is not None},
-        notes=notes, tiers=tiers)
+        notes=notes, tiers=tiers, evicted_tokens=evicted_tokens)

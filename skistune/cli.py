@@ -171,11 +171,16 @@ def demo(
     prompts = list(prompt or DEFAULT_DEMO_PROMPTS)
     with console.status("loading SmolLM2-135M-Instruct"):
         rt = Runtime.from_preset("smollm2-135m", cfg)
-    requests = [Request(f"p{i}", rt.tokenizer.encode(p), max_new_tokens) for i, p in enumerate(prompts)]
+    # (a completion ends at the model's end-of-turn token, which is not printed: past it SmolLM2 opens a
+    # new ChatML turn, "<|im_end|>\n<|im_start|>...", as the demo printed before)
+    requests = [Request(f"p{i}", rt.tokenizer.encode(p), max_new_tokens, stop_at_eos=True)
+                for i, p in enumerate(prompts)]
     engine = rt.new_engine()
-    with console.status(f"generating {max_new_tokens} tokens for {len(prompts)} prompts"):
+    with console.status(f"generating up to {max_new_tokens} tokens for {len(prompts)} prompts"):
         metrics = engine.replay(requests)
-    completions = [rt.tokenizer.decode(r.output_token_ids) for r in engine.records]
+    eos = rt.tokenizer.eos_token_id
+    completions = [rt.tokenizer.decode(r.output_token_ids[:-1] if r.output_token_ids[-1:] == [eos]
+                                       else r.output_token_ids) for r in engine.records]
     for p, c in zip(prompts, completions):
         console.print(f"[bold]{escape(p)}[/]{escape(c)}", highlight=False)
     console.print(metrics_table(metrics, "Measured on this machine"))

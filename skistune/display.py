@@ -37,8 +37,26 @@ def summary_table(m: Metrics) -> Table:
         ("preemptions", f"{m.preemptions}"),
         ("prefix-hit tokens", f"{m.prefix_hit_tokens:,} of {m.prompt_tokens:,} prompt tokens"),
     ]
+    if m.evicted_tokens:
+        rows.append(("evicted KV tokens", f"{m.evicted_tokens:,}"))
+    if m.tiers is not None:
+        rows += tier_rows(m.tiers)
     for label, value in rows:
         t.add_row(label, value)
     for note in m.notes:
         t.add_row("note", note)
     return t
+
+
+def tier_rows(tiers) -> list[tuple[str, str]]:
+    """What the host and disk tiers did: their peaks, the bytes moved each way, swaps and transfer time."""
+    mib = (lambda n: f"{n / 2**20:,.1f}")
+    rows = [(f"{tier} tier peak / capacity", f"{mib(tiers.peak_bytes[tier])} / {mib(cap)} MiB")
+            for tier, cap in tiers.capacity_bytes.items() if cap]
+    if tiers.moved_bytes:
+        rows.append(("KV moved", ", ".join(f"{link} {mib(n)} MiB" for link, n in tiers.moved_bytes.items())))
+    rows.append(("swapped out / in, demoted / promoted", f"{tiers.swapped_out} / {tiers.swapped_in}, "
+                                                          f"{tiers.demotions} / {tiers.promotions}"))
+    hit = "-" if tiers.prefetch_hit_rate is None else f"{tiers.prefetch_hit_rate:.0%}"
+    rows.append(("transfers / stalls, prefetch hits", f"{tiers.transfer_s:.3f} / {tiers.stall_s:.3f} s, {hit}"))
+    return rows

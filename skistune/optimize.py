@@ -681,9 +681,24 @@ def default_storage(study_name: str) -> str:
     return f"sqlite:///{Path.cwd() / f'skistune-{study_name}.db'}"
 
 
-def open_storage(storage):
+class _NoStudies(Exception):
+    """A database without Optuna's tables, opened not to create them."""
+
+
+def _has_optuna_tables(url: str, engine_kwargs: dict) -> bool:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, **engine_kwargs)
+    try:
+        return sqlalchemy.inspect(engine).has_table("studies")
+    finally:
+        engine.dispose()
+
+
+def open_storage(storage, create: bool = True):
     """An Optuna storage object: a URL (SQLite, PostgreSQL, MySQL; heartbeats on, so trials of killed
-    workers are failed, and each such trial is retried once by the next worker) or any storage object."""
+    workers are failed, and each such trial is retried once by the next worker) or any storage object.
+    ``create`` False leaves a database without Optuna's tables as it is (a worker joins, never creates)."""
     import optuna
     import sqlalchemy.exc
 
@@ -697,10 +712,16 @@ def open_storage(storage):
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else \
         {"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql+psycopg") else {}
     try:
+        if not create and not _has_optuna_tables(url, engine_kwargs):
+            raise _NoStudies
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
-                                              grace_period=4 * HEARTBEAT_S, **_retry_stale_trials())
+                                              grace_period=4 * HEARTBEAT_S, skip_table_creation=not create,
+                                              **_retry_stale_trials())
+    except _NoStudies:
+        raise ValueError(f"storage {_storage_label(storage)}: holds no Optuna study; create the study first with "
+                         "skistune optimize --storage URL --study NAME") from None
     except ImportError:
         raise ValueError(f"storage {_storage_label(storage)}: its database driver is not installed (PostgreSQL: "
                          "pip install psycopg2-binary, the postgres extra of skistune)") from None
@@ -1197,7 +1218,7 @@ def join_study(storage: Any, study_name: str, *, seed: int | None = None) -> Wor
     import optuna
 
     _existing_sqlite(storage)
-    opened = open_storage(storage)
+    opened = open_storage(storage, create=False)  # (a database without Optuna's tables stays untouched)
     try:
         study = optuna.load_study(study_name=study_name, storage=opened)
     except KeyError:

@@ -16,8 +16,9 @@ from rich.markup import escape
 
 from skistune.cli import app, cli_errors, err_console, print_json
 
-StorageArg = Annotated[str, typer.Option(
-    "--storage", help="the study's Optuna storage URL, e.g. postgresql://user@host/db or sqlite:///study.db")]
+StorageArg = Annotated[Optional[str], typer.Option(
+    "--storage", help="the study's Optuna storage URL, e.g. postgresql://user@host/db (default: "
+                      "sqlite:///skistune-STUDY.db in this folder, where skistune optimize puts it)")]
 StudyArg = Annotated[str, typer.Option("--study", help="name of an existing study (made by skistune optimize)")]
 TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="trials this worker adds to the study")]
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001,
@@ -60,13 +61,15 @@ def _best(job) -> Any:
 
 
 @cli_errors
-def worker(storage: StorageArg, study: StudyArg, trials: TrialsOpt = 10, timeout: TimeoutOpt = None,
+def worker(study: StudyArg, storage: StorageArg = None, trials: TrialsOpt = 10, timeout: TimeoutOpt = None,
            seed: SeedOpt = None, json_out: JsonOpt = False) -> None:
     """Run trials of an existing study as one more worker (on this or any machine that reaches the storage);
     the study's creator stored everything a worker needs."""
     import optuna
 
-    from skistune.optimize import _storage_label, join_study
+    from skistune.optimize import _storage_label, default_storage, join_study
+
+    storage = storage or default_storage(study)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
     job = join_study(storage, study, seed=seed)  # every check before the first trial (and the progress bar)

@@ -19,7 +19,8 @@ from typing import Callable
 from ..config import KVConfig
 from ..runtime.kv_layout import kv_traffic
 from ..runtime.llm import Runtime
-from .measure import DTYPES, _pool_tokens
+from ..runtime.presets import get_preset
+from .measure import DTYPES, _check_memory, _pool_tokens, check_target
 from .profile import HardwareProfile
 from .records import StepPoint, kv_bits
 from .steps import StepBench, fill_kv
@@ -116,8 +117,15 @@ def speed_check(profile: HardwareProfile, runtime: Runtime | None = None, per_ki
     mixed = [(p.grid["batch"], p.grid["context"], p.grid["chunk"]) for p in points if p.kind == "mixed"]
     prefill = [(p.grid["chunk"], p.grid["cached"]) for p in points if p.kind == "prefill"]
     tokens = _pool_tokens(decode, mixed, prefill, SETTINGS["warmup"] + SETTINGS["max_repeats"] + 8, block_size)
-    if runtime is None:
-        runtime = Runtime.from_preset(profile.model, KVConfig(), device=profile.device, dtype=DTYPES[profile.device])
+    if runtime is None:  # (a CUDA profile on a CPU machine, a model too large for it: one line, as profile_model)
+        try:
+            check_target(profile.model, profile.device)
+            dtype = DTYPES[profile.device]
+            _check_memory(profile.model, dtype, 2 * tokens * kv_traffic(
+                KVConfig(), get_preset(profile.model), dtype.itemsize).bytes_per_token, profile.device)
+        except ValueError as exc:
+            raise ValueError(f"profile {profile.name} ({profile.model} on {profile.device}): {exc}") from None
+        runtime = Runtime.from_preset(profile.model, KVConfig(), device=profile.device, dtype=dtype)
     bytes_per_token = kv_traffic(KVConfig(), runtime.spec, runtime.model.dtype.itemsize).bytes_per_token
     runtime = runtime.with_config(KVConfig().with_knobs({"offload.device_kv_bytes": tokens * bytes_per_token}))
     fill_kv(runtime)

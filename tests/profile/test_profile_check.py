@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 from profile_tiny import tiny_runtime
 from typer.testing import CliRunner
@@ -75,3 +76,21 @@ def test_check_with_show_or_a_missing_file_is_a_one_line_error(tmp_path, tiny_pr
     assert both.exit_code == 2 and "give one" in both.stderr
     missing = CliRunner().invoke(app, ["profile", "--check", str(tmp_path / "none.json")])
     assert missing.exit_code == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_a_profile_of_a_device_this_machine_lacks_is_a_one_line_error():
+    """The shipped H200 profile checked on a machine without CUDA: one line naming the profile, exit 2 (it was
+    torch's CUDA-generator traceback, exit 1)."""
+    import pytest
+    import torch
+
+    from skistune.profile import load_profile
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    shipped = Path(__file__).resolve().parents[2] / "profiles" / "cuda-llama-3-8b.json"
+    r = CliRunner().invoke(app, ["profile", "--check", str(shipped)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: profile {load_profile(str(shipped)).name} (llama-3-8b on cuda): --device cuda: torch sees no "
+        "CUDA device on this machine")

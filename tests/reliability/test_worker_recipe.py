@@ -44,3 +44,22 @@ def test_a_study_made_without_skistune_is_refused(tmp_path):
     optuna.create_study(storage=url, study_name="plain")
     with pytest.raises(ValueError, match="holds no skistune recipe"):
         join_study(url, "plain")
+
+
+def test_a_worker_leaves_a_database_of_something_else_as_it_was(tmp_path):
+    """A worker pointed at another application's SQLite file (or an empty file) refuses with one line and
+    writes nothing: Optuna's tables were created in it before the refusal."""
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("create table mydata (x)")
+    before = other.read_bytes()
+    with pytest.raises(ValueError, match="holds no Optuna study; create the study first"):
+        join_study(f"sqlite:///{other}", "w1")
+    assert other.read_bytes() == before
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="holds no Optuna study"):
+        join_study(f"sqlite:///{empty}", "w1")
+    assert empty.read_bytes() == b""
