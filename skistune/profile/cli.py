@@ -179,7 +179,7 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
 def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
              show: Optional[Path], refit: Optional[Path], check: Optional[Path], json_out: bool,
              cache: bool = False) -> None:
-    from skistune.cli import err_console
+    from skistune.cli import err_console, print_warning
 
     if sum(x is not None for x in (show, refit, check)) > 1:
         raise ValueError("--show, --refit and --check: give one")
@@ -207,6 +207,12 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
         check_target(model, device)  # (a bad --device before the fingerprint reads it)
         out = cached_profile_path(model, device, machine_fingerprint(device))
     profile = _measure(model, device, quick or cache, disk_dir, err_console)
+    if profile.unreliable is not None:
+        message = (f"this profile cannot be trusted ({profile.unreliable}): another process was probably using the "
+                   "CPU; measure it again when the machine is quiet")
+        if cache:  # (`skistune optimize` would not read it: it measures again)
+            raise ValueError(f"{message}; the cached quick profile is left as it was")
+        print_warning(message)
     path = profile.save(out or Path("profiles") / f"{profile.name}.json")
     _report(profile, path, json_out)
 

@@ -33,6 +33,13 @@ FORMAT = "skistune.hardware_profile"
 FORMAT_VERSION = 1
 DEVICES = ("cpu", "cuda")
 DRIFT_NOTE_AT = 0.10  # a kind of step that ran this much faster or slower at the end of the measurement is noted
+# a quick profile measured while its steps drifted by this factor or more, or whose step fit misses its own
+# training points by this much at the median, is not kept for `skistune optimize`: measured beside a busy
+# process on a 2-core host, one ran its decode steps x14 slower at the end than at the start, another's fit
+# missed by 63% at the median, and every later search read them. (Not R²: the H200 profile's flat step times
+# give R² 0.06 at a 6.8% median error.)
+UNRELIABLE_DRIFT = 2.0
+UNRELIABLE_MEDIAN_ERROR = 0.25
 
 
 class FingerprintWarning(UserWarning):
@@ -118,6 +125,18 @@ class HardwareProfile:
                else "`skistune profile --out FILE`")
         return (f"profile {self.name}: the machine's speed moved while it was measured ({kinds} at the end against "
                 f"the start): its predictions carry that much error; measure it again on a quiet machine ({how})")
+
+    @property
+    def unreliable(self) -> str | None:
+        """Why this profile's timings cannot be trusted (the machine's speed moved by `UNRELIABLE_DRIFT` or
+        more while measuring, or the step fit misses its points by `UNRELIABLE_MEDIAN_ERROR` at the median),
+        or None."""
+        reasons = [f"{k} steps ran x{r:.2f} at the end against the start" for k, r in self.drift.items()
+                   if not 1 / UNRELIABLE_DRIFT < r < UNRELIABLE_DRIFT]
+        miss = self.step_fit.train.median_rel_error
+        if miss > UNRELIABLE_MEDIAN_ERROR:
+            reasons.append(f"its step fit misses the measured steps by {miss:.0%} at the median")
+        return "; ".join(reasons) or None
 
     @property
     def quantized_kv_note(self) -> str | None:
@@ -354,7 +373,9 @@ def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder:
         try:
             # an entry from before quantized KV was measured is used as it is (its `quantized_kv_note` says
             # what quantized KV predictions then rest on): `skistune profile` measures it again on demand
-            return load_profile(path)
+            cached = load_profile(path)
+            if cached.unreliable is None:  # (one kept before this check existed is measured again)
+                return cached
         except ValueError:
             pass  # a damaged cache entry is measured again and overwritten
     from .measure import (
@@ -362,5 +383,9 @@ def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder:
     )
 
     profile = profile_model(model, device=device, quick=True, progress=progress)
+    if profile.unreliable is not None:  # not kept: every later search would read it
+        raise ValueError(f"this machine's quick profile, measured just now, cannot be trusted ({profile.unreliable}): "
+                         "another process was probably using the CPU; measure it again when the machine is quiet "
+                         "(`skistune profile --cache`), or pass --profile FILE")
     profile.save(path)
     return profile

@@ -108,6 +108,36 @@ def test_cli_cache_measures_the_quick_profile_again_where_optimize_reads_it(tmp_
     assert bad.exit_code == 2 and "--cache writes the quick profile" in bad.stderr and len(fake_measure) == 1
 
 
+def test_a_quick_profile_measured_on_a_busy_machine_is_not_kept(tmp_path, monkeypatch, tiny_profile):
+    """Measured beside a busy process, a quick profile drifted x14 within itself and every later search read it:
+    `default_profile` refuses it (one line, nothing cached), re-measures such a cached entry, and `profile --cache`
+    leaves the cache as it was; `profile --out` writes it with a warning."""
+    busy = replace(tiny_profile, quick=True, drift={"decode": 13.99, "prefill": 1.1})
+    assert busy.unreliable == "decode steps ran x13.99 at the end against the start" and tiny_profile.unreliable is None
+    calls = []
+
+    def profile_model(model, **kw):
+        calls.append(model)
+        return busy
+
+    monkeypatch.setattr(measure, "profile_model", profile_model)
+    path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"), tmp_path)
+    with pytest.raises(ValueError, match=r"cannot be trusted \(decode steps ran x13.99 .*skistune profile --cache"):
+        default_profile("smollm2-135m", "cpu", folder=tmp_path)
+    assert not path.exists()
+    busy.save(path)  # (one cached before the check existed) is measured again
+    with pytest.raises(ValueError, match="cannot be trusted"):
+        default_profile("smollm2-135m", "cpu", folder=tmp_path)
+    assert calls == ["smollm2-135m"] * 2
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    r = CliRunner().invoke(app, ["profile", "--cache"])
+    assert r.exit_code == 2 and "the cached quick profile is left as it was" in r.stderr
+    assert not cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu")).exists()
+    out = tmp_path / "busy.json"
+    r = CliRunner().invoke(app, ["profile", "--quick", "--out", str(out)])
+    assert r.exit_code == 0 and out.is_file() and "warning: this profile cannot be trusted" in r.stderr
+
+
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cache_dir() == tmp_path / "skistune" / "profiles"
