@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from skistune.cli import cli_errors, console, err_console, print_json, print_warning
-from skistune.export import DEFAULT_MODEL, ExportResult, exporter_names
+from skistune.export import DEFAULT_MODEL, ExportResult, exporter_names, get_exporter
 from skistune.optimize_cli import JsonOpt, ModelOpt
 from skistune.paths import check_out_file, write_atomic
 
@@ -37,7 +37,8 @@ def _print_result(result: ExportResult, out: Optional[Path]) -> None:
     else:
         err_console.print(f"wrote {escape(str(out))} ({result.target} {result.engine_version})", highlight=False)
     if result.command:
-        err_console.print(f"[bold]command:[/] {escape(result.command)}", highlight=False, soft_wrap=True)
+        saved = "" if out is not None else f" (with the file saved as {get_exporter(result.target).default_file})"
+        err_console.print(f"[bold]command{saved}:[/] {escape(result.command)}", highlight=False, soft_wrap=True)
     for w in result.warnings:
         print_warning(str(w))
     for note in result.notes:
