@@ -98,6 +98,31 @@ def _interp(x: float, xs: list[float], ys: list[list[float]]) -> list[float] | N
     return [a + t * (b - a) for a, b in zip(ys[i], ys[i + 1])]
 
 
+def _check_shape(data: dict, path: str) -> None:
+    """The structure a profile's readers rely on, named where it breaks (one line, not a traceback): a count
+    of layers, measurements as objects of number lists, passkey results as lists of found flags."""
+    def bad(where: str, what: str) -> ValueError:
+        return ValueError(f"{path}: {where}: expected {what}")
+
+    n_layers = data.get("n_layers", 1)  # (missing: `load` names it)
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise bad("n_layers", f"a positive number of layers, got {n_layers!r}")
+    for section, lists in (("perplexity", (ALL_POSITIONS, CONTINUATION)), ("needle", ("found",))):
+        entries = data.get(section, {})
+        if not isinstance(entries, dict):
+            raise bad(section, f"an object of measurements, got {type(entries).__name__}")
+        for key, entry in entries.items():
+            if not isinstance(entry, dict):
+                raise bad(f"{section}[{key!r}]", f"an object, got {type(entry).__name__}")
+            for name in lists:
+                values = entry.get(name, [])
+                if not isinstance(values, list) or not all(
+                        isinstance(v, (int, float)) and not isinstance(v, str) for v in values):
+                    raise bad(f"{section}[{key!r}].{name}", "a list of numbers")
+            if section == "needle" and not entry.get("found"):
+                raise bad(f"needle[{key!r}].found", "at least one passkey result")
+
+
 class QualityProfile:
     """A quality profile file's measurements and the predictions made from them."""
 
@@ -137,10 +162,13 @@ class QualityProfile:
         data = read_json_file(path, "quality profile")
         if not isinstance(data, dict):
             raise ValueError(f"{path}: not a quality profile (expected a JSON object)")
+        _check_shape(data, str(path))
         try:
             return cls(data, str(path))
         except KeyError as exc:
             raise ValueError(f"{path}: quality profile lacks {exc}") from None
+        except (TypeError, AttributeError, IndexError, ZeroDivisionError) as exc:  # (a shape not checked above)
+            raise ValueError(f"{path}: quality profile is malformed ({type(exc).__name__}: {exc})") from None
 
     # ---- single-knob tables ---------------------------------------------------------------------------
     def _table(self, kind: str, metric: str | None = None) -> list[tuple[dict, list[float]]]:

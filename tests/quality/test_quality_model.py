@@ -223,6 +223,22 @@ def test_missing_file_and_incomplete_profile(tmp_path):
         QualityProfile.load(tmp_path / "q.json")
 
 
+@pytest.mark.parametrize("corrupt, match", [
+    (lambda d: d.update(n_layers=0), "n_layers: expected a positive number of layers, got 0"),
+    (lambda d: d.update(needle="lots"), "needle: expected an object of measurements, got str"),
+    (lambda d: d["perplexity"].update({next(iter(d["perplexity"])): "x"}), r"perplexity\[.*\]: expected an object"),
+    (lambda d: d["perplexity"][next(iter(d["perplexity"]))].update(nll=["a"]), r"\.nll: expected a list of numbers"),
+])
+def test_a_corrupted_profile_is_one_line_naming_where(tmp_path, corrupt, match):
+    """Hand-edited files gave AttributeError, TypeError and IndexError tracebacks (exit 1)."""
+    data = profile_data()
+    corrupt(data)
+    (tmp_path / "q.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=match) as info:
+        QualityProfile.load(tmp_path / "q.json")
+    assert "\n" not in str(info.value)
+
+
 def test_a_token_budget_is_a_fraction_of_the_context_it_serves(qp):
     budget = KVConfig().with_knobs({"eviction.policy": "h2o", "eviction.budget_tokens": 1000})
     assert qp.fraction(budget) == 1.0  # the profile's 1000-token windows
