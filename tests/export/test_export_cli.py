@@ -32,7 +32,8 @@ def test_prints_the_file_and_the_command():
     r = run(INT8, "--to", "vllm")
     assert r.exit_code == 0, r.output
     assert r.stdout == export(INT8, "vllm").text
-    assert "command: vllm serve" in r.stderr and "--no-enable-prefix-caching" in r.stderr
+    assert "command (with the file saved as vllm-config.yaml): vllm serve" in r.stderr  # (printed, not written)
+    assert "--no-enable-prefix-caching" in r.stderr
 
 
 def test_json_is_the_last_line():
