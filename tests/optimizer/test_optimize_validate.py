@@ -2,7 +2,6 @@
 for the slice, and (slow: the real SmolLM2 model) the top config and the baseline replayed at the rate the
 simulator chose, predicted next to measured, the winner chosen by measurement."""
 import time
-from dataclasses import replace
 
 import optuna
 import pytest
