@@ -1846,6 +1846,11 @@ SIMPLIFY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+def _trial(study, number: int):
+    """A trial of the study by number, without deep copies of every trial (`study.trials`)."""
+    return study.get_trials(deepcopy=False)[number]
+
+
 def _simplify(problem: Problem, study, refined: list[Evaluation],
               stage: Callable[[str], None]) -> tuple[list[Evaluation], list[str]]:
     """The best config with each of `SIMPLIFY_GROUPS` back at the baseline's values where the space can
@@ -1856,7 +1861,7 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
             or refined[0].config.effective() == problem.base.effective():
         return refined, []
     first = best = refined[0]
-    params = dict(study.trials[best.trial].params)
+    params = dict(_trial(study, best.trial).params)
     base_params = _baseline_params(problem)
     run = _trial_function(problem, study)
     stage("simplifying the best config")
@@ -1876,7 +1881,7 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
                 trial = study.ask()  # (the enqueued one: ask and tell, so that another worker's trial is never read)
                 study.tell(trial, run(trial))
-            trial = study.trials[trial.number]
+            trial = _trial(study, trial.number)
         if "config" not in trial.user_attrs:
             continue
         tried = Evaluation.from_trial(trial)
@@ -1885,7 +1890,7 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
         fine = replace(score(problem, tried.config, precision=REFINE_PRECISION, start_scale=tried.rate_scale),
                        trial=tried.trial)
         if fine.feasible and not beats(problem, first.values[0], fine.values[0]):
-            best, params = fine, dict(study.trials[tried.trial].params)
+            best, params = fine, dict(_trial(study, tried.trial).params)
             reverted.append(label)
     if best is first:
         return refined, []

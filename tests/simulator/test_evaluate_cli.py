@@ -25,7 +25,6 @@ TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 MOONCAKE = TRACES / "mooncake_conversation" / "conversation_trace.head.jsonl"
 
 
-@pytest.mark.skipif(not MOONCAKE.is_file(), reason="needs ../shared/traces")
 def test_what_was_evaluated_is_said_context_caps_and_transforms_included(tmp_path):
     """Mooncake's prompts outgrow SmolLM2's 8,192-token context: the caps that fit them are a note (stderr)
     and part of the workload's label and JSON, as are the options applied (here `workload show`'s --jitter);
