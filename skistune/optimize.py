@@ -333,6 +333,8 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     ``"256MiB"``) that a config's ``offload.device_memory_fraction`` takes its pool from, in place of the
     profile's device (a GPU's memory; on a CPU the 4 GiB of `kv_layout.CPU_KV_SPACE_BYTES`): what a
     deployment gives KV, as vLLM's ``VLLM_CPU_KVCACHE_SPACE`` or a GPU shared with other work does."""
+    import optuna
+
     from skistune.evaluate import fit_workload, workload_requests
     from skistune.simulator import target_from_profile
 
@@ -347,7 +349,8 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     _check_fixed_lossy(full_space, base, searchable)
     kv_bytes = parse_kv_memory(kv_memory)
     w = _load_workload(workload, model)
-    fit_notes = list(fit_workload(w, model).notes[len(w.notes):])  # (prompts the model's context cut short)
+    fitted = fit_workload(w, model)  # (the provenance's digest stays the loaded workload's)
+    fit_notes = list(fitted.notes[len(w.notes):])  # (prompts the model's context cut short)
     # last: the profile may have to be measured first (a minute), which bad input elsewhere must not cost
     prof, notes = _load_profile(profile() if callable(profile) else profile, model)
     notes = fit_notes + quality_notes + notes + ([prof.drift_note] if prof.drift_note else [])
@@ -357,13 +360,11 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     check_slo_floor(slos, sim_target)
     cut, machine_notes = fit_machine(cut, prof, sim_target)
     notes = notes + machine_notes
-    problem = Problem(w, model, request_set(workload_requests(w, model)), sim_target, prof, slos, objectives,
+    problem = Problem(w, model, request_set(workload_requests(fitted, model)), sim_target, prof, slos, objectives,
                       _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
                       left_out, base, max_queue_s, qp, kv_memory=kv_bytes)
     # the study's first trial, checked now: a space whose fixed knobs clash with the baseline's values (a
     # chunk range over a fixed token budget) is bad input before the search, not a failed trial in it
-    import optuna
-
     first = {p.name: p.choices[0] if p.kind == "choices" else p.low for p in problem.space.params
              if p.kind in ("choices", "int", "float")}  # (where the baseline's value is outside the space: any point)
     suggest_config(optuna.trial.FixedTrial({**first, **_baseline_params(problem)}), problem.space, problem.base)
