@@ -2,6 +2,8 @@
 
 The runtime replays a workload in real time, so it needs at least the workload's served duration; the
 simulator predicts that duration. The ratio of the two is how much faster than real time a prediction is.
+Each workload is replayed twice: the first replay hashes every prompt's blocks, the second finds them
+memoized (`block_manager.PROMPT_HASHES`), as a search's every trial after its first does.
 
     python benchmarks/sim_speed.py [--profile profiles/cpu-smollm2-135m.json] [--json]
 """
@@ -27,11 +29,15 @@ WORKLOADS = {
 
 
 def time_simulation(requests, target) -> dict:
-    engine, executor = build_engine(KVConfig(), target)
-    t0 = time.perf_counter()
-    metrics = engine.replay(requests)
-    wall_s = time.perf_counter() - t0
+    walls = []
+    for _ in range(2):  # first replay, then a repeat with the prompts' block hashes memoized
+        engine, executor = build_engine(KVConfig(), target)
+        t0 = time.perf_counter()
+        metrics = engine.replay(requests)
+        walls.append(time.perf_counter() - t0)
+    wall_s, repeat_s = walls
     return {"requests": len(requests), "wall_s": wall_s, "sim_req_per_s": len(requests) / wall_s,
+            "repeat_wall_s": repeat_s, "repeat_req_per_s": len(requests) / repeat_s,
             "simulated_duration_s": metrics.duration_s, "faster_than_real_time": metrics.duration_s / wall_s,
             "steps": executor.num_steps,
             "fast_forwards": executor.num_fast_forwards, "preemptions": metrics.preemptions}
@@ -46,8 +52,8 @@ def main() -> None:
     args = ap.parse_args()
     target = sim_target(MODEL, args.profile)
     rows = []
-    print(f"{'workload':<14} {'rate x':>7} {'requests':>9} {'wall s':>8} {'sim req/s':>10} {'x real time':>12} "
-          f"{'steps':>9} {'fast-fwd':>9}")
+    print(f"{'workload':<14} {'rate x':>7} {'requests':>9} {'wall s':>8} {'sim req/s':>10} {'repeat':>8} "
+          f"{'x real time':>12} {'steps':>9} {'fast-fwd':>9}")
     for name, path in WORKLOADS.items():
         t0 = time.perf_counter()
         requests = workload_requests(load_workload(path), MODEL)
@@ -57,7 +63,7 @@ def main() -> None:
                    **time_simulation(with_rate_scale(requests, scale), target)}
             rows.append(row)
             print(f"{name:<14} {scale:>7g} {row['requests']:>9,} {row['wall_s']:>8.2f} {row['sim_req_per_s']:>10,.0f} "
-                  f"{row['faster_than_real_time']:>12,.0f} {row['steps']:>9,} {row['fast_forwards']:>9,}", flush=True)
+                  f"{row['repeat_req_per_s']:>8,.0f} {row['faster_than_real_time']:>12,.0f} {row['steps']:>9,} {row['fast_forwards']:>9,}", flush=True)
     if args.json:
         print(json.dumps({"benchmark": "sim_speed", "model": MODEL, "rows": rows}))
 

@@ -14,9 +14,12 @@ rewrites are first made its own (copy-on-write) so that other sequences and the 
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from itertools import islice
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
 
 from .tiers import TierManager
 
@@ -25,11 +28,27 @@ LOOKUP_SLICE = 32  # prefix hashes looked up at once (past the first miss, the r
 
 
 class HasTokens(Protocol):
-    """What the block manager needs of a sequence."""
+    """What the block manager needs of a sequence (`scheduler.Sequence`; `TokenList` for a plain list)."""
 
     seq_id: str
-    token_ids: list[int]
+    num_tokens: int
     num_computed_tokens: int
+
+    def tokens(self, start: int, end: int) -> list[int]: ...
+
+
+class TokenList:
+    """`HasTokens` over a plain ``token_ids`` list that callers append to (a mixin: the subclass, e.g. a
+    dataclass, defines ``token_ids``)."""
+
+    token_ids: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        return self.token_ids[start:end]
 
 
 class BlockPool:
@@ -121,21 +140,47 @@ class BlockPool:
         self.block_hash = [None] * (self.num_blocks + 1)
 
 
-def chain_hashes(token_ids: Sequence[int], block_size: int, start_block: int, prev: list[int]) -> list[int]:
-    """Append the hashes of full blocks from ``start_block`` on to ``prev``. Each hash covers its block's
-    tokens and, through the parent hash, every token before it: equal hashes mean equal prefixes.
-    (Python's int-tuple hash is deterministic across processes; a 64-bit collision is ~2^-64.)"""
+def chain_hashes(token_ids: Sequence[int], block_size: int, prev: list[int]) -> list[int]:
+    """Append to ``prev`` the hashes of the full blocks of ``token_ids`` (the tokens that follow the
+    blocks ``prev`` hashes). Each hash covers its block's tokens and, through the parent hash, every token
+    before it: equal hashes mean equal prefixes. (Python's int-tuple hash is deterministic across
+    processes; a 64-bit collision is ~2^-64.)"""
     parent = prev[-1] if prev else 0
-    start = start_block * block_size
-    end = start + (len(token_ids) - start) // block_size * block_size
-    tokens = iter(token_ids[start:end])
+    tokens = iter(token_ids)
     append = prev.append
-    # zip over one iterator, block_size times, cuts the block tuples in C: 1.6x faster than a slice and
-    # tuple() per block (a Mooncake prompt has 512 blocks)
+    # zip over one iterator, block_size times, cuts the block tuples in C (a trailing partial block is
+    # left out): 1.6x faster than a slice and tuple() per block (a Mooncake prompt has 512 blocks)
     for block in zip(*[tokens] * block_size):
         parent = hash((parent, block))
         append(parent)
     return prev
+
+
+class _PromptHashes:
+    """The block hashes of prompts that are numpy arrays, kept while the array lives: a search replays
+    the same requests at many rates and configs, and hashing a long prompt costs more than the rest of its
+    admission. Keyed by the array's identity (a weak reference drops the entry with the array) and the
+    block size; stored as int64 arrays (a Python list of big ints takes 5x the memory)."""
+
+    def __init__(self) -> None:
+        self._hashes: dict[tuple[int, int], tuple[weakref.ref, np.ndarray]] = {}
+
+    def get(self, prompt: Any, block_size: int) -> list[int]:
+        """A new list of the hashes of the prompt's full blocks."""
+        key = (id(prompt), block_size)
+        found = self._hashes.get(key)
+        if found is not None and found[0]() is prompt:
+            return found[1].tolist()
+        full = len(prompt) // block_size * block_size
+        part = prompt[:full]
+        hashes = chain_hashes(part.tolist() if hasattr(part, "tolist") else [int(t) for t in part], block_size, [])
+        if isinstance(prompt, np.ndarray):  # (lists and tuples take no weak reference: hashed each time)
+            self._hashes[key] = (weakref.ref(prompt, lambda _, key=key: self._hashes.pop(key, None)),
+                                 np.array(hashes, dtype=np.int64))
+        return hashes
+
+
+PROMPT_HASHES = _PromptHashes()
 
 
 class KVCacheManager:
@@ -167,9 +212,13 @@ class KVCacheManager:
         return seq.num_computed_tokens - self.num_evicted.get(seq.seq_id, 0)
 
     def _hashes(self, seq: HasTokens) -> list[int]:
-        hashes = self.hashes.setdefault(seq.seq_id, [])
-        if len(hashes) < len(seq.token_ids) // self.block_size:
-            chain_hashes(seq.token_ids, self.block_size, len(hashes), hashes)
+        hashes = self.hashes.get(seq.seq_id)
+        if hashes is None:
+            prompt = getattr(seq, "prompt", None)
+            hashes = self.hashes[seq.seq_id] = [] if prompt is None else PROMPT_HASHES.get(prompt, self.block_size)
+        num_full = seq.num_tokens // self.block_size
+        if len(hashes) < num_full:
+            chain_hashes(seq.tokens(len(hashes) * self.block_size, num_full * self.block_size), self.block_size, hashes)
         return hashes
 
     def get_computed_blocks(self, seq: HasTokens) -> list[int]:
@@ -177,7 +226,7 @@ class KVCacheManager:
         compute, so that the step that follows produces the logits to sample from."""
         if not self.enable_prefix_reuse:
             return []
-        max_hit = (len(seq.token_ids) - 1) // self.block_size
+        max_hit = (seq.num_tokens - 1) // self.block_size
         hashes, lookup = self._hashes(seq), self.pool.cached.get
         hits: list[int] = []
         # looked up a slice at a time without a Python loop per block (a waiting sequence is looked up at
@@ -271,7 +320,7 @@ class KVCacheManager:
     def _prefix_chain(self, seq: HasTokens) -> tuple[list[int], list[int]]:
         """(device blocks, lower-tier hashes) of the sequence's leading cached blocks, up to the first
         lower-tier block missing from the device and after it, those found anywhere below or on it."""
-        max_hit = (len(seq.token_ids) - 1) // self.block_size
+        max_hit = (seq.num_tokens - 1) // self.block_size
         device, lower = [], []
         for h in self._hashes(seq)[:max_hit]:
             b = self.pool.lookup(h)

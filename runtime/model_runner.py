@@ -179,7 +179,7 @@ class ModelRunner:
         token_ids, positions, tables, query_lens, context_lens, sample_rows = [], [], [], [], [], []
         for s in out.scheduled:
             end = s.start + s.num_new_tokens
-            token_ids.extend(s.seq.token_ids[s.start:end])
+            token_ids.extend(s.seq.tokens(s.start, end))
             positions.extend(range(s.start, end))  # true positions (RoPE); the KV goes to slots from kv_start
             tables.append(kv.block_table(s.seq.seq_id))
             query_lens.append(s.num_new_tokens)

@@ -209,7 +209,7 @@ class ProfileExecutor:
             k_max = _steps_with_blocks(engine, seqs, k_max)
             if k_max < 2:
                 return None
-            context = sum(len(s.token_ids) for s in seqs)  # every sequence reads one slot more a step
+            context = sum(s.num_tokens for s in seqs)  # every sequence reads one slot more a step
             first, per_step = self._decode_cost_line(len(seqs), context)
             return first + per_step * np.arange(k_max, dtype=np.float64), [], None
         k_max, compactions = engine.scheduler.plan_decode_run(seqs, k_max)

@@ -99,7 +99,7 @@ def first_disk_prefix_block(kv, requests: Sequence[Request]) -> int | None:
     blocks are cached in some tier: the next prefix lookup of that prompt reads it. None: no such block."""
     tiers = kv.tiers
     for r in requests:
-        for h in chain_hashes(r.prompt_token_ids, kv.block_size, 0, [])[:(r.prompt_len - 1) // kv.block_size]:
+        for h in chain_hashes(r.prompt_token_ids, kv.block_size, [])[:(r.prompt_len - 1) // kv.block_size]:
             if h in tiers.disk.cached:
                 return tiers.disk.cached[h]
             if kv.pool.lookup(h) is None and tiers.lookup(h) is None:

@@ -5,11 +5,11 @@ from hypothesis import given, settings, strategies as st
 
 import numpy as np
 
-from skistune.runtime.block_manager import BlockPool, KVCacheManager, chain_hashes
+from skistune.runtime.block_manager import BlockPool, KVCacheManager, TokenList, chain_hashes
 
 
 @dataclass
-class Seq:
+class Seq(TokenList):
     seq_id: str
     token_ids: list = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -40,10 +40,10 @@ def test_chain_hashes_hash_each_full_block_with_its_parent():
     for start in range(0, 48, 16):
         parent = hash((parent, tuple(tokens[start:start + 16])))
         expected.append(parent)
-    assert chain_hashes(tokens, 16, 0, []) == expected
-    assert chain_hashes(tokens, 16, 1, expected[:1]) == expected  # continued from a parent
-    assert chain_hashes(np.array(tokens, dtype=np.int32).tolist(), 16, 0, []) == expected
-    assert chain_hashes(tokens[:15], 16, 0, []) == [] and chain_hashes(tokens, 16, 3, expected) == expected
+    assert chain_hashes(tokens, 16, []) == expected
+    assert chain_hashes(tokens[16:], 16, expected[:1]) == expected  # continued from a parent
+    assert chain_hashes(np.array(tokens, dtype=np.int32).tolist(), 16, []) == expected
+    assert chain_hashes(tokens[:15], 16, []) == [] and chain_hashes(tokens[48:], 16, expected) == expected
 
 
 def test_allocation_drops_the_hashes_of_reused_cached_blocks():

@@ -8,7 +8,7 @@ import torch
 
 from skistune.config import KVConfig
 from skistune.profile.cost import FEATURES, StepCostModel, step_shape
-from skistune.runtime.block_manager import KVCacheManager
+from skistune.runtime.block_manager import KVCacheManager, TokenList
 from skistune.runtime.engine import Engine, VirtualClock
 from skistune.runtime.eviction import EvictionStats, kept_slots, make_policy
 from skistune.runtime.request import Request
@@ -252,7 +252,7 @@ def test_finished_sequences_are_reported_to_the_executor_once():
 
 
 # ---- block manager pieces -----------------------------------------------------------------------------
-class Seq:
+class Seq(TokenList):
     def __init__(self, seq_id, n):
         self.seq_id, self.token_ids, self.num_computed_tokens = seq_id, list(range(n)), 0
 

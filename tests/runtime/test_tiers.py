@@ -5,12 +5,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from skistune.runtime.block_manager import KVCacheManager
-from skistune.runtime.tiers import DEVICE, DISK, HOST, TierManager, Transfer
+from skistune.runtime.block_manager import KVCacheManager, TokenList
+from skistune.runtime.tiers import DEVICE, DISK, HOST, TierManager
 
 
 @dataclass
-class Seq:
+class Seq(TokenList):
     seq_id: str
     token_ids: list[int]
     num_computed_tokens: int = 0
