@@ -96,23 +96,26 @@ class LayerLoader:
         self.stall_s = 0.0
 
     def load(self, store: TierStore, transfers: list[Transfer], stream=None) -> float:
-        """The worker's side: every layer's copies in order; the seconds they took."""
-        started = time.perf_counter()
+        """The worker's side: every layer's copies in order; the seconds the copies took (not the waits
+        for the compute to reach a layer: `TierMetrics.transfer_s` is time spent copying)."""
         try:
-            self._load(store, transfers, stream)
+            return self._load(store, transfers, stream)
         finally:  # a failed copy must not leave the forward pass waiting: its error surfaces after the step
             for ready in self.ready:
                 ready.set()
-        return time.perf_counter() - started
 
     @torch.inference_mode()  # (a worker thread: the mode is per thread, and the KV store is an inference tensor)
-    def _load(self, store: TierStore, transfers: list[Transfer], stream) -> None:
+    def _load(self, store: TierStore, transfers: list[Transfer], stream) -> float:
+        copying_s = 0.0
         for i, ready in enumerate(self.ready):
             if i >= self.depth:
                 self.reached[i - self.depth].wait()
+            started = time.perf_counter()
             with on_stream(stream):
                 store.run(transfers, layer=i)  # (run synchronizes its current stream: this one)
+            copying_s += time.perf_counter() - started
             ready.set()
+        return copying_s
 
     def before_layer(self, i: int) -> None:
         """The forward pass's side, before layer i: let the loader go on, wait for layer i's KV."""

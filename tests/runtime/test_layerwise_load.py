@@ -3,6 +3,7 @@ the prefetch worker while the forward pass computes. The split of a step's trans
 and on the real runtime: the same tokens as with every copy before the step, copies really made per layer,
 the loader never more than ``depth`` layers ahead, and a failing copy that surfaces instead of hanging."""
 import threading
+import time
 
 import pytest
 import torch
@@ -71,6 +72,23 @@ def test_the_loader_stays_at_most_depth_layers_ahead_of_the_compute():
         assert len(copied) <= i + 1 + 2
     worker.join(5)
     assert copied == list(range(6)) and not worker.is_alive()
+
+
+def test_the_loader_times_its_copies_not_its_waits_for_the_compute():
+    loader = LayerLoader(n_layers=4, depth=1)
+
+    class Store:
+        def run(self, transfers, layer):
+            time.sleep(0.01)
+
+    result = []
+    worker = threading.Thread(target=lambda: result.append(loader.load(Store(), [Transfer(HOST, DEVICE, [0], [1])])))
+    worker.start()
+    for i in range(4):  # the compute takes 0.1 s a layer: the loader, a layer ahead, waits most of it
+        loader.before_layer(i)
+        time.sleep(0.1)
+    worker.join(5)
+    assert 0.04 <= result[0] < 0.2  # four copies of 10 ms, not the 0.3 s it spent waiting for layers 0-2
 
 
 def serve(rt, prompts, max_new_tokens=6):
