@@ -47,7 +47,7 @@ def evaluate(
     (same table, same JSON), so that any prediction can be checked."""
     from skistune.config import load_config
     from skistune.display import metrics_table, summary_table
-    from skistune.evaluate import MODES, evaluate as run_evaluate, fit_workload, workload_requests
+    from skistune.evaluate import MODES, evaluate as run_evaluate, fit_workload, hardware_profile, workload_requests
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
@@ -58,13 +58,24 @@ def evaluate(
         burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window_s=parse_window(window),
         first=first, sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output,
         rate_scale=rate_scale), model)
+    # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
+    prof = hardware_profile(model, profile) if mode != "run" else None
+    runtime = None
+    if mode != "simulate":
+        from skistune.runtime.kv_store import check_fits_memory
+        from skistune.runtime.llm import Runtime
+
+        # (the engine checks the tier it sizes from this when a replay starts: after the notes)
+        check_fits_memory(cfg.offload.host_kv_bytes, "offload.host_kv_bytes", "host tier")
+        with console.status(f"loading {model}"):
+            runtime = Runtime.from_preset(model, cfg)
     print_notes(w)
     reqs = workload_requests(w, model, seed)
     if mode == "compare":
-        _compare(cfg, reqs, w, model, profile, speed_check, json_out)
+        _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out)
         return
     with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
-        metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=profile)
+        metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof, runtime=runtime)
     label = "predicted (simulator)" if mode == "simulate" else "measured (runtime)"
     console.print(metrics_table(metrics, f"{model} on {w.label()}: {label}"))
     console.print(summary_table(metrics))
@@ -79,18 +90,15 @@ def _workload_fields(w) -> dict:
             "workload_digest": w.digest()}
 
 
-def _compare(cfg, reqs, w, model: str, profile, speed_check: bool, json_out: bool) -> None:
+def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_out: bool) -> None:
     """The prediction and the measurement of the same requests, each figure's error, and (``speed_check``)
     how fast this machine runs the profile's own steps now: on a shared host that drift alone can be tens of
     percent, which the error table cannot tell from the simulator's."""
-    from skistune.evaluate import compare_metrics, evaluate as run_evaluate, hardware_profile
-    from skistune.runtime.llm import Runtime
+    from skistune.evaluate import compare_metrics, evaluate as run_evaluate
 
-    prof = hardware_profile(model, profile)
     with console.status(f"simulating {len(reqs)} requests"):
         predicted = run_evaluate(cfg, reqs, model=model, mode="simulate", profile=prof)
     with console.status(f"serving {len(reqs)} requests"):
-        runtime = Runtime.from_preset(model, cfg)
         measured = run_evaluate(cfg, reqs, model=model, mode="run", runtime=runtime)
     check = None
     if speed_check:

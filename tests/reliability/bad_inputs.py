@@ -39,6 +39,7 @@ INPUT_FILES: dict[str, str | bytes] = {
     "c_bad_yaml.yaml": "batching: [\n", "c_unknown.yaml": "batching:\n  nope: 1\n",
     "c_range.yaml": "batching:\n  max_num_seqs: 0\n", "c_type.yaml": "batching:\n  max_num_seqs: many\n",
     "c_list.yaml": "- 1\n", "c_family.yaml": "turbo:\n  on: true\n", "c_bad.json": "{",
+    "c_host_tier.yaml": "offload:\n  host_kv_bytes: 512TiB\n", "c_ok.yaml": "{}\n",
     "c_not_mapping.yaml": "batching: 5\n", "garbage.db": b"not a database" * 100,
     # not UTF-8; names and values with square brackets (rich markup if printed unescaped)
     "c_not_utf8.yaml": b"\xff\xfe\x00garbage", "c_not_utf8.json": b"\xff\xfe\x00garbage",
@@ -155,6 +156,12 @@ CASES: tuple[BadInput, ...] = (
     BadInput("config a list", "config", evaluate("{in}/c_list.yaml"), "c_list.yaml: config: expected a mapping"),
     BadInput("config unknown family", "config", evaluate("{in}/c_family.yaml"), "turbo: unknown knob family"),
     BadInput("config bad JSON", "config", evaluate("{in}/c_bad.json"), "c_bad.json: config: not valid JSON"),
+    # checked before the workload's notes are printed (the chat preset at 4 requests has one)
+    BadInput("evaluate profile missing", "profile",
+             ("evaluate", "{in}/c_ok.yaml", "--requests", "4", "--profile", "{in}/no_such.json"),
+             "no_such.json: cannot read profile"),
+    BadInput("evaluate host tier beyond memory", "config", ("evaluate", "{in}/c_host_tier.yaml", "--mode", "run",
+                                                            "--requests", "4"), "host_kv_bytes: a 524288.0 GiB"),
     BadInput("config family not a mapping", "config", evaluate("{in}/c_not_mapping.yaml"), "batching: expected"),
     BadInput("storage not a URL", "storage", optimize(storage="not-a-url"), "storage 'not-a-url'"),
     BadInput("storage unknown scheme", "storage", optimize(storage="nosuch://x"), "storage nosuch://x: cannot open"),
