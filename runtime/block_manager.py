@@ -270,13 +270,15 @@ class KVCacheManager:
         done = self.num_cached_blocks.get(seq.seq_id, 0)
         if num_full <= done or not self.enable_prefix_reuse or seq.seq_id in self.num_evicted:
             return  # (a compacted sequence's blocks hold no prefix's KV)
-        hashes = self._hashes(seq)
-        table = self.tables[seq.seq_id]
-        self.pool.cache(table[done:num_full], hashes[done:num_full])
-        if self.tiers is not None:
-            for b, h in zip(table[done:num_full], hashes[done:num_full]):
-                self.tiers.write_back_copy(b, h)
+        self._register(self.tables[seq.seq_id][done:num_full], self._hashes(seq)[done:num_full])
         self.num_cached_blocks[seq.seq_id] = num_full
+
+    def _register(self, blocks: Sequence[int], block_hashes: Sequence[int]) -> None:
+        """Make full blocks findable in the prefix cache (and copy them down under write-through)."""
+        self.pool.cache(blocks, block_hashes)
+        if self.tiers is not None:
+            for b, h in zip(blocks, block_hashes):
+                self.tiers.write_back_copy(b, h)
 
     def free(self, seq: HasTokens) -> None:
         """Release a finished or preempted sequence's blocks, tail first."""
@@ -416,13 +418,45 @@ class KVCacheManager:
         pool.free([src for src, _ in reversed(copies)])  # this sequence's references to the originals
         return copies
 
-    def truncate(self, seq: HasTokens, num_kv_tokens: int) -> None:
+    def prepare_prefix_copies(self, seq: HasTokens, num_computed: int, num_kv_tokens: int) -> list[tuple[int, int]]:
+        """Before a sequence's first compaction, planned for after a step that completes full blocks not yet
+        cached (the last chunk of its prompt): fresh blocks into which the executor copies those of them the
+        compaction rewrites (the first ``blocks_for(num_kv_tokens)``), after the forward pass has written
+        them and before the compaction does, so that `truncate` can cache the prompt's prefix that the
+        compaction overwrites. ``num_computed``: the sequence's computed tokens after the step. In prefix
+        order while free blocks last (a prefix chain ends at its first gap). Returns the ``(src, dst)``
+        pairs; none without prefix reuse or after a first compaction (later KV depends on what it kept)."""
+        if not self.enable_prefix_reuse or seq.seq_id in self.num_evicted:
+            return []
+        done = self.num_cached_blocks.get(seq.seq_id, 0)
+        end = min(num_computed // self.block_size, self.blocks_for(num_kv_tokens))
+        n = min(end - done, self.pool.num_free())
+        if n <= 0:
+            return []
+        copies = list(zip(self.tables[seq.seq_id][done:done + n], self.pool.allocate(n)))
+        self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used())
+        return copies
+
+    def truncate(self, seq: HasTokens, num_kv_tokens: int, prefix_copies: Sequence[tuple[int, int]] = ()) -> None:
         """After a compaction (with ``seq.num_computed_tokens`` counting the step's tokens): the sequence
-        keeps its first ``num_kv_tokens`` slots; the blocks past them go back to the pool, tail first."""
+        keeps its first ``num_kv_tokens`` slots; the blocks past them go back to the pool, tail first.
+        At a sequence's first compaction (with prefix reuse) the prompt's prefix stays cached: the uncached
+        full blocks the compaction rewrote, as ``prefix_copies`` (`prepare_prefix_copies`, made by the
+        executor) hold them from before it, and its full blocks past the kept slots, which it did not touch,
+        when the chain reaches them. All go back to the pool as free cached blocks, the tail first."""
         table = self.tables[seq.seq_id]
-        tail = table[self.blocks_for(num_kv_tokens):]
+        kept_blocks = self.blocks_for(num_kv_tokens)
+        if self.enable_prefix_reuse and seq.seq_id not in self.num_evicted:  # its first compaction
+            done = self.num_cached_blocks.get(seq.seq_id, 0)
+            blocks = [dst for _, dst in prefix_copies]
+            if done + len(blocks) >= kept_blocks:  # the chain reaches the blocks past the kept slots
+                blocks += table[max(done, kept_blocks):seq.num_computed_tokens // self.block_size]
+            self._register(blocks, self._hashes(seq)[done:done + len(blocks)])
+            self.num_cached_blocks[seq.seq_id] = done + len(blocks)
+        tail = table[kept_blocks:]
         del table[len(table) - len(tail):]
         self.pool.free(tail[::-1])
+        self.pool.free([dst for _, dst in reversed(prefix_copies)])
         evicted = seq.num_computed_tokens - num_kv_tokens
         self.evicted_tokens += evicted - self.num_evicted.get(seq.seq_id, 0)
         self.num_evicted[seq.seq_id] = evicted

@@ -171,6 +171,7 @@ class ModelRunner:
         if meta.want_stats:
             self._observe(out, meta)
         for c in out.compactions:
+            self._copy_pairs(c.prefix_copies)  # the prompt's blocks as the forward pass wrote them: cached
             self._compact(c, kv)
         sampling_ids = [s.seq.seq_id for s in out.scheduled if s.samples]
         return dict(zip(sampling_ids, logits.argmax(-1).tolist()))
@@ -310,7 +311,10 @@ class ModelRunner:
     def _copy_blocks(self, out: SchedulerOutput) -> None:
         """Copy-on-write copies of the step's compactions, every layer's keys and values (the block tables
         already name the copies, so this runs before the forward pass writes into them)."""
-        pairs = [pair for c in out.compactions for pair in c.copies]
+        self._copy_pairs([pair for c in out.compactions for pair in c.copies])
+
+    def _copy_pairs(self, pairs) -> None:
+        """Copy blocks ``src -> dst`` (every layer's keys and values, scales and zero points)."""
         if not pairs:
             return
         src = torch.tensor([p[0] for p in pairs], device=self.model.device)

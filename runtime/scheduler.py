@@ -10,6 +10,8 @@ With eviction (an `EvictionBudget`), `schedule()` also decides which sequences a
 step's forward pass (`Compaction`, see `eviction_budget` for when and to how much): their blocks are made
 safe to rewrite now (copy-on-write of shared and cached blocks, listed for the executor), the executor
 selects and moves the KV after the forward pass, and `update()` frees the blocks past the kept slots.
+A sequence's first compaction leaves its prompt's prefix in the prefix cache as it was before it (blocks
+it rewrites are copied first while free blocks last: `Compaction.prefix_copies`).
 """
 from __future__ import annotations
 
@@ -114,7 +116,11 @@ class Compaction:
     and values: the block table already names ``dst``). After it, for each layer ``l``, the policy picks
     ``keep_per_layer[l]`` of the layer's occupied slots ``[src_first_slot[l], kv_len)`` per KV head, and
     their keys and values move, in ascending slot order, to the slots ``[dst_first_slot[l],
-    new_num_kv_tokens)``. `Scheduler.update` then frees the blocks past ``new_num_kv_tokens``."""
+    new_num_kv_tokens)``. `Scheduler.update` then frees the blocks past ``new_num_kv_tokens``.
+
+    ``prefix_copies`` (a first compaction with prefix reuse): between the forward pass and the compaction,
+    the executor copies each ``(src, dst)`` block, so that the prompt blocks the compaction rewrites stay
+    cached as they were (`KVCacheManager.prepare_prefix_copies`)."""
 
     seq_id: str
     kv_len: int  # slots before the compaction (this step's tokens included)
@@ -122,6 +128,7 @@ class Compaction:
     keep_per_layer: tuple[int, ...]
     src_first_slot: tuple[int, ...]
     copies: tuple[tuple[int, int], ...]
+    prefix_copies: tuple[tuple[int, int], ...] = ()
 
     @property
     def dst_first_slot(self) -> tuple[int, ...]:
@@ -321,7 +328,7 @@ class Scheduler:
                 budget -= n
                 continue
             self.kv.promote_prefix(seq)
-            hits = self.kv.get_computed_blocks(seq)
+            hits = self._usable_hits(seq, self.kv.get_computed_blocks(seq))
             num_computed = len(hits) * self.kv.block_size
             n = self._chunk(seq, num_computed, budget)
             if n == 0 or self.kv.allocate_slots(seq, n, hits) is None:
@@ -336,6 +343,22 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq.of(seq, num_computed, n, num_computed))
             budget -= n
+
+    def _usable_hits(self, seq: Sequence, hits: list[int]) -> list[int]:
+        """The prefix hits a waiting sequence may take: all of them, unless with eviction the hit and the chunk
+        after it could not fit the pool together. Admission checked a sequence against the pool at its peak
+        under its eviction budget (`EvictionBudget.peak_slots`), and compactions keep prompts cached whole
+        (`KVCacheManager.truncate`): a hit can be far longer than the budget, and a sequence that needs more
+        blocks than the pool has would wait forever. (Without eviction a hit never makes a sequence hold
+        more than its own tokens, which admission checked.)"""
+        if self.eviction is None or not hits:
+            return hits
+        num_blocks, block_size = self.kv.pool.num_blocks, self.kv.block_size
+        if self.kv.blocks_for(seq.num_tokens) <= num_blocks:
+            return hits
+        lim = self.limits
+        step = min(lim.chunk_size, lim.max_num_batched_tokens) if lim.chunked_prefill else seq.num_tokens
+        return hits[:max(0, num_blocks * block_size - step) // block_size]
 
     def _resume_swapped(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
         """Bring a swapped sequence back (its blocks from the host) with its next chunk; returns the
@@ -396,8 +419,9 @@ class Scheduler:
             new_num_kv, keep = eviction.plan(kv_len, context, seq.kv_first_slot)
             copies = self.kv.prepare_compaction(seq, new_num_kv)
             if copies is not None:
+                prefix_copies = self.kv.prepare_prefix_copies(seq, context, new_num_kv)
                 out.compactions.append(Compaction(seq.seq_id, kv_len, new_num_kv, keep, seq.kv_first_slot,
-                                                  tuple(copies)))
+                                                  tuple(copies), tuple(prefix_copies)))
 
     def _check_budgets(self, out: SchedulerOutput) -> None:
         lim = self.limits
@@ -452,7 +476,7 @@ class Scheduler:
             return n > 0 and self.kv.can_swap_in(seq, n)
         if self.kv.lower_prefix_blocks(seq):
             return True  # a promotion may make room count differently: let the step decide
-        hits = self.kv.get_computed_blocks(seq)
+        hits = self._usable_hits(seq, self.kv.get_computed_blocks(seq))
         n = self._chunk(seq, len(hits) * self.kv.block_size, budget)
         if n == 0:
             return False
@@ -561,7 +585,7 @@ class Scheduler:
 
     def _apply_compaction(self, seq: Sequence, compaction: Compaction | None) -> None:
         if compaction is not None:
-            self.kv.truncate(seq, compaction.new_num_kv_tokens)
+            self.kv.truncate(seq, compaction.new_num_kv_tokens, compaction.prefix_copies)
             seq.kv_first_slot = compaction.dst_first_slot
 
     def _finish(self, seq: Sequence, now_s: float) -> None:

@@ -58,7 +58,9 @@ class SlotExecutor:
             blocks, offsets = self.slots(kv, s.seq.seq_id, s.kv_start, s.kv_start + s.num_new_tokens)
             self.store[:, blocks, offsets] = torch.arange(s.start, s.start + s.num_new_tokens)[:, None]
             self.attend(kv, s)
-        for c in out.compactions:  # 3. after the forward pass: select and move, per layer and KV head
+        for c in out.compactions:  # 3. after the forward pass: keep the prompt's blocks for the prefix cache,
+            for src, dst in c.prefix_copies:  # then select and move, per layer and KV head
+                self.store[:, dst] = self.store[:, src]
             self.compactions.append(c)
             self.compact(kv, c)
         self.clock.advance(STEP_S)
@@ -133,8 +135,12 @@ def test_every_policy_serves_a_mixed_workload_within_budget_and_frees_every_bloc
     cap = max(eng.scheduler.eviction.budgets(100))
     for c in ex.compactions:
         assert c.new_num_kv_tokens == max(c.keep_per_layer) <= cap
+    hits = [r.prefix_hit_tokens for r in eng.records]
+    assert sum(hits) > 0  # the prompts' prefixes stay cached through their compactions
     if knobs["eviction.policy"] != "snapkv":  # snapkv keeps whole prompts until their end
-        peak_slots = cap + BLOCK - 1 + 8  # the budget, less than a block of hysteresis, one chunk
+        # the budget, less than a block of hysteresis, one chunk; or a prefix hit (held until the compaction
+        # after its first chunk) and one chunk
+        peak_slots = max(cap + BLOCK - 1, max(hits)) + 8
         assert max(ex.max_blocks.values()) <= eng.kv.blocks_for(peak_slots)
 
 
@@ -209,8 +215,53 @@ def test_cached_blocks_are_copied_so_the_prefix_cache_stays_valid():
     assert c.kv_len == 24 and c.new_num_kv_tokens == 16 and [src for src, _ in c.copies] == [1, 2, 3, 4]
     eng.add_request(req("b", 32, 2))  # the same prompt: hits the original (uncompacted) blocks
     eng.run_until_done()
-    assert eng.records[1].prefix_hit_tokens == 16
+    # ... and the third chunk's two blocks: past the 16 kept slots, the compaction left them as they were
+    assert eng.records[1].prefix_hit_tokens == 24
     assert eng.kv.pool.num_free() == 64  # (SlotExecutor checked b's slot i holds position i)
+
+
+@pytest.mark.parametrize("budget", [16, 28])
+def test_a_prompt_compacted_at_the_end_of_its_prefill_stays_cached(budget):
+    """A prompt of one chunk, compacted after it: its blocks were not cached when the compaction was planned.
+    Those the compaction rewrites are copied first (then cached as they were), those past the kept slots are
+    cached in place; the same prompt again hits all its full blocks, with the right KV in each slot."""
+    eng, ex = make_engine(**h2o(budget), **{"batching.chunk_size": 64})
+    eng.add_request(req("a", 33, 3))
+    eng.step()
+    c = ex.compactions[0]
+    kept_blocks = eng.kv.blocks_for(c.new_num_kv_tokens)
+    assert c.kv_len == 33 and [src for src, _ in c.prefix_copies] == list(range(1, kept_blocks + 1))
+    assert eng.kv.peak_used_blocks == 9 + kept_blocks  # 9 blocks of the prompt and the copies, for a step
+    eng.run_until_done()
+    assert eng.kv.pool.num_free() == 64
+    eng.add_request(req("b", 33, 2))  # the same prompt: 8 full blocks (32 tokens), the last token computed
+    eng.run_until_done()  # (SlotExecutor checks that b's slot i holds position i)
+    assert eng.records[1].prefix_hit_tokens == 32 and eng.kv.pool.num_free() == 64
+
+
+def test_a_prefix_hit_is_cut_to_what_fits_the_pool_beside_a_chunk():
+    """7 blocks of 4 slots admit a 40-token prompt under a budget of 4 (4 + 3 + a 16-token chunk = 6 blocks).
+    A first request with the same first 16 tokens leaves its first chunk cached (4 blocks); the 40-token
+    prompt would hold those 4 and 4 more for its next chunk, 8 > 7, and could never be admitted: it takes
+    3 of them."""
+    eng, ex = make_engine(num_blocks=7, **h2o(4, **{"eviction.sink_tokens": 1, "eviction.recent_window": 2}),
+                          **{"batching.chunk_size": 16, "batching.max_num_batched_tokens": 16})
+    eng.add_request(req("a", 17, 1))
+    eng.run_until_done()
+    eng.add_request(req("b", 40, 3))
+    eng.run_until_done()
+    assert eng.records[1].prefix_hit_tokens == 12 and len(eng.records[1].output_token_ids) == 3
+    assert eng.kv.pool.num_free() == 7
+
+
+def test_without_free_blocks_for_the_copies_the_prefix_is_not_cached():
+    eng, ex = make_engine(num_blocks=9, **h2o(16), **{"batching.chunk_size": 64})  # the prompt fills the pool
+    eng.add_request(req("a", 33, 3))
+    eng.run_until_done()
+    assert ex.compactions[0].prefix_copies == () and eng.kv.pool.num_free() == 9
+    eng.add_request(req("b", 33, 2))
+    eng.run_until_done()
+    assert eng.records[1].prefix_hit_tokens == 0
 
 
 def test_preemption_drops_the_evicted_state_and_recomputes_from_scratch():

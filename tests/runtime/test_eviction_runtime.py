@@ -11,7 +11,7 @@ from skistune.runtime.engine import Engine, VirtualClock
 from skistune.runtime.eviction import kept_slots
 from skistune.runtime.kv_store import PagedKVStore
 from skistune.runtime.model import apply_rope, rms_norm, rope_tables
-from skistune.runtime.model_runner import ModelRunner, read_slots
+from skistune.runtime.model_runner import read_slots
 from skistune.runtime.request import Request
 
 from tiny import TINY, dense_logits, tiny_runtime, tiny_weights
@@ -262,3 +262,35 @@ def test_keep_logits_gives_every_computed_positions_logits():
         rows.append(eng.executor.step_logits["a"])
     tokens = ids + eng.records[0].output_token_ids
     torch.testing.assert_close(torch.cat(rows), dense_logits(TINY, tiny_weights(), tokens[:-1]), atol=1e-4, rtol=0)
+
+
+def cached_prefix_kv(eng, token_ids):
+    """Every layer's stored keys and values of the cached blocks that hold ``token_ids``' full blocks."""
+    from skistune.runtime.block_manager import chain_hashes
+
+    blocks = [eng.kv.pool.lookup(h) for h in chain_hashes(token_ids, eng.kv.block_size, [])]
+    assert None not in blocks, blocks
+    return [[side.data[blocks].clone() for side in sides] for sides in eng.executor.store.layers]
+
+
+def test_a_prompt_compacted_at_the_end_of_its_prefill_stays_cached_with_its_own_kv():
+    """A prompt of one chunk is compacted right after it: the blocks the compaction rewrites are copied
+    between the forward pass and the compaction. The cache then holds the same KV as without eviction, and
+    the same prompt again hits all of its full blocks."""
+    prompt = prompts(1, [21])[0]  # 5 full blocks of 4
+    evict = evicting("h2o", budget=10, **{"batching.chunk_size": 32, "batching.max_num_batched_tokens": 32})
+    eng = evict.new_engine()
+    eng.add_request(Request("a", prompt, 4))
+    eng.run_until_done()
+    plain = evict.with_config(evict.config.with_knobs({"eviction.policy": "none", "eviction.budget_tokens": None}))
+    ref = plain.new_engine()
+    ref.add_request(Request("a", prompt, 4))
+    ref.run_until_done()
+    for sides, ref_sides in zip(cached_prefix_kv(eng, prompt), cached_prefix_kv(ref, prompt)):
+        for got, want in zip(sides, ref_sides):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    eng.add_request(Request("b", prompt, 4))
+    eng.run_until_done()
+    # (its outputs may differ from a's: H2O's scores of the hit tokens come from b's queries alone)
+    assert eng.records[1].prefix_hit_tokens == 20 and len(eng.records[1].output_token_ids) == 4
+    assert_nothing_leaked(eng)
