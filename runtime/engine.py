@@ -7,7 +7,11 @@ scheduler and the block accounting.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Iterable, Protocol
+from typing import Sequence as PySequence
+
+import numpy as np
 
 from ..config import KVConfig
 from .block_manager import KVCacheManager
@@ -86,23 +90,29 @@ def eviction_budget(config: KVConfig, n_layers: int | None) -> EvictionBudget | 
     return EvictionBudget(config.eviction, n_layers, config.prefix_reuse.block_size)
 
 
-def swap_blocker(config: KVConfig) -> str | None:
-    """Why ``preemption: swap`` falls back to recompute for this config, or None. A swap moves the
-    sequence's blocks to host slots; with quantized KV its full-precision ring rows go to host memory
-    beside them (`model_runner.RingSlots`), and with eviction its attention statistics and evicted-token
-    count stay with it (`block_manager.KVCacheManager.swap_out`), so every config can swap."""
-    if config.offload.host_kv_bytes == 0:
-        return "no host tier (offload.host_kv_bytes is 0)"
-    return None
+def tier_blocks(knob: str, tier_bytes: int, block_bytes: int) -> int:
+    """A lower tier's capacity in blocks; warns when a tier was asked for but holds no whole block."""
+    blocks = tier_bytes // block_bytes
+    if tier_bytes and not blocks:
+        warnings.warn(f"{knob}: {tier_bytes} bytes hold less than one KV block of {block_bytes} bytes: "
+                      "the tier is off", UserWarning)
+    return blocks
 
 
 def tier_manager(config: KVConfig, block_bytes: int) -> TierManager | None:
-    """The host and disk tiers of a config in blocks (None when both are 0 bytes: nothing moves down)."""
+    """The host and disk tiers of a config in blocks (None when both hold no block: nothing moves down)."""
     off = config.offload
-    host, disk = off.host_kv_bytes // block_bytes, off.disk_kv_bytes // block_bytes
+    host = tier_blocks("offload.host_kv_bytes", off.host_kv_bytes, block_bytes)
+    disk = tier_blocks("offload.disk_kv_bytes", off.disk_kv_bytes, block_bytes)
+    # a swap moves a sequence's blocks to host slots (with quantized KV its full-precision ring rows too, with
+    # eviction its attention statistics stay with it): every config can swap, given a host tier
+    swap = config.batching.preemption == "swap"
+    if swap and host == 0:  # warned once (Python shows a repeated warning once), not once per preemption
+        warnings.warn("batching.preemption: swap needs a host tier (offload.host_kv_bytes of one KV block or "
+                      "more): without one every preemption recomputes", UserWarning)
     if host == 0 and disk == 0:
         return None
-    swap = config.batching.preemption == "swap" and swap_blocker(config) is None
+    # swap as configured: without host room the tiers count each preemption as a swap fallback
     return TierManager(host, disk, write_through=off.write_policy == "write_through",
                        swap_evicts_prefix=off.demote_first == "preempted", swap=swap)
 
@@ -120,14 +130,23 @@ def layerwise_depth(config: KVConfig) -> int:
     return p.depth if p.enabled and p.unit == "layers" else 0
 
 
+def token_id_range(token_ids: PySequence[int]) -> tuple[int, int]:
+    """(lowest, highest) token id of a prompt: vectorised on numpy arrays (workloads keep prompts so)."""
+    if isinstance(token_ids, np.ndarray):
+        return int(token_ids.min()), int(token_ids.max())
+    return min(token_ids), max(token_ids)
+
+
 class Engine:
     """Serves requests through the paged KV cache: ``step()`` schedules, executes and updates. ``n_layers``
-    (the model's) is needed with eviction only: the budgets are per layer."""
+    (the model's) is needed with eviction only: the budgets are per layer. ``vocab_size``, where a real model
+    embeds the prompts, makes a request with token ids outside the vocabulary an error (the simulator's
+    executor never embeds them and passes none)."""
 
     def __init__(self, config: KVConfig, *, num_blocks: int, block_bytes: int, max_context: int,
                  executor: Executor, clock: Clock, eos_token_id: int | None = None,
                  notes: tuple[str, ...] = (), fast_forward: FastForward | None = None,
-                 n_layers: int | None = None) -> None:
+                 n_layers: int | None = None, vocab_size: int | None = None) -> None:
         self.config = config
         self.fast_forward = fast_forward
         self.kv = KVCacheManager(num_blocks, config.prefix_reuse.block_size, config.prefix_reuse.enabled,
@@ -143,7 +162,12 @@ class Engine:
         self.clock = clock
         self.eos_token_id = eos_token_id
         self.notes = notes
+        self.vocab_size = vocab_size
         self.records: list[RequestRecord] = []
+        # Request ids of this engine's records. An id names one request for the whole run, finished or not:
+        # the metrics' rejections and the optimizer's isolated-latency lookup key records by it, and the
+        # scheduler and block tables key sequences by it. So a finished request's id is not reused either.
+        self.request_ids: set[str] = set()
         self.busy_s = 0.0  # clock time spent in steps (the rest of a replay is idle waiting for arrivals)
 
     def _rejection(self, req: Request) -> str | None:
@@ -170,8 +194,22 @@ class Engine:
         step_tokens = min(b.chunk_size, b.max_num_batched_tokens) if b.chunked_prefill else req.prompt_len
         return eviction.peak_slots(req.prompt_len, total, step_tokens)
 
+    def _check_request(self, req: Request, ids: set[str]) -> None:
+        """Raise for a request that is a caller's error, not a capacity limit: an id already in ``ids``, or
+        prompt token ids outside the model's vocabulary (which the embedding would fail on mid-step)."""
+        if req.request_id in ids:
+            raise ValueError(f"request {req.request_id}: duplicate request id (ids must be unique in a run)")
+        if self.vocab_size is not None:
+            lo, hi = token_id_range(req.prompt_token_ids)
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(f"request {req.request_id}: token id {lo if lo < 0 else hi} is outside the "
+                                 f"model's vocabulary of {self.vocab_size} (0..{self.vocab_size - 1})")
+
     def add_request(self, req: Request, arrival_s: float | None = None) -> RequestRecord:
-        """Queue a request (or record why it is rejected); it arrives now unless ``arrival_s`` says when."""
+        """Queue a request (or record why it is rejected); it arrives now unless ``arrival_s`` says when.
+        Raises ``ValueError`` for a duplicate id or out-of-vocabulary tokens (`_check_request`)."""
+        self._check_request(req, self.request_ids)
+        self.request_ids.add(req.request_id)
         arrival_s = self.clock.now() if arrival_s is None else arrival_s
         record = RequestRecord(req.request_id, arrival_s, req.prompt_len)
         self.records.append(record)
@@ -197,6 +235,10 @@ class Engine:
     def replay(self, requests: Iterable[Request]) -> Metrics:
         """Serve requests at their arrival times (relative to the clock's start) until all finish."""
         pending = sorted(requests, key=lambda r: r.arrival_s)
+        ids = set(self.request_ids)
+        for r in pending:  # all before serving any: a bad request arriving late would waste the run so far
+            self._check_request(r, ids)
+            ids.add(r.request_id)
         start = self.clock.now()
         i = 0
         while i < len(pending) or self.scheduler.has_work():

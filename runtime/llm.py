@@ -77,16 +77,21 @@ class Runtime:
         return Engine(self.config, num_blocks=self.store.num_blocks, block_bytes=self.store.block_bytes,
                       max_context=self.spec.max_context,
                       executor=ModelRunner(self.model, self.store, self.config.eviction, layerwise_depth(self.config)),
-                      clock=clock or WallClock(), eos_token_id=eos, notes=self.notes, n_layers=self.spec.n_layers)
+                      clock=clock or WallClock(), eos_token_id=eos, notes=self.notes, n_layers=self.spec.n_layers,
+                      vocab_size=self.spec.vocab_size)
 
     def replay(self, requests: Sequence[Request]) -> Metrics:
         """Serve requests at their arrival times, in real time, and measure them."""
         return self.new_engine().replay(requests)
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 32, stop_at_eos: bool = True) -> list[str]:
-        """Greedy completions of text prompts, all submitted at once."""
+    def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 32,
+                 stop_at_eos: bool = True) -> list[str]:
+        """Greedy completions of text prompts, all submitted at once, one completion per prompt; a single
+        string is one prompt (as in vLLM's ``LLM.generate``), not a sequence of one-character prompts."""
         if self.tokenizer is None:
             raise ValueError(f"model {self.spec.name}: no tokenizer (random-weight preset)")
+        if isinstance(prompts, str):
+            prompts = [prompts]
         engine = self.new_engine()
         records = [engine.add_request(Request(f"gen-{i}", self.tokenizer.encode(p), max_new_tokens,
                                               stop_at_eos=stop_at_eos)) for i, p in enumerate(prompts)]

@@ -1,6 +1,8 @@
 """What a client sends (`Request`) and what the runtime records about it (`RequestRecord`). Torch-free."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,8 +27,16 @@ class Request:
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) == 0:
             raise ValueError(f"request {self.request_id}: empty prompt")
+        # bool is an Integral too, but True new tokens is a caller's bug, not 1
+        if not isinstance(self.max_new_tokens, numbers.Integral) or isinstance(self.max_new_tokens, bool):
+            raise ValueError(f"request {self.request_id}: max_new_tokens must be an integer, "
+                             f"got {self.max_new_tokens!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"request {self.request_id}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        # a NaN or infinite time is never reached by a clock: replay would wait for it forever
+        for name, t in (("arrival_s", self.arrival_s), ("deadline_s", self.deadline_s)):
+            if t is not None and not (isinstance(t, numbers.Real) and math.isfinite(t)):
+                raise ValueError(f"request {self.request_id}: {name} must be a finite number of seconds, got {t!r}")
         if self.arrival_s < 0:
             raise ValueError(f"request {self.request_id}: negative arrival time {self.arrival_s}")
 

@@ -106,7 +106,7 @@ class TierManager:
         self.levels = [p for p in (self.host, self.disk) if p.capacity > 0]
         self.write_through = write_through and host_blocks > 0
         self.swap_evicts_prefix = swap_evicts_prefix
-        self.swap = swap and host_blocks > 0
+        self.swap = swap  # preemption: swap asked for; without host slots every swap falls back (counted)
         self.swapped: dict[str, list[int]] = {}  # seq id -> host slots, in block-table order
         self.pending: list[Transfer] = []
         self.prefetched: set[int] = set()  # hashes promoted ahead of use and not yet used
@@ -205,11 +205,12 @@ class TierManager:
 
     # ---- swapped sequences -------------------------------------------------------------------------
     def swap_out(self, seq_id: str, blocks: list[int]) -> bool:
-        """Copy a preempted sequence's blocks to host slots; False (nothing done) without room."""
+        """Copy a preempted sequence's blocks to host slots; False (nothing done) without room, counted as a
+        swap fallback (also with no host tier at all: a disk-only config still asked for swap)."""
         if not self.swap:
             return False
         room = self.host.num_free() + (len(self.host.cached) if self.swap_evicts_prefix else 0)
-        if len(blocks) > room:
+        if self.host.capacity == 0 or len(blocks) > room:
             self.stats.swap_fallbacks += 1
             return False
         while self.host.num_free() < len(blocks):  # push cached prefix blocks down (demote_first: preempted)

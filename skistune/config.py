@@ -47,6 +47,16 @@ def parse_bytes(name: str, text: str) -> int:
     return int(float(m.group(1)) * _BYTE_UNITS[m.group(2)])
 
 
+def _byte_count(name: str, value: Any) -> Any:
+    """A byte knob's value as an int where it is one: ``8GiB`` parsed, and a whole float (JSON's ``1e8``)
+    converted like `parse_bytes` converts ``1.5GiB``; anything else is left for validation to reject."""
+    if isinstance(value, str):
+        return parse_bytes(name, value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def format_bytes(n: int | float) -> str:
     """A byte count for people: exact in the largest binary unit that divides it, as `parse_bytes` reads it
     back (``8GiB``, ``256MiB``), else to a tenth of the largest unit it reaches (``15.7 GiB``)."""
@@ -64,6 +74,29 @@ def byte_size_text(knob: str, value: Any) -> str | None:
     return format_bytes(value) if value else None
 
 
+# what values of a knob's declared type (its annotation: ``int | None`` declares int) are, and their names
+_KINDS: dict[str, tuple[type, str]] = {"bool": (bool, "a boolean (true/false)"), "int": (int, "an integer"),
+                                       "float": (float, "a number"), "str": (str, "a string"),
+                                       "tuple": (tuple, "a list")}
+
+
+def _declared_kind(f: dataclasses.Field) -> str:
+    """The knob's type name without ``None`` ("int" for ``int | None``; annotations are strings here)."""
+    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+    parts = [t.strip() for t in text.split("|") if t.strip() != "None"]
+    return parts[0] if len(parts) == 1 else ""
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if kind not in _KINDS:
+        return True
+    if isinstance(value, bool):  # an int to Python, but true is no block size
+        return kind == "bool"
+    if kind == "float":  # an int is a fine float (device_memory_fraction: 1)
+        return isinstance(value, (int, float))
+    return isinstance(value, _KINDS[kind][0])
+
+
 def _check_value(owner: str, f: dataclasses.Field, value: Any) -> None:
     name = f"{owner}.{f.name}"
     meta = f.metadata
@@ -71,21 +104,24 @@ def _check_value(owner: str, f: dataclasses.Field, value: Any) -> None:
         if not meta.get("nullable"):
             raise ValueError(f"{name}: null is not allowed")
         return
-    default = f.default
-    if isinstance(default, bool) or meta.get("choices") and all(isinstance(c, bool) for c in meta["choices"]):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name}: {value!r} is not a boolean (true/false)")
-    if meta.get("choices") is not None and value not in meta["choices"]:
-        allowed = ", ".join(str(c) for c in meta["choices"])
-        raise ValueError(f"{name}: {value!r} is not one of {allowed}")
+    kind, choices = _declared_kind(f), meta.get("choices")
+    if kind == "bool" and not _is_kind(value, kind):
+        raise ValueError(f"{name}: {value!r} is not a boolean (true/false)")
+    if choices is not None:
+        allowed = ", ".join(str(c) for c in choices)
+        if not _is_kind(value, kind):  # type-strict: 4.0 == 4 would pass `in` alone, then break integer code
+            raise ValueError(f"{name}: {value!r} is not {_KINDS[kind][1]} (one of {allowed})")
+        if value not in choices:
+            raise ValueError(f"{name}: {value!r} is not one of {allowed}")
+        return
+    if kind in ("int", "float") and not _is_kind(value, "float"):
+        raise ValueError(f"{name}: {value!r} is not a number")
+    if not _is_kind(value, kind):  # 10.5 tokens, 1e8 bytes (a whole float byte count is converted in from_dict)
+        raise ValueError(f"{name}: {value!r} is not {_KINDS[kind][1]}")
     low, high = meta.get("low"), meta.get("high")
-    if low is not None or high is not None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name}: {value!r} is not a number")
-        if isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int):
-            raise ValueError(f"{name}: {value!r} is not an integer")
-        if (low is not None and value < low) or (high is not None and value > high):
-            raise ValueError(f"{name}: {value!r} is outside [{low}, {high}]{' ' + meta['unit'] if meta['unit'] else ''}")
+    # "not inside" rather than "outside": every comparison with NaN is False, so NaN is outside too
+    if not ((low is None or value >= low) and (high is None or value <= high)):
+        raise ValueError(f"{name}: {value!r} is outside [{low}, {high}]{' ' + meta['unit'] if meta['unit'] else ''}")
 
 
 class _Family:
@@ -118,8 +154,8 @@ class _Family:
             raise ValueError(f"{cls.section}.{unknown[0]}: unknown knob (known: {', '.join(sorted(names))})")
         kwargs = {k: (_to_tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
         for f in fields(cls):  # type: ignore[arg-type]
-            if f.metadata.get("unit") == "bytes" and isinstance(kwargs.get(f.name), str):  # host_kv_bytes: 8GiB
-                kwargs[f.name] = parse_bytes(f"{cls.section}.{f.name}", kwargs[f.name])
+            if f.metadata.get("unit") == "bytes" and f.name in kwargs:  # host_kv_bytes: 8GiB
+                kwargs[f.name] = _byte_count(f"{cls.section}.{f.name}", kwargs[f.name])
         return cls(**kwargs)
 
 
@@ -192,7 +228,10 @@ class BitwidthConfig(_Family):
         if len(self.layer_bits) == 0:
             raise ValueError("bitwidth.layer_bits: empty list (use null for no per-layer override)")
         for i, pair in enumerate(self.layer_bits):
-            if not (isinstance(pair, tuple) and len(pair) == 2 and all(b in KV_BITS for b in pair)):
+            # type-strict: 4.0 == 4, but float bits break the quantizer
+            valid = isinstance(pair, tuple) and len(pair) == 2 and all(_is_kind(b, "int") and b in KV_BITS
+                                                                       for b in pair)
+            if not valid:
                 raise ValueError(f"bitwidth.layer_bits[{i}]: {list(pair) if isinstance(pair, tuple) else pair!r} is not a [key_bits, value_bits] pair "
                                  f"of {KV_BITS}")
 

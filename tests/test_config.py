@@ -97,3 +97,49 @@ def test_effective_sets_knobs_that_do_nothing_to_their_defaults():
                                   "offload.write_policy": "write_through", "bitwidth.key_bits": 4,
                                   "bitwidth.group_size": 64})
     assert live.effective() == live
+
+
+@pytest.mark.parametrize("updates, message", [
+    # integer knobs, nullable ones included (their default is None: the declared type says int)
+    ({"eviction.policy": "h2o", "eviction.budget_tokens": 10.5}, "eviction.budget_tokens: 10.5 is not an integer"),
+    ({"eviction.policy": "h2o", "eviction.budget_tokens": True}, "eviction.budget_tokens: True is not a number"),
+    ({"batching.max_num_seqs": 8.0}, "batching.max_num_seqs: 8.0 is not an integer"),
+    ({"offload.device_kv_bytes": 1e8 + 0.5}, "offload.device_kv_bytes: 100000000.5 is not an integer"),
+    # choices compare type-strictly: 4.0 == 4 and True == 1 in Python
+    ({"bitwidth.key_bits": 4.0}, "bitwidth.key_bits: 4.0 is not an integer (one of 16, 8, 4, 2)"),
+    ({"prefix_reuse.block_size": True}, "prefix_reuse.block_size: True is not an integer (one of 1, 2, 4"),
+    ({"bitwidth.layer_bits": [[4.0, 4]]}, "bitwidth.layer_bits[0]: [4.0, 4] is not a [key_bits, value_bits] pair"),
+    ({"eviction.policy": 3}, "eviction.policy: 3 is not a string (one of none, streaming"),
+    # float knobs: NaN compares False with every bound, inf is past the high one
+    ({"eviction.policy": "h2o", "eviction.budget_fraction": float("nan")},
+     "eviction.budget_fraction: nan is outside [0.01, 1.0]"),
+    ({"offload.device_memory_fraction": float("inf")}, "offload.device_memory_fraction: inf is outside [0.01, 1.0]"),
+    ({"offload.device_memory_fraction": "0.5"}, "offload.device_memory_fraction: '0.5' is not a number"),
+])
+def test_wrong_types_and_non_finite_values_are_rejected_naming_the_field(updates, message):
+    with pytest.raises(ValueError) as err:
+        KVConfig().with_knobs(updates)
+    assert message in str(err.value)
+
+
+def test_a_whole_float_byte_count_is_a_byte_count_and_ints_are_fine_floats():
+    # JSON has one number type: 1e8 arrives as a float; byte sizes as text are converted to ints likewise
+    cfg = KVConfig.from_json('{"offload": {"device_kv_bytes": 1e8, "host_kv_bytes": 2.0}}')
+    assert cfg.offload.device_kv_bytes == 10**8 and type(cfg.offload.device_kv_bytes) is int
+    assert cfg.offload.host_kv_bytes == 2 and type(cfg.offload.host_kv_bytes) is int
+    assert KVConfig().with_knobs({"offload.device_memory_fraction": 1}).offload.device_memory_fraction == 1
+
+
+def test_yaml_nan_and_float_tokens_fail_through_the_cli_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from skistune.cli import app
+
+    for text, message in (("eviction:\n  policy: h2o\n  budget_tokens: 10.5\n", "10.5 is not an integer"),
+                          ("eviction:\n  policy: h2o\n  budget_fraction: .nan\n", "budget_fraction: nan is outside"),
+                          ("bitwidth:\n  key_bits: 4.0\n", "key_bits: 4.0 is not an integer")):
+        path = tmp_path / "kv.yaml"
+        path.write_text(text)
+        r = CliRunner().invoke(app, ["evaluate", str(path), "--requests", "2"])
+        assert r.exit_code == 2 and message in r.output and r.output.startswith("error:")
+        assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
