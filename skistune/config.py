@@ -80,7 +80,7 @@ _KINDS: dict[str, tuple[type, str]] = {"bool": (bool, "a boolean (true/false)"),
                                        "tuple": (tuple, "a list")}
 
 
-def _declared_kind(f: dataclasses.Field) -> str:
+def declared_kind(f: dataclasses.Field) -> str:
     """The knob's type name without ``None`` ("int" for ``int | None``; annotations are strings here)."""
     text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
     parts = [t.strip() for t in text.split("|") if t.strip() != "None"]
@@ -104,7 +104,7 @@ def _check_value(owner: str, f: dataclasses.Field, value: Any) -> None:
         if not meta.get("nullable"):
             raise ValueError(f"{name}: null is not allowed")
         return
-    kind, choices = _declared_kind(f), meta.get("choices")
+    kind, choices = declared_kind(f), meta.get("choices")
     if kind == "bool" and not _is_kind(value, kind):
         raise ValueError(f"{name}: {value!r} is not a boolean (true/false)")
     if choices is not None:

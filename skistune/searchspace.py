@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from skistune.config import FAMILIES, KVConfig, _check_value, knob_fields, parse_bytes
+from skistune.config import FAMILIES, KVConfig, _check_value, declared_kind, knob_fields, parse_bytes
 
 Solver = Callable[[KVConfig], Any]  # given the config built so far, returns the knob's value
 
@@ -170,9 +170,8 @@ def _build_space(data: Any, source: str) -> SearchSpace:
 # ---- values against the knob's own metadata ---------------------------------------------------------
 def _field_type(f: dataclasses.Field) -> str:
     """"bool", "int", "float", "str", or "other" (structured values such as layer_bits)."""
-    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-    parts = [t.strip() for t in text.split("|") if t.strip() != "None"]
-    return parts[0] if len(parts) == 1 and parts[0] in ("bool", "int", "float", "str") else "other"
+    kind = declared_kind(f)
+    return kind if kind in ("bool", "int", "float", "str") else "other"
 
 
 def _is_type(value: Any, kind: str) -> bool:
