@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_args import hardware_profile, positive_int
 from skistune.config import KVConfig
 from skistune.evaluate import FIDELITY_FIGURES, compare_metrics, sim_target, workload_requests
 from skistune.runtime.llm import Runtime
@@ -90,13 +91,29 @@ def workloads(n: int) -> dict:
 
 
 METRICS = [(name, f) for name, _, f in FIDELITY_FIGURES]  # (the figures `skistune evaluate --mode compare` prints)
+UNITS = {name: unit for name, unit, _ in FIDELITY_FIGURES}
+SCALE = {"ms": 1e3, "MiB": 2 ** -20, "tok/s": 1.0}  # seconds and bytes as printed (the JSON keeps s and bytes)
+CELL = 20
+
+
+def cell(name: str, predicted: float, measured: float, error: float) -> str:
+    """predicted/measured in the figure's unit (ms, tok/s, MiB) and the relative error, CELL wide."""
+    k = SCALE[UNITS[name]]
+    return f"{_num(predicted * k)}/{_num(measured * k)} {error:+.0%}".rjust(CELL)
+
+
+def _num(x: float) -> str:
+    """Three significant digits, without an exponent from 100 up (1234 ms, not 1.23e+03)."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default=str(Path(__file__).resolve().parents[1] / "profiles" / "cpu-smollm2-135m.json"))
-    ap.add_argument("--requests", type=int, default=16)
-    ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--profile", type=hardware_profile,
+                    default=str(Path(__file__).resolve().parents[1] / "profiles" / "cpu-smollm2-135m.json"))
+    ap.add_argument("--requests", type=positive_int, default=16)
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), metavar="CONFIG",
+                    help="configs to run (default all): " + ", ".join(CONFIGS))
     ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
                     help="do not time the profile's own steps again before and after the replays")
     ap.add_argument("--json", action="store_true")
@@ -105,7 +122,8 @@ def main() -> None:
     rt = Runtime.from_preset(MODEL, KVConfig())
     speed = [machine_speed(args.profile, rt, "before")] if args.speed_check else []
     rows = []
-    print(f"{'workload':<16} {'config':<13} " + " ".join(f"{name:>17}" for name, _ in METRICS))
+    print(f"{'workload':<16} {'config':<20} " + " ".join(f"{name + ' ' + UNITS[name]:>{CELL}}" for name, _ in METRICS))
+    print(f"{'':<16} {'':<20} " + " ".join(f"{'predicted/measured':>{CELL}}" for _ in METRICS))
     for wname, w in workloads(args.requests).items():
         reqs = workload_requests(w, MODEL)
         for cname in args.configs:
@@ -117,9 +135,8 @@ def main() -> None:
                          "predicted": {n: f(predicted) for n, f in METRICS},
                          "measured": {n: f(measured) for n, f in METRICS},
                          "preemptions": [predicted.preemptions, measured.preemptions]})
-            print(f"{wname:<16} {cname:<13} " + " ".join(
-                f"{f(predicted):>8.3g}/{f(measured):<6.3g}{errors[n]:>+4.0%}"[-17:].rjust(17) for n, f in METRICS),
-                flush=True)
+            print(f"{wname:<16} {cname:<20} " + " ".join(
+                cell(n, f(predicted), f(measured), errors[n]) for n, f in METRICS), flush=True)
     if args.speed_check:
         speed.append(machine_speed(args.profile, rt, "after"))
     abs_err = [abs(e) for r in rows for n, e in r["errors"].items()]

@@ -12,6 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
+from bench_args import hardware_profile, positive_int
 from fidelity import CONFIGS, MODEL, workloads
 
 from skistune.config import KVConfig
@@ -54,11 +55,12 @@ def summary(errors: list[float]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default=str(Path(__file__).resolve().parents[1] / "profiles" / "cpu-smollm2-135m.json"))
+    ap.add_argument("--profile", type=hardware_profile,
+                    default=str(Path(__file__).resolve().parents[1] / "profiles" / "cpu-smollm2-135m.json"))
     ap.add_argument("--workload", default="mooncake-prefix", choices=["azure-conv", "mooncake-prefix", "bursty-chat"])
     ap.add_argument("--config", default="default", choices=list(CONFIGS))
-    ap.add_argument("--requests", type=int, default=12)
-    ap.add_argument("--replays", type=int, default=2)
+    ap.add_argument("--requests", type=positive_int, default=12)
+    ap.add_argument("--replays", type=positive_int, default=2)
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()
     target = sim_target(MODEL, args.profile)

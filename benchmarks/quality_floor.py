@@ -27,6 +27,7 @@ from pathlib import Path
 import optuna
 
 import skistune
+from bench_args import hardware_profile, nonnegative_int, positive_int, quality_profile
 from skistune.config import KVConfig
 from skistune.objectives import structural_changes
 from skistune.quality.measure import measure_quality
@@ -73,12 +74,14 @@ def within(floor: str, measured: dict) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=40)
-    ap.add_argument("--top", type=int, default=3)
-    ap.add_argument("--validate", type=int, default=3, help="top configs validated on the runtime (0: none)")
-    ap.add_argument("--windows", type=int, default=4, help="held-out windows per config")
-    ap.add_argument("--quality-profile", default=None, help="default: the shipped SmolLM2 profile")
-    ap.add_argument("--profile", default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
+    ap.add_argument("--trials", type=positive_int, default=40)
+    ap.add_argument("--top", type=positive_int, default=3)
+    ap.add_argument("--validate", type=nonnegative_int, default=3,
+                    help="top configs validated on the runtime (0: none)")
+    ap.add_argument("--windows", type=positive_int, default=4, help="held-out windows per config")
+    ap.add_argument("--quality-profile", type=quality_profile, default=None,
+                    help="default: the shipped SmolLM2 profile")
+    ap.add_argument("--profile", type=hardware_profile, default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
     ap.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
     args = ap.parse_args()
     started = time.perf_counter()

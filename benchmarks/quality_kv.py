@@ -34,6 +34,7 @@ import time
 
 import torch
 
+from bench_args import fail, name_list, positive_int
 from skistune.config import KVConfig
 from skistune.quality.corpus import stdlib_text
 from skistune.quality.scoring import window_nll
@@ -86,20 +87,28 @@ def print_table(results: dict[str, dict], continuation: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--windows", type=int, default=8)
-    ap.add_argument("--window-tokens", type=int, default=1500)
-    ap.add_argument("--chunk", type=int, default=64, help="prefill chunk (tokens per step)")
-    ap.add_argument("--continuation", type=int, default=128, help="last tokens of a window fed as decode steps")
-    ap.add_argument("--only", default="", help="comma-separated config names (full is always measured)")
+    names = list(configs(1500))  # (the budgets depend on the window, the names do not)
+    ap.add_argument("--windows", type=positive_int, default=8)
+    ap.add_argument("--window-tokens", type=positive_int, default=1500)
+    ap.add_argument("--chunk", type=positive_int, default=64, help="prefill chunk (tokens per step)")
+    ap.add_argument("--continuation", type=positive_int, default=128,
+                    help="last tokens of a window fed as decode steps")
+    ap.add_argument("--only", type=name_list(names), default=[],
+                    help="comma-separated config names (full is always measured): "
+                    + ", ".join(names).replace("%", "%%"))  # (argparse formats help with %)
     ap.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
     args = ap.parse_args()
+    if args.continuation >= args.window_tokens:
+        ap.error(f"--continuation {args.continuation} leaves no prompt in windows of {args.window_tokens} tokens")
     torch.manual_seed(0)
     base = Runtime.from_preset("smollm2-135m")
     text, used = stdlib_text()
     ids = base.tokenizer.encode(text)
     n = args.window_tokens
     windows = [ids[i * n:(i + 1) * n] for i in range(min(args.windows, len(ids) // n))]
-    wanted = {"full", *filter(None, args.only.split(","))}
+    if not windows:
+        fail(f"--window-tokens {n}: longer than the text ({len(ids)} tokens)")
+    wanted = {"full", *args.only}
     results, full = {}, None
     for name, knobs in configs(n).items():
         if args.only and name not in wanted:

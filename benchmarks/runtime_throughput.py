@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from bench_args import positive_int
 from skistune.config import KVConfig
 from skistune.runtime.llm import Runtime
 from skistune.runtime.request import Request
@@ -67,10 +68,10 @@ def load_transformers():
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--prompt-tokens", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each, alternating; the median counts")
+    ap.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--prompt-tokens", type=positive_int, default=32)
+    ap.add_argument("--new-tokens", type=positive_int, default=64)
+    ap.add_argument("--repeats", type=positive_int, default=3, help="runs of each, alternating; the median counts")
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()
     logging.disable(logging.WARNING)

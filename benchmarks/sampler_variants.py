@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import search_efficiency as se
+from bench_args import positive_int
 
 BUDGET = 200
 
@@ -45,9 +46,12 @@ def main() -> None:
     import skistune.optimize as opt
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--scenarios", nargs="*", default=[s.name for s in se.SCENARIOS])
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    names = [s.name for s in se.SCENARIOS]
+    ap.add_argument("--seeds", type=positive_int, default=20)
+    ap.add_argument("--scenarios", nargs="+", default=names, choices=names, metavar="NAME",
+                    help="scenarios (default all): " + ", ".join(names))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
+                    help="sampler settings (default all): " + ", ".join(VARIANTS))
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)

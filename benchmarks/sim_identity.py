@@ -22,6 +22,7 @@ import time
 import warnings
 from pathlib import Path
 
+from bench_args import existing_file, fail, hardware_profile
 from skistune.config import KVConfig
 from skistune.evaluate import sim_target, workload_requests
 from skistune.objectives import energy_j_per_token
@@ -142,17 +143,29 @@ def compare(ref, new, path: str, diffs: list[str]) -> float:
     return 0.0
 
 
+def read_digest(path: str) -> dict:
+    """A digest written by ``--write``; a file that is not one ends the run with one ``error:`` line (exit 2)."""
+    try:
+        ref = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        fail(f"--check {path}: not a digest written by --write ({exc})")
+    if not isinstance(ref, dict) or not all(isinstance(v, dict) for v in ref.values()):
+        fail(f"--check {path}: not a digest written by --write (a JSON object of cases expected)")
+    return ref
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", metavar="FILE", help="write the digest of every case")
-    mode.add_argument("--check", metavar="FILE", help="compare every case against this digest")
-    ap.add_argument("--profile", default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
+    mode.add_argument("--check", metavar="FILE", type=existing_file, help="compare every case against this digest")
+    ap.add_argument("--profile", type=hardware_profile, default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     ap.add_argument("--full", action="store_true", help="add sim_speed's two runs (default config; ~30 s)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    ref = read_digest(args.check) if args.check else None
     warnings.simplefilter("ignore")  # the shipped profile's fingerprint warning: timings are not the point here
     profile = load_profile(args.profile)
     target = sim_target(MODEL, profile)
@@ -169,11 +182,13 @@ def main() -> None:
         sim_s += time.perf_counter() - t0
     summary = {"benchmark": "sim_identity", "cases": len(cases), "simulate_s": sim_s}
     if args.write:
-        Path(args.write).write_text(json.dumps(cases, indent=1, sort_keys=True))
+        try:
+            Path(args.write).write_text(json.dumps(cases, indent=1, sort_keys=True))
+        except OSError as exc:
+            fail(f"--write {args.write}: {exc.strerror or exc}")
         summary |= {"written": args.write}
         print(f"sim_identity: {len(cases)} cases written to {args.write} ({sim_s:.1f} s simulating)")
     else:
-        ref = json.loads(Path(args.check).read_text())
         diffs: list[str] = []
         missing = sorted(set(cases) - set(ref))
         max_rel = max((compare({k: v for k, v in ref[c].items() if k != "info"},

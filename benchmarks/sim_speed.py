@@ -14,6 +14,7 @@ import json
 import time
 from pathlib import Path
 
+from bench_args import hardware_profile, positive_float
 from skistune.config import KVConfig
 from skistune.evaluate import sim_target, workload_requests
 from skistune.simulator import build_engine, with_rate_scale
@@ -45,8 +46,8 @@ def time_simulation(requests, target) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
-    ap.add_argument("--rate-scales", type=float, nargs="+", default=[1.0, 0.01],
+    ap.add_argument("--profile", type=hardware_profile, default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
+    ap.add_argument("--rate-scales", type=positive_float, nargs="+", default=[1.0, 0.01],
                     help="arrival-rate scales: 1 = the trace's own rate (overloads the small CPU model)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

@@ -16,17 +16,20 @@ import time
 
 import torch
 
+from bench_args import nonnegative_float, positive_int
 from skistune.config import KVConfig
 from skistune.runtime.llm import Runtime
+from skistune.runtime.presets import PRESETS
 from skistune.runtime.request import Request
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 5, 8, 9, 12, 16, 17, 24, 32, 37, 48, 64])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--idle", type=float, default=0.0,
+    ap.add_argument("--model", default="smollm2-135m", choices=list(PRESETS))
+    ap.add_argument("--tokens", type=positive_int, nargs="+",
+                    default=[1, 2, 4, 5, 8, 9, 12, 16, 17, 24, 32, 37, 48, 64])
+    ap.add_argument("--rounds", type=positive_int, default=5)
+    ap.add_argument("--idle", type=nonnegative_float, default=0.0,
                     help="also time each step after the engine sat idle this many seconds")
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()

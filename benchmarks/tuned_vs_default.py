@@ -28,14 +28,17 @@ import sys
 import time
 import warnings
 from importlib.metadata import version
+from pathlib import Path
 
 import optuna
 from rich.console import Console
 from rich.table import Table
 
+from bench_args import fail, hardware_profile, nonnegative_int, positive_int
 from skistune.cli import print_json
 from skistune.optimize import (Problem, RequestSet, _measure, build_problem, load_runtime, score, score_at,
                                solve, validation_requests)
+from skistune.workloads import PRESETS
 from skistune.optimize_cli import _diff
 
 MEMORY_BOUND_FILL = 0.9  # KV peak over the pool at which a config counts as memory-bound
@@ -95,12 +98,18 @@ def measured_capacity(problem: Problem, runtime, config, requests: RequestSet, s
             "bounded": any(not h and s > best for s, h in held.items())}
 
 
-def run_workload(workload: str, args, runtime, console: Console) -> dict:
+def workload_names(text: str) -> list[str]:
+    """``--workloads``: comma-separated workload presets or trace files."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in PRESETS and not Path(n).is_file()]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, bad)) or 'nothing'}: not a workload preset "
+                                         f"({', '.join(PRESETS)}) or a trace file")
+    return names
+
+
+def run_workload(workload: str, problem: Problem, args, runtime, console: Console) -> dict:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a profile from another machine warns; its name is in the output
-        problem = build_problem(workload, slo=args.slo, quality=args.quality, profile=args.profile,
-                                kv_memory=args.kv_memory)
     started = time.perf_counter()
     result = solve(problem, n_trials=args.trials, validate=args.validate, seed=args.seed, runtime=runtime,
                    storage=optuna.storages.InMemoryStorage())
@@ -170,37 +179,54 @@ def report(rows: list[dict], console: Console) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default="chat,long-context,agent")
+    ap.add_argument("--workloads", type=workload_names, default="chat,long-context,agent",
+                    help="comma-separated workload presets or trace files")
     ap.add_argument("--slo", default="p99=200ms")
     ap.add_argument("--quality", default="ppl+1%", help="quality floor (eviction and KV bits are searched under it)")
-    ap.add_argument("--trials", type=int, default=40)
-    ap.add_argument("--validate", type=int, default=3, help="the optimizer's own validation (top configs)")
-    ap.add_argument("--profile", default=None, help="hardware profile JSON (default: this machine's quick profile)")
+    ap.add_argument("--trials", type=positive_int, default=40)
+    ap.add_argument("--validate", type=nonnegative_int, default=3, help="the optimizer's own validation (top configs)")
+    ap.add_argument("--profile", type=hardware_profile, default=None,
+                    help="hardware profile JSON (default: this machine's quick profile)")
     ap.add_argument("--kv-memory", default=None, help="memory KV may use (e.g. 256MiB; default the device's own, "
                     "4 GiB on a CPU): a small one makes the workloads memory-bound")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--measure", type=int, default=1, help="1: measure capacity on the runtime; 0: predicted only")
-    ap.add_argument("--slice", type=int, default=12, help="requests replayed per measurement")
-    ap.add_argument("--max-input", type=int, default=512)
-    ap.add_argument("--max-output", type=int, default=32)
+    ap.add_argument("--measure", type=int, choices=(0, 1), default=1,
+                    help="1: measure capacity on the runtime; 0: predicted only")
+    ap.add_argument("--slice", type=positive_int, default=12, help="requests replayed per measurement")
+    ap.add_argument("--max-input", type=positive_int, default=512)
+    ap.add_argument("--max-output", type=positive_int, default=32)
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()
 
     console = Console(stderr=args.json)
-    if args.profile is None:
-        from skistune.profile import cached_profile_path, default_profile, machine_fingerprint
-        with console.status("this machine's quick profile (measured once, then cached)"):
-            default_profile("smollm2-135m", "cpu")
-        args.profile = str(cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu")))
+
+    def profile() -> str:
+        """--profile, or this machine's quick profile: called by build_problem once every other input passed."""
+        if args.profile is None:
+            from skistune.profile import cached_profile_path, default_profile, machine_fingerprint
+            with console.status("this machine's quick profile (measured once, then cached)"):
+                default_profile("smollm2-135m", "cpu")
+            args.profile = str(cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu")))
+        return args.profile
+
+    problems = {}
+    for workload in args.workloads:  # every input checked before the first search: a bad one is one error line
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a profile from another machine warns; its name is in the output
+                problems[workload] = build_problem(workload, slo=args.slo, quality=args.quality, profile=profile,
+                                                   kv_memory=args.kv_memory)
+        except (ValueError, OSError) as exc:
+            fail(f"{workload}: {exc}")
     started = time.perf_counter()
     runtime = None
     if args.validate or args.measure:
         with console.status("loading SmolLM2-135M"):
-            runtime = load_runtime(build_problem("chat", slo=args.slo, profile=args.profile))
+            runtime = load_runtime(next(iter(problems.values())))
     rows = []
-    for workload in args.workloads.split(","):
+    for workload, problem in problems.items():
         with console.status(f"{workload}: searching, validating, measuring"):
-            rows.append(run_workload(workload, args, runtime, console))
+            rows.append(run_workload(workload, problem, args, runtime, console))
     report(rows, console)
     wall = time.perf_counter() - started
     console.print(f"profile: {args.profile}; {args.trials} trials per workload; wall {wall:.0f} s")

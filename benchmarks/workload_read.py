@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_args import positive_int
 from skistune.workloads import read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
@@ -47,8 +48,8 @@ def time_read(path: Path, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the generated Azure-format CSV")
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many reads")
+    parser.add_argument("--rows", type=positive_int, default=1_000_000, help="rows of the generated Azure-format CSV")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="best of this many reads")
     parser.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = parser.parse_args(argv)
     results = {name: time_read(path, args.repeats) for name, path in SAMPLES.items()}

@@ -2,7 +2,11 @@
 ``sys.path``, and from the root the folder that installs as ``skistune.kernels`` is importable as a top-level
 ``kernels`` package too: it shadowed Hugging Face's ``kernels`` package, which transformers imports from 5.25
 on (the reference the runtime tests compare with), and every test that loads transformers failed with
-``cannot import name 'CUDAProperties' from 'kernels'``. The tests import skistune as installed."""
+``cannot import name 'CUDAProperties' from 'kernels'``. The tests import skistune as installed (``pip install
+-e .``), or, from a checkout that is not installed, through a ``sys.path`` entry other than the root itself:
+benchmarks/gpu_session.sh puts on ``PYTHONPATH`` a scratch folder holding one link, ``skistune`` -> the
+checkout's ``skistune/`` (inside which it links ``runtime``, ``kernels`` and ``searchspaces``). Only an entry
+that resolves to the root is removed, so that folder stays."""
 from __future__ import annotations
 
 import sys

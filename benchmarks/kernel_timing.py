@@ -16,8 +16,8 @@ in a real step the KV of 30-odd layers and the weights stream between two reads 
 layer timed in a loop from a warm cache would read it at cache speed, not memory speed (16-bit 1 x 8192
 of Llama-3-8B is 67 MB). ``--warm`` times it in a loop instead.
 
-    python benchmarks/kernels.py [--device cpu|cuda] [--shapes 8x2048 ...] [--bits 16 8 4 2] [--sweep]
-                                 [--warm] [--json]
+    python benchmarks/kernel_timing.py [--device cpu|cuda] [--shapes 8x2048 ...] [--bits 16 8 4 2] [--sweep]
+                                      [--warm] [--json]
 """
 from __future__ import annotations
 
@@ -30,13 +30,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench_args import nonnegative_int
 from skistune.cli import print_json
 from skistune.config import KVConfig
 from skistune.kernels import cpu_native
 from skistune.kernels.attention import _decode_torch, build_attention_metadata, paged_attention, quantize_blocks
 from skistune.runtime.kv_layout import side_block_bytes
 from skistune.runtime.kv_store import PagedKVStore
-from skistune.runtime.presets import get_preset
+from skistune.runtime.presets import PRESETS, get_preset
 
 DEFAULT_SHAPES = {"cuda": ["1x65536", "32x8192", "128x4096", "64x16384"], "cpu": ["1x8192", "8x2048", "16x4096"]}
 DTYPES = {"cuda": torch.bfloat16, "cpu": torch.float32}
@@ -253,13 +254,22 @@ def quantize_rows(spec, dtype, device, repeats: int) -> list[dict]:
     return rows
 
 
+def shape(text: str) -> tuple[int, int]:
+    """``--shapes``: BATCHxCONTEXT, both positive integers."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: not BATCHxCONTEXT (two positive integers, e.g. 8x2048)")
+    return int(parts[0]), int(parts[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--model", default="llama-3-8b")
-    ap.add_argument("--shapes", nargs="*", help="BATCHxCONTEXT (default depends on the device)")
-    ap.add_argument("--bits", nargs="*", type=int, default=[16, 8, 4, 2])
-    ap.add_argument("--repeats", type=int, default=0, help="timed repeats (default 20 on CUDA, 5 on CPU)")
+    ap.add_argument("--model", default="llama-3-8b", choices=list(PRESETS))
+    ap.add_argument("--shapes", nargs="+", type=shape, metavar="BATCHxCONTEXT",
+                    help="BATCHxCONTEXT, e.g. 8x2048 (default depends on the device)")
+    ap.add_argument("--bits", nargs="+", type=int, choices=(16, 8, 4, 2), default=[16, 8, 4, 2])
+    ap.add_argument("--repeats", type=nonnegative_int, default=0, help="timed repeats (default 20 on CUDA, 5 on CPU)")
     ap.add_argument("--sweep", action="store_true",
                     help="CUDA: first time the decode kernel's tile/warps/stages choices and use the fastest")
     ap.add_argument("--warm", action="store_true",
@@ -285,8 +295,7 @@ def main() -> None:
                   f"unpack {r['unpack']} scales {r['scales']}: {r['time_s'] * 1e3:.3f} ms")
         print(f"decode kernel settings: 16-bit {ta.DECODE_FULL}, packed {ta.DECODE_QUANTIZED}")
     rows = []
-    for shape in args.shapes or DEFAULT_SHAPES[device.type]:
-        batch, context = (int(x) for x in shape.split("x"))
+    for batch, context in args.shapes or [shape(s) for s in DEFAULT_SHAPES[device.type]]:
         for r in run_shape(spec, batch, context, args.bits, dtype, device, copy_bps, repeats, flush):
             rows.append(r)
             err = "" if r["rel_err_vs_torch"] is None else f"  err {r['rel_err_vs_torch']:.1e}"

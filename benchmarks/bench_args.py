@@ -1,0 +1,115 @@
+"""Argument types shared by the benchmark scripts: each turns bad input into argparse's own error (a usage
+line and ``error: ...`` on stderr, exit code 2) instead of a traceback later. The scripts run as
+``python benchmarks/NAME.py``, which puts this folder first on ``sys.path``; so no script here may be named
+like an installed package or a standard-library module (``kernels.py`` once shadowed Hugging Face's
+``kernels``, which transformers imports)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, NoReturn
+
+
+def fail(message: str) -> NoReturn:
+    """Bad input found after parsing: one ``error:`` line on stderr, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number, 0 or more")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = nonnegative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
+    return value
+
+
+def existing_file(text: str) -> str:
+    """The path of a file that exists (returned as given)."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
+
+
+def name_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
+    """A type for a comma-separated list of names, each one of ``choices`` (empty items are skipped)."""
+    allowed = list(choices)
+
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(map(repr, unknown))} "
+                                             f"(choose from {', '.join(allowed)})")
+        return names
+
+    return parse
+
+
+def slo_text(text: str) -> str:
+    """An SLO as ``skistune optimize --slo`` takes it (e.g. ``p99=200ms``), checked by its parser; returned as given."""
+    from skistune.slo import parse_slo
+
+    try:
+        parse_slo(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def hardware_profile(text: str) -> str:
+    """The path of a hardware profile (``skistune profile``'s JSON) that loads; returned as given."""
+    from skistune.profile import load_profile
+
+    existing_file(text)
+    try:
+        load_profile(text, check_fingerprint=False)
+    except (ValueError, OSError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def quality_profile(text: str) -> str:
+    """The path of a quality profile (``skistune quality``'s JSON) that loads; returned as given."""
+    from skistune.quality import load_quality_profile
+
+    existing_file(text)
+    try:
+        load_quality_profile(text)
+    except (ValueError, OSError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
