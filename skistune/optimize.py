@@ -77,6 +77,7 @@ PROBLEM_ATTR = "skistune.problem"
 VALIDATED_ATTR = "skistune.validated"  # the last validation's replays, for `skistune report`
 SIMPLIFIES_ATTR = "skistune.simplifies"  # on a trial that tries the best config with a knob group as the baseline's
 CHOSEN_ATTR = "skistune.chosen"  # the config the last run ranked first (and wrote), for `skistune report`
+REFINED_ATTR = "skistune.refined"  # ... the configs it printed and the baseline, as refined (`Evaluation.to_record`)
 ILP_ATTR = "skistune.ilp"  # a trial's integer-program runs: {program: {calls, solve_s}}
 
 
@@ -519,9 +520,20 @@ class Evaluation:
 
     @classmethod
     def from_trial(cls, trial) -> Evaluation:
-        a = trial.user_attrs
-        return cls(KVConfig.from_dict(a["config"]), a["rate_scale"], tuple(trial.values), a["violations"],
-                   a["figures"], trial=trial.number)
+        return cls.from_attrs(trial.user_attrs, trial.values, trial.number)
+
+    @classmethod
+    def from_attrs(cls, a: Mapping[str, Any], values: Sequence[float], trial: int | None) -> Evaluation:
+        return cls(KVConfig.from_dict(a["config"]), a["rate_scale"], tuple(values), a["violations"], a["figures"],
+                   trial=trial)
+
+    def to_record(self) -> dict[str, Any]:
+        """`to_attrs` with the objective values and the trial: an evaluation made outside a trial (refined)."""
+        return {**self.to_attrs(), "values": list(self.values), "trial": self.trial}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Evaluation:
+        return cls.from_attrs(record, record["values"], record["trial"])
 
 
 def _replay(config: KVConfig, requests: Sequence[Request], target, scale: float):
@@ -1936,6 +1948,7 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     if validated:
         study.set_user_attr(VALIDATED_ATTR, [validation_record(v) for v in validated])
     study.set_user_attr(CHOSEN_ATTR, best[0].config.to_dict())
+    study.set_user_attr(REFINED_ATTR, {"best": [e.to_record() for e in best], "baseline": baseline.to_record()})
     by_config = {e.config: e for e in refined}
     pareto = [by_config.get(e.config, e) for e in front]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,

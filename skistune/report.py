@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from skistune.config import KVConfig
-from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed, infeasibility,
+from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINED_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed, infeasibility,
                                ranked, score)
 from skistune.plotting import log_axis, wants_log
 
@@ -70,10 +70,11 @@ def load_study(study_name: str, storage: Any = None) -> tuple[Any, Problem, str]
 # ---- the report's data --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Report:
-    """What a study found. ``best``: feasible configs, best first objective first (trial figures, at the
+    """What a study found. ``best``: feasible configs, best first objective first: the first ``refined`` as
+    `skistune optimize` last refined and printed them (2% capacity precision), the rest trial figures (the
     search's precision); ``pareto``: the feasible configs no other beats on the throughput axis, J/token,
-    quality loss and the study's other objectives together; ``baseline``: vLLM's defaults scored the same
-    way; ``validated``: the last validation's records (`optimize.validation_record`), winner first,
+    quality loss and the study's other objectives together (trial figures); ``baseline``: vLLM's defaults,
+    refined where optimize refined them; ``validated``: the last validation's records (`optimize.validation_record`), winner first,
     baseline last; ``binding``/``closest``: trials each constraint ruled out, configs closest to feasible;
     ``importance``: each knob's share of the first objective's variance (empty with ``importance_note``
     saying why); ``why``: why no arrival rate worked, in a study with no feasible config, where it can be told
@@ -93,6 +94,7 @@ class Report:
     importance_method: str
     importance_note: str | None = None
     why: str | None = None
+    refined: int = 0
 
     @property
     def feasible(self) -> bool:
@@ -112,14 +114,22 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
     binding, closest = infeasibility(evaluations)
     importance, method, note = knob_importance(study, problem)
     validated = tuple(study.user_attrs.get(VALIDATED_ATTR, ()))
-    best = tuple(_winner_first(ranked(problem, evaluations), study.user_attrs.get(CHOSEN_ATTR), validated)[:top_k])
+    best = _winner_first(ranked(problem, evaluations), study.user_attrs.get(CHOSEN_ATTR), validated)
+    refined = study.user_attrs.get(REFINED_ATTR)
+    baseline = None
+    if refined is not None:  # the figures optimize printed, not the search's coarser ones for the same configs
+        first = [Evaluation.from_record(r) for r in refined["best"]]
+        best = first + [e for e in best if e.config not in {f.config for f in first}]
+        baseline = Evaluation.from_record(refined["baseline"])
+    best = tuple(best[:top_k])
     why = None
     if not best:  # (simulates the closest config with each request alone: once, for the terminal, HTML and JSON)
         from skistune.optimize_cli import why_no_rate_line
 
         why = why_no_rate_line(problem, closest)
     return Report(problem, study, label, tuple(evaluations), best, tuple(tradeoff_front(problem, evaluations)),
-                  score(problem, problem.base), validated, binding, tuple(closest), importance, method, note, why)
+                  baseline or score(problem, problem.base), validated, binding, tuple(closest), importance, method,
+                  note, why, refined=0 if refined is None else len(refined["best"]))
 
 
 def _winner_first(ranked_evaluations: list[Evaluation], chosen: dict | None,
@@ -333,8 +343,11 @@ def best_configs_table(report: Report):
 
     table = best_table(_view(report, report.best))
     p = report.problem
+    precision = ("at the search's precision" if not report.refined else
+                 f"the first {report.refined} and the baseline at 2% precision as optimize printed them"
+                 + (", the rest at the search's" if len(report.best) > report.refined else ""))
     table.title = (f"Best configs of study {report.name} ({len(report.evaluations)} trials), predicted on "
-                   f"{len(p.workload)} requests of {p.workload.name} at the search's precision")
+                   f"{len(p.workload)} requests of {p.workload.name}, {precision}")
     return table
 
 

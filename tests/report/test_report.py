@@ -57,13 +57,24 @@ def validated_storage(study, tmp_path):
 def test_report_reads_the_study_back_best_first_with_the_baseline_scored_alike(study, report):
     result, _ = study
     assert report.name == "t" and len(report.evaluations) == 4 and report.feasible
-    assert [e.values[0] for e in report.best] == sorted((e.values[0] for e in report.best), reverse=True)
+    rest = report.best[report.refined:]  # (those optimize printed come first, in its order: ties go to the baseline)
+    assert [e.values[0] for e in rest] == sorted((e.values[0] for e in rest), reverse=True)
     assert all(e.feasible for e in report.best) and len({e.config for e in report.best}) == len(report.best)
     assert report.baseline.config == result.problem.base and report.baseline.trial is None
     assert report.validated == () and report.binding == violating(result) and report.binding
     assert report.importance_method == "fANOVA" and report.importance_note is None
     assert sum(report.importance.values()) == pytest.approx(1.0)
     assert set(report.importance) <= {p.name for p in result.problem.space.params}
+
+
+def test_the_configs_optimize_printed_are_listed_with_its_refined_figures(study, report):
+    result, _ = study
+    n = len(result.best)
+    assert report.refined == n >= 1
+    assert [(e.config, e.values, e.trial) for e in report.best[:n]] == [(e.config, e.values, e.trial)
+                                                                         for e in result.best]
+    assert report.baseline.values == result.baseline.values
+    assert not {e.config for e in report.best[n:]} & {e.config for e in result.best}
 
 
 def test_front_keeps_exactly_the_configs_no_other_beats_on_rate_energy_and_quality(report):
