@@ -28,7 +28,8 @@ LOOKUP_SLICE = 32  # prefix hashes looked up at once (past the first miss, the r
 
 
 class HasTokens(Protocol):
-    """What the block manager needs of a sequence (`scheduler.Sequence`; `TokenList` for a plain list)."""
+    """What the block manager needs of a sequence (`scheduler.Sequence`; `TokenList` for a plain list). A
+    sequence that also has a ``prompt`` (a numpy array) gets its prompt's block hashes from `PROMPT_HASHES`."""
 
     seq_id: str
     num_tokens: int

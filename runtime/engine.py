@@ -209,6 +209,10 @@ class Engine:
         """Queue a request (or record why it is rejected); it arrives now unless ``arrival_s`` says when.
         Raises ``ValueError`` for a duplicate id or out-of-vocabulary tokens (`_check_request`)."""
         self._check_request(req, self.request_ids)
+        return self._queue(req, arrival_s)
+
+    def _queue(self, req: Request, arrival_s: float | None) -> RequestRecord:
+        """`add_request` after its checks (`replay` checks every request before the first arrives)."""
         self.request_ids.add(req.request_id)
         arrival_s = self.clock.now() if arrival_s is None else arrival_s
         record = RequestRecord(req.request_id, arrival_s, req.prompt_len)
@@ -243,7 +247,7 @@ class Engine:
         i = 0
         while i < len(pending) or self.scheduler.has_work():
             while i < len(pending) and start + pending[i].arrival_s <= self.clock.now():
-                self.add_request(pending[i], arrival_s=start + pending[i].arrival_s)
+                self._queue(pending[i], start + pending[i].arrival_s)
                 i += 1
             if self.scheduler.has_work():
                 self.step()
