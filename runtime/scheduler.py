@@ -442,7 +442,37 @@ class Scheduler:
         if problems:
             raise RuntimeError("scheduler invariant broken: " + "; ".join(problems))
 
-    # ---- runs of identical decode steps (the simulator's fast-forward) -----------------------------
+    # ---- runs of steps whose outcome is known (the simulator's fast-forward) -----------------------
+    def lone_prefill(self) -> tuple[Sequence, list[int]] | None:
+        """The running sequence and its prefill's chunks, in order, if the next steps can only be those
+        chunks: it runs alone and is in its prefill, nothing waits (an arrival would end such a run), and
+        nothing is evicted or moved between tiers (those plan work per step). Else None."""
+        if len(self.running) != 1 or len(self.waiting) or self.eviction is not None or self.kv.tiers is not None:
+            return None
+        seq = self.running[0]
+        computed, chunks = seq.num_computed_tokens, []
+        if seq.num_tokens - computed <= 1:
+            return None  # a decode (`steady_decodes`)
+        while computed < seq.num_tokens:  # what `_schedule_running` gives a lone sequence, step by step
+            n = self._chunk(seq, computed, self.limits.max_num_batched_tokens)
+            chunks.append(n)
+            computed += n
+        return seq, chunks
+
+    def advance_prefill(self, seq: Sequence, chunks: list[int], step_end_s: float, token: int | None = None,
+                        eos_token_id: int | None = None) -> list[Sequence]:
+        """Apply the first ``chunks`` of `lone_prefill` (the last of them ending at ``step_end_s``) as their
+        steps would: their blocks in one allocation (the same blocks, in the same order, as one per step),
+        then `update` for the last chunk, which caches the full blocks and, if it ends the prefill, takes
+        the sampled ``token``. Returns the sequence if it finished (one new token asked)."""
+        if self.kv.allocate_slots(seq, sum(chunks)) is None:  # it runs alone: admission checked it fits
+            raise RuntimeError(f"prefill of {seq} alone ran out of blocks")
+        start = seq.num_computed_tokens + sum(chunks[:-1])
+        last = ScheduledSeq.of(seq, start, chunks[-1], start)
+        return self.update(SchedulerOutput([last]), {seq.seq_id: token} if last.samples else {}, step_end_s,
+                           eos_token_id)
+
+    # ---- runs of identical decode steps -----------------------------------------------------------
     def steady_decodes(self) -> list[Sequence] | None:
         """The running sequences if the next step can only be a pure decode of exactly them (all past
         prefill, no admission possible), else None."""

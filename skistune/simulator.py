@@ -3,7 +3,7 @@ model. Each step's duration comes from the hardware profile's fitted step-cost m
 
 Runs of decode steps in which the batch cannot change (no arrival, no admission, no finish, no
 preemption, blocks enough) are advanced in one event (`ProfileExecutor.fast_forward`), so the cost grows with events,
-not tokens. With eviction, the scheduler's compactions happen inside such runs too (`Scheduler.plan_decode_run`):
+not tokens; so is the rest of the chunked prefill of a sequence that runs alone with nothing waiting. With eviction, the scheduler's compactions happen inside such runs too (`Scheduler.plan_decode_run`):
 each sequence's KV slots, hence its blocks and the KV bytes a step reads, follow the budget.
 
 Quantized KV (``bitwidth.*``) enters twice, both from the runtime's own layout (`kv_layout`): the pool
@@ -26,7 +26,7 @@ from skistune.runtime.kv_layout import KVTraffic, kv_pool_blocks, kv_traffic, ri
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
-from skistune.runtime.scheduler import DecodeCompaction, SchedulerOutput
+from skistune.runtime.scheduler import DecodeCompaction, ScheduledSeq, SchedulerOutput
 from skistune.runtime.tiers import Transfer, layered_split, layered_step_s
 
 # Knobs the optimizer searches: their effect the runtime implements and the simulator models.
@@ -162,10 +162,35 @@ class ProfileExecutor:
         return dict(zip(sampling, self.next_tokens(len(sampling))))
 
     def fast_forward(self, engine: Engine, next_arrival_s: float) -> None:
-        """Advance runs of pure decode steps of the running batch that start before the next arrival, each
-        in one event: a run that ends with a finish leaves a smaller batch, which may run on at once."""
+        """Advance, in one event each, the steps that start before the next arrival and whose outcome is
+        known: the rest of a lone sequence's chunked prefill, then runs of pure decode steps of the running
+        batch (a run that ends with a finish leaves a smaller batch, which may run on at once)."""
+        self._advance_prefill(engine, next_arrival_s)
         while self._advance_run(engine, next_arrival_s):
             pass
+
+    def _advance_prefill(self, engine: Engine, next_arrival_s: float) -> None:
+        """The chunks of `Scheduler.lone_prefill` that start before the next arrival, in one event. Times
+        add up step by step, as the clock and the engine's busy time do when the steps run one at a time."""
+        lone = engine.scheduler.lone_prefill()
+        if lone is None:
+            return
+        seq, chunks = lone
+        now_s, start, steps = self.clock.now(), seq.num_computed_tokens, 0
+        for n in chunks:
+            if now_s >= next_arrival_s:
+                break
+            end_s = now_s + self.step_cost.predict_s(step_shape(SchedulerOutput([ScheduledSeq.of(seq, start, n, start)]),
+                                                                self.kv))
+            engine.busy_s += end_s - now_s
+            now_s, start, steps = end_s, start + n, steps + 1
+        if not steps:
+            return
+        self.num_steps += steps
+        self.num_fast_forwards += 1
+        token = self.next_tokens(1)[0] if start == seq.num_tokens else None
+        self.clock.wait_until(now_s)
+        engine.scheduler.advance_prefill(seq, chunks[:steps], now_s, token, engine.eos_token_id)
 
     def _advance_run(self, engine: Engine, next_arrival_s: float) -> bool:
         """Advance the longest run of pure decode steps of the running batch that starts before the next

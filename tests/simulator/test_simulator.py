@@ -147,3 +147,24 @@ def test_slos_take_tail_percentiles_and_name_a_wrong_one():
                           ("p0=1s", "percentile p0 is not one of"), ("ttft:p99<1s", "write METRIC:pXX<=VALUE")):
         with pytest.raises(ValueError, match=message):
             parse_slo(text)
+
+
+def test_a_lone_prefill_runs_on_in_one_event_as_its_steps_would():
+    # a 100-token prompt in chunks of 32: the first chunk is a step (the admission), the other three one
+    # event, then the decodes one run; an arrival in the middle of the prefill cuts the event there
+    cfg = KVConfig().with_knobs({"batching.chunk_size": 32})
+    events = []
+    for later in (10.0, 0.0025):
+        reqs = [Request("a", list(range(100)), 5), Request("b", list(range(300, 340)), 3, arrival_s=later)]
+        engine_fast, ex_fast = build_engine(cfg, target(cost(fixed=1e-3, tokens=1e-5)), fast_forward=True)
+        engine_slow, ex_slow = build_engine(cfg, target(cost(fixed=1e-3, tokens=1e-5)), fast_forward=False)
+        fast, slow = engine_fast.replay(reqs), engine_slow.replay(reqs)
+        assert ex_fast.num_steps == ex_slow.num_steps and fast.kv_peak_bytes == slow.kv_peak_bytes
+        for a, b in zip(engine_fast.records, engine_slow.records):
+            assert a.token_times_s[0] == b.token_times_s[0]  # the prefill's times add up as its steps' do
+            np.testing.assert_allclose(a.token_times_s, b.token_times_s, rtol=1e-12)  # (decode runs: cumsum)
+            assert a.output_token_ids == b.output_token_ids
+        events.append(ex_fast.num_fast_forwards)
+    # alone: the rest of a's prefill, a's decodes, b's second chunk, b's decodes; with b arriving during
+    # a's second chunk: that chunk, then steps of both, a run of both to b's end, a run of a alone
+    assert events == [4, 3]
