@@ -64,7 +64,7 @@ def export(
     from skistune.export import export as run_export
 
     if out is not None:
-        check_out_file(out, "--out")
+        check_out_file(out, "--out", inputs=(config,))
     result = run_export(config, to, engine_version, strict, model=model, file_name=str(out) if out else None)
     if out is not None:
         write_atomic(out, result.text)

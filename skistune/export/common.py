@@ -71,6 +71,30 @@ def fixed_scaling(plan: Plan, how: str) -> None:
                written="0 (no full-precision window)")
 
 
+def fp8_scales_note(plan: Plan, how: str) -> None:
+    """The caveat of every fp8 KV export: skistune priced 8-bit KV by its own int8 quantization in groups of
+    32 (docs/quality.md), the engines scale fp8 per tensor (1.0 unless calibrated), so the quality measured
+    carries over only with calibrated scales. ``how`` says how the engine gets them. A note, not a warning:
+    the dtype is the nearest the engine has (group_size 32 stands for its scaling, `fixed_scaling`)."""
+    plan.notes.append("KV is written as fp8, whose scales are per tensor (1.0 unless calibrated), while skistune "
+                      "priced 8-bit KV by its own int8 quantization in groups of 32 (docs/quality.md): the quality "
+                      f"measured holds only with calibrated scales; {how}")
+
+
+def tiers_without_prefix_reuse(plan: Plan, written: str, tier: str, disk: bool = True) -> bool:
+    """Warn about a host (or, with ``disk``, a disk) tier in a config whose prefix reuse is off: skistune's
+    tiers hold cached prefixes and serve only prefix-reuse hits, so its tuned run never used them, while the
+    engine's tier (``tier`` says how) serves prefix-cache hits; ``written`` is what the file holds. The one
+    check of every exporter (``disk`` False where the exporter writes no disk tier). True if it warned."""
+    off = plan.config.offload
+    if plan.value("prefix_reuse.enabled") or not (off.host_kv_bytes or (disk and off.disk_kv_bytes)):
+        return False
+    plan.instead("prefix_reuse.enabled", written, f"{tier}; skistune's host and disk tiers serve only prefix-reuse "
+                 "hits, so with prefix reuse off the tuned run never used them (turn prefix reuse on, or set the "
+                 "tiers to 0)")
+    return True
+
+
 def no_eviction(plan: Plan, why: str) -> None:
     """For engines that keep every token of a running sequence: policy none is expressed, any other
     policy (with its budget, sinks, window and schedule) is one warning."""

@@ -16,7 +16,8 @@ Mapping, knob -> LMCache:
   prefetch.*              use_layerwise: loads pipelined per layer (unit layers, one layer ahead).
                           enable_async_loading is not used: the reference says its semantics were not
                           checked in source.
-  prefix_reuse.enabled    LMCache exists to reuse stored prefixes; off cannot be expressed.
+  prefix_reuse.enabled    LMCache exists to reuse stored prefixes; off cannot be expressed (with a tier, the
+                          warning every exporter gives: `tiers_without_prefix_reuse`).
   chunk_size              no skistune knob: LMCache's default, 256 tokens per hashed chunk.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import json
 from typing import Any
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import GIB, command_line, dump_yaml, model_id, size_setting
+from skistune.export.common import GIB, command_line, dump_yaml, model_id, size_setting, tiers_without_prefix_reuse
 from skistune.runtime.presets import ModelSpec
 
 DISK_PATH = "file:///var/tmp/skistune-lmcache/"  # placeholder: skistune's config names no disk path
@@ -90,8 +91,9 @@ class LMCacheExporter(Exporter):
 
     def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
         settings = lmcache_settings(plan)
-        plan.fixed("prefix_reuse.enabled", True, "LMCache reuses every stored prefix chunk a prompt matches",
-                   written="prefix reuse on")
+        reuse = "LMCache reuses every stored prefix chunk a prompt matches"
+        if not tiers_without_prefix_reuse(plan, "prefix reuse on", reuse):
+            plan.fixed("prefix_reuse.enabled", True, reuse, written="prefix reuse on")
         if settings["local_disk"]:
             plan.notes.append(f"local_disk {DISK_PATH} is a placeholder (skistune has no disk-path knob): "
                               "point it at the disk the tier should use")

@@ -9,11 +9,16 @@ Mapping, knob -> SGLang:
   bitwidth.key/value_bits   --kv-cache-dtype auto (16) | fp8_e4m3 (8); one dtype for keys and values. 4
                             and 2 bits are written as fp8_e4m3: the portable set is auto/fp8_e4m3/fp8_e5m2.
   bitwidth.group_size       fp8 scales are per tensor (--quantization-param-path, else 1.0); 32 stands for it.
+                            A note says the measured quality needs calibrated scales (that flag).
   eviction.*                none: --radix-eviction-policy evicts cached prefixes, not tokens of running
                             sequences.
-  prefix_reuse.*            radix cache (off: --disable-radix-cache), --page-size.
+  prefix_reuse.*            radix cache (off: --disable-radix-cache), --page-size. Off with a host or disk
+                            tier: radix cache on, warned (`tiers_without_prefix_reuse`; HiCache needs it).
   batching.*                --max-running-requests, --max-prefill-tokens (SGLang caps prefill tokens per
-                            batch; decode tokens are not counted), --chunked-prefill-size (-1: off),
+                            batch; decode tokens are not counted), --chunked-prefill-size (-1: off; a
+                            budget for the whole prefill batch per step, as SGLang's PrefillAdder takes each
+                            request's chunk from what is left, where chunk_size caps one sequence: warned
+                            unless it equals max_num_batched_tokens, which caps the batch alike),
                             --schedule-policy fcfs | lpm (longest prefix match); retraction recomputes.
   offload.device_*          --mem-fraction-static (SGLang's fraction covers the weights too), or
                             --max-total-tokens = device_kv_bytes / KV bytes per token of the model.
@@ -33,8 +38,8 @@ import math
 from typing import Any
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import (GB, command_line, dump_yaml, fixed_scaling, model_id, no_eviction, single_kv_bits,
-                                    size_differs)
+from skistune.export.common import (GB, command_line, dump_yaml, fixed_scaling, fp8_scales_note, model_id,
+                                    no_eviction, single_kv_bits, size_differs, tiers_without_prefix_reuse)
 from skistune.runtime.presets import ModelSpec
 
 WIDTHS = (16, 8)
@@ -55,6 +60,8 @@ class SglangExporter(Exporter):
     def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
         width = single_kv_bits(plan, WIDTHS, _dtype, "; fp4/mxfp8 dtypes are outside SGLang's portable set")
         fixed_scaling(plan, "fp8 scales are per tensor, from --quantization-param-path or 1.0")
+        if width == 8:
+            fp8_scales_note(plan, "SGLang reads them from --quantization-param-path (a JSON file of scales)")
         no_eviction(plan, "SGLang keeps every token of a running sequence (--radix-eviction-policy evicts cached "
                     "prefixes only)")
         flags: dict[str, Any] = {"kv-cache-dtype": _dtype(width)}
@@ -70,15 +77,12 @@ class SglangExporter(Exporter):
     def _cache(self, plan: Plan) -> dict[str, Any]:
         flags: dict[str, Any] = {"page-size": plan.value("prefix_reuse.block_size")}
         plan.express("prefix_reuse.block_size")
-        tiers = plan.config.offload.host_kv_bytes or plan.config.offload.disk_kv_bytes
-        if plan.value("prefix_reuse.enabled"):
-            plan.express("prefix_reuse.enabled")
-        elif tiers:
-            plan.instead("prefix_reuse.enabled", "radix cache on", "HiCache (the host and disk tiers) is a "
-                         "hierarchical radix cache and needs the radix cache")
-        else:
+        if tiers_without_prefix_reuse(plan, "radix cache on", "HiCache (the host and disk tiers) is a hierarchical "
+                                      "radix cache: it serves prefix-cache hits and needs the radix cache"):
+            return flags
+        if not plan.value("prefix_reuse.enabled"):
             flags["disable-radix-cache"] = True
-            plan.express("prefix_reuse.enabled")
+        plan.express("prefix_reuse.enabled")
         return flags
 
     def _batching(self, plan: Plan) -> dict[str, Any]:
@@ -86,8 +90,14 @@ class SglangExporter(Exporter):
         flags = {"max-running-requests": b.max_num_seqs, "max-prefill-tokens": b.max_num_batched_tokens,
                  "chunked-prefill-size": b.chunk_size if b.chunked_prefill else -1,
                  "schedule-policy": "lpm" if b.policy == "prefix" else "fcfs"}
-        plan.express("batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill",
-                     "batching.chunk_size")
+        plan.express("batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill")
+        if b.chunked_prefill and b.chunk_size != b.max_num_batched_tokens:
+            plan.instead("batching.chunk_size", f"chunked-prefill-size {b.chunk_size} (for the whole prefill batch)",
+                         "SGLang's --chunked-prefill-size is a budget for all the prefill tokens of a step (each "
+                         "request's chunk is taken from what is left), not a cap per sequence: several prompts "
+                         "share it")
+        else:
+            plan.express("batching.chunk_size")
         plan.notes.append("batching.max_num_batched_tokens is written as --max-prefill-tokens: SGLang caps the "
                           "prefill tokens of a batch; decode tokens are not counted against it")
         if b.policy == "edf":

@@ -8,7 +8,9 @@ follows whether a host pool exists).
 
 Mapping, knob -> TensorRT-LLM:
   bitwidth.key/value_bits   kv_cache_config.dtype auto (16) | fp8 (8); 4 and 2 bits are written as fp8
-                            (nvfp4 needs a checkpoint quantized offline with ModelOpt).
+                            (nvfp4 needs a checkpoint quantized offline with ModelOpt). fp8 carries a note:
+                            the measured quality needs calibrated scales, which come with the checkpoint (the
+                            reference names no TensorRT-LLM setting for them).
   eviction streaming        max_attention_window (a list, repeated across layers: one entry per layer for a
                             pyramid schedule, the same schedule as the `layers` export: `layer_schedule`) +
                             sink_token_length. A fraction budget becomes the windows of a sequence at the
@@ -16,9 +18,13 @@ Mapping, knob -> TensorRT-LLM:
                             not say whether the window counts the sink tokens; the whole budget is written as
                             the window. Other policies (score-based) have no equivalent: no eviction.
   prefix_reuse.*            enable_block_reuse, tokens_per_block (a power of two greater than 1, per the
-                            TensorRT-LLM KV-cache docs; the reference says "power of 2").
+                            TensorRT-LLM KV-cache docs; the reference says "power of 2"). Off with a host
+                            pool is warned (`tiers_without_prefix_reuse`): the pool keeps reusable blocks.
   batching.*                max_batch_size, max_num_tokens, enable_chunked_prefill; no per-sequence chunk
-                            cap (a context chunk may fill max_num_tokens); context_chunking_policy
+                            cap (a context chunk may fill max_num_tokens); with chunking off, nothing ties
+                            max_num_tokens to max_seq_len in the reference (vLLM refuses a budget below the
+                            model length; the reference gives no such TensorRT-LLM check, so max_seq_len is
+                            not written); context_chunking_policy
                             FIRST_COME_FIRST_SERVED in scheduler_config (where TensorRT-LLM's SchedulerConfig
                             holds it; the reference names the field, not its block);
                             capacity_scheduler_policy GUARANTEED_NO_EVICT (the default, written explicitly):
@@ -37,7 +43,8 @@ from __future__ import annotations
 from typing import Any
 
 from skistune.export.base import EVICTION_DETAILS, EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import command_line, dump_yaml, fixed_scaling, model_id, single_kv_bits
+from skistune.export.common import (command_line, dump_yaml, fixed_scaling, fp8_scales_note, model_id, single_kv_bits,
+                                    tiers_without_prefix_reuse)
 from skistune.export.layers import layer_schedule
 from skistune.runtime.presets import ModelSpec
 
@@ -60,6 +67,9 @@ class TrtllmExporter(Exporter):
         width = single_kv_bits(plan, WIDTHS, lambda w: "auto" if w == 16 else "fp8",
                                "; nvfp4 needs a checkpoint quantized offline with ModelOpt")
         fixed_scaling(plan, "TensorRT-LLM's fp8 KV carries its own scales")
+        if width == 8:
+            fp8_scales_note(plan, "TensorRT-LLM takes them from the checkpoint: quantize it with calibrated KV scales "
+                            "(the reference names no setting for them)")
         kv: dict[str, Any] = {"dtype": "auto" if width == 16 else "fp8"}
         kv.update(self._blocks(plan))
         kv.update(self._memory(plan, model, width))
@@ -80,8 +90,12 @@ class TrtllmExporter(Exporter):
             size = MIN_TOKENS_PER_BLOCK
         else:
             plan.express("prefix_reuse.block_size")
-        plan.express("prefix_reuse.enabled")
-        return {"tokens_per_block": size, "enable_block_reuse": plan.value("prefix_reuse.enabled")}
+        reuse = plan.value("prefix_reuse.enabled")
+        if not tiers_without_prefix_reuse(plan, "enable_block_reuse false, with host_cache_size", "TensorRT-LLM's "
+                                          "host pool keeps reusable blocks: it serves block-reuse (prefix) hits",
+                                          disk=False):  # no disk tier is written (see _tiers)
+            plan.express("prefix_reuse.enabled")
+        return {"tokens_per_block": size, "enable_block_reuse": reuse}
 
     def _memory(self, plan: Plan, model: ModelSpec, width: int) -> dict[str, Any]:
         off = plan.config.offload

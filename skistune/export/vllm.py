@@ -12,15 +12,23 @@ Mapping, knob -> vLLM:
                             in the reference.
   bitwidth.layer_bits       newest: fp8 with --kv-cache-dtype-skip-layers naming the 16-bit layers;
                             0.11 has no such flag: one dtype, the widest layer's.
-  bitwidth.group_size       fp8 has per-tensor scales (checkpoint or 1.0); 32 stands for that.
+  bitwidth.group_size       fp8 has per-tensor scales (checkpoint or 1.0); 32 stands for that. A note says
+                            the measured quality needs calibrated scales: k_scale/v_scale from the checkpoint
+                            (llm-compressor), or in 0.11 --calculate-kv-scales (the newest's note says it is
+                            deprecated by PR #37201 and removed by PR #49389).
   eviction.*                none: vLLM keeps every token of a running sequence.
   prefix_reuse.*            --enable-prefix-caching / --no-enable-prefix-caching, --block-size (0.11 accepts
-                            1, 8, 16, 32, 64, 128; the newest any positive int).
+                            1, 8, 16, 32, 64, 128, rounded to by ratio; the newest any positive int). Off with
+                            a host or disk tier is warned (`tiers_without_prefix_reuse`): the CPU tier is a
+                            tier of the prefix cache.
   batching.*                --max-num-seqs, --max-num-batched-tokens, --enable-chunked-prefill /
                             --no-enable-chunked-prefill, --long-prefill-token-threshold (V1 caps one long
                             prompt's tokens per step at it), --scheduling-policy fcfs (vLLM's other policy,
                             priority, orders by client-sent priorities); preemption is always recompute
-                            in the V1 engine (swap was V0 only).
+                            in the V1 engine (swap was V0 only). Chunking off with a budget below the
+                            model's context: vLLM's SchedulerConfig refuses max_num_batched_tokens <
+                            max_model_len, so --max-model-len is the budget, warned (`_unchunked_model_len`;
+                            the flag is not in the reference's table, it is the one that check names).
   offload.device_*          --kv-cache-memory-bytes, else --gpu-memory-utilization.
   offload.host_kv_bytes     newest: --kv-offloading-size GiB (total across TP ranks) with the native
                             backend; 0.11: --kv-transfer-config OffloadingConnector with num_cpu_blocks
@@ -39,11 +47,13 @@ The reference lists no version note for --kv-cache-memory-bytes, --long-prefill-
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from typing import Any
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import (GIB, command_line, dump_yaml, fixed_scaling, model_id, no_eviction,
-                                    round_up_width, single_kv_bits, size_differs, size_setting)
+from skistune.export.common import (GIB, command_line, dump_yaml, fixed_scaling, fp8_scales_note, model_id,
+                                    no_eviction, round_up_width, single_kv_bits, size_differs, size_setting,
+                                    tiers_without_prefix_reuse)
 from skistune.export.layers import check_layer_bits
 from skistune.export.lmcache import connector_json, lmcache_env, lmcache_settings
 from skistune.runtime.presets import ModelSpec
@@ -52,6 +62,10 @@ WIDTHS = (16, 8)
 # Why the newest's narrower dtypes are not used; 0.11 has none narrower than fp8 to explain (its literal is
 # the portable set plus fp8_inc), so its warnings say nothing about them.
 NEWEST_DTYPES = "; the newest also lists int4/nvfp4/turboquant dtypes, whose behaviour the reference does not give"
+# How vLLM gets calibrated fp8 scales (reference §1, §7), for the fp8 note; 0.11 predates the deprecation.
+CHECKPOINT_SCALES = "vLLM reads k_scale/v_scale from a calibrated checkpoint (e.g. quantized with llm-compressor)"
+# Why a CPU tier with prefix caching off is not the tuned config (`tiers_without_prefix_reuse`).
+TIER = "vLLM's CPU tier (its offloading connector, or LMCache) is a tier of the prefix cache: it serves prefix hits"
 
 
 def _dtype(width: int) -> str:
@@ -64,19 +78,24 @@ class VllmExporter(Exporter):
     versions = (
         EngineVersion("0.11", "vllm/engine/arg_utils.py @99d7eb5d (about v0.11); reference §1",
                       {"block_sizes": (1, 8, 16, 32, 64, 128), "skip_layers": False, "offload": "connector",
-                       "other_dtypes": ""}),
+                       "other_dtypes": "",
+                       "kv_scales": f"{CHECKPOINT_SCALES}, or calculates them with --calculate-kv-scales"}),
         EngineVersion("main-002f10e0", "vllm/engine/arg_utils.py, config/cache.py @002f10e0 (the newest in the "
                                        "reference, about v0.2x-0.30, 2026); reference §1",
-                      {"block_sizes": None, "skip_layers": True, "offload": "size", "other_dtypes": NEWEST_DTYPES}),
+                      {"block_sizes": None, "skip_layers": True, "offload": "size", "other_dtypes": NEWEST_DTYPES,
+                       "kv_scales": f"{CHECKPOINT_SCALES}; --calculate-kv-scales is deprecated (PR #37201) and "
+                                    "removed by PR #49389"}),
     )
     default_file = "vllm-config.yaml"
 
     def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
         flags, width = self._kv_dtype(plan, version, model)
         fixed_scaling(plan, "fp8 scales are per tensor, from the checkpoint or 1.0")
+        if flags["kv-cache-dtype"] == "fp8":
+            fp8_scales_note(plan, version["kv_scales"])
         no_eviction(plan, "vLLM has no KV eviction or compression: a running sequence keeps every token")
         flags.update(self._blocks(plan, version))
-        flags.update(self._batching(plan))
+        flags.update(self._batching(plan, model))
         flags.update(self._memory(plan))
         offload, env = self._offload(plan, version, model, width, flags["block-size"])
         flags.update(offload)
@@ -111,31 +130,51 @@ class VllmExporter(Exporter):
     def _blocks(self, plan: Plan, version: EngineVersion) -> dict[str, Any]:
         size, allowed = plan.value("prefix_reuse.block_size"), version["block_sizes"]
         if allowed is not None and size not in allowed:
-            nearest = min(allowed, key=lambda s: (abs(s - size), -s))
+            # nearest by ratio (block sizes are powers of two: 4 is as far from 8 as 16 is), ties to the larger
+            nearest = min(allowed, key=lambda s: (Fraction(max(s, size), min(s, size)), -s))
             plan.instead("prefix_reuse.block_size", f"block-size {nearest}",
                          f"vLLM {version.name} accepts block sizes {', '.join(map(str, allowed))}; the nearest")
             size = nearest
         else:
             plan.express("prefix_reuse.block_size")
-        plan.express("prefix_reuse.enabled")
         caching = "enable-prefix-caching" if plan.value("prefix_reuse.enabled") else "no-enable-prefix-caching"
+        if not tiers_without_prefix_reuse(plan, f"{caching}, with the CPU tier", TIER):
+            plan.express("prefix_reuse.enabled")
         return {"block-size": size, caching: True}
 
-    def _batching(self, plan: Plan) -> dict[str, Any]:
+    def _batching(self, plan: Plan, model: ModelSpec) -> dict[str, Any]:
         b = plan.config.batching
         flags: dict[str, Any] = {"max-num-seqs": b.max_num_seqs, "max-num-batched-tokens": b.max_num_batched_tokens}
+        plan.express("batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunk_size")
         if b.chunked_prefill:
             flags.update({"enable-chunked-prefill": True, "long-prefill-token-threshold": b.chunk_size})
+            plan.express("batching.chunked_prefill")
         else:
             flags["no-enable-chunked-prefill"] = True
+            flags.update(self._unchunked_model_len(plan, model))
         flags["scheduling-policy"] = "fcfs"
-        plan.express("batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill",
-                     "batching.chunk_size")
         plan.fixed("batching.policy", "fcfs", "vLLM orders by arrival (fcfs) or by priorities clients send "
                    "(priority); it has no longest-prefix-first or deadline order", written="scheduling-policy fcfs")
         plan.fixed("batching.preemption", "recompute", "vLLM's V1 engine always preempts by recompute (swap was "
                    "V0 only)")
         return flags
+
+    @staticmethod
+    def _unchunked_model_len(plan: Plan, model: ModelSpec) -> dict[str, Any]:
+        """Without chunked prefill vLLM will not start with max_num_batched_tokens below max_model_len (its
+        SchedulerConfig check); skistune's runtime refuses prompts longer than the budget then, so capping the
+        model length at the budget is the nearest setting, but it also caps prompt and output together."""
+        budget = plan.config.batching.max_num_batched_tokens
+        if budget >= model.max_context:
+            plan.express("batching.chunked_prefill")
+            return {}
+        plan.instead("batching.chunked_prefill", f"no-enable-chunked-prefill, max-model-len {budget}",
+                     f"vLLM will not start with chunked prefill off and max_num_batched_tokens ({budget}) below "
+                     f"max_model_len ({model.name}'s {model.max_context}-token context), so the model length is "
+                     f"capped at the budget (skistune refuses longer prompts too), but vLLM then refuses every "
+                     f"request longer than {budget} tokens, prompt and output together, where skistune's runtime lets "
+                     "the output run to the model's context")
+        return {"max-model-len": budget}
 
     def _memory(self, plan: Plan) -> dict[str, Any]:
         off = plan.config.offload

@@ -114,7 +114,8 @@ def test_sglang_mappings():
 
 def test_sglang_raises_the_host_pool_to_twice_the_device_pool():
     result = export(config_of({"offload.device_kv_bytes": 10 * 10**9, "offload.host_kv_bytes": 10 * 10**9,
-                               "prefetch.enabled": True, "prefetch.unit": "layers", "prefetch.depth": 1}), "sglang")
+                               "prefetch.enabled": True, "prefetch.unit": "layers", "prefetch.depth": 1,
+                               "batching.chunk_size": 2048}), "sglang")  # a chunk cap SGLang expresses
     assert yaml.safe_load(result.text)["hicache-size"] == 20
     assert [(w.knob, w.written) for w in result.warnings] == [("offload.host_kv_bytes", "hicache-size 20")]
 
@@ -213,7 +214,9 @@ def test_trtllm_fraction_budget_uniform_is_one_window():
 
 @pytest.mark.parametrize("version", ["0.11", "main-002f10e0"])
 def test_configs_of_the_vllm_search_space_export_to_vllm_without_warnings(version):
-    """`skistune optimize --target vllm` searches searchspace/vllm.yaml: whatever it finds must deploy as tuned."""
+    """`skistune optimize --target vllm` searches searchspace/vllm.yaml: whatever it finds must deploy as tuned,
+    but for one combination the space keeps on purpose: chunked prefill off with a budget below the model's
+    context, which vLLM serves only with the model length capped (warned)."""
     import optuna
 
     from skistune.searchspace import load_space, suggest_config
@@ -221,10 +224,16 @@ def test_configs_of_the_vllm_search_space_export_to_vllm_without_warnings(versio
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space("vllm")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    capped = 0
     for _ in range(40):
         trial = study.ask()
-        assert export(suggest_config(trial, space), "vllm", version, strict=True).warnings == ()
+        config = suggest_config(trial, space)
+        b = config.batching
+        expected = ["batching.chunked_prefill"] if not b.chunked_prefill and b.max_num_batched_tokens < 8192 else []
+        assert [w.knob for w in export(config, "vllm", version).warnings] == expected
+        capped += bool(expected)
         study.tell(trial, 0.0)
+    assert capped  # the draws reach the capped combination
 
 
 @pytest.mark.parametrize("target", ["native", "lmcache", "trtllm"])
@@ -287,3 +296,109 @@ def test_vllm_dtype_warnings_mention_only_the_exported_versions_dtypes():
     assert old.warnings and not any("newest" in str(w) or "nvfp4" in str(w) for w in old.warnings)
     new = export(config, "vllm", "main-002f10e0")
     assert any("nvfp4" in str(w) for w in new.warnings)
+
+
+@pytest.mark.parametrize("version", ["0.11", "main-002f10e0"])
+def test_vllm_without_chunked_prefill_caps_the_model_length_at_the_budget(version):
+    """vLLM's SchedulerConfig refuses max_num_batched_tokens < max_model_len with chunked prefill off: the
+    model length is capped at the budget, and the warning says that longer requests are refused."""
+    config = config_of({"batching.chunked_prefill": False, "batching.max_num_batched_tokens": 2048})
+    result = export(config, "vllm", version)
+    data = yaml.safe_load(result.text)
+    assert data["no-enable-chunked-prefill"] is True and data["max-model-len"] == 2048
+    [warning] = result.warnings
+    assert warning.knob == "batching.chunked_prefill"
+    assert warning.written == "no-enable-chunked-prefill, max-model-len 2048"
+    assert "max_num_batched_tokens (2048) below max_model_len (smollm2-135m's 8192-token context)" in str(warning)
+    assert "refuses every request longer than 2048 tokens" in str(warning)
+    with pytest.raises(ValueError, match=r"--strict: .*batching\.chunked_prefill=false"):
+        export(config, "vllm", version, strict=True)
+    # a budget that covers the model's context, or chunked prefill on, needs no cap
+    for knobs in ({"batching.chunked_prefill": False, "batching.max_num_batched_tokens": 8192},
+                  {"batching.max_num_batched_tokens": 2048}):
+        result = export(config_of(knobs), "vllm", version)
+        assert "max-model-len" not in yaml.safe_load(result.text) and not result.warnings
+    assert yaml.safe_load(export(config, "vllm", version, model="llama-3.1-70b").text)["max-model-len"] == 2048
+
+
+ENGINES = [("vllm", "0.11"), ("vllm", "main-002f10e0"), ("sglang", "main-001067ff"), ("lmcache", "main-000620e3"),
+           ("trtllm", "pre-pr12449"), ("trtllm", "post-pr12449")]
+
+
+@pytest.mark.parametrize(("target", "version"), ENGINES)
+@pytest.mark.parametrize("tiers", [HOST, DISK, {**HOST, **DISK}], ids=["host", "disk", "host+disk"])
+def test_a_tier_with_prefix_reuse_off_is_warned_by_every_engine(target, version, tiers):
+    """skistune's tiers serve only prefix-reuse hits: with reuse off the tuned run never used them, while every
+    engine's tier serves prefix-cache hits, so every exporter warns the same way and --strict fails."""
+    config = config_of({**tiers, "prefix_reuse.enabled": False})
+    result = export(config, target, version)
+    warned = [w for w in result.warnings if w.knob == "prefix_reuse.enabled"]
+    if target == "trtllm" and tiers == DISK:  # no disk tier is written (warned itself): nothing to conflict
+        assert warned == []
+        return
+    [warning] = warned
+    assert "skistune's host and disk tiers serve only prefix-reuse hits" in warning.reason
+    assert "prefix" in warning.reason.partition(";")[0]  # the engine's tier serves prefix hits, in its terms
+    with pytest.raises(ValueError, match=r"--strict: .*prefix_reuse\.enabled=false"):
+        export(config, target, version, strict=True)
+    assert "prefix_reuse.enabled" not in export(config_of(tiers), target, version).warned_knobs()
+
+
+def test_a_tier_with_prefix_reuse_off_is_written_as_asked_where_the_engine_can():
+    config = config_of({**HOST, "prefix_reuse.enabled": False})
+    vllm = yaml.safe_load(export(config, "vllm").text)
+    assert vllm["no-enable-prefix-caching"] is True and vllm["kv-offloading-size"] == 8.0
+    kv = yaml.safe_load(export(config, "trtllm").text)["kv_cache_config"]
+    assert kv["enable_block_reuse"] is False and kv["host_cache_size"] == 8 * GIB
+    sglang = yaml.safe_load(export(config, "sglang").text)  # HiCache needs the radix cache: it stays on
+    assert "disable-radix-cache" not in sglang and sglang["enable-hierarchical-cache"] is True
+
+
+def test_sglang_chunk_size_is_a_batch_budget_and_warned():
+    """SGLang's --chunked-prefill-size budgets a step's whole prefill batch; skistune's chunk_size caps one
+    sequence: the mapping stays, with a warning, unless the cap equals the step budget (then both agree)."""
+    result = export(config_of({"batching.chunk_size": 512, "batching.max_num_batched_tokens": 2048}), "sglang")
+    assert yaml.safe_load(result.text)["chunked-prefill-size"] == 512
+    [warning] = result.warnings
+    assert warning.knob == "batching.chunk_size"
+    assert warning.written == "chunked-prefill-size 512 (for the whole prefill batch)"
+    assert "not a cap per sequence" in warning.reason
+    for knobs in ({"batching.chunk_size": 2048}, {"batching.chunked_prefill": False}):
+        assert not export(config_of(knobs), "sglang").warnings
+
+
+@pytest.mark.parametrize(("target", "version", "how"), [
+    ("vllm", "0.11", "--calculate-kv-scales"),
+    ("vllm", "main-002f10e0", "k_scale/v_scale from a calibrated checkpoint"),
+    ("sglang", "main-001067ff", "--quantization-param-path"),
+    ("trtllm", "post-pr12449", "from the checkpoint"),
+])
+def test_fp8_exports_note_that_quality_needs_calibrated_scales(target, version, how):
+    expressible = {"batching.chunk_size": 2048}  # a chunk cap every engine expresses
+    int8 = config_of({**expressible, "bitwidth.key_bits": 8, "bitwidth.value_bits": 8})
+    result = export(int8, target, version, strict=True)  # a caveat, not a knob the engine cannot express
+    [note] = [n for n in result.notes if "calibrated scales" in n]
+    assert "int8 quantization in groups of 32" in note and how in note
+    assert not any("calibrated scales" in n for n in export(config_of(expressible), target, version).notes)
+
+
+def test_vllm_fp8_note_for_per_layer_fp8():
+    result = export(config_of({"bitwidth.layer_bits": [[8, 8]] * 28 + [[16, 16]] * 2}), "vllm", "main-002f10e0")
+    assert any("calibrated scales" in n for n in result.notes)
+
+
+@pytest.mark.parametrize(("size", "written"), [(4, 8), (2, 1), (256, 128)])  # 4 is 2x from 8, 4x from 1
+def test_vllm_011_block_size_rounds_by_ratio(size, written):
+    result = export(config_of({"prefix_reuse.block_size": size}), "vllm", "0.11")
+    assert yaml.safe_load(result.text)["block-size"] == written
+    assert [(w.knob, w.written) for w in result.warnings] == [("prefix_reuse.block_size", f"block-size {written}")]
+
+
+def test_vllm_block_size_ratio_ties_go_to_the_larger_size():
+    from skistune.export import EXPORTERS, EngineVersion
+
+    vllm = EXPORTERS["vllm"]
+    old = vllm.version("0.11")
+    two_sizes = EngineVersion("test", "test", {**old.facts, "block_sizes": (2, 8)})  # 4 is 2x from each
+    result = vllm.export(config_of({"prefix_reuse.block_size": 4}), two_sizes, SMOLLM, "vllm.yaml")
+    assert yaml.safe_load(result.text)["block-size"] == 8

@@ -130,3 +130,27 @@ def test_printed_command_quotes_the_out_path(tmp_path):
     command = json.loads(r.stdout.strip().splitlines()[-1])["command"]
     assert shlex.split(command)[-2:] == ["--config", str(target)]  # one argument, as pasted into a shell
     assert f"command: {command}" in " ".join(r.stderr.split())
+
+
+@pytest.mark.parametrize("spelling", ["same", "dotted", "link"])
+def test_out_that_is_the_input_config_is_refused(tmp_path, monkeypatch, spelling):
+    """Writing the engine file over the config it came from would lose the config: refused before any work,
+    however the path is spelled (relative, with ./, or through a link)."""
+    config = tmp_path / "kv.yaml"
+    config.write_text("batching: {chunked_prefill: false, max_num_batched_tokens: 2048}\n")
+    monkeypatch.chdir(tmp_path)
+    given = {"same": "kv.yaml", "dotted": f"{tmp_path}/./kv.yaml", "link": "link.yaml"}[spelling]
+    if spelling == "link":
+        (tmp_path / "link.yaml").symlink_to(config)
+    r = run(str(config), "--to", "vllm", "--out", given)
+    one_line_error(r, "is the input file")
+    assert config.read_text() == "batching: {chunked_prefill: false, max_num_batched_tokens: 2048}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["kv.yaml"] + (["link.yaml"] if spelling == "link"
+                                                                              else []))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc, where no file can be created")
+def test_an_unwritable_out_names_the_path_given_not_the_temporary_file():
+    r = run(DEFAULT, "--to", "vllm", "--out", "/proc/x.yaml")
+    one_line_error(r, "cannot write /proc/x.yaml")
+    assert ".tmp" not in r.stderr
