@@ -121,9 +121,11 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     tag = " (modeled)" if power.modeled else f" ({power.source})"
     rows.append((f"power idle / busy{tag}", f"{power.power_w(0.0):.1f} W / {power.power_w(1.0):.1f} W"))
     energy = profile.energy_j_per_token()
-    if energy:
-        low, high = energy[0], max(energy, key=lambda e: e["batch"])
-        rows.append((f"energy per token, batch {low['batch']} / {high['batch']}{tag}",
+    if energy:  # the smallest and largest batch at the shortest context, from the step fit
+        context = min(e["context"] for e in energy)
+        at = [e for e in energy if e["context"] == context]
+        low, high = min(at, key=lambda e: e["batch"]), max(at, key=lambda e: e["batch"])
+        rows.append((f"energy per token (step fit), batch {low['batch']} / {high['batch']}, context {context}{tag}",
                      f"{low['j_per_token']:.3f} J / {high['j_per_token']:.3f} J"))
     return rows
 

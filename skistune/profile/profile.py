@@ -160,8 +160,12 @@ class HardwareProfile:
         return [f"{name} (R² {q.r2:.3f})" for name, q in fits.items() if q.flagged]
 
     def energy_j_per_token(self) -> list[dict]:
-        """Energy per generated token at each decode grid point (busy power x step time / batch)."""
-        return [{**p.grid, "j_per_token": self.power.power_w(1.0) * p.timing.median_s / p.grid["batch"]}
+        """Energy per generated token at each decode grid point: busy power x the fitted step time / batch,
+        as the simulator charges it (a median measured on a loaded host can be an outlier: a quick profile's
+        batch-1 step read 0.845 s against 0.058 s fitted), and from the measured median beside it."""
+        busy_w = self.power.power_w(1.0)
+        return [{**p.grid, "j_per_token": busy_w * self.step_cost.predict_s(p.shape) / p.grid["batch"],
+                 "measured_j_per_token": busy_w * p.timing.median_s / p.grid["batch"]}
                 for p in self.steps if p.kind == "decode"]
 
     # ---- file format ------------------------------------------------------------------------------

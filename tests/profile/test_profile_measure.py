@@ -148,7 +148,14 @@ def test_file_records_residuals_fits_and_energy(tiny_profile: HardwareProfile, t
     assert set(data["step"]["fit"]) == {"knee_loss", "train", "held_out"}
     assert data["step"]["fit"]["train"]["flagged"] == (data["step"]["fit"]["train"]["r2"] < 0.95)
     decode_points = len(TINY_GRID.decode()) + len(TINY_GRID.step_bits) * len(TINY_GRID.quant_decode)
-    assert len(data["power"]["energy_j_per_token"]) == decode_points
+    energy = data["power"]["energy_j_per_token"]
+    assert len(energy) == decode_points
+    # the fitted step time (what the simulator charges), and the measured median beside it
+    decode = [p for p in tiny_profile.steps if p.kind == "decode"]
+    busy_w = tiny_profile.power.power_w(1.0)
+    assert energy[0]["j_per_token"] == pytest.approx(busy_w * tiny_profile.step_cost.predict_s(decode[0].shape)
+                                                     / decode[0].grid["batch"])
+    assert energy[0]["measured_j_per_token"] == pytest.approx(busy_w * decode[0].timing.median_s / decode[0].grid["batch"])
     assert set(data["kernels"]) == {"paged_attention", "quantize_append"}
     assert "rel_error" in data["transfers"]["host_to_disk"]["points"][0]
 
