@@ -103,6 +103,9 @@ class Metrics:
     busy_s: float  # time spent computing steps (duration minus idle waits for arrivals)
     rejections: dict[str, str] = field(default_factory=dict)  # request id -> reason
     evicted_tokens: int = 0  # KV slots eviction compactions dropped, over all sequences (0: no eviction)
+    # of ``prefix_hit_tokens``, those at re-admissions after a preemption: a preempted request finds its own
+    # blocks still cached (vLLM counts these as prefix hits too), on a trace that shares no prefix as well
+    readmission_hit_tokens: int = 0
     notes: tuple[str, ...] = ()  # e.g. "random weights: timing only"
     tiers: TierMetrics | None = None  # None: no host or disk tier
 
@@ -145,6 +148,7 @@ def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_
         output_tokens=output_tokens, throughput_tok_per_s=rate(output_tokens),
         throughput_req_per_s=rate(len(done)), kv_peak_bytes=kv_peak_bytes, kv_capacity_bytes=kv_capacity_bytes,
         preemptions=preemptions, prefix_hit_tokens=sum(r.prefix_hit_tokens for r in records),
+        readmission_hit_tokens=sum(r.readmission_hit_tokens for r in records),
         prompt_tokens=sum(r.prompt_len for r in records), busy_s=busy_s,
         rejections={r.request_id: r.rejected_reason for r in records if r.rejected_reason is not None},
         notes=notes, tiers=tiers, evicted_tokens=evicted_tokens)

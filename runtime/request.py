@@ -60,7 +60,8 @@ class RequestRecord:
     output_token_ids: list[int] = field(default_factory=list)
     finish_s: float | None = None
     rejected_reason: str | None = None
-    prefix_hit_tokens: int = 0
+    prefix_hit_tokens: int = 0  # at every admission, re-admissions after a preemption included
+    readmission_hit_tokens: int = 0  # ... of them, at re-admissions (mostly the request's own blocks, still cached)
     preemptions: int = 0
 
     @property

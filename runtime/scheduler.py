@@ -339,6 +339,8 @@ class Scheduler:
             if self.eviction is not None:
                 seq.kv_first_slot = self.eviction.no_empty_slots
             seq.record.prefix_hit_tokens += num_computed
+            if seq.record.preemptions:
+                seq.record.readmission_hit_tokens += num_computed
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq.of(seq, num_computed, n, num_computed))

@@ -134,3 +134,17 @@ def test_replay_records_times_on_the_clock():
     assert m.e2e_s.max == pytest.approx(0.03) and m.output_tokens == 5 and m.num_finished == 2
     assert m.duration_s == pytest.approx(1.02)
     assert m.kv_peak_bytes == 2 * 100
+
+
+def test_hits_at_a_readmission_after_preemption_are_counted_apart():
+    # with prefix reuse, the preempted sequence finds its own full blocks still cached when it comes back
+    eng, ex = make_engine(num_blocks=6)
+    eng.add_request(req("a", 8, 10))
+    eng.add_request(req("b", 8, 10, base=100))
+    eng.run_until_done()
+    recs = {r.request_id: r for r in eng.records}
+    assert recs["b"].preemptions >= 1 and recs["b"].readmission_hit_tokens > 0
+    assert recs["b"].readmission_hit_tokens == recs["b"].prefix_hit_tokens  # a shares nothing with b
+    assert recs["a"].readmission_hit_tokens == 0
+    m = eng.metrics(duration_s=1.0)
+    assert m.readmission_hit_tokens == recs["b"].readmission_hit_tokens
