@@ -1,14 +1,22 @@
 """Argument types shared by the benchmark scripts: each turns bad input into argparse's own error (a usage
-line and ``error: ...`` on stderr, exit code 2) instead of a traceback later. The scripts run as
-``python benchmarks/NAME.py``, which puts this folder first on ``sys.path``; so no script here may be named
-like an installed package or a standard-library module (``kernels.py`` once shadowed Hugging Face's
-``kernels``, which transformers imports)."""
+line and ``error: ...`` on stderr, exit code 2) instead of a traceback later; and ``print_json``, the one way
+a script prints its ``--json`` figures. The scripts run as ``python benchmarks/NAME.py``, which puts this
+folder first on ``sys.path``; so no script here may be named like an installed package or a standard-library
+module (``kernels.py`` once shadowed Hugging Face's ``kernels``, which transformers imports)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 from typing import Callable, Iterable, NoReturn
+
+
+def print_json(figures: dict) -> None:
+    """A script's ``--json`` figures: one strict JSON object on the last line of stdout, through the CLI's own
+    ``skistune.cli.print_json`` (an infinite or undefined figure is null: JSON has no NaN or Infinity)."""
+    from skistune.cli import print_json as strict
+
+    strict(figures)
 
 
 def fail(message: str) -> NoReturn:

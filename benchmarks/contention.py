@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from bench_args import positive_int
+from bench_args import positive_int, print_json
 
 POLICIES = {"spin": {"SKISTUNE_OMP_WAIT": "spin"}, "passive": {"SKISTUNE_OMP_WAIT": "passive"}}
 SCENARIOS = ("alone", "beside a busy loop", "beside a second replay")
@@ -86,8 +86,8 @@ def main() -> None:
         print(f"{s}: spin x{rows[s]['spin']['x_alone']:.2f} of its time alone, "
               f"passive x{rows[s]['passive']['x_alone']:.2f}")
     if args.json:
-        print(json.dumps({"benchmark": "contention", "rounds": args.rounds, "replays": args.replays,
-                          "passive_over_spin_alone": alone["passive"] / alone["spin"], "scenarios": rows}))
+        print_json({"benchmark": "contention", "rounds": args.rounds, "replays": args.replays,
+                    "passive_over_spin_alone": alone["passive"] / alone["spin"], "scenarios": rows})
 
 
 if __name__ == "__main__":

@@ -16,14 +16,13 @@ rows are the sampled sequences) is timed separately.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
-from bench_args import positive_int
+from bench_args import positive_int, print_json
 from skistune.kernels.linear import machine_rule, oriented_product
 from skistune.runtime.presets import PRESETS, get_preset
 
@@ -94,8 +93,8 @@ def main() -> None:
             print(f"{part:>8} {t:>6} {r['ms']['plain']:>9.1f} {r['ms']['flipped']:>11.1f} {r['ms']['padded']:>10.1f} "
                   f"{r['speedup']['flipped']:>8.2f} {r['speedup']['padded']:>7.2f} {runtime:>8} {diff:>9.1e}", flush=True)
     if args.json:
-        print(json.dumps({"benchmark": "cpu_linear", "model": args.model, "torch_threads": torch.get_num_threads(),
-                          "weights": args.weights, "rule": rule.to_dict() if rule else None, "rows": rows}))
+        print_json({"benchmark": "cpu_linear", "model": args.model, "torch_threads": torch.get_num_threads(),
+                    "weights": args.weights, "rule": rule.to_dict() if rule else None, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -20,13 +20,12 @@ more; it is printed beside the errors, not taken out of them. ``--no-speed-check
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import numpy as np
 
-from bench_args import hardware_profile, positive_int
+from bench_args import hardware_profile, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.evaluate import FIDELITY_FIGURES, compare_metrics, sim_target, workload_requests
 from skistune.runtime.llm import Runtime
@@ -147,8 +146,8 @@ def main() -> None:
     print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
           f"latency percentiles within 10%: {summary['latency_within_10pct']:.0%} of {len(latency_err)}")
     if args.json:
-        print(json.dumps({"benchmark": "fidelity", "model": MODEL, "profile": args.profile, **summary,
-                          "machine_speed": speed, "rows": rows}))
+        print_json({"benchmark": "fidelity", "model": MODEL, "profile": args.profile, **summary,
+                    "machine_speed": speed, "rows": rows})
 
 
 def machine_speed(profile_path: str, runtime, when: str) -> dict:

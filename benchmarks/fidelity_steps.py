@@ -7,12 +7,11 @@ Shows where `benchmarks/fidelity.py`'s latency errors come from.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-from bench_args import hardware_profile, positive_int
+from bench_args import hardware_profile, positive_int, print_json
 from fidelity import CONFIGS, MODEL, workloads
 
 from skistune.config import KVConfig
@@ -93,8 +92,8 @@ def main() -> None:
         for label, g in groups.items():
             print(f"  {label:<18} {g['steps']:>4} steps  median {g['median']:+.1%}  p10 {g['p10']:+.1%}  p90 {g['p90']:+.1%}")
     if args.json:
-        print(json.dumps({"benchmark": "fidelity_steps", "workload": args.workload, "config": args.config,
-                          "profile": args.profile, "replays": replays}))
+        print_json({"benchmark": "fidelity_steps", "workload": args.workload, "config": args.config,
+                    "profile": args.profile, "replays": replays})
 
 
 if __name__ == "__main__":

@@ -30,8 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench_args import nonnegative_int
-from skistune.cli import print_json
+from bench_args import nonnegative_int, print_json
 from skistune.config import KVConfig
 from skistune.kernels import cpu_native
 from skistune.kernels.attention import _decode_torch, build_attention_metadata, paged_attention, quantize_blocks

@@ -9,7 +9,7 @@ import argparse
 import functools
 import time
 
-from bench_args import fail, slo_text
+from bench_args import fail, print_json, slo_text
 
 PHASES = ("build_problem", "_run_sequential", "_refine", "validate", "_measure", "load_runtime")
 
@@ -21,7 +21,6 @@ def main() -> None:
     args = ap.parse_args()
     started = time.perf_counter()
     import skistune.optimize as opt
-    from skistune.cli import print_json
 
     spent: dict[str, float] = {}
 

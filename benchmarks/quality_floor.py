@@ -18,7 +18,6 @@ so the search, and so the configs, are the same on any machine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import warnings
@@ -27,7 +26,7 @@ from pathlib import Path
 import optuna
 
 import skistune
-from bench_args import hardware_profile, nonnegative_int, positive_int, quality_profile
+from bench_args import hardware_profile, nonnegative_int, positive_int, print_json, quality_profile
 from skistune.config import KVConfig
 from skistune.objectives import structural_changes
 from skistune.quality.measure import measure_quality
@@ -121,9 +120,9 @@ def main() -> None:
           f"their floor on held-out text ({len(lossy)} lossy, {args.windows} held-out windows each; validated: "
           f"{args.validate}; {time.perf_counter() - started:.0f} s)")
     if args.json:
-        print(json.dumps({"chosen_violations": chosen_violations, "chosen": chosen, "violations": violations,
-                          "configs": total, "lossy": len(lossy), "windows": args.windows, "trials": args.trials,
-                          "validate": args.validate, "rows": rows}))
+        print_json({"chosen_violations": chosen_violations, "chosen": chosen, "violations": violations,
+                    "configs": total, "lossy": len(lossy), "windows": args.windows, "trials": args.trials,
+                    "validate": args.validate, "rows": rows})
 
 
 if __name__ == "__main__":

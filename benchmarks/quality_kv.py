@@ -27,14 +27,13 @@ but in the rows that say "+ 128 fp").
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 
 import torch
 
-from bench_args import fail, name_list, positive_int
+from bench_args import fail, name_list, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.quality.corpus import stdlib_text
 from skistune.quality.scoring import window_nll
@@ -122,9 +121,9 @@ def main() -> None:
           f"Python {sys.version.split()[0]}), prefill chunks of {args.chunk}, last {args.continuation} decoded")
     print_table(results, args.continuation)
     if args.json:
-        print(json.dumps({"python": sys.version.split()[0], "modules": used, "tokens": len(ids), "windows": len(windows),
-                          "window_tokens": n, "chunk": args.chunk, "continuation": args.continuation,
-                          "configs": results}))
+        print_json({"python": sys.version.split()[0], "modules": used, "tokens": len(ids), "windows": len(windows),
+                    "window_tokens": n, "chunk": args.chunk, "continuation": args.continuation,
+                    "configs": results})
 
 
 if __name__ == "__main__":

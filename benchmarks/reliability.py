@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "reliability"))  # the suite's helpers: one definition of each check
 
 import optuna
+from bench_args import print_json
 from bad_inputs import CASES, prepare, run_case
 from overload import runtime_overload, simulator_overload, tiered_overload
 from pg_server import PostgresServer, unavailable_reason
@@ -147,7 +148,7 @@ def main() -> None:
                    "overload_sim": simulator_overload(profile)}
     print(table(figures))
     if args.json:
-        print(json.dumps(figures, separators=(",", ":"), default=str))
+        print_json(figures)
 
 
 if __name__ == "__main__":

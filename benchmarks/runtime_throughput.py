@@ -14,14 +14,13 @@ alternating spreads a slow spell over both.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import time
 
 import torch
 
-from bench_args import positive_int
+from bench_args import positive_int, print_json
 from skistune.config import KVConfig
 from skistune.runtime.llm import Runtime
 from skistune.runtime.request import Request
@@ -103,9 +102,9 @@ def main() -> None:
         print(f"{b:>5} {row['skistune_tok_per_s']:>15.1f} {row['transformers_tok_per_s']:>19.1f} "
               f"{row['ratio']:>6.2f} {same:>10.0%}")
     if args.json:
-        print(json.dumps({"benchmark": "runtime_throughput", "torch_threads": torch.get_num_threads(),
-                          "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-                          "repeats": max(1, args.repeats), "rows": rows}))
+        print_json({"benchmark": "runtime_throughput", "torch_threads": torch.get_num_threads(),
+                    "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+                    "repeats": max(1, args.repeats), "rows": rows})
 
 
 if __name__ == "__main__":

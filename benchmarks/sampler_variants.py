@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import statistics
 import time
 from pathlib import Path
 
 import search_efficiency as se
-from bench_args import positive_int
+from bench_args import positive_int, print_json
 
 BUDGET = 200
 
@@ -87,7 +86,7 @@ def main() -> None:
                           f"not within {BUDGET}: {row['not_reached']:>2}/{args.seeds}  over 2% of the grid "
                           f"({share} trials): {row['over_grid_share']:>2}/{args.seeds}", highlight=False)
     if args.json:
-        print(json.dumps({"benchmark": "sampler_variants", "budget": BUDGET, "rows": rows}))
+        print_json({"benchmark": "sampler_variants", "budget": BUDGET, "rows": rows})
 
 
 if __name__ == "__main__":

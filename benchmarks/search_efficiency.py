@@ -619,9 +619,8 @@ def show(console, result: dict[str, Any], budgets: Sequence[int]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     import optuna
+    from bench_args import print_json
     from rich.console import Console
-
-    from skistune.cli import json_ready
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     names = [s.name for s in SCENARIOS]
@@ -658,11 +657,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                   f"(exhaustive {sum(r['exhaustive_s'] for r in results if not r['cached']):.0f} s, "
                   f"searches {sum(r['search_s'] for r in results):.0f} s)")
     if args.json:
-        print(json.dumps(json_ready({"benchmark": "search_efficiency", "profile": str(PROFILE.relative_to(ROOT)),
-                                     "seeds": len(args.seeds), "budgets": sorted(args.budgets), "goal": GOAL,
-                                     "code": code, "wall_s": wall, "goal_met": met, "grid_share_goal_met": share_met,
-                                     "grid_share_goal_met_in_evaluations": share_met_evaluated,
-                                     "scenarios": results})))
+        print_json({"benchmark": "search_efficiency", "profile": str(PROFILE.relative_to(ROOT)),
+                    "seeds": len(args.seeds), "budgets": sorted(args.budgets), "goal": GOAL,
+                    "code": code, "wall_s": wall, "goal_met": met, "grid_share_goal_met": share_met,
+                    "grid_share_goal_met_in_evaluations": share_met_evaluated,
+                    "scenarios": results})
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 import warnings
 from pathlib import Path
 
-from bench_args import existing_file, fail, hardware_profile
+from bench_args import existing_file, fail, hardware_profile, print_json
 from skistune.config import KVConfig
 from skistune.evaluate import sim_target, workload_requests
 from skistune.objectives import energy_j_per_token
@@ -202,7 +202,7 @@ def main() -> None:
               f"(max relative difference {max_rel:.1e}, {len(diffs)} differences, {len(missing)} not in the "
               f"reference; {sim_s:.1f} s simulating)")
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     if args.check and not summary["identical"]:
         sys.exit(1)
 

@@ -13,7 +13,6 @@ Needs valgrind; under it a replay runs about 50x slower, so keep ``--requests`` 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -23,7 +22,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_args import fail, positive_int, positive_float
+from bench_args import fail, positive_float, positive_int, print_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / ".." / "shared" / "traces"
@@ -122,9 +121,9 @@ def main() -> None:
     print(f"  {args.new} / {args.base}: x{ratio:.3f} the instructions"
           + ("" if same else "  (the two predicted different runs: not the same work)"))
     if args.json:
-        print(json.dumps({"benchmark": "sim_instructions", "workload": args.workload, "rate_scale": args.rate_scale,
-                          "requests": args.requests, "replays": args.replays, "base": base, "new": new,
-                          "ratio": ratio, "same_prediction": same}))
+        print_json({"benchmark": "sim_instructions", "workload": args.workload, "rate_scale": args.rate_scale,
+                    "requests": args.requests, "replays": args.replays, "base": base, "new": new,
+                    "ratio": ratio, "same_prediction": same})
 
 
 if __name__ == "__main__":

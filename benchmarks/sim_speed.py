@@ -10,11 +10,10 @@ memoized (`block_manager.PROMPT_HASHES`), as a search's every trial after its fi
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
-from bench_args import hardware_profile, positive_float
+from bench_args import hardware_profile, positive_float, print_json
 from skistune.config import KVConfig
 from skistune.evaluate import sim_target, workload_requests
 from skistune.simulator import build_engine, with_rate_scale
@@ -66,7 +65,7 @@ def main() -> None:
             print(f"{name:<14} {scale:>7g} {row['requests']:>9,} {row['wall_s']:>8.2f} {row['sim_req_per_s']:>10,.0f} "
                   f"{row['repeat_req_per_s']:>8,.0f} {row['faster_than_real_time']:>12,.0f} {row['steps']:>9,} {row['fast_forwards']:>9,}", flush=True)
     if args.json:
-        print(json.dumps({"benchmark": "sim_speed", "model": MODEL, "rows": rows}))
+        print_json({"benchmark": "sim_speed", "model": MODEL, "rows": rows})
 
 
 if __name__ == "__main__":

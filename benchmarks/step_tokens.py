@@ -10,13 +10,12 @@ side by side with the back-to-back one.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
-from bench_args import nonnegative_float, positive_int
+from bench_args import nonnegative_float, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.runtime.llm import Runtime
 from skistune.runtime.presets import PRESETS
@@ -58,8 +57,8 @@ def main() -> None:
         print(f"{row['tokens']:>6} {row['idle_s']:>6.2f} {row['median_ms']:>10.1f} {row['min_ms']:>8.1f} "
               f"{row['max_ms']:>8.1f}")
     if args.json:
-        print(json.dumps({"benchmark": "step_tokens", "model": args.model, "rounds": args.rounds, "idle_s": args.idle,
-                          "rows": rows}))
+        print_json({"benchmark": "step_tokens", "model": args.model, "rounds": args.rounds, "idle_s": args.idle,
+                    "rows": rows})
 
 
 if __name__ == "__main__":

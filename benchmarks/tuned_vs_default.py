@@ -34,8 +34,7 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from bench_args import fail, hardware_profile, nonnegative_int, positive_int
-from skistune.cli import print_json
+from bench_args import fail, hardware_profile, nonnegative_int, positive_int, print_json
 from skistune.optimize import (Problem, RequestSet, _measure, build_problem, load_runtime, score, score_at,
                                solve, validation_requests)
 from skistune.workloads import PRESETS

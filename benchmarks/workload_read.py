@@ -6,15 +6,13 @@ Azure-format CSV. Prints rows/s for each; ``--json`` ends with one JSON object o
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench_args import positive_int
+from bench_args import positive_int, print_json
 from skistune.workloads import read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
@@ -61,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:32s} {figures['rows']:>9,} rows  {figures['seconds']:7.3f} s  "
               f"{figures['rows_per_s']:>12,.0f} rows/s")
     if args.json:
-        sys.stdout.write(json.dumps(results, separators=(",", ":")) + "\n")
+        print_json(results)
     return results
 
 

@@ -1,6 +1,7 @@
-"""`lmcache`: an LMCache configuration file (`LMCACHE_CONFIG_FILE=<yaml>`), the host and disk tiers of the
-KV cache behind an engine's LMCache connector. Facts from shared/reference/engines-and-algorithms.md §1
-(LMCacheConnectorV1) and §3 (LMCache keys, `lmcache/v1/config.py` @000620e3).
+"""`lmcache`: an LMCache configuration file (`LMCACHE_CONFIG_FILE=<yaml>`), the host and disk tiers of the KV
+cache behind an engine's LMCache connector. Facts from the project's engine reference
+(engines-and-algorithms.md, kept outside this repository), §1 (LMCacheConnectorV1) and §3 (LMCache keys,
+`lmcache/v1/config.py` @000620e3).
 
 An LMCache file holds the tiers only: batching, eviction, KV width, block size and the device pool are
 the engine's settings, so they are listed as out of scope (export them with ``--to vllm``).

@@ -1,9 +1,9 @@
 """`sglang`: an SGLang `--config` YAML and the equivalent `python -m sglang.launch_server` command line.
 
-Facts from shared/reference/engines-and-algorithms.md §2 (`python/sglang/srt/server_args.py` @001067ff,
-the newest). SGLang's YAML keys are used as written in ``--{key}``, so they are dashed; a store_true flag
-is written ``true`` and left out when off. ``--model-path`` (the command's model flag) is not in the
-reference; it is SGLang's usual model flag.
+Facts from the project's engine reference (engines-and-algorithms.md, kept outside this repository), §2
+(`python/sglang/srt/server_args.py` @001067ff, the newest). SGLang's YAML keys are used as written in
+``--{key}``, so they are dashed; a store_true flag is written ``true`` and left out when off. ``--model-path``
+(the command's model flag) is not in the reference; it is SGLang's usual model flag.
 
 Mapping, knob -> SGLang:
   bitwidth.key/value_bits   --kv-cache-dtype auto (16) | fp8_e4m3 (8); one dtype for keys and values. 4

@@ -1,10 +1,10 @@
 """`trtllm`: a TensorRT-LLM LLM-API YAML (`kv_cache_config`, `scheduler_config` and the batching
 arguments) for `trtllm-serve MODEL --config FILE` (``--config`` is the alias of ``--extra_llm_api_options``).
 
-Facts from shared/reference/engines-and-algorithms.md §3 (`tensorrt_llm/llmapi/llm_args.py`, docs
-`llm-api/reference/KvCacheConfig`). The reference pins no TensorRT-LLM release numbers, so the versions are
-named after the one dated change it gives: PR #12449 (2026-03) removed ``onboard_blocks`` (onboarding then
-follows whether a host pool exists).
+Facts from the project's engine reference (engines-and-algorithms.md, kept outside this repository), §3
+(`tensorrt_llm/llmapi/llm_args.py`, docs `llm-api/reference/KvCacheConfig`). The reference pins no
+TensorRT-LLM release numbers, so the versions are named after the one dated change it gives: PR #12449
+(2026-03) removed ``onboard_blocks`` (onboarding then follows whether a host pool exists).
 
 Mapping, knob -> TensorRT-LLM:
   bitwidth.key/value_bits   kv_cache_config.dtype auto (16) | fp8 (8); 4 and 2 bits are written as fp8

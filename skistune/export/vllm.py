@@ -1,9 +1,10 @@
 """`vllm`: a `vllm serve --config` YAML and the equivalent `vllm serve MODEL --flag ...` command line.
 
-Facts from shared/reference/engines-and-algorithms.md §1 (vLLM `arg_utils.py` @99d7eb5d, about v0.11, and
-@002f10e0, the newest). The YAML follows vLLM's loader: a flat dict of flag names without dashes, ``true``
-is the bare flag, and ``false`` is dropped (so the default would win): an off switch is written in its
-``no-`` form (``no-enable-prefix-caching: true``). Dict-valued flags are JSON strings.
+Facts from the project's engine reference (engines-and-algorithms.md, kept outside this repository), §1 (vLLM
+`arg_utils.py` @99d7eb5d, about v0.11, and @002f10e0, the newest). The YAML follows vLLM's loader: a flat dict
+of flag names without dashes, ``true`` is the bare flag, and ``false`` is dropped (so the default would win):
+an off switch is written in its ``no-`` form (``no-enable-prefix-caching: true``). Dict-valued flags are JSON
+strings.
 
 Mapping, knob -> vLLM:
   bitwidth.key/value_bits   --kv-cache-dtype auto (16) | fp8 (8); one dtype for keys and values. 4 and 2

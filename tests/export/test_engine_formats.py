@@ -1,5 +1,5 @@
-"""Each engine's own file rules (shared/reference/engines-and-algorithms.md §1-3), and the file and the
-command line saying the same thing."""
+"""Each engine's own file rules (the project's engine reference, engines-and-algorithms.md, kept outside this
+repository, §1-3), and the file and the command line saying the same thing."""
 from __future__ import annotations
 
 import json
