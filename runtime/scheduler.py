@@ -457,9 +457,11 @@ class Scheduler:
             return None  # a decode (`steady_decodes`)
         while computed < seq.num_tokens:  # what `_schedule_running` gives a lone sequence, step by step
             n = self._chunk(seq, computed, self.limits.max_num_batched_tokens)
+            if n == 0:
+                break  # (unchunked and over the budget: the step itself reports that it cannot progress)
             chunks.append(n)
             computed += n
-        return seq, chunks
+        return (seq, chunks) if chunks else None
 
     def advance_prefill(self, seq: Sequence, chunks: list[int], step_end_s: float, token: int | None = None,
                         eos_token_id: int | None = None) -> list[Sequence]:
