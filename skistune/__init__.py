@@ -4,10 +4,16 @@ The public API is loaded on first use, so that ``import skistune`` stays light:
 
     skistune.optimize(workload, slo=..., objective=..., constraints=..., n_trials=..., storage=...)
     skistune.OptimizeResult
+    skistune.evaluate(config, workload_or_requests, mode="simulate" | "run", profile=...) -> Metrics
+    skistune.simulate(config, requests, target); skistune.capacity(config, requests, target, ["p99=200ms"])
+    skistune.sim_target(model, profile)      the simulation target of a model on a profiled machine
+    skistune.KVConfig, skistune.load_config  the knobs (one frozen, validated type) and their files
+    skistune.load_workload(spec, ...)        a preset or a trace, transformed
 """
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 # OpenMP threads that wait for work sleep instead of spinning, unless the user chose (OMP_WAIT_POLICY) or
@@ -19,16 +25,42 @@ from typing import Any
 if "OMP_WAIT_POLICY" not in os.environ and os.environ.get("SKISTUNE_OMP_WAIT", "passive") != "spin":
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
-_LAZY = {"optimize": "skistune.optimize", "OptimizeResult": "skistune.optimize"}
+_LAZY = {"optimize": "skistune.optimize", "OptimizeResult": "skistune.optimize",
+         "evaluate": "skistune.evaluate", "sim_target": "skistune.evaluate",
+         "simulate": "skistune.simulator", "capacity": "skistune.simulator",
+         "KVConfig": "skistune.config", "load_config": "skistune.config",
+         "load_workload": "skistune.workloads"}
 
 __all__ = sorted(_LAZY)
+
+
+def callable_module(module_name: str, function: Any) -> None:
+    """Make the module ``module_name`` callable as ``function``: `skistune.optimize` and `skistune.evaluate` name
+    both a module and its main function, and importing the module (``from skistune.optimize import ...``)
+    binds the package attribute to the module, so ``skistune.optimize(...)`` must work on the module too."""
+    import inspect
+    import types
+
+    class CallableModule(types.ModuleType):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs)
+
+    module = sys.modules[module_name]
+    module.__class__ = CallableModule
+    module.__signature__ = inspect.signature(function)  # what inspect and help() show for the module
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # importing the submodule bound the name to it; the function wins
+        module = importlib.import_module(_LAZY[name])
+        if module.__name__ == f"{__name__}.{name}":
+            # skistune.optimize, skistune.evaluate: a module and its main function share the name. Importing the
+            # module bound the name to the module, which is callable (runs the function, shows its signature):
+            # kept, so that `import skistune.optimize as opt` gets the module whatever was reached first
+            return module
+        value = getattr(module, name)
+        globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

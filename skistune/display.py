@@ -1,12 +1,15 @@
 """Rich tables of the figures commands print (one layout for measured and simulated metrics)."""
 from __future__ import annotations
 
+import re
+
 from rich.table import Table
 
 from skistune.runtime.metrics import Metrics
 
 
 LATENCY_COLUMNS = ("p50", "p90", "p99", "max", "mean")
+REJECTION_REASONS_SHOWN = 3  # the most common reasons a table lists; --json has every request's
 SECONDS_FROM_S = 100.0  # latencies this long or longer print in seconds: in ms they overflow an 80-column table
 
 
@@ -25,18 +28,23 @@ def metrics_table(m: Metrics, title: str = "Metrics") -> Table:
     return lat
 
 
-def summary_table(m: Metrics) -> Table:
+def summary_table(m: Metrics, energy: dict | None = None) -> Table:
+    """Counts, duration, throughput, memory and (``energy``: an `evaluate.energy_figure`) J/token; why
+    requests were rejected, grouped by reason."""
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column(justify="right")
     rows = [
         ("requests (finished / rejected)", f"{m.num_finished} / {m.num_rejected} of {m.num_requests}"),
+        *(("why rejected" if i == 0 else "", line) for i, line in enumerate(rejection_lines(m))),
         ("duration", f"{m.duration_s:,.2f} s"),
         ("throughput", f"{m.throughput_tok_per_s:,.1f} tok/s, {m.throughput_req_per_s:,.2f} req/s"),
         ("KV peak / capacity", f"{m.kv_peak_bytes / 2**20:,.1f} / {m.kv_capacity_bytes / 2**20:,.1f} MiB"),
         ("preemptions", f"{m.preemptions}"),
-        ("prefix-hit tokens", f"{m.prefix_hit_tokens:,} of {m.prompt_tokens:,} prompt tokens"),
+        ("prefix-hit tokens", prefix_hits(m)),
     ]
+    if energy is not None:
+        rows.append(("energy", f"{format_figure(energy['j_per_token'], 3)} J/token ({energy['basis']})"))
     if m.evicted_tokens:
         rows.append(("evicted KV tokens", f"{m.evicted_tokens:,}"))
     if m.tiers is not None:
@@ -45,7 +53,57 @@ def summary_table(m: Metrics) -> Table:
         t.add_row(label, value)
     for note in m.notes:
         t.add_row("note", note)
+    if energy is not None and energy.get("power_source") == "modeled":
+        t.add_row("note", f"energy is modeled, not measured: {energy['power_note']}")
     return t
+
+
+def prefix_hits(m: Metrics) -> str:
+    """Prefix-hit tokens against the prompt tokens, those at re-admissions after a preemption apart (a
+    preempted request finds its own blocks still cached, on a trace that shares no prefix too)."""
+    text = f"{m.prefix_hit_tokens:,} of {m.prompt_tokens:,} prompt tokens"
+    if m.readmission_hit_tokens:
+        text += f" ({m.readmission_hit_tokens:,} at re-admissions after preemption)"
+    return text
+
+
+def format_figure(x: float, digits: int = 1) -> str:
+    """A figure with thousands separators, or ``-`` where there is none (NaN: no request finished, or no
+    token gap with one output token; infinite: no token generated to divide by)."""
+    return "-" if x != x or x in (float("inf"), float("-inf")) else f"{x:,.{digits}f}"
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def rejection_lines(m: Metrics, limit: int = REJECTION_REASONS_SHOWN) -> list[str]:
+    """Why requests were rejected, grouped by reason (reasons that differ only in their numbers are one,
+    each number shown as the range it spans: ``needs 18-45 KV blocks, the cache holds 1: 6 requests``),
+    most common first: at most ``limit`` lines, then how many requests other reasons rejected."""
+    groups: dict[str, list[list[float]]] = {}  # reason with its numbers blanked -> the numbers of each
+    for reason in m.rejections.values():
+        groups.setdefault(_NUMBER.sub("#", reason), []).append([float(x) for x in _NUMBER.findall(reason)])
+    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))  # (stable: ties in order of first rejection)
+    lines = [f"{_with_ranges(template, numbers)}: {_requests(len(numbers))}" for template, numbers in ranked[:limit]]
+    rest = ranked[limit:]
+    if rest:
+        lines.append(f"{len(rest)} other reason{'s' if len(rest) != 1 else ''}: "
+                     f"{_requests(sum(len(n) for _, n in rest))} (--json lists each request's)")
+    return lines
+
+
+def _with_ranges(template: str, numbers: list[list[float]]) -> str:
+    """``template`` with each ``#`` replaced by its number, or by the range of its numbers across requests."""
+    parts = template.split("#")
+    out = [parts[0]]
+    for i, part in enumerate(parts[1:]):
+        lo, hi = min(n[i] for n in numbers), max(n[i] for n in numbers)
+        out.append((f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}") + part)
+    return "".join(out)
+
+
+def _requests(n: int) -> str:
+    return f"{n} request{'s' if n != 1 else ''}"
 
 
 def tier_rows(tiers) -> list[tuple[str, str]]:

@@ -2,14 +2,20 @@
 `Metrics` either way, so any prediction can be checked."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
+
+from skistune import callable_module
 from skistune.config import KVConfig
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import get_preset
 from skistune.runtime.request import Request
 from skistune.simulator import SimTarget, simulate, target_from_profile
-from skistune.workloads import Workload, scale_lengths, to_requests
+from skistune.workloads import Workload, to_requests
+from skistune.workloads.model import truncate_blocks
 
 MODES = ("simulate", "run")
 # what a prediction is checked on, (name, unit, figure of a Metrics): `skistune evaluate --mode compare` and
@@ -22,8 +28,9 @@ FIDELITY_FIGURES: tuple[tuple[str, str, Callable[[Metrics], float]], ...] = (
 
 
 def relative_error(predicted: float, measured: float) -> float | None:
-    """(predicted - measured) / measured; None where nothing was measured (0, or NaN: no request finished)."""
-    if not measured or measured != measured or predicted != predicted:
+    """(predicted - measured) / measured; None where nothing was measured (0, or NaN: no request finished) or
+    a figure is infinite (energy per token with no token generated)."""
+    if not measured or not (math.isfinite(predicted) and math.isfinite(measured)):
         return None
     return (predicted - measured) / measured
 
@@ -35,19 +42,31 @@ def compare_metrics(predicted: Metrics, measured: Metrics) -> list[dict]:
 
 
 def fit_to_context(workload: Workload, max_context: int, model: str = "the model") -> Workload:
-    """Cap outputs, then prompts, so that every request fits the model's context; a note on the workload
-    says how many requests and prompt tokens the caps cut (a trace of long prompts can lose most of them)."""
-    too_long = (workload.input_tokens + workload.output_tokens) > max_context
+    """Cut the requests that do not fit the model's context, each by as few tokens as it needs (its prompt
+    plus output come to exactly ``max_context``); the others are left as they are. The output of a request
+    that does not fit keeps what the context leaves beside its prompt, and at least a quarter of the context
+    where the output asks for that much: a long prompt loses its end, a long generation is cut short. A
+    prompt keeps its prefix (and the prefix blocks it still holds). A note on the workload says how many
+    requests and tokens the cuts took (a trace of long prompts can lose most of them)."""
+    inputs, outputs = workload.input_tokens, workload.output_tokens
+    too_long = (inputs + outputs) > max_context
     if not too_long.any():
         return workload
-    max_output = min(int(workload.output_tokens.max()), max_context // 4)
-    fitted = scale_lengths(workload, 1.0, max_input=max_context - max_output, max_output=max_output)
-    total = int(workload.input_tokens.sum())
-    cut = total - int(fitted.input_tokens.sum())
+    # outputs up to what the prompt leaves, or a quarter of the context (>= 1 token); prompts get the rest
+    output_room = np.maximum(np.maximum(max_context - inputs, max_context // 4), 1)
+    new_outputs = np.where(too_long, np.minimum(outputs, output_room), outputs)
+    new_inputs = np.where(too_long, np.minimum(inputs, max_context - new_outputs), inputs)
+    block_offsets, block_ids = truncate_blocks(workload.block_offsets, workload.block_ids,
+                                               -(-new_inputs // workload.block_tokens))
+    n_cut = int(too_long.sum())
+    fitted = workload.with_transform(f"fit {max_context}-token context ({n_cut} cut)", input_tokens=new_inputs,
+                                     output_tokens=new_outputs, block_offsets=block_offsets, block_ids=block_ids)
+    total_in, total_out = int(inputs.sum()), int(outputs.sum())
+    cut_in, cut_out = total_in - int(new_inputs.sum()), total_out - int(new_outputs.sum())
     return fitted.with_note(
-        f"{int(too_long.sum()):,} of {len(workload):,} requests do not fit {model}'s {max_context:,}-token context: "
-        f"prompts capped at {max_context - max_output:,} tokens and outputs at {max_output:,} "
-        f"({cut:,} of {total:,} prompt tokens cut, {cut / total:.0%})")
+        f"{n_cut:,} of {len(workload):,} requests do not fit {model}'s {max_context:,}-token context: each cut "
+        f"to fit it, the others kept whole ({cut_in:,} of {total_in:,} prompt tokens cut, {cut_in / total_in:.0%}; "
+        f"{cut_out:,} of {total_out:,} output tokens cut, {cut_out / total_out:.0%})")
 
 
 def fit_workload(workload: Workload, model: str) -> Workload:
@@ -62,10 +81,16 @@ def workload_requests(workload: Workload, model: str, seed: int = 0) -> list[Req
 def hardware_profile(model: str, profile=None, device: str = "cpu"):
     """``profile`` as a `HardwareProfile`: loaded from its file, or this machine's cached quick profile for
     ``model`` when None."""
-    from skistune.profile import default_profile, load_profile
+    from skistune.profile import HardwareProfile, default_profile, load_profile
 
-    return default_profile(model, device) if profile is None else (
-        load_profile(profile) if isinstance(profile, str) else profile)
+    if profile is None:
+        return default_profile(model, device)
+    if isinstance(profile, HardwareProfile):
+        return profile
+    if isinstance(profile, (str, os.PathLike)):
+        return load_profile(os.fspath(profile))
+    raise TypeError(f"profile: expected a HardwareProfile, its file or None (this machine's cached quick "
+                    f"profile), got {type(profile).__name__}")
 
 
 def sim_target(model: str, profile=None, device: str = "cpu") -> SimTarget:
@@ -74,15 +99,95 @@ def sim_target(model: str, profile=None, device: str = "cpu") -> SimTarget:
     return target_from_profile(hardware_profile(model, profile, device), model)
 
 
-def evaluate(config: KVConfig, requests: Sequence[Request], *, model: str = "smollm2-135m", mode: str = "simulate",
+# ---- energy ------------------------------------------------------------------------------------------------
+POWER_LABELS = {"nvml": "power measured (NVML)", "rapl": "power measured (RAPL)", "modeled": "power modeled"}
+
+
+def power_model(model: str, profile=None, device: str = "cpu"):
+    """The `PowerModel` energy figures of a run use, without measuring anything: ``profile``'s, else this
+    machine's cached quick profile's, else the model the profiler declares where no meter is read (marked
+    ``modeled``)."""
+    if profile is not None:
+        return hardware_profile(model, profile, device).power
+    from skistune.profile import cached_profile_path, load_profile, machine_fingerprint
+    from skistune.profile.power import modeled_power
+
+    path = cached_profile_path(model, device, machine_fingerprint(device))
+    if path.is_file():
+        try:
+            return load_profile(path).power
+        except ValueError:
+            pass  # a damaged cache entry: `default_profile` measures it again when a simulation needs it
+    return modeled_power(device, os.cpu_count() or 1)
+
+
+def energy_figure(metrics: Metrics, power, *, measured_time: bool = False) -> dict:
+    """Energy per generated token (J/token) of a run, by the optimizer's own formula
+    (`objectives.energy_j_per_token`: busy time at full power, idle time at idle power), with where the
+    power figures come from (``power_source``: nvml, rapl or modeled) and what the time is: simulated, or
+    measured on the runtime (which no meter reads: the power model is applied to its measured time)."""
+    from skistune.objectives import energy_j_per_token
+
+    time = "measured busy/idle time" if measured_time else "simulated busy/idle time"
+    return {"j_per_token": energy_j_per_token(metrics, power), "power_source": power.source,
+            "basis": f"{POWER_LABELS.get(power.source, power.source)} x {time}"
+                     + (" (the run itself is not metered)" if measured_time else ""),
+            "power_note": power.note}
+
+
+# ---- the public function -----------------------------------------------------------------------------------
+def as_config(config) -> KVConfig:
+    """A `KVConfig`, a mapping of knob families (as a config file holds), or a config file's path."""
+    from skistune.config import load_config
+
+    if isinstance(config, KVConfig):
+        return config
+    if isinstance(config, Mapping):
+        return KVConfig.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        return load_config(os.fspath(config))
+    raise TypeError(f"config: expected a KVConfig, a mapping of knob families or a config file, got "
+                    f"{type(config).__name__}")
+
+
+def as_requests(requests, model: str, seed: int = 0) -> list[Request]:
+    """``requests`` as a list of `Request`: a `Workload` becomes its requests for ``model`` (fitted to its
+    context, `workload_requests`); a sequence of requests is taken as it is."""
+    if isinstance(requests, Workload):
+        return workload_requests(requests, model, seed)
+    if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Sequence):
+        raise TypeError(f"requests: expected a Workload (e.g. load_workload('chat', requests=8)) or a sequence of "
+                        f"Request, got {type(requests).__name__}")
+    bad = next((r for r in requests if not isinstance(r, Request)), None)
+    if bad is not None:
+        raise TypeError(f"requests: expected Request items, got {type(bad).__name__}")
+    if not requests:
+        raise ValueError("requests: empty; give at least one request")
+    return list(requests)
+
+
+def evaluate(config, requests, *, model: str = "smollm2-135m", mode: str = "simulate",
              profile=None, runtime=None) -> Metrics:
     """Metrics of serving ``requests`` with ``config``: predicted from the profile, or measured on the real
-    runtime (``runtime`` reuses a loaded model)."""
+    runtime (``runtime`` reuses a loaded model).
+
+    ``config``: a `KVConfig`, a mapping of knob families or a config file; ``requests``: a `Workload`
+    (fitted to the model's context) or a sequence of `Request`; ``mode``: simulate or run; ``profile``: a
+    `HardwareProfile`, its file, or None (this machine's cached quick profile). Bad input raises
+    ``ValueError`` or ``TypeError`` before anything is simulated or loaded."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: use simulate or run")
+    if not isinstance(model, str):
+        raise TypeError(f"model: expected a preset name, got {type(model).__name__}")
+    get_preset(model)  # (an unknown model is a ValueError naming the presets)
+    config = as_config(config)
+    requests = as_requests(requests, model)
     if mode == "simulate":
         return simulate(config, requests, sim_target(model, profile))
     from skistune.runtime.llm import Runtime
 
     rt = runtime.with_config(config) if runtime is not None else Runtime.from_preset(model, config)
     return rt.replay(requests)
+
+
+callable_module(__name__, evaluate)  # ``skistune.evaluate(...)`` runs `evaluate`, however it was reached

@@ -47,11 +47,14 @@ def evaluate(
     (same table, same JSON), so that any prediction can be checked."""
     from skistune.config import load_config
     from skistune.display import metrics_table, summary_table
-    from skistune.evaluate import MODES, evaluate as run_evaluate, fit_workload, hardware_profile, workload_requests
-    from skistune.workloads import load_workload
+    from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
+                                   power_model, workload_requests)
+    from skistune.workloads import PRESETS, load_workload
 
     if mode not in (*MODES, "compare"):
         raise ValueError(f"--mode {mode!r}: use simulate, run or compare")
+    if requests is not None and (workload not in PRESETS or format is not None):
+        raise ValueError("--requests applies to presets; take part of a trace with --first or --sample")
     cfg = load_config(str(config))
     w = fit_workload(load_workload(
         workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests, rate_rps=rate,
@@ -60,6 +63,8 @@ def evaluate(
         rate_scale=rate_scale), model)
     # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
     prof = hardware_profile(model, profile) if mode != "run" else None
+    # (a run is not metered: its energy is the power model's, which never needs a profile measured first)
+    power = prof.power if prof is not None else power_model(model, profile)
     runtime = None
     if mode != "simulate":
         from skistune.runtime.kv_store import check_fits_memory
@@ -77,10 +82,12 @@ def evaluate(
     with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
         metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof, runtime=runtime)
     label = "predicted (simulator)" if mode == "simulate" else "measured (runtime)"
+    energy = energy_figure(metrics, power, measured_time=mode == "run")
     console.print(metrics_table(metrics, f"{model} on {w.label()}: {label}"))
-    console.print(summary_table(metrics))
+    console.print(summary_table(metrics, energy))
     if json_out:
-        print_json({"mode": mode, "model": model, **_workload_fields(w), "metrics": metrics.to_dict()})
+        print_json({"mode": mode, "model": model, **_workload_fields(w), "metrics": metrics.to_dict(),
+                    "energy": energy})
 
 
 def _workload_fields(w) -> dict:
@@ -94,7 +101,8 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
     """The prediction and the measurement of the same requests, each figure's error, and (``speed_check``)
     how fast this machine runs the profile's own steps now: on a shared host that drift alone can be tens of
     percent, which the error table cannot tell from the simulator's."""
-    from skistune.evaluate import compare_metrics, evaluate as run_evaluate
+    from skistune.display import rejection_lines
+    from skistune.evaluate import compare_metrics, energy_figure, evaluate as run_evaluate, relative_error
 
     with console.status(f"simulating {len(reqs)} requests"):
         predicted = run_evaluate(cfg, reqs, model=model, mode="simulate", profile=prof)
@@ -107,8 +115,18 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
         with console.status("timing a few of the profile's steps again"):
             check = time_again(prof, runtime)
     rows = compare_metrics(predicted, measured)
+    energy = {"predicted": energy_figure(predicted, prof.power),
+              "measured": energy_figure(measured, prof.power, measured_time=True)}
+    energy["error"] = relative_error(energy["predicted"]["j_per_token"], energy["measured"]["j_per_token"])
     console.print(comparison_table(rows, predicted, measured,
-                                   f"{model} on {w.label()}: predicted (simulator) / measured (runtime)"))
+                                   f"{model} on {w.label()}: predicted (simulator) / measured (runtime)", energy))
+    for which, m in (("predicted", predicted), ("measured", measured)):
+        for line in rejection_lines(m):
+            console.print(f"rejected ({which}): {line}", highlight=False, soft_wrap=True)
+    console.print(f"energy: {energy['predicted']['basis']} / {energy['measured']['basis']}", highlight=False,
+                  soft_wrap=True)
+    if prof.power.modeled:
+        console.print(f"note: energy is modeled, not measured: {prof.power.note}", highlight=False, soft_wrap=True)
     if check is not None:
         console.print(check.summary_line(), highlight=False, soft_wrap=True)
     for note in predicted.notes:
@@ -116,15 +134,18 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
     if json_out:
         print_json({"mode": "compare", "model": model, **_workload_fields(w),
                     "predicted": predicted.to_dict(), "measured": measured.to_dict(),
-                    "errors": {r["figure"]: r["error"] for r in rows},
-                    "speed_check": check.to_dict() if check is not None else None})
+                    "errors": {**{r["figure"]: r["error"] for r in rows}, "energy": energy["error"]},
+                    "energy": energy, "speed_check": check.to_dict() if check is not None else None})
 
 
-def comparison_table(rows: list[dict], predicted, measured, title: str):
-    """Predicted, measured and the relative error of each figure (ms for latencies, MiB for the KV peak), then
-    the counts that tell two schedules apart."""
+def comparison_table(rows: list[dict], predicted, measured, title: str, energy: dict | None = None):
+    """Predicted, measured and the relative error of each figure (ms for latencies, MiB for the KV peak),
+    energy per token (``energy``: predicted and measured `evaluate.energy_figure`s with their error), then
+    the counts that tell two schedules apart. A figure that does not exist (no token gap with one output
+    token each, no request finished) is ``-``, as in the simulate and run tables."""
     from rich.table import Table
 
+    from skistune.display import format_figure
     from skistune.evaluate import FIDELITY_FIGURES
 
     units = {name: unit for name, unit, _ in FIDELITY_FIGURES}
@@ -136,8 +157,15 @@ def comparison_table(rows: list[dict], predicted, measured, title: str):
         unit = units[r["figure"]]
         name = r["figure"] if unit in r["figure"] else f"{r['figure']} ({unit})"
         error = "-" if r["error"] is None else f"{r['error']:+.1%}"
-        t.add_row(name, f"{r['predicted'] * scale[unit]:,.1f}", f"{r['measured'] * scale[unit]:,.1f}", error)
-    for name, f in (("finished", lambda m: m.num_finished), ("preemptions", lambda m: m.preemptions),
-                    ("prefix-hit tokens", lambda m: m.prefix_hit_tokens)):
+        t.add_row(name, format_figure(r["predicted"] * scale[unit]), format_figure(r["measured"] * scale[unit]), error)
+    if energy is not None:
+        source = energy["predicted"]["power_source"]
+        t.add_row(f"energy (J/token: {'modeled' if source == 'modeled' else source + '-measured'} power x time)",
+                  format_figure(energy["predicted"]["j_per_token"], 3),
+                  format_figure(energy["measured"]["j_per_token"], 3),
+                  "-" if energy["error"] is None else f"{energy['error']:+.1%}")
+    for name, f in (("finished", lambda m: m.num_finished), ("rejected", lambda m: m.num_rejected),
+                    ("preemptions", lambda m: m.preemptions), ("prefix-hit tokens", lambda m: m.prefix_hit_tokens),
+                    ("... at re-admissions", lambda m: m.readmission_hit_tokens)):
         t.add_row(name, f"{f(predicted):,}", f"{f(measured):,}", "")
     return t

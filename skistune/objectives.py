@@ -269,31 +269,50 @@ def user_constraint(fn: Callable, index: int) -> Constraint:
     must be <= 0: their largest is kept), named after the function."""
     name = getattr(fn, "__name__", "") or ""
     name = name if name and name != "<lambda>" else f"constraint{index}"
-    call = _metrics_call(fn)
+    call = _metrics_call(fn, f"constraint {name}")
     return Constraint(name, lambda p: _one(call(p), name))
 
 
-def _one(value: Any, name: str) -> float:
-    if isinstance(value, (list, tuple)):
-        return max((float(v) for v in value), default=0.0)
+class ReturnValueError(ValueError):
+    """A user's objective or constraint returned something that is not a number: the caller's bug, which
+    stops the search at once (`optimize` raises it after the trial, not as a failed trial)."""
+
+
+def _number(value: Any, what: str, hint: str = "") -> float:
+    """``value`` as a float; anything else (None, a string, a complex) is a `ReturnValueError` naming
+    ``what`` returned it."""
+    if isinstance(value, (str, bytes, complex)) or value is None:
+        raise ReturnValueError(f"{what}: returned {value!r}, not a number{hint}")
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"constraint {name}: returned {value!r}, not a number (<= 0 is feasible)") from None
+        raise ReturnValueError(f"{what}: returned {value!r}, not a number{hint}") from None
 
 
-def _metrics_call(fn: Callable) -> Callable[[Point], Any]:
-    """``fn(metrics)`` or ``fn(metrics, config)``, by the number of positional parameters it takes."""
+def _one(value: Any, name: str) -> float:
+    what, hint = f"constraint {name}", " (<= 0 is feasible)"
+    if isinstance(value, (list, tuple)):
+        return max((_number(v, what, hint) for v in value), default=0.0)
+    return _number(value, what, hint)
+
+
+def _metrics_call(fn: Callable, what: str = "callable") -> Callable[[Point], Any]:
+    """``fn(metrics, config)`` or ``fn(metrics)``: the first its signature accepts (`inspect.signature`).
+    A callable that takes neither (three required arguments, a required keyword) raises ``ValueError``
+    now, before any trial runs."""
     if not callable(fn):
-        raise ValueError(f"{fn!r}: expected a callable taking Metrics (and the config)")
+        raise ValueError(f"{what}: {fn!r} is not callable; expected a function of the Metrics (and the config)")
     try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # (some builtins have no signature: called with both, as before)
         return lambda p: fn(p.metrics, p.config)
-    positional = [q for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
-    if len(positional) >= 2 or any(q.kind == q.VAR_POSITIONAL for q in params):
-        return lambda p: fn(p.metrics, p.config)
-    return lambda p: fn(p.metrics)
+    for n in (2, 1):
+        try:
+            sig.bind(*range(n))
+        except TypeError:
+            continue
+        return (lambda p: fn(p.metrics, p.config)) if n == 2 else (lambda p: fn(p.metrics))
+    raise ValueError(f"{what}: takes {sig}, but is called as f(metrics) or f(metrics, config)")
 
 
 # ---- objectives ------------------------------------------------------------------------------------------
@@ -325,7 +344,7 @@ NAMED: dict[str, Objective] = {
 def _callable_objective(fn: Callable, directions: Sequence[str]) -> list[Objective]:
     name = getattr(fn, "__name__", "") or ""
     name = name if name and name != "<lambda>" else "custom"
-    call = _metrics_call(fn)
+    call = _metrics_call(fn, f"objective {name}")
     if len(directions) == 1:
         return [Objective(name, directions[0], "", lambda p: _single(call(p), name))]
     return [Objective(f"{name}[{i}]", d, "", lambda p, i=i: _pick(call(p), i, len(directions), name))
@@ -334,15 +353,15 @@ def _callable_objective(fn: Callable, directions: Sequence[str]) -> list[Objecti
 
 def _single(value: Any, name: str) -> float:
     if isinstance(value, (list, tuple)):
-        raise ValueError(f"objective {name}: returned {len(value)} values; pass direction=[...] with one "
-                         "direction per value")
-    return float(value)
+        raise ReturnValueError(f"objective {name}: returned {len(value)} values; pass direction=[...] with one "
+                               "direction per value")
+    return _number(value, f"objective {name}")
 
 
 def _pick(value: Any, i: int, n: int, name: str) -> float:
     if not isinstance(value, (list, tuple)) or len(value) != n:
-        raise ValueError(f"objective {name}: expected a tuple of {n} values (one per direction), got {value!r}")
-    return float(value[i])
+        raise ReturnValueError(f"objective {name}: expected a tuple of {n} values (one per direction), got {value!r}")
+    return _number(value[i], f"objective {name}[{i}]")
 
 
 def _check_directions(direction: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -358,8 +377,16 @@ def parse_objectives(objective: str | Callable | Sequence[str | Callable],
     """A name, comma-separated names (a Pareto front), a callable, or a sequence of names and callables.
     Callables minimise unless ``direction`` says otherwise; one returning a tuple needs one direction
     per value."""
-    items = [s for s in objective.split(",") if s.strip()] if isinstance(objective, str) else (
-        [objective] if callable(objective) else list(objective))
+    if isinstance(objective, str):
+        items = [s for s in objective.split(",") if s.strip()]
+    elif callable(objective):
+        items = [objective]
+    elif isinstance(objective, (list, tuple)):
+        items = list(objective)
+    else:
+        raise ValueError(f"objective: {objective!r} ({type(objective).__name__}) is not an objective: use "
+                         f"{', '.join(NAMED)}, a comma-separated tuple of them, a callable of the metrics (and the "
+                         "config), or a list of those")
     if not items:
         raise ValueError("objective: name at least one of " + ", ".join(NAMED))
     directions = _check_directions(direction)
@@ -386,5 +413,5 @@ def parse_objectives(objective: str | Callable | Sequence[str | Callable],
 def objective_value(objective: Objective, point: Point) -> float:
     value = objective.value(point)
     if value != value:
-        raise ValueError(f"objective {objective.name}: the value is not a number (NaN)")
+        raise ReturnValueError(f"objective {objective.name}: the value is not a number (NaN)")
     return value

@@ -27,9 +27,7 @@ import hashlib
 import json
 import math
 import os
-import sys
 import time
-import types
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,11 +35,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from skistune import callable_module
 from skistune.config import FAMILIES, KVConfig, format_bytes, knob_fields
 from skistune.objectives import (NAMED, Constraint, EnergyBudget, Objective, Point, QualityFloor, QueueGuard,
-                                 energy_j_per_token, goodput_rps, objective_value, parse_energy, parse_objectives,
-                                 parse_quality, predict_quality, queue_constraint, queue_name, served_constraint,
-                                 slo_constraint, user_constraint)
+                                 ReturnValueError, energy_j_per_token, goodput_rps, objective_value, parse_energy,
+                                 parse_objectives, parse_quality, predict_quality, queue_constraint, queue_name,
+                                 served_constraint, slo_constraint, user_constraint)
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import Request
 from skistune.paths import write_atomic
@@ -166,6 +165,16 @@ def not_modeled_note(left_out: Sequence[str]) -> str | None:
         parts.append("not modeled yet, left at defaults: "
                      + ", ".join(_family_names(other, simulator.MODELED_KNOBS | simulator.LOSSY_KNOBS)))
     return "; ".join(parts) or None
+
+
+def left_out_provenance(left_out: Sequence[str]) -> dict[str, list[str]]:
+    """The knobs the search left at the baseline's values, for the tuned file, by why: ``not_modeled``
+    (the simulator cannot price them) and ``not_searched_lossless`` (eviction and KV bits: the simulator
+    models them, but a search without a quality floor leaves what changes the model's outputs alone)."""
+    from skistune import simulator
+
+    return {"not_modeled": [k for k in left_out if k not in simulator.MODELED_KNOBS | simulator.LOSSY_KNOBS],
+            "not_searched_lossless": [k for k in left_out if k in simulator.LOSSY_KNOBS]}
 
 
 # ---- the problem ------------------------------------------------------------------------------------------
@@ -300,6 +309,9 @@ def _load_workload(workload, model: str):
 
     if isinstance(workload, Workload):
         return workload
+    if not isinstance(workload, (str, os.PathLike)):
+        raise ValueError(f"workload: {workload!r} ({type(workload).__name__}) is not a workload: give a preset name "
+                         f"({', '.join(PRESETS)}), a trace file or a Workload (skistune.workloads.load_workload)")
     preset = str(workload) in PRESETS
     return load_workload(workload, requests=DEFAULT_REQUESTS if preset else None)
 
@@ -930,7 +942,12 @@ def _trial_function(problem: Problem, study) -> Callable:
                                                           "solve_s": stats.total_s - solve_s}})
         evaluation = cache.get(config)
         if evaluation is None:
-            evaluation = cache[config] = score(problem, config, start_scale=scale_guess(cache.values()))
+            try:
+                evaluation = cache[config] = score(problem, config, start_scale=scale_guess(cache.values()))
+            except ReturnValueError as exc:  # the user's callable: no use trying other configs
+                run.failures.append(exc)
+                trial.study.stop()
+                raise optuna.TrialPruned(str(exc)) from None  # (a failed trial would log Optuna's traceback)
         for key, value in evaluation.to_attrs().items():
             trial.set_user_attr(key, value)
         if _uses_trial_constraints():
@@ -938,7 +955,16 @@ def _trial_function(problem: Problem, study) -> Callable:
                 trial.set_constraint(name, value)
         return evaluation.values[0] if len(evaluation.values) == 1 else list(evaluation.values)
 
+    run.failures = []  # what stopped the study: raised by `_optimize` once the trial is over
     return run
+
+
+def _optimize(study, trial_function: Callable, **kwargs: Any) -> None:
+    """``study.optimize``, then the error of a user's objective or constraint that stopped it, if any."""
+    study.optimize(trial_function, **kwargs)
+    failures = getattr(trial_function, "failures", None)
+    if failures:
+        raise failures[0]
 
 
 # ---- running the search ---------------------------------------------------------------------------------
@@ -980,7 +1006,7 @@ def _first_new_trial(study) -> int:
 def _run_sequential(problem, study, n_trials, timeout, progress) -> None:
     first = _first_new_trial(study)
     callbacks = [lambda s, t: progress(_progress_of(problem, s, first, n_trials))] if progress else []
-    study.optimize(_trial_function(problem, study), n_trials=n_trials, timeout=timeout, callbacks=callbacks)
+    _optimize(study, _trial_function(problem, study), n_trials=n_trials, timeout=timeout, callbacks=callbacks)
 
 
 def _worker(problem, storage_url, study_name, sampler_name, seed, n_trials, timeout, errors) -> None:
@@ -991,7 +1017,7 @@ def _worker(problem, storage_url, study_name, sampler_name, seed, n_trials, time
     try:
         sampler = make_sampler(sampler_name, seed=seed, problem=problem, parallel=True, n_trials=n_trials)
         study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url), sampler=sampler)
-        study.optimize(_trial_function(problem, study), n_trials=n_trials, timeout=timeout)
+        _optimize(study, _trial_function(problem, study), n_trials=n_trials, timeout=timeout)
     except (ValueError, OSError, KeyError) as exc:
         errors.put(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         raise SystemExit(2) from None
@@ -1018,8 +1044,8 @@ def _run_parallel(problem, study, storage_url, sampler_name, seed, n_trials, tim
         # queued trials (the baseline) run here before the workers start: SQLite has no row locks, so two
         # processes may both pop one WAITING trial, and the second then fails to tell a trial already COMPLETE
         callbacks = [lambda s, t: progress(_progress_of(problem, s, first, n_trials))] if progress else []
-        study.optimize(_trial_function(problem, study), n_trials=min(queued, left), timeout=timeout,
-                       callbacks=callbacks)
+        _optimize(study, _trial_function(problem, study), n_trials=min(queued, left), timeout=timeout,
+                  callbacks=callbacks)
         left -= min(queued, left)
     workers = [ctx.Process(target=_worker, args=(problem, storage_url, study.study_name, sampler_name,
                                                    seed + 7919 * (i + 1), share, timeout, errors))
@@ -1263,9 +1289,10 @@ def run_worker(job: WorkerJob, *, n_trials: int, timeout: float | None = None,
         trial.set_user_attr("worker", tag)
         return score_trial(trial)
 
+    objective.failures = score_trial.failures
     first = _first_new_trial(job.study)
     callbacks = [lambda s, t: progress(_progress_of(job.problem, s, first, n_trials))] if progress else []
-    job.study.optimize(objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks)
+    _optimize(job.study, objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks)
     mine = [t for t in job.study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == tag]
     states = optuna.trial.TrialState
     return WorkerRun(job, sum(t.state == states.COMPLETE for t in mine), sum(t.state == states.FAIL for t in mine),
@@ -1740,7 +1767,7 @@ def provenance(result: OptimizeResult) -> dict[str, Any]:
                     "power": p.profile.power.source},
         "search_space": {"name": p.full_space.name, "source": p.full_space.source,
                          "searched": [q.name for q in p.space.params if not q.is_switch],
-                         "not_modeled": list(p.left_out)},
+                         **left_out_provenance(p.left_out)},
         "search": {"study": result.study.study_name, "storage": result.storage, "sampler": result.sampler,
                    "seed": result.seed, "trials": result.trials, "capacity_precision": SEARCH_PRECISION},
         "predicted": _scored(p, result.best[0]),
@@ -1979,7 +2006,9 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
     or object (default: a SQLite file ``skistune-<study>.db`` here); ``study_name``: resume or name the
     study (default: named after the problem); ``n_jobs``: worker processes; ``runtime``: a loaded
     `Runtime` to validate with. An infeasible problem is a result (``result.feasible`` False,
-    ``result.binding``, ``result.closest``); bad input raises ``ValueError`` before any trial runs.
+    ``result.binding``, ``result.closest``); bad input raises ``ValueError`` before any trial runs (a
+    callable objective or constraint is checked against ``f(metrics)`` / ``f(metrics, config)`` then); one that
+    returns something other than a number stops the search at that trial with a ``ValueError`` naming it.
     """
     _check_counts(n_trials, n_jobs, validate, timeout)
     if sampler not in SAMPLERS:
@@ -2035,13 +2064,4 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
     return OptimizeResult(problem, study, _storage_label(storage), seed=seed, sampler=sampler, **fields_)
 
 
-class _CallableModule(types.ModuleType):
-    """``skistune.optimize`` names both this module and its main function. Importing the module (``from
-    skistune.optimize import ...``) binds the package attribute to the module, so the module is callable
-    too: ``skistune.optimize(...)`` runs `optimize` whichever way it was reached first."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> OptimizeResult:
-        return optimize(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+callable_module(__name__, optimize)  # ``skistune.optimize(...)`` runs `optimize`, however it was reached

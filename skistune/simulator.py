@@ -379,7 +379,16 @@ def capacity(config: KVConfig, requests: Sequence[Request], target: SimTarget, s
     The answer is the highest feasible point of a fixed lattice, 2 ** (k * `lattice_step`) for integer k,
     found by galloping out from ``start`` (a guess, e.g. a similar config's capacity) and bisecting. Where
     feasibility falls with the rate, every start gives the same answer, so a good guess only saves
-    simulations (about 5 instead of 15) and configs of equal capacity still tie exactly."""
+    simulations (about 5 instead of 15) and configs of equal capacity still tie exactly.
+
+    ``slos``: SLO strings as `skistune optimize` takes them (``"p99=200ms"``, ``"ttft:p90<=1s"``, parsed by
+    `slo.parse_slo`), `SLO` objects, or anything with a ``met(metrics)`` method (the optimizer's queueing
+    guard); one string or SLO alone is a list of one. Bad input raises ``ValueError`` or ``TypeError``
+    before anything is simulated."""
+    slos = as_slos(slos)
+    requests = list(requests)
+    if not requests:
+        raise ValueError("capacity: no requests; give at least one")
     base_rps = len(requests) / max(max(r.arrival_s for r in requests), 1e-9)
     step = lattice_step(precision)
     low, high = math.log2(min_scale), math.log2(max_scale)
@@ -421,3 +430,25 @@ def capacity(config: KVConfig, requests: Sequence[Request], target: SimTarget, s
         else:
             hi = mid
     return Capacity(2.0 ** lo, 2.0 ** lo * base_rps, held[lo], len(held))
+
+
+def as_slos(slos) -> list:
+    """``slos`` as objects with ``met(metrics)``: strings parsed as `skistune optimize` parses them."""
+    from skistune.slo import SLO, parse_slo
+
+    items = [slos] if isinstance(slos, (str, SLO)) else slos
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"slos: expected SLO strings such as 'p99=200ms' (or SLO objects), got "
+                        f"{type(slos).__name__}") from None
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(parse_slo(item))
+        elif callable(getattr(item, "met", None)):
+            out.append(item)
+        else:
+            raise TypeError(f"slos: {item!r} is not an SLO: write 'p99=200ms' (TBT p99 <= 200 ms) or "
+                            "'ttft:p90<=1s', or pass skistune.slo.parse_slo(...)")
+    return out

@@ -2,8 +2,9 @@
 every command's ``--workload`` options apply. The options are `Annotated` aliases for reuse."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -30,8 +31,21 @@ SkipBadRowsOpt = Annotated[bool, typer.Option("--skip-bad-rows", help="skip malf
 SeedOpt = Annotated[int, typer.Option("--seed", min=0,
                                       help="seed for presets, generated arrivals, --sample and --jitter")]
 RequestsOpt = Annotated[Optional[int], typer.Option("--requests", min=1, help="requests in a preset (default 2000)")]
+def _positive_finite(what: str) -> Callable[[Optional[float]], Optional[float]]:
+    """A parse-time check of a rate option: ``inf`` would put every arrival at 0 and ``nan`` none anywhere,
+    so either is bad input that names the option typed (click's ``Invalid value for '--rate': ...``)."""
+
+    def check(value: Optional[float]) -> Optional[float]:
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise typer.BadParameter(f"{what} must be > 0 and finite, got {value}")
+        return value
+
+    return check
+
+
 RateOpt = Annotated[Optional[float], typer.Option(
-    "--rate", help="mean arrival rate (req/s) before --rate-scale: generated arrivals, or a trace rescaled to it")]
+    "--rate", callback=_positive_finite("rate (req/s)"),
+    help="mean arrival rate (req/s) before --rate-scale: generated arrivals, or a trace rescaled to it")]
 BurstinessOpt = Annotated[Optional[float], typer.Option(
     "--burstiness", help="CV of inter-arrival times for generated arrivals (1 = Poisson, >1 bursty)")]
 BlockTokensOpt = Annotated[Optional[int], typer.Option(
@@ -44,7 +58,8 @@ SampleOpt = Annotated[Optional[int], typer.Option("--sample", min=1, help="keep 
 LengthScaleOpt = Annotated[float, typer.Option("--length-scale", help="multiply input and output lengths")]
 MaxInputOpt = Annotated[Optional[int], typer.Option("--max-input", min=1, help="cap prompts at this many tokens")]
 MaxOutputOpt = Annotated[Optional[int], typer.Option("--max-output", min=1, help="cap outputs at this many tokens")]
-RateScaleOpt = Annotated[float, typer.Option("--rate-scale", help="multiply the arrival rate (arrivals x k)")]
+RateScaleOpt = Annotated[float, typer.Option("--rate-scale", callback=_positive_finite("rate scale"),
+                                             help="multiply the arrival rate (arrivals x k)")]
 PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="write histograms of lengths and arrivals (PNG)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the figures as one JSON object")]
 

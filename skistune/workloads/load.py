@@ -1,6 +1,8 @@
 """`load_workload`: one way to name a workload everywhere (``--workload chat``, ``--workload trace.csv``)."""
 from __future__ import annotations
 
+import math
+import numbers
 from pathlib import Path
 
 from skistune.workloads import transforms
@@ -24,6 +26,10 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
     ``requests`` only apply where arrivals are generated. ``seed`` seeds everything random. A preset name
     wins over a file of the same name (write ``./chat`` for the file).
     """
+    for name, value in (("rate_rps", rate_rps), ("rate_scale", rate_scale)):
+        # (inf would put every arrival at 0, nan none anywhere: refused by name before anything is read)
+        if value is not None and not (isinstance(value, numbers.Real) and value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
     workload = _source(spec, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests,
                        rate_rps=rate_rps, burstiness=burstiness, block_tokens=block_tokens)
     if jitter_s:

@@ -22,8 +22,8 @@ def scale_rate(workload: Workload, factor: float) -> Workload:
 
 def set_rate(workload: Workload, rate_rps: float) -> Workload:
     """Scale arrivals so that the mean rate (requests / duration) is ``rate_rps``."""
-    if not rate_rps > 0:
-        raise ValueError(f"rate must be > 0 req/s, got {rate_rps}")
+    if not (rate_rps > 0 and np.isfinite(rate_rps)):  # (inf would reach `scale_rate` as an infinite scale)
+        raise ValueError(f"rate must be > 0 and finite (req/s), got {rate_rps}")
     if workload.duration_s == 0:
         raise ValueError(f"workload {workload.name!r}: all requests arrive at once, it has no rate to set")
     return scale_rate(workload, rate_rps / (len(workload) / workload.duration_s))

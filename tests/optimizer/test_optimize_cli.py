@@ -211,7 +211,9 @@ def test_target_searches_what_the_engine_can_deploy(here):
     prov = __import__("yaml").safe_load((here / "skistune-tuned.yaml").read_text())["provenance"]
     assert prov["search_space"]["name"] == "vllm"
     assert "offload.write_policy" not in prov["search_space"]["not_modeled"]  # tiers are modeled
-    assert any(k.startswith("bitwidth.") for k in prov["search_space"]["not_modeled"])
+    # bits are modeled, only not searched without a quality floor: listed as such, not as not modeled
+    assert not any(k.startswith("bitwidth.") for k in prov["search_space"]["not_modeled"])
+    assert any(k.startswith("bitwidth.") for k in prov["search_space"]["not_searched_lossless"])
 
 
 def test_two_worker_processes_share_one_study(here):

@@ -36,12 +36,12 @@ def test_what_was_evaluated_is_said_context_caps_and_transforms_included(tmp_pat
     assert r.exit_code == 0, r.output
     out = json.loads(r.output.strip().splitlines()[-1])
     assert out["transforms"][:2] == ["jitter 3 s seed 0", "first 40"]
-    assert out["transforms"][2].startswith("input <= ")
+    assert out["transforms"][2].startswith("fit 8192-token context (")  # (only the requests that do not fit)
     cap = [n for n in out["workload_notes"] if "do not fit smollm2-135m's 8,192-token context" in n]
     assert len(cap) == 1 and "prompt tokens cut" in cap[0]
     assert not any("--jitter 3" in n for n in out["workload_notes"])  # (the reader's advice, taken)
     assert f"note: conversation_trace: {cap[0]}" in " ".join(r.output.split())
-    assert "jitter 3 s seed 0, first 40, input <=" in " ".join(r.output.split())  # the table's title
+    assert "jitter 3 s seed 0, first 40, fit 8192-token context" in " ".join(r.output.split())  # the table's title
     assert "FingerprintWarning" not in r.output and "load_profile(" not in r.output
 
 

@@ -133,3 +133,35 @@ def test_unknown_workload_and_misplaced_options(write):
     _assert_one_line_error(_cli("chat", "--rate-scale", "0"), "rate scale must be > 0")
     with pytest.raises(ValueError, match="length scale must be > 0"):
         load_workload("chat", requests=10, length_scale=-1)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1"])
+def test_every_rate_option_refuses_non_finite_and_non_positive_values_by_the_name_typed(write, value):
+    """--rate inf used to put every arrival at 0 (a preset) or blame "rate scale" (a trace), and --rate nan
+    blamed the arrivals: each rate option now says what was typed, on a preset and on a trace alike."""
+    trace = write("t.csv", AZURE_HEADER + GOOD_ROW + "2023-11-16 18:15:47.68,374,44\n")
+    for workload in ("chat", str(trace)):
+        _assert_one_line_error(_cli(workload, "--rate", value),
+                               f"Invalid value for '--rate': rate (req/s) must be > 0 and finite, got {float(value)}")
+        _assert_one_line_error(_cli(workload, "--rate-scale", value),
+                               f"Invalid value for '--rate-scale': rate scale must be > 0 and finite, got {float(value)}")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(rate_rps=float("inf")), "rate_rps must be > 0 and finite, got inf"),
+    (dict(rate_rps=float("nan")), "rate_rps must be > 0 and finite, got nan"),
+    (dict(rate_rps=0), "rate_rps must be > 0 and finite, got 0"),
+    (dict(rate_scale=float("inf")), "rate_scale must be > 0 and finite, got inf"),
+    (dict(rate_scale=-2.0), "rate_scale must be > 0 and finite, got -2.0"),
+])
+def test_load_workload_names_the_rate_keyword_it_refuses(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        load_workload("chat", requests=5, **kwargs)
+
+
+def test_set_rate_refuses_an_infinite_rate_as_a_rate():
+    from skistune.workloads import set_rate
+
+    timed = load_workload("chat", requests=5)
+    with pytest.raises(ValueError, match="rate must be > 0 and finite"):
+        set_rate(timed, float("inf"))

@@ -1,0 +1,105 @@
+"""`skistune.optimize` checks its objective and constraints up front (a callable with the documented
+signature, `inspect.signature`), and a callable that returns something other than a number stops the
+search with one clear error naming it, not a float() TypeError inside an Optuna trial and its traceback.
+The tuned file's provenance lists under ``not_modeled`` only knobs the simulator cannot price."""
+from __future__ import annotations
+
+import logging
+
+import optuna
+import pytest
+
+import skistune
+from skistune.objectives import ReturnValueError, parse_objectives, user_constraint
+from skistune.workloads import load_workload
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return load_workload("chat", requests=6, max_input=64, max_output=8, seed=0, rate_scale=0.05)
+
+
+def run(workload, profile, **kw):
+    kw = {"n_trials": 3, "validate": 0, "storage": optuna.storages.InMemoryStorage(), "profile": profile, **kw}
+    return skistune.optimize(workload, **kw)
+
+
+@pytest.mark.parametrize("objective, message", [
+    (42, r"objective: 42 \(int\) is not an objective: use capacity, goodput"),
+    (None, r"objective: None \(NoneType\) is not an objective"),
+    (lambda a, b, c: 1.0,
+     r"objective custom: takes \(a, b, c\), but is called as f\(metrics\) or f\(metrics, config\)"),
+    (lambda m, *, scale: 1.0, r"objective custom: takes \(m, \*, scale\)"),
+    (lambda: 1.0, r"objective custom: takes \(\)"),
+])
+def test_a_bad_objective_is_a_value_error_before_anything_runs(objective, message):
+    with pytest.raises(ValueError, match=message):
+        parse_objectives(objective)
+
+
+def test_a_bad_constraint_signature_is_refused_up_front():
+    with pytest.raises(ValueError, match=r"constraint constraint1: takes \(a, b, c\)"):
+        user_constraint(lambda a, b, c: 0.0, 1)
+    with pytest.raises(ValueError, match="constraint constraint2: 5 is not callable"):
+        user_constraint(5, 2)
+
+
+def test_signatures_that_bind_choose_how_the_callable_is_called():
+    from skistune.objectives import Point, _metrics_call
+
+    point = Point(config="C", metrics="M", rate_rps=0, energy_j_per_token=0, goodput_rps=0, quality=None,
+                  queue_reference_s=0)
+    assert _metrics_call(lambda m: m)(point) == "M"
+    assert _metrics_call(lambda m, c: (m, c))(point) == ("M", "C")
+    assert _metrics_call(lambda m, c=None, *, k=1: (m, c))(point) == ("M", "C")
+    assert _metrics_call(lambda *args: args)(point) == ("M", "C")
+
+
+def test_optimize_refuses_bad_objectives_and_workloads_before_any_trial(workload, profile, monkeypatch):
+    import skistune.optimize as opt
+
+    monkeypatch.setattr(opt, "score", lambda *a, **k: pytest.fail("a config was scored"))
+    for kwargs, message in ((dict(objective=42), "objective: 42"),
+                            (dict(objective=lambda a, b, c: 1.0), r"takes \(a, b, c\)"),
+                            (dict(constraints=[lambda a, b, c: 0.0]), r"takes \(a, b, c\)")):
+        with pytest.raises(ValueError, match=message):
+            run(workload, profile, **kwargs)
+    with pytest.raises(ValueError, match=r"workload: 3 \(int\) is not a workload: give a preset name"):
+        run(3, profile)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(objective=lambda m, c: None), "objective custom: returned None, not a number"),
+    (dict(objective=lambda m: "fast"), "objective custom: returned 'fast', not a number"),
+    (dict(slo="p99=200ms", constraints=[lambda m, c: None]),
+     r"constraint constraint1: returned None, not a number \(<= 0 is feasible\)"),
+])
+def test_a_non_numeric_return_value_stops_the_search_with_one_clear_error(workload, profile, caplog, capsys,
+                                                                           kwargs, message):
+    storage = optuna.storages.InMemoryStorage()
+    with caplog.at_level(logging.WARNING, logger="optuna"):
+        with pytest.raises(ReturnValueError, match=message):
+            run(workload, profile, storage=storage, n_trials=5, **kwargs)
+    assert not [r for r in caplog.records if r.exc_info], "Optuna logged a failed trial's traceback"
+    assert "Traceback" not in capsys.readouterr().err
+    trials = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage).get_trials()
+    assert len(trials) == 1 and trials[0].state == optuna.trial.TrialState.PRUNED  # stopped at the first
+
+
+def test_provenance_lists_only_unmodeled_knobs_as_not_modeled():
+    """Eviction and KV bits are modeled (the simulator prices them), just not searched without a quality
+    floor: they are listed under their own key, not as ``not_modeled``."""
+    from skistune.optimize import left_out_provenance
+    from skistune.simulator import LOSSY_KNOBS, MODELED_KNOBS
+
+    left = ("bitwidth.key_bits", "eviction.policy", "future.knob")
+    out = left_out_provenance(left)
+    assert out == {"not_modeled": ["future.knob"], "not_searched_lossless": ["bitwidth.key_bits", "eviction.policy"]}
+    assert not set(out["not_modeled"]) & (LOSSY_KNOBS | MODELED_KNOBS)
+
+
+def test_the_tuned_files_provenance_says_lossy_knobs_were_not_searched(workload, profile):
+    r = run(workload, profile, slo="p99=200ms", n_trials=2)
+    space = r.provenance()["search_space"]
+    assert space["not_modeled"] == []  # every knob of the default space is modeled
+    assert "eviction.policy" in space["not_searched_lossless"] and "bitwidth.key_bits" in space["not_searched_lossless"]

@@ -1,0 +1,49 @@
+"""`simulator.capacity` takes SLOs as `skistune optimize` does: strings parsed by `slo.parse_slo`, SLO
+objects, or anything with ``met``; anything else is a clear TypeError before any simulation."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from skistune.config import KVConfig
+from skistune.evaluate import sim_target, workload_requests
+from skistune.simulator import capacity
+from skistune.slo import parse_slo
+from skistune.workloads import load_workload
+
+PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        target = sim_target("smollm2-135m", PROFILE)
+    requests = workload_requests(load_workload("chat", requests=6, max_input=64, max_output=8, seed=0), "smollm2-135m")
+    return requests, target
+
+
+def test_slo_strings_are_parsed_as_optimize_parses_them(setup):
+    requests, target = setup
+    parsed = capacity(KVConfig(), requests, target, [parse_slo("p99=40ms")], precision=0.1)
+    for slos in (["p99=40ms"], "p99=40ms", ("tbt:p99<=40ms",), parse_slo("p99=40ms")):
+        c = capacity(KVConfig(), requests, target, slos, precision=0.1)
+        assert (c.rate_scale, c.evaluations) == (parsed.rate_scale, parsed.evaluations)
+
+
+@pytest.mark.parametrize("slos, error, message", [
+    ([3], TypeError, "slos: 3 is not an SLO: write 'p99=200ms'"),
+    (5, TypeError, "slos: expected SLO strings such as 'p99=200ms'"),
+    (["p99<200ms"], ValueError, "SLO 'p99<200ms'"),
+])
+def test_anything_else_is_a_clear_error_before_any_simulation(setup, monkeypatch, slos, error, message):
+    import skistune.simulator as simulator
+
+    requests, target = setup
+    monkeypatch.setattr(simulator, "simulate", lambda *a, **k: pytest.fail("simulated before checking the SLOs"))
+    with pytest.raises(error, match=message):
+        capacity(KVConfig(), requests, target, slos)
+    with pytest.raises(ValueError, match="capacity: no requests"):
+        capacity(KVConfig(), [], target, ["p99=200ms"])
