@@ -146,7 +146,7 @@ def comparison_table(rows: list[dict], predicted, measured, title: str, energy: 
     from rich.table import Table
 
     from skistune.display import format_figure
-    from skistune.evaluate import FIDELITY_FIGURES
+    from skistune.evaluate import FIDELITY_FIGURES, relative_error
 
     units = {name: unit for name, unit, _ in FIDELITY_FIGURES}
     scale = {"ms": 1e3, "MiB": 2 ** -20, "tok/s": 1.0}
@@ -164,6 +164,12 @@ def comparison_table(rows: list[dict], predicted, measured, title: str, energy: 
                   format_figure(energy["predicted"]["j_per_token"], 3),
                   format_figure(energy["measured"]["j_per_token"], 3),
                   "-" if energy["error"] is None else f"{energy['error']:+.1%}")
+    if predicted.tiers is not None and measured.tiers is not None:  # what the tiers did (their own fits)
+        for name, f in (("tier transfer time (ms)", lambda m: 1e3 * m.tiers.transfer_s),
+                        ("tier stall time (ms)", lambda m: 1e3 * m.tiers.stall_s),
+                        ("tier bytes moved (MiB)", lambda m: sum(m.tiers.moved_bytes.values()) / 2 ** 20)):
+            error = relative_error(f(predicted), f(measured))
+            t.add_row(name, format_figure(f(predicted)), format_figure(f(measured)), "-" if error is None else f"{error:+.1%}")
     for name, f in (("finished", lambda m: m.num_finished), ("rejected", lambda m: m.num_rejected),
                     ("preemptions", lambda m: m.preemptions), ("prefix-hit tokens", lambda m: m.prefix_hit_tokens),
                     ("... at re-admissions", lambda m: m.readmission_hit_tokens)):

@@ -311,19 +311,20 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
     num_blocks, block_bytes = kv_pool_blocks(config, target.spec, target.kv_itemsize, target.device_free_bytes)
     clock = VirtualClock()
     kv = kv_traffic(config, target.spec, target.kv_itemsize)
-    _check_transfer_links(config, target)
+    links = _check_transfer_links(config, target)
     executor = ProfileExecutor(target.step_cost, kv, clock, target.spec.vocab_size, target.transfers, block_bytes,
                                target.spec.n_layers if layerwise_depth(config) else 0,
                                ring_bytes_per_seq(config, target.spec, target.kv_itemsize))
     extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
-                    executor=executor, clock=clock, notes=target.notes + extrapolated,
+                    executor=executor, clock=clock, notes=target.notes + extrapolated + _poor_link_fits(links, target),
                     fast_forward=executor.fast_forward if fast_forward else None, n_layers=target.spec.n_layers)
     return engine, executor
 
 
-def _check_transfer_links(config: KVConfig, target: SimTarget) -> None:
-    """A config with host or disk tiers needs the profile's fits of the links its transfers cross."""
+def _check_transfer_links(config: KVConfig, target: SimTarget) -> list[str]:
+    """A config with host or disk tiers needs the profile's fits of the links its transfers cross; returns
+    those links."""
     needed = set()
     if config.offload.host_kv_bytes:
         needed |= {"device_to_host", "host_to_device"}
@@ -333,6 +334,18 @@ def _check_transfer_links(config: KVConfig, target: SimTarget) -> None:
     if missing:
         raise ValueError(f"offload tiers: the hardware profile has no transfer fit for {', '.join(missing)}: "
                          "measure one with `skistune profile`")
+    return sorted(needed)
+
+
+def _poor_link_fits(links: list[str], target: SimTarget) -> tuple[str, ...]:
+    """A note naming the links this config's tiers cross whose transfer fit the profile flags (R² below the
+    threshold): a quick profile on a loaded host had predicted tier transfers 12x their measured time."""
+    poor = [f"{link} (R² {target.transfers[link].quality.r2:.2f})" for link in links
+            if target.transfers[link].quality.flagged]
+    if not poor:
+        return ()
+    return (f"tier transfer times rest on poor fits of the profile: {', '.join(poor)}; measure the machine again "
+            "(`skistune profile`) before trusting them",)
 
 
 def simulate(config: KVConfig, requests: Sequence[Request], target: SimTarget) -> Metrics:

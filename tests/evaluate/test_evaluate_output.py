@@ -170,3 +170,21 @@ def test_prefix_hits_at_readmissions_are_shown_apart():
     assert "prefix-hit tokens 3 of 4 prompt tokens" in shared and "re-admissions" not in shared
     readmitted = _text(summary_table(_metrics(prefix_hit_tokens=3, readmission_hit_tokens=2)))
     assert "3 of 4 prompt tokens (2 at re-admissions after preemption)" in readmitted
+
+
+def test_the_compare_table_shows_what_the_tiers_did():
+    from skistune.evaluate import compare_metrics
+    from skistune.evaluate_cli import comparison_table
+    from skistune.runtime.metrics import TierMetrics
+
+    def tiers(transfer_s, moved):
+        return TierMetrics(peak_bytes={}, capacity_bytes={}, moved_bytes={"device->host": moved}, transfer_s=transfer_s,
+                           stall_s=0.0, promotions=0, demotions=1, swapped_out=0, swapped_in=0, swap_fallbacks=0,
+                           prefetched=0, prefetch_hit_rate=None, corrupt_blocks=0)
+
+    predicted, measured = _metrics(tiers=tiers(0.322, 2 << 20)), _metrics(tiers=tiers(0.027, 2 << 20))
+    text = _text(comparison_table(compare_metrics(predicted, measured), predicted, measured, "t"))
+    assert "tier transfer time (ms) 322.0 27.0 +1092.6%" in text
+    assert "tier bytes moved (MiB) 2.0 2.0 +0.0%" in text and "tier stall time (ms) 0.0 0.0 -" in text
+    plain = _text(comparison_table(compare_metrics(_metrics(), _metrics()), _metrics(), _metrics(), "t"))
+    assert "tier" not in plain

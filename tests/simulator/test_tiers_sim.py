@@ -6,6 +6,7 @@ import pytest
 
 from skistune.config import KVConfig
 from skistune.profile.cost import FEATURES, StepCostModel
+from skistune.profile.fit import FitQuality
 from skistune.runtime.presets import PRESETS
 from skistune.runtime.request import Request
 from skistune.simulator import MODELED_KNOBS, SimTarget, build_engine, simulate
@@ -18,6 +19,7 @@ BLOCK_BYTES = 2 * 30 * 3 * 64 * 2 * 16  # K and V, 30 layers, 3 KV heads, 64 dim
 class Link:
     latency_s: float
     bytes_per_s: float
+    quality: FitQuality = FitQuality(r2=0.99, median_rel_error=0.01, max_rel_error=0.02, points=8)
 
     def time_s(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bytes_per_s
@@ -120,3 +122,15 @@ def test_tier_knobs_are_modelled_and_need_transfer_fits():
     bare = SimTarget(SPEC, target().step_cost, kv_itemsize=2, device_free_bytes=1 << 30)
     with pytest.raises(ValueError, match="transfer fit"):
         build_engine(config(**{"offload.host_kv_bytes": 80 * BLOCK_BYTES}), bare)
+
+
+def test_a_poor_fit_of_a_link_the_tiers_cross_is_a_note():
+    reqs = [Request("a", list(range(64)), 4)]
+    poor = FitQuality(r2=0.5, median_rel_error=0.3, max_rel_error=2.0, points=8)
+    links = {**LINKS, "host_to_disk": Link(1e-5, 1e10, poor)}
+    t = SimTarget(target().spec, target().step_cost, kv_itemsize=2, device_free_bytes=1 << 30, transfers=links)
+    host_only = simulate(KVConfig().with_knobs({"offload.host_kv_bytes": 64 << 20}), reqs, t)
+    with_disk = simulate(KVConfig().with_knobs({"offload.host_kv_bytes": 64 << 20, "offload.disk_kv_bytes": 1 << 30}),
+                         reqs, t)
+    assert not any("poor fits" in n for n in host_only.notes)  # its tiers do not cross that link
+    assert any("poor fits of the profile: host_to_disk (R² 0.50)" in n for n in with_disk.notes)
