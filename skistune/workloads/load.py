@@ -62,12 +62,13 @@ def _source(spec: str | Path | Workload, *, format: str | None, skip_bad_rows: b
     if not path.is_file():
         raise ValueError(f"workload {str(spec)!r}: neither a preset ({', '.join(PRESETS)}) nor an existing file")
     if requests is not None:
-        raise ValueError("requests applies to presets; take part of a trace with first or sample")
+        raise ValueError("--requests applies to presets; take part of a trace with --first or --sample "
+                         "(in Python: requests=, first=, sample=)")
     arrivals = ArrivalSpec(rate_rps=1.0 if rate_rps is None else rate_rps,
                            burstiness=1.0 if burstiness is None else burstiness, seed=seed)
     workload = read_trace(path, format=format, skip_bad_rows=skip_bad_rows, block_tokens=block_tokens,
                           arrivals=arrivals)
     if burstiness is not None and not workload.generated_arrivals:
-        raise ValueError(f"{path}: burstiness applies to generated arrivals (presets, length-only traces); "
+        raise ValueError(f"{path}: --burstiness (burstiness=) applies to generated arrivals (presets, length-only traces); "
                          "this trace has its own timestamps")
     return workload

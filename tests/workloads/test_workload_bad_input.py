@@ -127,7 +127,7 @@ def test_unknown_workload_and_misplaced_options(write):
                            "neither a preset (chat, code, long-context, agent) nor an existing file")
     path = write("t.csv", AZURE_HEADER + GOOD_ROW + GOOD_ROW)
     _assert_one_line_error(_cli(str(path), "--requests", "5"), "requests applies to presets")
-    _assert_one_line_error(_cli(str(path), "--burstiness", "2"), "burstiness applies to generated arrivals")
+    _assert_one_line_error(_cli(str(path), "--burstiness", "2"), "--burstiness (burstiness=) applies to generated arrivals")
     _assert_one_line_error(_cli("chat", "--window", "abc"), "expected START:END")
     _assert_one_line_error(_cli("chat", "--window", "900:1000"), "no request arrives in 900:1000 s")
     _assert_one_line_error(_cli("chat", "--rate-scale", "0"), "rate scale must be > 0")
