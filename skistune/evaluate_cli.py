@@ -49,12 +49,10 @@ def evaluate(
     from skistune.display import metrics_table, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
                                    power_model, workload_requests)
-    from skistune.workloads import PRESETS, load_workload
+    from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
         raise ValueError(f"--mode {mode!r}: use simulate, run or compare")
-    if requests is not None and (workload not in PRESETS or format is not None):
-        raise ValueError("--requests applies to presets; take part of a trace with --first or --sample")
     cfg = load_config(str(config))
     w = fit_workload(load_workload(
         workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests, rate_rps=rate,

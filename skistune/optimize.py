@@ -45,7 +45,7 @@ from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import Request
 from skistune.paths import write_atomic
 from skistune.searchspace import SearchSpace, cap_knob, load_space, param_refs, suggest_config
-from skistune.slo import SLO, parse_slo
+from skistune.slo import SLO, as_slos
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_WORKLOAD = "chat"
@@ -273,7 +273,7 @@ def _as_list(value: Any) -> list:
 
 
 def _parse_specs(slo, energy, quality) -> tuple[tuple[SLO, ...], EnergyBudget | None, tuple[QualityFloor, ...]]:
-    slos = tuple(s if isinstance(s, SLO) else parse_slo(s) for s in _as_list(slo))
+    slos = tuple(as_slos(slo))
     budget = energy if energy is None or isinstance(energy, EnergyBudget) else parse_energy(str(energy))
     if budget is not None and not math.isfinite(budget.limit_j_per_token):  # 1e999J/token parses as inf
         raise ValueError(f"energy {energy}: the budget must be a finite number of joules per token")

@@ -398,7 +398,9 @@ def capacity(config: KVConfig, requests: Sequence[Request], target: SimTarget, s
     `slo.parse_slo`), `SLO` objects, or anything with a ``met(metrics)`` method (the optimizer's queueing
     guard); one string or SLO alone is a list of one. Bad input raises ``ValueError`` or ``TypeError``
     before anything is simulated."""
-    slos = as_slos(slos)
+    from skistune.slo import as_slos
+
+    slos = as_slos(slos, guards=True)
     requests = list(requests)
     if not requests:
         raise ValueError("capacity: no requests; give at least one")
@@ -444,24 +446,3 @@ def capacity(config: KVConfig, requests: Sequence[Request], target: SimTarget, s
             hi = mid
     return Capacity(2.0 ** lo, 2.0 ** lo * base_rps, held[lo], len(held))
 
-
-def as_slos(slos) -> list:
-    """``slos`` as objects with ``met(metrics)``: strings parsed as `skistune optimize` parses them."""
-    from skistune.slo import SLO, parse_slo
-
-    items = [slos] if isinstance(slos, (str, SLO)) else slos
-    try:
-        items = list(items)
-    except TypeError:
-        raise TypeError(f"slos: expected SLO strings such as 'p99=200ms' (or SLO objects), got "
-                        f"{type(slos).__name__}") from None
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            out.append(parse_slo(item))
-        elif callable(getattr(item, "met", None)):
-            out.append(item)
-        else:
-            raise TypeError(f"slos: {item!r} is not an SLO: write 'p99=200ms' (TBT p99 <= 200 ms) or "
-                            "'ttft:p90<=1s', or pass skistune.slo.parse_slo(...)")
-    return out

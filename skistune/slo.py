@@ -59,3 +59,25 @@ def parse_slo(text: str) -> SLO:
     if not (limit_s > 0 and math.isfinite(limit_s)):  # 1e999ms parses as inf: a limit nothing can break
         raise ValueError(f"SLO {text!r}: the limit must be a positive, finite time")
     return SLO(metric, pct, limit_s)
+
+
+def as_slos(value, *, guards: bool = False) -> list:
+    """One SLO or its text, or an iterable of them (None: none), as `SLO` objects, the texts parsed by
+    `parse_slo`. With ``guards``, other objects with a ``met(metrics)`` method pass too (the optimizer's
+    queueing guard, in `simulator.capacity`). Anything else is a ``TypeError``."""
+    items = [] if value is None else [value] if isinstance(value, (str, SLO)) else value
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"slos: expected SLO strings such as 'p99=200ms' (or SLO objects), got "
+                        f"{type(value).__name__}") from None
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(parse_slo(item))
+        elif isinstance(item, SLO) or (guards and callable(getattr(item, "met", None))):
+            out.append(item)
+        else:
+            raise TypeError(f"slos: {item!r} is not an SLO: write 'p99=200ms' (TBT p99 <= 200 ms) or "
+                            "'ttft:p90<=1s', or pass skistune.slo.parse_slo(...)")
+    return out
