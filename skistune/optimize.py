@@ -1330,19 +1330,41 @@ def ranked(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluati
     return sorted(_distinct([e for e in evaluations if e.feasible]), key=lambda e: _sort_key(problem, e))
 
 
-def _dominates(problem: Problem, a: Evaluation, b: Evaluation) -> bool:
-    signs = [1 if o.maximize else -1 for o in problem.objectives]
-    better_or_equal = all(s * x >= s * y for s, x, y in zip(signs, a.values, b.values))
-    return better_or_equal and any(s * x > s * y for s, x, y in zip(signs, a.values, b.values))
+def _noise_free(gains: Sequence[float]) -> tuple[float, ...]:
+    """Gains rounded to 9 significant digits: two configs whose figures differ by float summation noise
+    (1e-15 of a J/token, each the better on a different axis) are a tie, not two points of a front."""
+    return tuple(float(f"{g:.9g}") for g in gains)
+
+
+def nondominated(pool: Sequence[Evaluation], gains: Callable[[Evaluation], Sequence[float]]) -> list[Evaluation]:
+    """The evaluations of ``pool`` (in its order) that no other beats on every axis of ``gains`` (each
+    "higher is better"); of several with the same gains, only the first. The one front rule of `optimize`'s
+    Pareto front and the report's trade-off front."""
+    points = [_noise_free(gains(e)) for e in pool]
+    firsts = {g: e for e, g in reversed(list(zip(pool, points)))}  # (the first in pool order wins a tie)
+
+    def beaten(g: tuple) -> bool:
+        return any(all(x >= y for x, y in zip(h, g)) and h != g for h in firsts)
+
+    return [e for e, g in zip(pool, points) if firsts[g] is e and not beaten(g)]
 
 
 def pareto_front(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
     """The feasible, non-dominated configs, best first objective first; of configs predicted the same values
     on every objective, only the first in `ranked`'s order (the one that sets aside less for KV tiers, then the
     earlier trial: the baseline before a config that equals it with a 128 GiB host tier)."""
-    pool = ranked(problem, evaluations)
-    front = [e for e in pool if not any(_dominates(problem, o, e) for o in pool)]
-    return list({tuple(e.values): e for e in reversed(front)}.values())[::-1]
+    signs = [1 if o.maximize else -1 for o in problem.objectives]
+    return nondominated(ranked(problem, evaluations), lambda e: [s * v for s, v in zip(signs, e.values)])
+
+
+def with_refined(evaluations: Sequence[Evaluation], refined: Sequence[Evaluation]) -> list[Evaluation]:
+    """The search's evaluations with those of the ``refined`` configs (same effective config) replaced by
+    their refined figures, keeping the trial number: a front then shows one set of figures per config, the
+    ones `optimize` printed (a config's search figure sat beside its refined one, and the refined baseline
+    appeared to beat the front)."""
+    finer = {e.config.effective(): e for e in refined}
+    return [replace(finer[e.config.effective()], config=e.config, trial=e.trial)
+            if e.config.effective() in finer else e for e in evaluations]
 
 
 def infeasibility(evaluations: Sequence[Evaluation], k: int = 3) -> tuple[dict[str, int], list[Evaluation]]:
@@ -1976,8 +1998,7 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
         study.set_user_attr(VALIDATED_ATTR, [validation_record(v) for v in validated])
     study.set_user_attr(CHOSEN_ATTR, best[0].config.to_dict())
     study.set_user_attr(REFINED_ATTR, {"best": [e.to_record() for e in best], "baseline": baseline.to_record()})
-    by_config = {e.config: e for e in refined}
-    pareto = [by_config.get(e.config, e) for e in front]
+    pareto = pareto_front(problem, with_refined(evaluations, [*refined, baseline]))
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
             "trials": _search_trials(study), "notes": tie_notes + notes + [n for n in (ilp_note(study),) if n]}
 

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from skistune.config import KVConfig
-from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINED_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed, infeasibility,
-                               ranked, score)
+from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINED_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed,
+                               infeasibility, nondominated, ranked, score, with_refined)
 from skistune.plotting import log_axis, wants_log
 
 DEFAULT_TOP_K = 5  # best configs shown
@@ -72,8 +72,10 @@ def load_study(study_name: str, storage: Any = None) -> tuple[Any, Problem, str]
 class Report:
     """What a study found. ``best``: feasible configs, best first objective first: the first ``refined`` as
     `skistune optimize` last refined and printed them (2% capacity precision), the rest trial figures (the
-    search's precision); ``pareto``: the feasible configs no other beats on the throughput axis, J/token,
-    quality loss and the study's other objectives together (trial figures); ``baseline``: vLLM's defaults,
+    search's precision); ``evaluations``: every trial, those of refined configs with the refined figures
+    (`optimize.with_refined`: one set of figures per config in every table and plot); ``pareto``: the
+    feasible configs no other beats on the throughput axis, J/token, quality loss and the study's other
+    objectives together, from ``evaluations``; ``baseline``: vLLM's defaults,
     refined where optimize refined them; ``validated``: the last validation's records (`optimize.validation_record`), winner first,
     baseline last; ``binding``/``closest``: trials each constraint ruled out, configs closest to feasible;
     ``importance``: each knob's share of the first objective's variance (empty with ``importance_note``
@@ -122,12 +124,13 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
         best = first + [e for e in best if e.config not in {f.config for f in first}]
         baseline = Evaluation.from_record(refined["baseline"])
     best = tuple(best[:top_k])
+    pool = evaluations if refined is None else with_refined(evaluations, [*first, baseline])
     why = None
     if not best:  # (simulates the closest config with each request alone: once, for the terminal, HTML and JSON)
         from skistune.optimize_cli import why_no_rate_line
 
         why = why_no_rate_line(problem, closest)
-    return Report(problem, study, label, tuple(evaluations), best, tuple(tradeoff_front(problem, evaluations)),
+    return Report(problem, study, label, tuple(pool), best, tuple(tradeoff_front(problem, pool)),
                   baseline or score(problem, problem.base), validated, binding, tuple(closest), importance, method,
                   note, why, refined=0 if refined is None else len(refined["best"]))
 
@@ -189,14 +192,8 @@ def front_axes(problem: Problem) -> list[str]:
 
 def tradeoff_front(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
     """The feasible, distinct configs that no other beats on every axis of `_gains`, best first objective
-    first (a superset of the study's own Pareto front, up to ties)."""
-    pool = ranked(problem, evaluations)
-    gains = [_gains(problem, e) for e in pool]
-
-    def beaten(g: tuple) -> bool:
-        return any(all(x >= y for x, y in zip(h, g)) and h != g for h in gains)
-
-    return [e for e, g in zip(pool, gains) if not beaten(g)]
+    first (a superset of the study's own Pareto front; of configs with the same figures, the first)."""
+    return nondominated(ranked(problem, evaluations), lambda e: _gains(problem, e))
 
 
 def knob_importance(study, problem: Problem) -> tuple[dict[str, float], str, str | None]:
@@ -264,8 +261,9 @@ class Timeline:
 
 def sampled_replay(config: KVConfig, requests, target, rate_scale: float, label: str) -> Timeline:
     """Simulate ``requests`` at ``rate_scale`` and sample the tiers before and after every step and after
-    every fast-forwarded run of steps, by wrapping this engine's ``step`` and ``fast_forward`` (the runtime's
-    loop is unchanged). Lines between the samples are then flat through idle waits and steady through runs."""
+    every fast-forwarded run of steps (and the most blocks each held, so that the device line peaks where
+    `Metrics.kv_peak_bytes` does), by wrapping this engine's ``step`` and ``fast_forward`` (the runtime's loop is
+    unchanged). Lines between the samples are then flat through idle waits and steady through runs."""
     from skistune.simulator import build_engine, with_rate_scale
 
     engine, _ = build_engine(config, target)
@@ -277,15 +275,27 @@ def sampled_replay(config: KVConfig, requests, target, rate_scale: float, label:
 
     step, fast_forward = engine.step, engine.fast_forward
 
+    def with_peak(run: Callable[[], Any], peak_at_end: bool) -> Any:
+        """``run()``, then a sample of the most blocks it held, if more than it left held: a step allocates
+        as it schedules and frees finished sequences at its end (so it holds its peak throughout), a run of
+        decode steps grows to its peak at its end; sampled only between them, the device line had missed
+        the peak the tables show (49.9 MiB plotted against 54.8 MiB)."""
+        start_s, overall_peak = engine.clock.now(), kv.peak_used_blocks
+        kv.peak_used_blocks = kv.pool.num_used()  # (the engine's own peak, restored below, for its metrics)
+        result = run()
+        run_peak = kv.peak_used_blocks
+        kv.peak_used_blocks = max(overall_peak, run_peak)
+        if run_peak > kv.pool.num_used():
+            samples.append((engine.clock.now() if peak_at_end else start_s, run_peak, *samples[-1][2:]))
+        sample()
+        return result
+
     def sampled_step():
         sample()  # at the step's start: the blocks held through any idle wait before it
-        finished = step()
-        sample()
-        return finished
+        return with_peak(step, peak_at_end=False)
 
     def sampled_fast_forward(eng, next_arrival_s: float) -> None:
-        fast_forward(eng, next_arrival_s)
-        sample()
+        with_peak(lambda: fast_forward(eng, next_arrival_s), peak_at_end=True)
 
     engine.step = sampled_step
     engine.fast_forward = sampled_fast_forward if fast_forward is not None else None

@@ -94,6 +94,33 @@ def test_front_keeps_exactly_the_configs_no_other_beats_on_rate_energy_and_quali
     assert [e.trial for e in front] == [1, 0, 3]  # best first objective first
 
 
+def test_front_keeps_one_of_equal_configs_and_ignores_float_noise(report):
+    """Configs predicted the same figures (up to float summation noise, each better on a different axis by
+    1e-15) are one point of the front, not several: the report had listed 9 where optimize listed 4."""
+    base = report.best[0]
+
+    def variant(trial, rate, energy, max_num_seqs):
+        return dataclasses.replace(base, config=base.config.with_knobs({"batching.max_num_seqs": max_num_seqs}),
+                                   values=(rate,), figures={**base.figures, "energy_j_per_token": energy},
+                                   trial=trial)
+
+    pool = [variant(0, 2.0, 1.0, 1), variant(1, 2.0, 1.0, 2), variant(2, 2.0 - 1e-15, 1.0 - 1e-15, 3),
+            variant(3, 1.0, 0.5, 4)]
+    assert [e.trial for e in tradeoff_front(report.problem, pool)] == [0, 3]
+
+
+def test_the_front_shows_the_refined_figures_optimize_printed(study, report):
+    """One set of figures per config: a refined config's row in the front is the one in the best table
+    (the front had shown its search figures, 0.094 req/s beside the best table's 0.095)."""
+    result, _ = study
+    refined = {e.config: e for e in [*result.best, result.baseline]}
+    shown = [e for e in report.pareto if e.config in refined]
+    assert shown and all(e.values == refined[e.config].values and e.figures == refined[e.config].figures
+                         for e in shown)
+    by_trial = {e.trial: e for e in report.evaluations}
+    assert all(by_trial[e.trial].values == refined[e.config].values for e in result.best if e.trial is not None)
+
+
 def test_tables_and_html_carry_the_same_rows(report):
     import html
     tables = report_tables(report)
@@ -158,6 +185,15 @@ def test_validated_records_give_the_fidelity_table_and_the_timeline_of_the_valid
     assert list(timeline.used_bytes) == tiers and (timeline.time_s[1:] >= timeline.time_s[:-1]).all()
     device = timeline.used_bytes["device"]
     assert device[0] == device[-1] == 0 and 0 < device.max() <= timeline.capacity_bytes["device"]
+
+
+def test_the_timeline_peaks_where_the_tables_kv_peak_does(report):
+    """Without a validation the timeline replays #1 on the search's requests at its rate: its device line
+    reaches the KV peak the tables show (sampled only between steps, it had missed the blocks a step holds
+    until its finished sequences free them: 49.9 MiB plotted against 54.8 MiB in the tables)."""
+    timeline = memory_timeline(report)
+    assert timeline.label.startswith("simulated replay of the search workload")
+    assert timeline.used_bytes["device"].max() == report.best[0].figures["kv_peak_bytes"]
 
 
 def test_sampled_replay_follows_every_tier_and_never_exceeds_the_peak(report):
