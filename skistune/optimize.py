@@ -366,7 +366,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     fit_notes = list(fitted.notes[len(w.notes):])  # (prompts the model's context cut short)
     # last: the profile may have to be measured first (a minute), which bad input elsewhere must not cost
     prof, notes = _load_profile(profile() if callable(profile) else profile, model)
-    notes = fit_notes + quality_notes + notes + ([prof.drift_note] if prof.drift_note else [])
+    notes = fit_notes + quality_notes + notes + [n for n in (prof.drift_note, prof.step_coverage_note) if n]
     sim_target = target_from_profile(prof, model)
     if kv_bytes is not None:
         sim_target = replace(sim_target, device_free_bytes=kv_bytes)

@@ -32,28 +32,61 @@ def _headline(profile) -> list[tuple[str, dict]]:
     return rows
 
 
+def _passkey(measured: tuple[int, int, float] | None) -> str:
+    if measured is None:
+        return "not measured"
+    found, trials, share = measured
+    return f"{share:.0%} ({found}/{trials})"
+
+
 def quality_table(profile) -> tuple[Table, list[dict]]:
     from skistune.config import KVConfig
 
     corpus = profile.data["corpus"]
     table = Table(title=f"Quality of {profile.model} ({profile.data['protocol']['grid']} grid, "
                         f"{profile.data['protocol']['windows']} windows of {corpus['window_tokens']} tokens, "
-                        f"Python {corpus['python']} docstrings)", title_justify="left")
-    for col in ("config", "ppl Δ mean", "ppl Δ worst window", "passkey kept"):
+                        f"Python {corpus['python']} docstrings): single knobs",
+                  title_justify="left")
+    for col in ("config", "ppl Δ mean", "ppl Δ worst window", "ppl Δ source", "passkey kept"):
         table.add_column(col, justify="left" if col == "config" else "right")
     rows = []
     for name, knobs in _headline(profile):
-        loss = profile.predict(KVConfig().with_knobs(knobs))
+        config = KVConfig().with_knobs(knobs)
+        loss = profile.predict(config)
         finite = math.isfinite(loss.ppl_mean)  # outside the profile's grid: null in JSON, ∞ in the table
+        basis = "measured" if profile.perplexity_measured(config) else "predicted" if finite else "outside grid"
+        needle = profile.needle_measured(config)
         rows.append({"config": name, "knobs": knobs, "ppl_mean": loss.ppl_mean if finite else None,
-                     "ppl_worst": loss.ppl_worst if finite else None, "needle_retained": loss.needle_retained})
-        table.add_row(name, _pct(loss.ppl_mean), _pct(loss.ppl_worst), f"{loss.needle_retained:.0%}")
+                     "ppl_worst": loss.ppl_worst if finite else None, "ppl_basis": basis,
+                     "needle_retained": None if needle is None else needle[2],
+                     "needle_found": None if needle is None else needle[0],
+                     "needle_trials": None if needle is None else needle[1]})
+        table.add_row(name, _pct(loss.ppl_mean), _pct(loss.ppl_worst), basis, _passkey(needle))
+    table.caption = ("ppl Δ: perplexity increase over the baseline; measured: this config is a grid point; "
+                     "predicted: by the quality model from the single-knob measurements (keys and values are "
+                     "measured apart). "
+                     "passkey kept: found / trials of this config, as a share of the baseline's; not measured: "
+                     "no trials of this config (the optimizer reads the nearest measured one at or below it, "
+                     "0% below the grid)")
+    table.caption_justify = "left"
     return table, rows
 
 
+def baseline_line(baseline: dict) -> str:
+    """The reference the losses are relative to, in one line."""
+    continuation = baseline["ppl_continuation"]
+    needle = ("not measured" if baseline["needle_found"] is None
+              else f"{baseline['needle_found']}/{baseline['needle_trials']} found")
+    return (f"baseline (16-bit KV, no eviction): perplexity {baseline['ppl_all_positions']:.2f} over the windows' "
+            f"positions" + (f", {continuation:.2f} over their decoded continuations (SnapKV's losses are read on "
+                            f"these)" if continuation is not None else "") + f"; passkey {needle}")
+
+
 def combination_table(checks: list[dict]) -> Table:
+    from skistune.quality.model import GOAL_RULE
+
     table = Table(title="Combination model: joint configs, predicted from single knobs vs measured",
-                  title_justify="left")
+                  title_justify="left", caption=f"within goal: {GOAL_RULE}", caption_justify="left")
     for col in ("joint config", "predicted", "measured", "error", "within goal"):
         table.add_column(col, justify="left" if col == "joint config" else "right")
     for c in checks:
@@ -82,6 +115,7 @@ def quality(
     per knob, per layer, and for joint configs that check the combination model."""
     from skistune.quality import QualityProfile
     from skistune.quality.grid import GRIDS
+    from skistune.quality.model import GOAL_RULE
 
     if show is not None:
         profile = QualityProfile.load(show)
@@ -90,6 +124,8 @@ def quality(
         path = out or Path("profiles") / f"quality-{model}{'-quick' if quick else ''}.json"
         profile = _measure(model, GRIDS["quick" if quick else "full"], path, resume=not fresh)
     table, rows = quality_table(profile)
+    baseline = profile.baseline()
+    console.print(baseline_line(baseline), highlight=False)
     console.print(table)
     checks = profile.combination_checks()  # by this version's model (the file's copy is the measuring run's)
     if checks:
@@ -97,7 +133,8 @@ def quality(
     console.print(f"profile: {escape(str(path))}", highlight=False)
     if json_out:
         print_json({"path": str(path), "model": profile.model, "grid": profile.data["protocol"]["grid"],
-                    "measured_s": profile.data.get("measured_s"), "headline": rows, "combination": checks})
+                    "measured_s": profile.data.get("measured_s"), "baseline": baseline, "headline": rows,
+                    "combination": checks, "goal": GOAL_RULE})
 
 
 def _measure(model: str, grid, path: Path, *, resume: bool):

@@ -84,7 +84,7 @@ def target_from_profile(profile, model: str | None = None) -> SimTarget:
         device_free = int(getattr(profile.fingerprint, "gpu_memory_bytes", 0) or 0)
         if device_free <= 0:
             raise ValueError(f"profile {profile.name!r}: no device memory recorded for {profile.device}")
-    drift = (profile.drift_note,) if profile.drift_note else ()
+    drift = tuple(n for n in (profile.drift_note, profile.step_coverage_note) if n)
     return SimTarget(spec, profile.step_cost, itemsize, device_free, notes=tuple(profile.notes) + drift,
                      quantized_kv_note=profile.quantized_kv_note,
                      transfers={link: m.fit for link, m in profile.transfers.items()})

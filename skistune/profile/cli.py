@@ -13,7 +13,7 @@ from rich.table import Table
 from skistune.config import format_bytes
 from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
 
-from .cost import ALL_FEATURES
+from .cost import ALL_FEATURES, ProjectionTimes
 from .fingerprint import machine_fingerprint
 from .profile import HardwareProfile, cached_profile_path, load_profile
 
@@ -32,6 +32,7 @@ def _summary(profile: HardwareProfile, path: Path) -> dict:
         "drift": dict(profile.drift),
         "power": profile.power.to_dict(), "flagged": profile.flagged_fits(),
         "notes": list(profile.notes) + [n for n in (profile.quantized_kv_note, profile.drift_note) if n],
+        "step_coverage": profile.step_coverage_note,
     }
 
 
@@ -95,10 +96,22 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
          if profile.measures_quantized_kv else "not measured"),
         ("step: x the projection passes timed here (layers / LM head)",
          f"{c['projections_s']:.2f} / {c['lm_head_s']:.2f}" if profile.step_cost.table else "not measured"),
+        *_projection_rows(profile.step_cost.table),
         ("step: per eviction compaction + per K slots compacted",
          f"{c['compactions'] * 1e3:.2f} ms + {c['compacted_slots'] * 1e6:.2f} ms"
          if any(p.kind == "compaction" for p in profile.steps) else "not measured"),
     ]
+
+
+def _projection_rows(table: ProjectionTimes | None) -> list[tuple[str, str]]:
+    """The projection passes as timed (the table the two terms above weigh), at its first size, at 16 rows
+    (where a CPU BLAS's speed jumps) and at its last."""
+    if table is None:
+        return [("projection pass timed (all layers / LM head)", "not measured")]
+    label = f"projection pass timed (all layers / LM head), {len(table.rows)} sizes"
+    sizes = dict.fromkeys(r for r in (table.rows[0], 16, table.rows[-1]) if r in table.rows)
+    return [(f"{label}: at {rows} row{'s' if rows > 1 else ''}" if i == 0 else f"... at {rows} rows",
+             f"{table.layers(rows) * 1e3:.1f} / {table.head(rows) * 1e3:.1f} ms") for i, rows in enumerate(sizes)]
 
 
 def _transfer_row(link: str, fit) -> tuple[str, str]:
@@ -109,7 +122,9 @@ def _transfer_row(link: str, fit) -> tuple[str, str]:
 def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     fixed_s, per_seq_s = profile.overhead.fit.coef
     rows = [("scheduler overhead: per step + per sequence", f"{fixed_s * 1e6:.0f} µs + {per_seq_s * 1e6:.1f} µs"),
-            ("paged attention (one layer) R²", _r2(profile.attention.fit.quality.r2))]
+            ("paged attention (one layer) R²", _r2(profile.attention.fit.quality.r2)),
+            ("quantize-on-append (one layer) R²",
+             "not measured" if profile.quantize is None else _r2(profile.quantize.fit.quality.r2))]
     rows += [_transfer_row(link, m.fit) for link, m in profile.transfers.items()]
     rows.append(("machine speed while measured: last / first step timed",
                  ", ".join(f"{k} x{r:.2f}" for k, r in profile.drift.items()) or "not recorded"))
@@ -171,6 +186,8 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
     console.print(profile_table(profile, path))
     for flagged in profile.flagged_fits():
         err_console.print(f"[yellow]flagged:[/] {escape(str(flagged))} is below the R² threshold", highlight=False)
+    if profile.step_coverage_note:
+        err_console.print(f"[yellow]flagged:[/] {escape(profile.step_coverage_note)}", highlight=False, soft_wrap=True)
     extra = [n for n in (profile.quantized_kv_note, profile.drift_note) if n]
     for note in list(profile.notes) + extra:
         err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)

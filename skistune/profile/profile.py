@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from skistune.kernels.cache import user_cache_dir
 
 from skistune.kernels.rows import ProjectionRule
+from skistune.quality.model import FORMAT as QUALITY_FORMAT
 
 from .cost import ProjectionTimes, StepCostModel
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
@@ -106,8 +107,25 @@ class HardwareProfile:
     def refit_steps(self) -> "HardwareProfile":
         """The same measurements with the step cost model fitted again by this version's model (its
         features; the rows the steps were measured with), on the same training and held-out points: a
-        profile written by an older version gains what the model learned without measuring again."""
+        profile written by an older version gains what the model learned without measuring again. Refused
+        (``ValueError``) where the training points do not cover the steps the simulator predicts from the
+        fit (`step_coverage_gaps`)."""
+        gaps = step_coverage_gaps(self.steps)
+        if gaps:
+            raise ValueError(f"profile {self.name}: cannot refit the step cost model: its training step points "
+                             f"have no {', no '.join(gaps)}, and the simulator would extrapolate such steps "
+                             "from it; measure the profile again (`skistune profile`)")
         return replace(self, step_fit=fit_step_points(self.steps, self.step_cost.rows, self.step_cost.table))
+
+    @property
+    def step_coverage_note(self) -> str | None:
+        """A note when the step fit's training points do not cover the steps it predicts (a file edited
+        down to a few points): its step times for those steps are extrapolations."""
+        gaps = step_coverage_gaps(self.steps)
+        if not gaps:
+            return None
+        return (f"profile {self.name}: its step fit's training points have no {', no '.join(gaps)}: its step "
+                "times for such steps are extrapolated and cannot be trusted; measure it again (`skistune profile`)")
 
     @property
     def measures_quantized_kv(self) -> bool:
@@ -336,6 +354,9 @@ def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
 def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True) -> HardwareProfile:
     """Read and validate a profile file; warn (`FingerprintWarning`) if it was measured elsewhere."""
     data = read_json_file(path, "profile")
+    if isinstance(data, dict) and data.get("format") == QUALITY_FORMAT:  # (the other kind of profile file)
+        raise ValueError(f"{path}: a quality profile, not a hardware profile: print it with "
+                         f"`skistune quality --show {path}`")
     try:
         profile = HardwareProfile.from_dict(data)
     except ValueError as exc:
@@ -358,6 +379,23 @@ QUICK_CACHE_FORMAT = 2  # 2: steps measured with this machine's own projection r
 
 def cached_profile_path(model: str, device: str, fingerprint: Fingerprint, folder: Path | None = None) -> Path:
     return (folder or cache_dir()) / f"quick-{device}-{model}-{fingerprint.key()}-v{QUICK_CACHE_FORMAT}.json"
+
+
+def step_coverage_gaps(steps: Sequence[StepPoint]) -> list[str]:
+    """What the training (not held-out) step points miss of the steps the simulator predicts: decodes of
+    several sequences at several contexts, prefill chunks of several sizes, and mixed steps. A fit on
+    fewer is free to put a step's whole time in the fixed cost: one refitted on five batch-1 decodes
+    predicted a 2,048-token prefill and a 64-sequence decode at the 27 ms of a batch-1 decode."""
+    train = [p for p in steps if not p.held_out]
+
+    def values(kind: str, axis: str) -> set[int]:
+        return {p.grid[axis] for p in train if p.kind == kind and axis in p.grid}
+
+    needs = {"decode steps of more than one sequence": any(b > 1 for b in values("decode", "batch")),
+             "decode steps at two or more context lengths": len(values("decode", "context")) >= 2,
+             "prefill chunks of two or more sizes": len(values("prefill", "chunk")) >= 2,
+             "mixed steps (decodes with a prefill chunk)": bool(values("mixed", "batch"))}
+    return [what for what, covered in needs.items() if not covered]
 
 
 def fit_step_points(steps: Sequence[StepPoint], rows: ProjectionRule, table: ProjectionTimes | None = None) -> StepFit:

@@ -61,6 +61,11 @@ FULL_BITS = 16
 DEFAULT_RECENT = 64
 ALL_POSITIONS, CONTINUATION = "nll_all_positions", "nll"  # a measurement's per-window mean NLLs
 UNKNOWN = QualityLoss(math.inf, math.inf, 0.0, basis="outside the measured grid")
+# The combination model's goal on a joint config: its predicted mean-window loss within 20% of the measured
+# one, or within 0.5 percentage points where that is more (a loss near zero is mostly the windows' noise).
+GOAL_RELATIVE, GOAL_ABSOLUTE = 0.2, 0.005
+GOAL_RULE = (f"|predicted - measured| <= max({GOAL_RELATIVE:.0%} of measured, "
+             f"{100 * GOAL_ABSOLUTE:g} percentage points)")
 
 
 def loss_metric(policy: str | None) -> str:
@@ -157,11 +162,15 @@ class QualityProfile:
     # ---- files -------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path) -> "QualityProfile":
+        from skistune.profile.profile import FORMAT as HARDWARE_FORMAT
         from skistune.profile.profile import read_json_file
 
         data = read_json_file(path, "quality profile")
         if not isinstance(data, dict):
             raise ValueError(f"{path}: not a quality profile (expected a JSON object)")
+        if data.get("format") == HARDWARE_FORMAT:  # (the other kind of profile file)
+            raise ValueError(f"{path}: a hardware profile, not a quality profile: print it with "
+                             f"`skistune profile --show {path}`")
         _check_shape(data, str(path))
         try:
             return cls(data, str(path))
@@ -421,6 +430,16 @@ class QualityProfile:
         return _interp(min(max(x, points[0][0]), points[-1][0]), [p for p, _ in points], [d for _, d in points])
 
     # ---- needle -----------------------------------------------------------------------------------------
+    def needle_measured(self, config: KVConfig) -> tuple[int, int, float] | None:
+        """The passkey trials of exactly ``config``, if it was measured: (found, trials, share of the full
+        cache's accuracy kept); None otherwise (`predict` then reads a measured config near it)."""
+        for entry in self.data.get("needle", {}).values():
+            if entry["kind"] != "needle-full" and KVConfig().with_knobs(entry["knobs"]) == config:
+                share = self._needle_share(entry["knobs"])
+                found = entry["found"]
+                return sum(found), len(found), (0.0 if share is None else share)
+        return None
+
     def _needle_share(self, key: dict) -> float | None:
         acc = self._needle.get(knob_key(key))
         if acc is None or not self._needle_full:
@@ -481,9 +500,27 @@ class QualityProfile:
                            ppl_mean_bound=max(0.0, math.exp(mean_delta + _upper_margin(deltas)) - 1),
                            ppl_worst_bound=max(0.0, math.exp(mean_delta + _upper_margin(deltas, True)) - 1))
 
+    def perplexity_measured(self, config: KVConfig) -> bool:
+        """Whether ``config``'s perplexity was measured as it is (a grid point: there `predict` gives the
+        measurement), rather than predicted from other measurements."""
+        return any(e["kind"] != "full" and KVConfig().with_knobs(e["knobs"]) == config
+                   for e in self.data["perplexity"].values())
+
+    def baseline(self) -> dict:
+        """The full-precision, no-eviction reference every loss is measured against: its perplexity over
+        the profile windows' positions and over their decoded continuations (the tokens SnapKV's losses are
+        read on), and its passkeys found / trials."""
+        full = self.data["perplexity"][knob_key({})]
+        needle = self.data.get("needle", {}).get(knob_key({}))
+        continuation = full.get(CONTINUATION)
+        return {"ppl_all_positions": math.exp(statistics.fmean(full[ALL_POSITIONS])),
+                "ppl_continuation": math.exp(statistics.fmean(continuation)) if continuation else None,
+                "needle_found": None if needle is None else sum(needle["found"]),
+                "needle_trials": None if needle is None else len(needle["found"])}
+
     def combination_checks(self) -> list[dict]:
         """Each measured joint config: predicted and measured mean-window loss, and whether the prediction
-        is within the goal (20% relative or 0.5 percentage points, whichever is larger)."""
+        is within the goal (`GOAL_RULE`)."""
         out = []
         for knobs, deltas in self._table("joint"):
             config = KVConfig().with_knobs(knobs)
@@ -491,5 +528,5 @@ class QualityProfile:
             measured = math.exp(sum(deltas) / len(deltas)) - 1
             error = abs(predicted - measured)
             out.append({"knobs": knobs, "predicted": predicted, "measured": measured, "error_pp": 100 * error,
-                        "within_goal": error <= max(0.2 * abs(measured), 0.005)})
+                        "within_goal": error <= max(GOAL_RELATIVE * abs(measured), GOAL_ABSOLUTE)})
         return out

@@ -41,7 +41,51 @@ def test_show_prints_the_losses_and_the_combination_check(synthetic):
     streaming = next(row for row in summary["headline"] if row["config"] == "streaming 50%")
     assert streaming["ppl_mean"] == pytest.approx(2.718281828 ** 0.01 - 1)
     outside = next(row for row in summary["headline"] if row["config"] == "h2o 10%")  # below the synthetic grid
-    assert outside["ppl_mean"] is None and outside["needle_retained"] == 0.0 and "∞" in r.stdout
+    assert outside["ppl_mean"] is None and outside["needle_retained"] is None and "∞" in r.stdout
+
+
+def test_show_labels_what_was_measured_and_what_is_predicted(synthetic):
+    """Headline rows are the quality model's predictions: each says whether its perplexity was measured as it
+    is; passkeys read as measured (share and count) or not measured, never 0% nor another row's figure."""
+    r = invoke("quality", "--show", str(synthetic), "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = {row["config"]: row for row in summary["headline"]}
+    picked = {name: (rows[name]["ppl_basis"], rows[name]["needle_retained"], rows[name]["needle_found"],
+                     rows[name]["needle_trials"])
+              for name in ("int4 keys+values", "int4 keys+values, newest 128 at 16 bits", "h2o 25%", "h2o 10%",
+                           "streaming 50%")}
+    assert picked == {"int4 keys+values": ("predicted", 0.75, 3, 4),  # keys and values measured apart
+                      "int4 keys+values, newest 128 at 16 bits": ("predicted", None, None, None),
+                      "h2o 25%": ("measured", 0.25, 1, 4), "h2o 10%": ("outside grid", None, None, None),
+                      "streaming 50%": ("measured", None, None, None)}
+    wide = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["quality", "--show", str(synthetic)])
+    table = [" ".join(line.replace("│", " ").split()) for line in wide.stdout.splitlines()]
+    assert "int4 keys+values +3.05% +4.08% predicted 75% (3/4)" in table  # (NLL +0.02 and +0.04 on the two windows)
+    assert "h2o 25% +6.18% +8.33% measured 25% (1/4)" in table
+    assert "h2o 10% ∞ ∞ outside grid not measured" in table
+    assert any(line.startswith("int4 keys+values, newest 128 at 16 bits") and line.endswith("predicted not measured")
+               for line in table)
+
+
+def test_show_states_the_baseline_and_the_goal(synthetic):
+    r = invoke("quality", "--show", str(synthetic), "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    ppl = 2.718281828459045 ** 2.5  # the synthetic full cache's NLL: 2.0 and 3.0 on its two windows
+    assert summary["baseline"] == pytest.approx({"ppl_all_positions": ppl, "ppl_continuation": ppl,
+                                                 "needle_found": 4, "needle_trials": 4})
+    text = " ".join(r.stdout.split())
+    assert f"baseline (16-bit KV, no eviction): perplexity {ppl:.2f} over the windows' positions" in text
+    goal = "|predicted - measured| <= max(20% of measured, 0.5 percentage points)"
+    assert summary["goal"] == goal and f"within goal: {goal}" in text
+
+
+def test_show_of_a_hardware_profile_names_the_command_that_shows_it():
+    r = invoke("quality", "--show", PROFILE)
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert f"a hardware profile, not a quality profile: print it with `skistune profile --show {PROFILE}`" in \
+        " ".join(r.stderr.split())
 
 
 @pytest.mark.parametrize("args, match", [
