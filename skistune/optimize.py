@@ -81,17 +81,46 @@ ILP_ATTR = "skistune.ilp"  # a trial's integer-program runs: {program: {calls, s
 
 
 # ---- baseline and search space ----------------------------------------------------------------------------
-def baseline_config() -> KVConfig:
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}  # the engines whose defaults a baseline can be
+
+
+def baseline_engine(space: SearchSpace) -> str:
+    """The engine whose defaults the search is compared with: SGLang's in SGLang's space (``--target
+    sglang``), else vLLM's."""
+    return "sglang" if space.name == "sglang" else "vllm"
+
+
+def baseline_config(engine: str = "vllm") -> KVConfig:
     """What a vLLM user gets by default (shared/reference/engines-and-algorithms.md §1, vLLM arg_utils.py,
     config/cache.py, config/scheduler.py): 16-bit KV (--kv-cache-dtype auto), no eviction, no KV offload
     (--kv-offloading-size None), prefix caching on, --block-size 16, --max-num-seqs 256 and
     --max-num-batched-tokens 2048 (server defaults on GPUs under 70 GiB), chunked prefill on with
     --long-prefill-token-threshold 0 (no per-request cap: a chunk may fill the step's token budget), fcfs,
-    --gpu-memory-utilization 0.9 (v0.11, the version our vLLM space targets; the newest default is 0.92)."""
+    --gpu-memory-utilization 0.9 (v0.11, the version our vLLM space targets; the newest default is 0.92).
+    ``engine="sglang"``: what an SGLang user gets (`sglang_baseline_config`)."""
+    if engine == "sglang":
+        return sglang_baseline_config()
+    if engine != "vllm":
+        raise ValueError(f"baseline engine {engine!r}: use {' or '.join(ENGINE_NAMES)}")
     return KVConfig().with_knobs({
         "batching.max_num_seqs": 256, "batching.max_num_batched_tokens": 2048, "batching.chunked_prefill": True,
         "batching.chunk_size": 2048, "batching.policy": "fcfs", "batching.preemption": "recompute",
         "prefix_reuse.enabled": True, "prefix_reuse.block_size": 16, "offload.device_memory_fraction": 0.9,
+    })
+
+
+def sglang_baseline_config() -> KVConfig:
+    """What an SGLang user gets by default (shared/reference/engines-and-algorithms.md §2, server_args.py;
+    knob -> flag as in searchspace/sglang.yaml): 16-bit KV (--kv-cache-dtype auto), no eviction, no HiCache
+    host tier, the radix cache on with --page-size 1 (automatic: 1 for the usual attention backends),
+    --max-prefill-tokens 16384, --chunked-prefill-size 8192 (automatic: SGLang's value on GPUs of 35-160
+    GiB, A100 to H200; 2048 below), fcfs, retraction by recompute, --mem-fraction-static 0.9 (automatic:
+    "about 0.9" in its docs). --max-running-requests is automatic too: the pool's tokens / 2, capped by the
+    request pool of 2048-4096 slots, so 2048 wherever the KV pool holds 4096 tokens or more."""
+    return KVConfig().with_knobs({
+        "batching.max_num_seqs": 2048, "batching.max_num_batched_tokens": 16384, "batching.chunked_prefill": True,
+        "batching.chunk_size": 8192, "batching.policy": "fcfs", "batching.preemption": "recompute",
+        "prefix_reuse.enabled": True, "prefix_reuse.block_size": 1, "offload.device_memory_fraction": 0.9,
     })
 
 
@@ -233,6 +262,11 @@ class Problem:
         return any(o.name == "capacity" for o in self.objectives)
 
     @property
+    def baseline_engine(self) -> str:
+        """Whose defaults the baseline is, for output: ``vLLM``, ``SGLang``."""
+        return ENGINE_NAMES[baseline_engine(self.full_space)]
+
+    @property
     def needs_goodput(self) -> bool:
         return any(o.name == "goodput" for o in self.objectives)
 
@@ -356,7 +390,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     if max_queue_s is not None and not max_queue_s > 0:
         raise ValueError(f"max_queue_s: {max_queue_s!r} must be positive (None turns the queueing guard off)")
     full_space = _resolve_space(space, target)
-    base = baseline_config()
+    base = baseline_config(baseline_engine(full_space))
     qp, searchable, quality_notes = _quality_setup(floors, objectives, quality_profile, model)
     cut, left_out = modeled_space(full_space, base, searchable)
     _check_fixed_lossy(full_space, base, searchable)
@@ -1662,8 +1696,8 @@ def _ratio(tuned: float, base: float, maximize: bool) -> float | None:
 @dataclass
 class OptimizeResult:
     """``best``: the chosen config first (by measurement when validated), then the other top configs;
-    ``pareto``: the feasible non-dominated configs; ``baseline``: vLLM's defaults scored the same way;
-    ``validated``: runtime replays (candidates in measured order, then the baseline)."""
+    ``pareto``: the feasible non-dominated configs; ``baseline``: the engine's defaults (`baseline_config`)
+    scored the same way; ``validated``: runtime replays (candidates in measured order, then the baseline)."""
 
     problem: Problem
     study: Any
@@ -1681,7 +1715,15 @@ class OptimizeResult:
 
     @property
     def feasible(self) -> bool:
+        """Predicted: some config met every constraint in the simulator (`measured_feasible` says whether the
+        chosen one met them on the real runtime)."""
         return bool(self.best)
+
+    @property
+    def measured_feasible(self) -> bool | None:
+        """Whether the chosen config held every constraint replayed on the real runtime (None: not validated).
+        False means no validated config held them, and the search's best was kept (see ``notes``)."""
+        return self.validated[0].holds if self.validated and self.best else None
 
     @property
     def config(self) -> KVConfig:
@@ -1791,7 +1833,10 @@ def provenance(result: OptimizeResult) -> dict[str, Any]:
                          "searched": [q.name for q in p.space.params if not q.is_switch],
                          **left_out_provenance(p.left_out)},
         "search": {"study": result.study.study_name, "storage": result.storage, "sampler": result.sampler,
-                   "seed": result.seed, "trials": result.trials, "capacity_precision": SEARCH_PRECISION},
+                   "seed": result.seed, "trials": result.trials,
+                   # the figures recorded here (predicted, baseline) are the refined ones; the study's trials
+                   # were searched coarser
+                   "capacity_precision": REFINE_PRECISION, "trial_capacity_precision": SEARCH_PRECISION},
         "predicted": _scored(p, result.best[0]),
         "baseline": {"predicted": _scored(p, result.baseline), "gain": result.gain()},
         "measured": _measured_provenance(result),
@@ -1867,12 +1912,31 @@ def ilp_note(study) -> str | None:
     return "; ".join(parts) or None
 
 
-def beats(problem: Problem, a: float, b: float) -> bool:
-    """Whether first-objective value ``a`` is better than ``b`` by more than `REFINE_PRECISION` (relative): a
-    smaller difference is a tie the search cannot resolve (capacity comes in steps of its precision; other
-    figures are predicted closer than the simulator's error on any machine)."""
+def beats(problem: Problem, a: float, b: float, objective: Objective | None = None) -> bool:
+    """Whether first-objective value ``a`` (or ``objective``'s) is better than ``b`` by more than
+    `REFINE_PRECISION` (relative): a smaller difference is a tie the search cannot resolve (capacity comes in
+    steps of its precision; other figures are predicted closer than the simulator's error on any machine)."""
     margin = REFINE_PRECISION * abs(b)
-    return a > b + margin if problem.objectives[0].maximize else a < b - margin
+    return a > b + margin if (objective or problem.objectives[0]).maximize else a < b - margin
+
+
+def tie(problem: Problem, objective: Objective, a: float, b: float) -> bool:
+    """Whether neither value `beats` the other: a difference the search cannot resolve."""
+    return not beats(problem, a, b, objective) and not beats(problem, b, a, objective)
+
+
+def baseline_outside_space(problem: Problem) -> dict[str, Any]:
+    """The baseline's knobs (and values) that the search space cannot express (a range or a list of choices
+    without its value, a fixed other value): empty when the baseline is a point of the space, as trial 0.
+    Outside it, the baseline never runs as a trial and cannot rank first on a tie (`_baseline_on_ties`)."""
+    import optuna
+
+    first = {p.name: p.choices[0] if p.kind == "choices" else p.low for p in problem.space.params
+             if p.kind in ("choices", "int", "float")}  # (as build_problem's check of trial 0)
+    nearest = suggest_config(optuna.trial.FixedTrial({**first, **_baseline_params(problem)}), problem.space,
+                             problem.base).effective()
+    base = problem.base.effective()
+    return {name: _value(base, name) for name in knob_fields() if _value(base, name) != _value(nearest, name)}
 
 
 def _baseline_on_ties(problem: Problem, refined: list[Evaluation], baseline: Evaluation,

@@ -2,7 +2,8 @@
 the real runtime, and write the tuned config. A thin command over `skistune.optimize`.
 
 Exit codes: 0 written, 2 bad input (one line on stderr), 3 no config meets the constraints (the binding
-constraints and the configs closest to feasibility are printed; nothing is written).
+constraints and the configs closest to feasibility are printed; nothing is written), 4 written, but the config
+broke a constraint when validated on the real runtime (a warning names it, predicted vs measured).
 """
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ from rich.table import Table
 from skistune.optimize import DEFAULT_MAX_QUEUE_S, DEFAULT_REQUESTS, DEFAULT_TOP_K, DEFAULT_TRIALS
 
 EXIT_INFEASIBLE = 3
+# the search's best is written (it is still the best estimate), but its replay broke a constraint: a script that
+# deploys on exit 0 should not take it silently
+EXIT_BROKE_WHEN_VALIDATED = 4
 DEFAULT_OUT = "skistune-tuned.yaml"
 _QUEUE = re.compile(r"^([0-9]*\.?[0-9]+)(s|ms)?$")
 
 SloOpt = Annotated[Optional[list[str]], typer.Option(
     "--slo", help="SLO, repeatable: METRIC:pXX<=VALUE (ttft:p90<=1s; metrics ttft, tbt, e2e, tpot) or the short "
-                  "form pXX=VALUE, which means TBT (p99=200ms: TBT p99 <= 200 ms, Vidur-Search's convention)")]
+                  "form pXX=VALUE, which means TBT (p99=200ms: TBT p99 <= 200 ms, Vidur-Search's convention); the "
+                  "value needs a unit: s, ms or us")]
 EnergyOpt = Annotated[Optional[str], typer.Option(
     "--energy", help="energy budget per generated token, e.g. 0.5J/token (the profile's power model; modeled "
                      "where no meter exists)")]
@@ -94,7 +99,10 @@ def _diff(config, base, names) -> str:
     from skistune.config import byte_size_text
 
     all_short = [n.partition(".")[2] for n in knob_fields()]
-    config, base = config.effective(), base.effective()  # (a knob that does nothing here changes nothing)
+    # (a knob that does nothing here changes nothing)
+    config, base = _bits_as_applied(config).effective(), _bits_as_applied(base).effective()
+    if config.bitwidth.layer_bits:  # bits that differ by layer: the uniform ones apply to none
+        names = [n for n in names if n not in ("bitwidth.key_bits", "bitwidth.value_bits")]
     out = []
     for name in names:
         value = knob_value(config, name)
@@ -108,6 +116,18 @@ def _diff(config, base, names) -> str:
             else:
                 out.append(f"{label}={_short(value)}")
     return ", ".join(out) or "(baseline)"
+
+
+def _bits_as_applied(config):
+    """``config`` with per-layer bits that are one pair on every layer written as the uniform key and value
+    bits they are (``layer_bits`` overrides ``key_bits`` and ``value_bits`` on each layer it lists: shown
+    side by side, 16-bit keys next to 4 bits on every layer would contradict each other)."""
+    pairs = {tuple(pair) for pair in config.bitwidth.layer_bits or ()}
+    if len(pairs) != 1:
+        return config
+    (key_bits, value_bits), = pairs
+    return config.with_knobs({"bitwidth.key_bits": key_bits, "bitwidth.value_bits": value_bits,
+                              "bitwidth.layer_bits": None})
 
 
 def _short(value: Any) -> Any:
@@ -197,14 +217,25 @@ def _quality_cell(figures: dict) -> str:
 
 
 def knob_lines(result) -> list[str]:
-    """Each best config as the knobs it changes from the baseline (vLLM's defaults)."""
+    """Each best config as the knobs it changes from the baseline (the target engine's defaults)."""
     p = result.problem
     names = [q.name for q in p.space.params if not q.is_switch]
     lines = [f"#{i + 1}: {_diff(e.config, p.base, names)}" for i, e in enumerate(result.best)]
     if result.baseline.rate_scale > 0 and _objective(p, result.baseline, "capacity") == 0:
         lines.append(no_rate_line(p, "base", result.baseline))
-    return lines + ["base: vLLM defaults (16-bit KV, no eviction or offload, prefix caching, max_num_seqs 256, "
-                    "max_num_batched_tokens 2048, chunk 2048, fcfs, memory fraction 0.9)"]
+    return lines + [f"base: {baseline_text(p)}"]
+
+
+def baseline_text(problem) -> str:
+    """The baseline as its engine's name and the values of the knobs it sets (read off the config itself)."""
+    b = problem.base
+    bits = f"{b.bitwidth.key_bits}-bit KV" if b.bitwidth.key_bits == b.bitwidth.value_bits else \
+        f"{b.bitwidth.key_bits}/{b.bitwidth.value_bits}-bit KV"
+    prefix = f"prefix caching, block {b.prefix_reuse.block_size}" if b.prefix_reuse.enabled else "no prefix caching"
+    chunk = f"chunk {b.batching.chunk_size}" if b.batching.chunked_prefill else "no chunked prefill"
+    return (f"{problem.baseline_engine} defaults ({bits}, no eviction or offload, {prefix}, max_num_seqs "
+            f"{b.batching.max_num_seqs}, max_num_batched_tokens {b.batching.max_num_batched_tokens}, {chunk}, "
+            f"{b.batching.policy}, memory fraction {b.offload.device_memory_fraction:g})")
 
 
 def pareto_table(result) -> Table | None:
@@ -279,17 +310,27 @@ def twin_lines(result) -> list[str]:
 
 
 def gain_lines(result) -> list[str]:
-    lines = []
+    from skistune.optimize import REFINE_PRECISION, baseline_outside_space, tie
+
+    p, label = result.problem, f"{result.problem.baseline_engine} defaults"
     if result.best and result.best[0].config.effective() == result.baseline.config.effective():
-        return ["the best config found is the baseline itself (vLLM defaults): nothing to change for this workload "
+        return [f"the best config found is the baseline itself ({label}): nothing to change for this workload "
                 "on this hardware"]
-    for name, ratio in result.gain().items():
+    outside = baseline_outside_space(p)
+    lines = [f"the {p.full_space.name} space cannot express the baseline ({label}): "
+             f"{', '.join(f'{k} {_short(v)}' for k, v in outside.items())} is outside it, so the search never tried "
+             "it and it cannot rank first on a tie"] if outside else []
+    gain = result.gain()
+    for o, tuned, base in zip(p.objectives, result.best[0].values, result.baseline.values):
+        name, ratio = o.name, gain[o.name]
         if name == "capacity" and ratio == float("inf"):  # a number of times more than nothing says nothing
-            tuned = _objective(result.problem, result.best[0], name)
-            lines.append(f"gain over the baseline (vLLM defaults), predicted: capacity {tuned:.4g} req/s where "
+            lines.append(f"gain over the baseline ({label}), predicted: capacity {tuned:.4g} req/s where "
                          "the baseline meets the constraints at no rate tried")
-            continue
-        lines.append(f"gain over the baseline (vLLM defaults), predicted: {name} x{_fmt(ratio, digits=2)}")
+        elif tie(p, o, tuned, base):  # (the rule that ranks the baseline first: no gain to claim)
+            lines.append(f"against the baseline ({label}), predicted: {name} a tie ({_value(o, tuned)} vs "
+                         f"{_value(o, base)}, within {REFINE_PRECISION:.0%}: below what the search resolves)")
+        else:
+            lines.append(f"gain over the baseline ({label}), predicted: {name} x{_fmt(ratio, digits=2)}")
     measured = result.measured_gain()
     if measured:
         base = f"holds every constraint{' too' if measured['tuned_holds'] else ''}" if measured["baseline_holds"] \
@@ -303,9 +344,12 @@ def gain_lines(result) -> list[str]:
             if measured["tuned_holds"] and not measured["baseline_holds"] and measured["baseline_predicted_holds"]:
                 lines.append("  (the simulator predicted the baseline to hold at this rate too: its break is the "
                              "machine's noise or the simulator's error at the SLO's edge, not evidence of the gain)")
-            lines += [f"gain over the baseline, measured: {k} x{_fmt(v, digits=2)}" for k, v in measured.items()
-                      if k not in ("rate_rps", "tuned_holds", "baseline_holds", "baseline_binding", "is_baseline",
-                                   "same_schedule", "baseline_predicted_holds")]
+            tuned_v, base_v = result.validated[0].measured, result.validated[-1].measured
+            for o, t, b in zip(p.objectives, tuned_v.values, base_v.values):
+                if o.name in measured:
+                    tied = " (a tie: within " f"{REFINE_PRECISION:.0%})" if tie(p, o, t, b) else ""
+                    lines.append(f"gain over the baseline, measured: {o.name} x{_fmt(measured[o.name], digits=2)}"
+                                 f"{tied}")
     return lines
 
 
@@ -331,10 +375,28 @@ def infeasible_report(result) -> str | None:
     for e in result.closest:  # below the table, whole: a column of them cut every knob at "…"
         console.print(escape(f"trial {e.trial}: {_diff(e.config, result.problem.base, names)}"), highlight=False,
                       soft_wrap=True)
-    line = why_no_rate_line(result.problem, result.closest)
-    if line:
+    lines = [line for line in (why_no_rate_line(result.problem, result.closest), energy_line(result)) if line]
+    for line in lines:
         console.print(escape(line), highlight=False, soft_wrap=True)
-    return line
+    return " ".join(lines) or None
+
+
+def energy_line(result) -> str | None:
+    """Why an energy budget binds: in how many trials, and the least energy per token the closest configs
+    reach (a lower arrival rate only adds idle power per token: it cannot help, as it can for a latency)."""
+    from skistune.objectives import EnergyBudget
+
+    budgets = [c.value.__self__ for c in result.problem.constraints
+               if isinstance(getattr(c.value, "__self__", None), EnergyBudget)]
+    name = str(budgets[0]) if budgets else None
+    if name is None or not result.binding.get(name) or not result.closest:
+        return None
+    limit = budgets[0].limit_j_per_token
+    least = min(limit * (1 + e.violations[name]) for e in result.closest)
+    return (f"{name} binds in {result.binding[name]} of {result.trials} trials: the closest configs use "
+            f"{least:.3g} J/token or more (x{least / limit:.3g} the budget, {result.problem.profile.power.source} "
+            "power); idle power counts per token, so a lower arrival rate raises it: a looser --energy budget, or "
+            "a config that spends less per token, can help")
 
 
 BURSTY_CV = 2.0  # inter-arrival CV above which a workload's bursts, not its mean rate, decide its queues
@@ -395,10 +457,13 @@ def _seconds(value_s: float) -> str:
 
 
 def _summary(result, out: Path | None) -> dict:
+    from skistune.optimize import baseline_outside_space
+
     def scored(e):
         return {"config": e.config.to_dict(), "values": list(e.values), "figures": dict(e.figures)}
 
-    return {"feasible": result.feasible, "study": result.study.study_name, "storage": result.storage,
+    return {"feasible": result.feasible, "feasible_predicted": result.feasible,
+            "feasible_measured": result.measured_feasible, "study": result.study.study_name, "storage": result.storage,
             "trials": result.trials, "out": str(out) if out else None, "notes": result.notes,
             "best": {**scored(result.best[0]), "config": result.config.to_dict()} if result.best else None,
             "baseline": scored(result.baseline),
@@ -406,6 +471,8 @@ def _summary(result, out: Path | None) -> dict:
             "closest": [{"trial": e.trial, "config": e.config.to_dict(), "violations": dict(e.violations)}
                         for e in result.closest],
             "gain": result.gain(), "measured_gain": result.measured_gain(), "binding": result.binding,
+            "baseline_engine": result.problem.baseline_engine,
+            "baseline_outside_space": baseline_outside_space(result.problem),
             "validated": [{"role": v.role, "rate_rps": v.rate_rps, "holds": v.holds,
                            "predicted": dict(v.predicted.figures), "measured": dict(v.measured.figures)}
                           for v in result.validated]}
@@ -483,7 +550,10 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
              sampler: SamplerOpt = "auto", max_queue: MaxQueueOpt = f"{DEFAULT_MAX_QUEUE_S:g}s",
              kv_memory: KvMemoryOpt = None, json_out: JsonOpt = False) -> None:
     """Find the best KV-cache config for a workload under SLOs, an energy budget and a quality floor:
-    search with the simulator, validate the top configs on the real runtime, write the tuned config."""
+    search with the simulator, validate the top configs on the real runtime, write the tuned config.
+
+    Exit codes: 0 written; 2 bad input; 3 no config meets the constraints (nothing written); 4 written, but the
+    config broke a constraint when validated on the real runtime (the warning names it)."""
     import optuna
 
     from skistune.optimize import (SAMPLERS, UnmeetableSLO, build_problem, default_storage, default_study_name,
@@ -511,12 +581,23 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     resume = f"--study {name}" + (f" --storage {storage}" if storage else "")  # (how to add trials later)
     storage = storage or default_storage(name)
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
-    open_study(problem, open_storage(storage), name, sampler=None)
+    existing = open_study(problem, open_storage(storage), name, sampler=None)
     print_notes(w)  # (every input checked: what the workload's reader noticed, before the search)
+    _say_resumed(existing, name, trials)
     _warn_broken_alone(problem)
     result = _solve_with_progress(problem, n_trials=trials, timeout=timeout, storage=storage, study_name=name,
                                   n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
     _report(result, out, json_out, resume)
+
+
+def _say_resumed(study, name: str, trials: int) -> None:
+    """One line when the study has trials already: the search adds to them, and the result ranks them all."""
+    from skistune.optimize import _search_trials
+
+    done = _search_trials(study)
+    if done:
+        err_console.print(escape(f"resuming study {name}: {done} finished trial{'s' * (done != 1)}, running "
+                                 f"{trials} more"), highlight=False, soft_wrap=True)
 
 
 def _warn_broken_alone(problem) -> None:
@@ -524,10 +605,11 @@ def _warn_broken_alone(problem) -> None:
     under the prefill of the workload's longest prompts) is likely to leave every config infeasible."""
     from skistune.optimize import served_alone, slos_broken_alone
 
-    with err_console.status("checking vLLM's defaults with each request served alone"):  # (seconds on a big trace)
+    label = f"{problem.baseline_engine}'s defaults"
+    with err_console.status(f"checking {label} with each request served alone"):  # (seconds on a big trace)
         broken = slos_broken_alone(problem, served_alone(problem, problem.base)[0])
     if broken:
-        print_warning(f"vLLM's defaults break {_broken_text(broken)} even with each request served alone: a config "
+        print_warning(f"{label} break {_broken_text(broken)} even with each request served alone: a config "
                       "must serve a request alone faster than they do to meet it (the search goes on; Ctrl-C keeps "
                       "its trials)")
 
@@ -583,8 +665,31 @@ def _report(result, out: Path, json_out: bool, resume: str) -> None:
     name = result.study.study_name
     console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command, or {resume}, "
                          "adds trials)"), highlight=False, soft_wrap=True)
+    broke = validation_warning(result)
+    if broke:
+        print_warning(broke)
     if json_out:
         print_json(_summary(result, path))
+    if broke:
+        raise typer.Exit(EXIT_BROKE_WHEN_VALIDATED)
+
+
+def validation_warning(result) -> str | None:
+    """When the written config broke a constraint replayed on the real runtime: each broken constraint with
+    its predicted and measured figure (None when it held, or was not validated)."""
+    if result.measured_feasible is not False:
+        return None
+    v = result.validated[0]  # (the written config: validation's measured order puts it first)
+    parts = []
+    for name in v.measured.binding:
+        predicted, measured = v.predicted.figures["slo_s"].get(name), v.measured.figures["slo_s"].get(name)
+        if predicted is not None and measured is not None:
+            parts.append(f"{name} (predicted {_seconds(predicted)}, measured {_seconds(measured)})")
+        else:  # (no latency figure by that name: the margins, <= 0 met)
+            parts.append(f"{name} (margin predicted {v.predicted.violations.get(name, 0.0):+.3g}, measured "
+                         f"{v.measured.violations[name]:+.3g}; <= 0 is met)")
+    return (f"the written config broke {', '.join(parts)} on the real runtime at {v.rate_rps:.3g} req/s: it "
+            f"is the search's best, met in prediction only (exit {EXIT_BROKE_WHEN_VALIDATED})")
 
 
 # Last: skistune.cli imports this module at its end to register `optimize` (defined above by now); the

@@ -9,17 +9,35 @@ from pathlib import Path
 
 def check_out_file(path: Path, option: str, inputs: tuple[Path, ...] = ()) -> None:
     """Refuse a file that ``option`` names where it cannot be written: its folder missing (a mistyped folder
-    is an error, not a new folder), the path a directory (a rename onto it would fail naming a temporary
-    file, after the work), or one of the command's ``inputs`` (writing would replace what was read)."""
+    is an error, not a new folder) or a file, a folder that takes no new file (tried), the path a directory (a
+    rename onto it would fail naming a temporary file, after the work), or one of the command's ``inputs``
+    (writing would replace what was read)."""
     if path.is_dir():
         raise ValueError(f"{option} {path}: is a directory (give a file name, e.g. {path / 'FILE'})")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():  # (typo.yaml/x.yaml: the folder is there, as a file)
+            raise ValueError(f"{option} {path}: {existing} is a file, not a folder")
         raise ValueError(f"{option} {path}: folder {folder} does not exist")
+    _check_writable(folder, path, option)
     for source in inputs:  # samefile sees through links and other spellings of the path
         if path.exists() and source.exists() and os.path.samefile(path, source):
             raise ValueError(f"{option} {path}: is the input file {source}, which writing would overwrite "
                              "(give another file name)")
+
+
+def _check_writable(folder: Path, path: Path, option: str) -> None:
+    """Create and remove a file in ``folder``, named as `write_atomic` names its temporary file: a folder's
+    permission bits do not tell (root passes `os.access` everywhere) that /proc, a read-only mount or a full
+    disk refuses new files, and a refusal after the work would lose it."""
+    probe = folder / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: cannot create a file in {folder} "
+                         f"({exc.strerror or exc})") from None
+    probe.unlink(missing_ok=True)
 
 
 def write_atomic(path: Path, text: str) -> Path:

@@ -1,6 +1,7 @@
 """Service-level objectives: ``METRIC:pXX<=VALUE`` (e.g. ``ttft:p99<=500ms``) or the short form
 ``pXX=VALUE``, which means TBT (time between tokens) — the convention of Vidur-Search's TBT-P99 SLO.
-Metrics: ttft, tbt, e2e, tpot. Percentiles: p50, p90, p95, p99, p99.9, max, mean. Units: s, ms, us (default s)."""
+Metrics: ttft, tbt, e2e, tpot. Percentiles: p50, p90, p95, p99, p99.9, max, mean. Units: s, ms, us, required
+(a bare ``p99=200`` is refused: read as seconds it would be a limit a thousand times looser than meant)."""
 from __future__ import annotations
 
 import math
@@ -56,6 +57,9 @@ def parse_slo(text: str) -> SLO:
         limit_s = float(value) * _UNITS[unit or "s"]
     except ValueError:
         raise ValueError(f"SLO {text!r}: {value!r} is not a number") from None
+    if unit is None:
+        raise ValueError(f"SLO {text!r}: the limit needs a unit: write {value}ms or {limit_s * 1e-3:g}s "
+                         "(units: s, ms, us)")
     if not (limit_s > 0 and math.isfinite(limit_s)):  # 1e999ms parses as inf: a limit nothing can break
         raise ValueError(f"SLO {text!r}: the limit must be a positive, finite time")
     return SLO(metric, pct, limit_s)

@@ -68,6 +68,7 @@ def worker(study: StudyArg, storage: StorageArg = None, trials: TrialsOpt = 10, 
     import optuna
 
     from skistune.optimize import _storage_label, default_storage, join_study
+    from skistune.optimize_cli import _best_text
 
     storage = storage or default_storage(study)
 
@@ -77,7 +78,7 @@ def worker(study: StudyArg, storage: StorageArg = None, trials: TrialsOpt = 10, 
     best, objective = _best(job), job.problem.objectives[0].name
     err_console.print(escape(f"worker (seed {job.seed}) finished {run.finished} trials of study {study} in "
                              f"{_storage_label(storage)}; the study has {run.complete_in_study} complete trials; "
-                             f"best {objective} so far: {'-' if best is None else f'{best:.4g}'}"),
+                             f"best {objective} so far: {_best_text(job.problem.objectives[0], best)}"),
                       highlight=False, soft_wrap=True)
     if json_out:
         print_json({"study": study, "storage": _storage_label(storage), "seed": job.seed, "finished": run.finished,
