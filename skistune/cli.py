@@ -161,9 +161,9 @@ def demo(
     json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
 ) -> None:
     """Serve a few prompts with the real SmolLM2-135M model through the paged KV cache; print the
-    completions and the measured metrics."""
+    completions and the measured metrics (exit code 2, with the reasons, if every prompt is rejected)."""
     from skistune.config import KVConfig, load_config
-    from skistune.display import metrics_table, summary_table
+    from skistune.display import metrics_table, rejection_lines, summary_table
     from skistune.runtime.llm import Runtime
     from skistune.runtime.request import Request
 
@@ -178,6 +178,9 @@ def demo(
     engine = rt.new_engine()
     with console.status(f"generating up to {max_new_tokens} tokens for {len(prompts)} prompts"):
         metrics = engine.replay(requests)
+    if metrics.num_rejected == metrics.num_requests:  # nothing was served: a failure, not an empty table
+        raise ValueError(f"every prompt was rejected ({'; '.join(rejection_lines(metrics))}): shorten the "
+                         "prompts or --max-new-tokens, or raise the limit named in --config")
     eos = rt.tokenizer.eos_token_id
     completions = [rt.tokenizer.decode(r.output_token_ids[:-1] if r.output_token_ids[-1:] == [eos]
                                        else r.output_token_ids) for r in engine.records]

@@ -1,12 +1,15 @@
 """`skistune export`: a tuned config in an engine's own file format and flags (`skistune.export`).
 
 Standard output carries the file text only (so ``skistune export kv.yaml --to vllm > vllm.yaml`` works),
-or nothing when ``--out`` writes it; the command line, warnings and notes go to standard error. With
-``--json`` the last line of standard output is one JSON object. Exit codes: 0 exported, 2 bad input
-(missing or invalid config, unknown target, model or version, or a warning under ``--strict``).
+or nothing when ``--out`` writes it; the command line, warnings and notes go to standard error. A file the
+command line needs beside it (vLLM's LMCache file, for a disk tier) is written by ``--out`` too, next to it.
+With ``--json`` the last line of standard output is one JSON object. Exit codes: 0 exported, 2 bad input
+(missing or invalid config, unknown target, model or version, or a warning under ``--strict``): one line on
+standard error and no JSON, as in every command (`skistune.cli.cli_errors`).
 """
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,7 +18,7 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from skistune.cli import cli_errors, console, err_console, print_json, print_warning
-from skistune.export import DEFAULT_MODEL, ExportResult, exporter_names, get_exporter
+from skistune.export import DEFAULT_MODEL, Companion, ExportResult, exporter_names, get_exporter
 from skistune.optimize_cli import JsonOpt, ModelOpt
 from skistune.paths import check_out_file, write_atomic
 
@@ -29,16 +32,35 @@ StrictOpt = Annotated[bool, typer.Option(
     "--strict", help="fail (exit 2) if any knob cannot be expressed in the target instead of warning")]
 
 
-def _print_result(result: ExportResult, out: Optional[Path]) -> None:
+def _write(result: ExportResult, config: Path, out: Path) -> None:
+    """The file and its companions, each atomically; the companions first, so that the file never names one
+    that is not there."""
+    for c in result.companions:
+        check_out_file(Path(c.file_name), f"--out's {c.target} file", inputs=(config,))
+    for c in result.companions:
+        write_atomic(Path(c.file_name), c.text)
+    write_atomic(out, result.text)
+
+
+def _print_result(result: ExportResult, config: Path, out: Optional[Path]) -> None:
     if out is None and console.is_terminal:
         console.print(Syntax(result.text, "yaml", background_color="default"))
     elif out is None:
         typer.echo(result.text, nl=False)
     else:
-        err_console.print(f"wrote {escape(str(out))} ({result.target} {result.engine_version})", highlight=False)
+        for c in result.companions:
+            err_console.print(f"wrote {escape(c.file_name)} ({c.target} {c.engine_version})", highlight=False,
+                              soft_wrap=True)
+        err_console.print(f"wrote {escape(str(out))} ({result.target} {result.engine_version})", highlight=False,
+                          soft_wrap=True)
     if result.command:
-        saved = "" if out is not None else f" (with the file saved as {get_exporter(result.target).default_file})"
+        files = " and ".join([get_exporter(result.target).default_file, *(c.file_name for c in result.companions)])
+        saved = "" if out is not None else f" (with the file{'s' if result.companions else ''} saved as {files})"
         err_console.print(f"[bold]command{saved}:[/] {escape(result.command)}", highlight=False, soft_wrap=True)
+    if out is None:
+        for c in result.companions:
+            err_console.print(f"[dim]note:[/] the command needs {escape(_companion_line(c, config))}",
+                              highlight=False, soft_wrap=True)
     for w in result.warnings:
         print_warning(str(w))
     for note in result.notes:
@@ -67,10 +89,18 @@ def export(
         check_out_file(out, "--out", inputs=(config,))
     result = run_export(config, to, engine_version, strict, model=model, file_name=str(out) if out else None)
     if out is not None:
-        write_atomic(out, result.text)
-    _print_result(result, out)
+        _write(result, config, out)
+    _print_result(result, config, out)
     if json_out:
         print_json({"target": result.target, "engine_version": result.engine_version,
                     "out": str(out) if out else None, "warnings": [w.to_dict() for w in result.warnings],
                     "command": result.command, "notes": list(result.notes),
-                    "out_of_scope": list(result.out_of_scope)})
+                    "out_of_scope": list(result.out_of_scope),
+                    "companions": [{"target": c.target, "engine_version": c.engine_version, "file": c.file_name,
+                                    "written": out is not None} for c in result.companions]})
+
+
+def _companion_line(c: Companion, config: Path) -> str:
+    """How to write a companion file that standard output did not carry."""
+    return (f"{c.file_name} ({c.target}): give --out to write both files, or run skistune export "
+            f"{shlex.quote(str(config))} --to {c.target} --out {shlex.quote(c.file_name)}")

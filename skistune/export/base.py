@@ -66,9 +66,26 @@ class ExportWarning:
 
 
 @dataclass(frozen=True)
+class Companion:
+    """A second file that an export's command line needs (vLLM's LMCache configuration, which the command
+    names in LMCACHE_CONFIG_FILE): the target that writes the same file alone (``--to lmcache``), its
+    version, the name the command gives it and its text."""
+
+    target: str
+    engine_version: str
+    file_name: str
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "engine_version": self.engine_version, "file_name": self.file_name,
+                "text": self.text}
+
+
+@dataclass(frozen=True)
 class ExportResult:
     """One export: the file text, the command line (None where the target has none), the warnings,
-    notes (approximations within tolerance, companion steps) and the non-default knobs out of scope."""
+    notes (approximations within tolerance, companion steps), the non-default knobs out of scope, and the
+    companion files the command needs beside the file."""
 
     target: str
     engine_version: str
@@ -79,6 +96,7 @@ class ExportResult:
     out_of_scope: tuple[str, ...]
     expressed: tuple[str, ...]
     file_format: str = "yaml"
+    companions: tuple[Companion, ...] = ()
 
     def warned_knobs(self) -> frozenset[str]:
         return frozenset(k for w in self.warnings for k in w.knobs())
@@ -86,7 +104,8 @@ class ExportResult:
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "engine_version": self.engine_version, "command": self.command,
                 "warnings": [w.to_dict() for w in self.warnings], "notes": list(self.notes),
-                "out_of_scope": list(self.out_of_scope), "text": self.text}
+                "out_of_scope": list(self.out_of_scope), "text": self.text,
+                "companions": [c.to_dict() for c in self.companions]}
 
 
 @dataclass(frozen=True)
@@ -189,10 +208,12 @@ class Plan:
 
 @dataclass(frozen=True)
 class Rendered:
-    """What an exporter's `render` returns: the file text and the command line (or None)."""
+    """What an exporter's `render` returns: the file text, the command line (or None) and the companion
+    files that command needs."""
 
     text: str
     command: str | None = None
+    companions: tuple[Companion, ...] = ()
 
 
 class Exporter(ABC):
@@ -227,7 +248,7 @@ class Exporter(ABC):
         plan.account_unmapped()
         outside = sorted(k for k in relevant_knobs(config) - self.scope if not is_default(config, k))
         return ExportResult(self.name, version.name, rendered.text, rendered.command, tuple(plan.warnings),
-                            tuple(plan.notes), tuple(outside), plan.expressed())
+                            tuple(plan.notes), tuple(outside), plan.expressed(), companions=rendered.companions)
 
     @abstractmethod
     def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:

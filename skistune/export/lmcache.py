@@ -4,7 +4,9 @@ cache behind an engine's LMCache connector. Facts from the project's engine refe
 `lmcache/v1/config.py` @000620e3).
 
 An LMCache file holds the tiers only: batching, eviction, KV width, block size and the device pool are
-the engine's settings, so they are listed as out of scope (export them with ``--to vllm``).
+the engine's settings, so they are listed as out of scope (export them with ``--to vllm``). The vLLM
+export of a config with a disk tier, which vLLM reaches through LMCache, writes this same file as its
+companion (`lmcache_file`, the one code path of both), named in the command's LMCACHE_CONFIG_FILE.
 
 Mapping, knob -> LMCache:
   offload.host_kv_bytes   local_cpu + max_local_cpu_size. The reference says "GB"; LMCache multiplies by
@@ -24,9 +26,10 @@ Mapping, knob -> LMCache:
 from __future__ import annotations
 
 import json
+from pathlib import PurePath
 from typing import Any
 
-from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
+from skistune.export.base import Companion, EngineVersion, Exporter, Plan, Rendered
 from skistune.export.common import GIB, command_line, dump_yaml, model_id, size_setting, tiers_without_prefix_reuse
 from skistune.runtime.presets import ModelSpec
 
@@ -35,20 +38,41 @@ CHUNK_SIZE = 256  # LMCache's default chunk (reference §3); skistune has no chu
 CONNECTOR = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
 
 
-def lmcache_settings(plan: Plan, in_env: bool = False) -> dict[str, Any]:
-    """LMCache's keys for the config's host and disk tiers; accounts for the tier and prefetch knobs
-    (shared with the vLLM exporter, which reaches a disk tier through LMCache: ``in_env``, warnings then name
-    the settings as the environment variables it writes)."""
+def lmcache_file(plan: Plan, version: EngineVersion) -> tuple[dict[str, Any], str]:
+    """The LMCache configuration file for the config's tiers: its settings and its text. The one code path
+    of ``--to lmcache`` and of the vLLM export's companion file; accounts for the tier and prefetch knobs."""
+    settings = lmcache_settings(plan)
+    if settings["local_disk"]:
+        plan.notes.append(f"local_disk {DISK_PATH} is a placeholder in the LMCache file (skistune has no disk-path "
+                          "knob): point it at the disk the tier should use")
+    header = (f"LMCache {version.name} configuration, written by skistune export.\n"
+              "Use: LMCACHE_CONFIG_FILE=<this file> with the engine's LMCache connector "
+              "(vLLM: LMCacheConnectorV1).")
+    return settings, dump_yaml(settings, header)
+
+
+def lmcache_companion(plan: Plan, engine_file: str) -> tuple[dict[str, Any], Companion]:
+    """The LMCache file an engine's command names in LMCACHE_CONFIG_FILE, beside ``engine_file`` and named
+    after it (``vllm.yaml`` -> ``vllm-lmcache.yaml``: two exports in one folder keep their own), with its
+    settings."""
+    version = LMCacheExporter.versions[-1]
+    settings, text = lmcache_file(plan, version)
+    path = PurePath(engine_file)
+    name = str(path.with_name(f"{path.stem}-lmcache.yaml"))
+    return settings, Companion(LMCacheExporter.name, version.name, name, text)
+
+
+def lmcache_settings(plan: Plan) -> dict[str, Any]:
+    """LMCache's keys for the config's host and disk tiers; accounts for the tier and prefetch knobs."""
     off, pf = plan.config.offload, plan.config.prefetch
-    name = (lambda key: f"LMCACHE_{key.upper()}") if in_env else (lambda key: key)
     settings: dict[str, Any] = {"chunk_size": CHUNK_SIZE, "local_cpu": off.host_kv_bytes > 0}
     if off.host_kv_bytes:
-        settings["max_local_cpu_size"] = size_setting(plan, "offload.host_kv_bytes", GIB, name("max_local_cpu_size"))
+        settings["max_local_cpu_size"] = size_setting(plan, "offload.host_kv_bytes", GIB, "max_local_cpu_size")
     else:
         plan.express("offload.host_kv_bytes")
     settings["local_disk"] = DISK_PATH if off.disk_kv_bytes else None
     if off.disk_kv_bytes:
-        settings["max_local_disk_size"] = size_setting(plan, "offload.disk_kv_bytes", GIB, name("max_local_disk_size"))
+        settings["max_local_disk_size"] = size_setting(plan, "offload.disk_kv_bytes", GIB, "max_local_disk_size")
     else:
         plan.express("offload.disk_kv_bytes")
     settings["use_layerwise"] = bool(pf.enabled and (off.host_kv_bytes or off.disk_kv_bytes))
@@ -60,16 +84,6 @@ def lmcache_settings(plan: Plan, in_env: bool = False) -> dict[str, Any]:
     plan.fixed("prefetch.depth", 1, "use_layerwise loads one layer ahead of compute; LMCache has no depth "
                "setting")
     return settings
-
-
-def lmcache_env(settings: dict[str, Any]) -> dict[str, str]:
-    """The same settings as LMCACHE_<KEY> environment variables (reference §3). Booleans as true/false,
-    which LMCache's `_to_bool` reads (checked in its source; the reference names the variables only)."""
-    env = {}
-    for key, value in settings.items():
-        if value is not None:
-            env[f"LMCACHE_{key.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
-    return env
 
 
 def connector_json(layerwise: bool) -> str:
@@ -91,17 +105,11 @@ class LMCacheExporter(Exporter):
                        "prefix_reuse.enabled"})
 
     def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
-        settings = lmcache_settings(plan)
+        settings, text = lmcache_file(plan, version)
         reuse = "LMCache reuses every stored prefix chunk a prompt matches"
         if not tiers_without_prefix_reuse(plan, "prefix reuse on", reuse):
             plan.fixed("prefix_reuse.enabled", True, reuse, written="prefix reuse on")
-        if settings["local_disk"]:
-            plan.notes.append(f"local_disk {DISK_PATH} is a placeholder (skistune has no disk-path knob): "
-                              "point it at the disk the tier should use")
-        header = (f"LMCache {version.name} configuration, written by skistune export.\n"
-                  "Use: LMCACHE_CONFIG_FILE=<this file> with the engine's LMCache connector "
-                  "(vLLM: LMCacheConnectorV1).")
         command = command_line(["vllm", "serve", model_id(model)],
                                {"kv-transfer-config": connector_json(settings["use_layerwise"])},
                                env={"LMCACHE_CONFIG_FILE": file_name})
-        return Rendered(dump_yaml(settings, header), command)
+        return Rendered(text, command)

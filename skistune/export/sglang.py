@@ -22,10 +22,13 @@ Mapping, knob -> SGLang:
                             --schedule-policy fcfs | lpm (longest prefix match); retraction recomputes.
   offload.device_*          --mem-fraction-static (SGLang's fraction covers the weights too), or
                             --max-total-tokens = device_kv_bytes / KV bytes per token of the model.
-  offload.host_kv_bytes     --enable-hierarchical-cache --hicache-size: whole GB (1e9 bytes: SGLang's host
-                            pool is host_size * 1e9 bytes, checked in its source; the reference says "GB per
-                            rank") on one rank; at least twice the device pool, the minimum the HiCache
-                            design doc gives, when the device pool is known.
+  offload.host_kv_bytes     --enable-hierarchical-cache --hicache-size: the host pool itself, in whole GB
+                            (1e9 bytes: SGLang's host pool is host_size * 1e9 bytes, checked in its source;
+                            the reference says "GB per rank") on one rank. --hicache-size overrides
+                            --hicache-ratio (host pool / device pool, whose default 2 is the design doc's
+                            minimum for a ratio), so the size is written as asked, not raised to twice the
+                            device pool; a host pool not larger than the device pool gets a note (SGLang's
+                            host pool source asserts, or in later trees warns, that it should be larger).
   offload.write_policy      --hicache-write-policy write_back | write_through.
   offload.disk_kv_bytes     --hicache-storage-backend file: storage backends take no size setting.
   prefetch.*                host-to-device loads are always layer-overlapped (unit layers, one layer ahead);
@@ -34,7 +37,6 @@ Mapping, knob -> SGLang:
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
@@ -43,7 +45,6 @@ from skistune.export.common import (GB, command_line, dump_yaml, fixed_scaling, 
 from skistune.runtime.presets import ModelSpec
 
 WIDTHS = (16, 8)
-HICACHE_MIN_RATIO = 2  # host pool / device pool, per the HiCache design doc (reference §2)
 
 
 def _dtype(width: int) -> str:
@@ -140,17 +141,17 @@ class SglangExporter(Exporter):
         return flags
 
     def _host_gb(self, plan: Plan) -> int:
-        """--hicache-size: whole GB, at least HICACHE_MIN_RATIO x the device pool where that is known."""
+        """--hicache-size: the host pool in whole GB. It replaces --hicache-ratio (reference §2), so the ratio's
+        minimum of 2 does not apply: raising the pool to twice the device pool doubled a tuned host tier."""
         off = plan.config.offload
         size = max(1, round(off.host_kv_bytes / GB))
-        reasons = []
         if size_differs(off.host_kv_bytes, size * GB):  # whole GB are SGLang's unit: no printed digit to allow
-            reasons.append("SGLang sizes the host pool in whole GB (1e9 bytes)")
-        if off.device_kv_bytes is not None and size * GB < HICACHE_MIN_RATIO * off.device_kv_bytes:
-            size = math.ceil(HICACHE_MIN_RATIO * off.device_kv_bytes / GB)
-            reasons.append(f"the HiCache design asks for a host pool of at least {HICACHE_MIN_RATIO}x the device pool")
-        if reasons:
-            plan.instead("offload.host_kv_bytes", f"hicache-size {size}", "; ".join(reasons))
+            plan.instead("offload.host_kv_bytes", f"hicache-size {size}", "SGLang sizes the host pool in whole GB "
+                         "(1e9 bytes)")
+        if off.device_kv_bytes is not None and size * GB <= off.device_kv_bytes:
+            plan.notes.append(f"hicache-size {size} GB is not larger than the device pool ({off.device_kv_bytes} "
+                              "bytes): SGLang's host pool asserts that it is larger (later trees only warn that "
+                              "the host cache is less effective); checked in SGLang's source, not the reference")
         plan.notes.append("--hicache-size is per rank: the size assumes one rank (tensor parallel 1)")
         return size
 

@@ -36,9 +36,12 @@ Mapping, knob -> vLLM:
                             (cpu_bytes_to_use is required only from about v0.15). Whether
                             --kv-offloading-size already existed in 0.11 the reference does not say, so
                             0.11 uses the connector it documents for that version.
-  offload.disk_kv_bytes     through LMCache (LMCacheConnectorV1), configured by LMCACHE_* environment
-                            variables in the command line: vLLM's own offloading has no disk tier except
-                            the newest TieringOffloadingSpec, whose tier keys the reference does not give.
+  offload.disk_kv_bytes     through LMCache (LMCacheConnectorV1), configured by an LMCache file written as
+                            the export's companion (`lmcache.lmcache_companion`, the file --to lmcache
+                            writes, named after this one: vllm.yaml -> vllm-lmcache.yaml), which the command
+                            names in LMCACHE_CONFIG_FILE (vLLM's --config YAML cannot set the environment):
+                            vLLM's own offloading has no disk tier except the newest TieringOffloadingSpec,
+                            whose tier keys the reference does not give.
   offload.write_policy/     the OffloadingConnector writes finished blocks to CPU as they are produced
   demote_first, prefetch.*  (write_through, cached prefixes) and loads hits back asynchronously (always on;
                             no depth setting).
@@ -51,12 +54,12 @@ import json
 from fractions import Fraction
 from typing import Any
 
-from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
+from skistune.export.base import Companion, EngineVersion, Exporter, Plan, Rendered
 from skistune.export.common import (GIB, command_line, dump_yaml, fixed_scaling, fp8_scales_note, model_id,
                                     no_eviction, round_up_width, single_kv_bits, size_differs, size_setting,
                                     tiers_without_prefix_reuse)
 from skistune.export.layers import check_layer_bits
-from skistune.export.lmcache import connector_json, lmcache_env, lmcache_settings
+from skistune.export.lmcache import connector_json, lmcache_companion
 from skistune.runtime.presets import ModelSpec
 
 WIDTHS = (16, 8)
@@ -98,15 +101,16 @@ class VllmExporter(Exporter):
         flags.update(self._blocks(plan, version))
         flags.update(self._batching(plan, model))
         flags.update(self._memory(plan))
-        offload, env = self._offload(plan, version, model, width, flags["block-size"])
+        offload, companions = self._offload(plan, version, model, width, flags["block-size"], file_name)
         flags.update(offload)
         header = [f"vLLM {version.name} engine arguments: vllm serve MODEL --config <this file>",
                   "written by skistune export; keys are vLLM's flags without the leading dashes"]
-        if env:
-            header.append("LMCache (LMCacheConnectorV1) reads its settings from the environment:")
-            header.append("  " + command_line([], env=env))
+        env = {"LMCACHE_CONFIG_FILE": companions[0].file_name} if companions else {}
+        if env:  # vLLM's --config file cannot set the environment: the line to serve with
+            header += ["LMCache (LMCacheConnectorV1) reads its settings from the file LMCACHE_CONFIG_FILE names:",
+                       "  " + command_line(["vllm", "serve", "MODEL", "--config", file_name], env=env)]
         command = command_line(["vllm", "serve", model_id(model)], flags, env)
-        return Rendered(dump_yaml(flags, "\n".join(header)), command)
+        return Rendered(dump_yaml(flags, "\n".join(header)), command, companions)
 
     def _kv_dtype(self, plan: Plan, version: EngineVersion, model: ModelSpec) -> tuple[dict[str, Any], int]:
         """--kv-cache-dtype (and, per layer, --kv-cache-dtype-skip-layers); the width used for sizes."""
@@ -188,23 +192,24 @@ class VllmExporter(Exporter):
                           "offload.device_kv_bytes for an exact pool (--kv-cache-memory-bytes)")
         return {"gpu-memory-utilization": off.device_memory_fraction}
 
-    def _offload(self, plan: Plan, version: EngineVersion, model: ModelSpec, width: int,
-                 block_size: int) -> tuple[dict[str, Any], dict[str, str]]:
-        """The offload flags and the environment they need (LMCache's, for a disk tier)."""
+    def _offload(self, plan: Plan, version: EngineVersion, model: ModelSpec, width: int, block_size: int,
+                 file_name: str) -> tuple[dict[str, Any], tuple[Companion, ...]]:
+        """The offload flags and the companion files they need (LMCache's, for a disk tier)."""
         off = plan.config.offload
         if off.disk_kv_bytes:
-            settings = lmcache_settings(plan, in_env=True)
-            plan.notes.append("disk tier through LMCache: the command sets LMCACHE_* variables (or export --to "
-                              "lmcache and set LMCACHE_CONFIG_FILE); LMCACHE_LOCAL_DISK is a placeholder path")
-            return {"kv-transfer-config": connector_json(settings["use_layerwise"])}, lmcache_env(settings)
+            settings, companion = lmcache_companion(plan, file_name)
+            plan.notes.append(f"disk tier through LMCache: its settings are the LMCache file {companion.file_name} "
+                              "(the export's companion file, what --to lmcache writes), which the command names in "
+                              "LMCACHE_CONFIG_FILE")
+            return {"kv-transfer-config": connector_json(settings["use_layerwise"])}, (companion,)
         plan.express("offload.disk_kv_bytes")
         if not off.host_kv_bytes:
             plan.express("offload.host_kv_bytes")
-            return {}, {}
+            return {}, ()
         self._native_offload_behaviour(plan)
         if version["offload"] == "size":
             size = size_setting(plan, "offload.host_kv_bytes", GIB, "kv-offloading-size")
-            return {"kv-offloading-size": size, "kv-offloading-backend": "native"}, {}
+            return {"kv-offloading-size": size, "kv-offloading-backend": "native"}, ()
         block_bytes = model.kv_bytes_per_token(width, width) * block_size
         blocks = max(1, off.host_kv_bytes // block_bytes)  # rounded down: never more host memory than asked...
         plan.notes.append(f"num_cpu_blocks {blocks} = host_kv_bytes / {block_bytes} bytes per {block_size}-token "
@@ -216,7 +221,7 @@ class VllmExporter(Exporter):
             plan.express("offload.host_kv_bytes")
         extra = {"block_size": block_size, "num_cpu_blocks": blocks}
         connector = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
-        return {"kv-transfer-config": json.dumps(connector, separators=(",", ":"))}, {}
+        return {"kv-transfer-config": json.dumps(connector, separators=(",", ":"))}, ()
 
     @staticmethod
     def _native_offload_behaviour(plan: Plan) -> None:

@@ -65,13 +65,29 @@ def test_vllm_host_offload_per_version():
     assert "kv-transfer-config" not in new
 
 
-def test_vllm_disk_tier_goes_through_lmcache_with_its_environment():
-    result = export(config_of({**HOST_PREFETCH, **DISK, "prefetch.unit": "layers", "prefetch.depth": 1,
-                               "offload.write_policy": "write_through"}), "vllm")
+@pytest.mark.parametrize("version", ["0.11", "main-002f10e0"])
+def test_vllm_disk_tier_goes_through_a_real_lmcache_file(version):
+    """LMCache's settings were comments in the vLLM YAML (and LMCACHE_* variables in the command): the export
+    now carries the LMCache file itself as a companion, the very file --to lmcache writes, and the command
+    names it in LMCACHE_CONFIG_FILE."""
+    config = config_of({**HOST_PREFETCH, **DISK, "prefetch.unit": "layers", "prefetch.depth": 1,
+                        "offload.write_policy": "write_through"})
+    result = export(config, "vllm", version, file_name="out/vllm.yaml")
     data = yaml.safe_load(result.text)
     assert json.loads(data["kv-transfer-config"])["kv_connector"] == "LMCacheConnectorV1"
-    assert result.command.startswith("LMCACHE_CHUNK_SIZE=256 LMCACHE_LOCAL_CPU=true LMCACHE_MAX_LOCAL_CPU_SIZE=8.0")
-    assert "LMCACHE_MAX_LOCAL_DISK_SIZE=100.0" in result.command and not result.warnings
+    assert not result.warnings and "LMCACHE" not in "".join(f"{k}{v}" for k, v in data.items())
+    [companion] = result.companions
+    assert (companion.target, companion.file_name) == ("lmcache", "out/vllm-lmcache.yaml")  # named after the file
+    assert companion.text == export(config, "lmcache").text  # one code path: the same file, byte for byte
+    assert yaml.safe_load(companion.text) == {"chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 8.0,
+                                              "local_disk": "file:///var/tmp/skistune-lmcache/",
+                                              "max_local_disk_size": 100.0, "use_layerwise": True}
+    assert shlex.split(result.command)[:3] == ["LMCACHE_CONFIG_FILE=out/vllm-lmcache.yaml", "vllm", "serve"]
+    assert "#   LMCACHE_CONFIG_FILE=out/vllm-lmcache.yaml vllm serve MODEL --config out/vllm.yaml\n" in result.text
+
+
+def test_vllm_without_a_disk_tier_has_no_companion():
+    assert export(config_of(HOST), "vllm").companions == () and export(config_of(HOST), "vllm", "0.11").companions == ()
 
 
 def test_vllm_h2o_and_2bit_warn_with_the_nearest_setting():
@@ -112,12 +128,22 @@ def test_sglang_mappings():
     assert data["hicache-write-policy"] == "write_back"
 
 
-def test_sglang_raises_the_host_pool_to_twice_the_device_pool():
-    result = export(config_of({"offload.device_kv_bytes": 10 * 10**9, "offload.host_kv_bytes": 10 * 10**9,
-                               "prefetch.enabled": True, "prefetch.unit": "layers", "prefetch.depth": 1,
-                               "batching.chunk_size": 2048}), "sglang")  # a chunk cap SGLang expresses
-    assert yaml.safe_load(result.text)["hicache-size"] == 20
-    assert [(w.knob, w.written) for w in result.warnings] == [("offload.host_kv_bytes", "hicache-size 20")]
+SGLANG_EXACT = {"prefetch.enabled": True, "prefetch.unit": "layers", "prefetch.depth": 1,
+                "batching.chunk_size": 2048}  # prefetch and a chunk cap SGLang expresses: no other warning
+
+
+@pytest.mark.parametrize(("host_gb", "device_gb", "larger"), [(12, 10, True), (10, 10, False), (6, 10, False)])
+def test_sglang_hicache_size_is_the_host_pool_as_asked(host_gb, device_gb, larger):
+    """--hicache-size is the host pool in GB per rank and overrides --hicache-ratio (reference §2), so a 12 GB
+    host tier over a 10 GB device pool is hicache-size 12, exact. The exporter used to raise it to twice
+    the device pool (20), the design doc's minimum for the ratio, doubling the tuned host tier. A host pool
+    not larger than the device pool is written as asked too, with a note on SGLang's own check."""
+    result = export(config_of({**SGLANG_EXACT, "offload.device_kv_bytes": device_gb * 10**9,
+                               "offload.host_kv_bytes": host_gb * 10**9}), "sglang")
+    assert yaml.safe_load(result.text)["hicache-size"] == host_gb and not result.warnings
+    assert "offload.host_kv_bytes" in result.expressed
+    assert any(n.startswith(f"hicache-size {host_gb} GB is not larger than the device pool") for n in result.notes) \
+        is not larger
 
 
 def test_lmcache_keys_and_units():
@@ -243,13 +269,11 @@ def test_commands_quote_the_file_name(target):
     assert "my dir/kv cfg.yaml" in argv or "LMCACHE_CONFIG_FILE=my dir/kv cfg.yaml" in argv
 
 
-def test_vllm_command_quotes_the_lmcache_environment(monkeypatch):
-    import skistune.export.lmcache as lmcache
-    monkeypatch.setattr(lmcache, "DISK_PATH", "file:///var/tmp/kv cache/")  # a value that needs quoting
-    result = export(config_of({**HOST, **DISK}), "vllm")
+def test_vllm_command_quotes_the_lmcache_file_name():
+    result = export(config_of({**HOST, **DISK}), "vllm", file_name="my dir/kv cfg.yaml")
     argv = shlex.split(result.command)
-    assert "LMCACHE_LOCAL_DISK=file:///var/tmp/kv cache/" in argv
-    assert argv[argv.index("vllm"):argv.index("vllm") + 3] == ["vllm", "serve", "HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert argv[:4] == ["LMCACHE_CONFIG_FILE=my dir/kv cfg-lmcache.yaml", "vllm", "serve",
+                        "HuggingFaceTB/SmolLM2-135M-Instruct"]
 
 
 @pytest.mark.parametrize(("target", "version", "written"), [
@@ -263,11 +287,12 @@ def test_a_tiny_host_pool_rounded_up_is_warned(target, version, written):
     assert {w.knob: w.written for w in result.warnings}["offload.host_kv_bytes"] == written
 
 
-def test_tiny_lmcache_sizes_through_vllm_name_the_variables():
+def test_tiny_lmcache_sizes_through_vllm_name_the_lmcache_file_keys():
     result = export(config_of({"offload.host_kv_bytes": 1000, "offload.disk_kv_bytes": 5000}), "vllm")
     written = {w.knob: w.written for w in result.warnings}
-    assert written["offload.host_kv_bytes"].startswith("LMCACHE_MAX_LOCAL_CPU_SIZE 0.001")
-    assert written["offload.disk_kv_bytes"].startswith("LMCACHE_MAX_LOCAL_DISK_SIZE 0.001")
+    assert written["offload.host_kv_bytes"].startswith("max_local_cpu_size 0.001")
+    assert written["offload.disk_kv_bytes"].startswith("max_local_disk_size 0.001")
+    assert yaml.safe_load(result.companions[0].text)["max_local_cpu_size"] == 0.001
 
 
 @pytest.mark.parametrize(("target", "version"), [("vllm", "main-002f10e0"), ("vllm", "0.11"),

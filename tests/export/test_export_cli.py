@@ -151,5 +151,52 @@ def test_out_that_is_the_input_config_is_refused(tmp_path, monkeypatch, spelling
 
 def test_an_unwritable_out_names_the_path_given_not_the_temporary_file():
     r = run(DEFAULT, "--to", "vllm", "--out", "/proc/x.yaml")
-    one_line_error(r, "cannot write /proc/x.yaml")
+    one_line_error(r, "/proc/x.yaml")  # (refused by the check before the export, or by the write)
     assert ".tmp" not in r.stderr
+
+
+DISK = str(CONFIGS / "streaming-disk.yaml")  # host and disk tiers: vLLM reaches them through LMCache
+
+
+def test_vllm_out_writes_the_lmcache_file_the_command_names(tmp_path):
+    """The LMCache settings of a vLLM export were comments in its YAML: --out now writes the LMCache file
+    beside it (the one --to lmcache writes), and the command points LMCACHE_CONFIG_FILE at it."""
+    target = tmp_path / "vllm.yaml"
+    r = run(DISK, "--to", "vllm", "--out", str(target), "--json")
+    assert r.exit_code == 0, r.output
+    companion = tmp_path / "vllm-lmcache.yaml"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm-lmcache.yaml", "vllm.yaml"]
+    assert companion.read_text() == run(DISK, "--to", "lmcache").stdout
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["companions"] == [{"target": "lmcache", "engine_version": "main-000620e3", "file": str(companion),
+                                  "written": True}]
+    assert shlex.split(out["command"])[0] == f"LMCACHE_CONFIG_FILE={companion}"
+    assert f"wrote {companion} (lmcache main-000620e3)" in r.stderr
+
+
+def test_vllm_on_stdout_says_how_to_write_the_lmcache_file():
+    r = run(DISK, "--to", "vllm", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["companions"] == [{"target": "lmcache", "engine_version": "main-000620e3",
+                                  "file": "vllm-config-lmcache.yaml", "written": False}]
+    assert "(with the files saved as vllm-config.yaml and vllm-config-lmcache.yaml)" in r.stderr
+    assert (f"note: the command needs vllm-config-lmcache.yaml (lmcache): give --out to write both files, or run "
+            f"skistune export {DISK} --to lmcache --out vllm-config-lmcache.yaml") in " ".join(r.stderr.split())
+
+
+def test_an_lmcache_file_that_would_overwrite_the_input_is_refused(tmp_path):
+    config = tmp_path / "vllm-lmcache.yaml"
+    config.write_text(open(DISK).read())
+    r = run(str(config), "--to", "vllm", "--out", str(tmp_path / "vllm.yaml"))
+    one_line_error(r, "is the input file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm-lmcache.yaml"]
+
+
+@pytest.mark.parametrize("args", [["missing.yaml", "--to", "vllm"], [DEFAULT, "--to", "nginx"]])
+def test_bad_input_with_json_is_the_error_line_only(args):
+    """Every command's convention (`cli_errors`): with --json too, bad input is one line on stderr, exit 2, and
+    no JSON on stdout."""
+    r = run(*args, "--json")
+    one_line_error(r, "error: ")
+    assert r.stdout == ""

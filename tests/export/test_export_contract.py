@@ -88,3 +88,13 @@ def test_default_version_is_the_newest(target, version):
     newest = EXPORTERS[target].versions[-1].name
     assert export(config_of({}), target).engine_version == newest
     assert export(config_of({}), target, "newest").engine_version == newest
+
+
+@pytest.mark.parametrize("name", GOLDEN_CONFIGS)
+def test_a_companion_is_its_own_targets_file_and_the_command_names_it(target, version, name):
+    """A file an export's command needs beside it (vLLM's LMCache file) is written by the one exporter of that
+    file, never a second rendering of it, and is named in the command line."""
+    result = export(golden_config(name), target, version)
+    for c in result.companions:
+        assert c.text == export(golden_config(name), c.target, c.engine_version).text
+        assert c.file_name in result.command

@@ -19,3 +19,21 @@ def test_demo_stops_at_the_end_of_turn_and_counts_evicted_tokens(tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert not any("<|im_start|>" in c or "<|im_end|>" in c for c in out["completions"])
     assert out["metrics"]["evicted_tokens"] > 0 and "evicted KV tokens" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("prompt_words", "config", "reason"), [
+    (8200, "", "exceeds the model's context of 8192: 1 request"),
+    (40, "offload:\n  device_kv_bytes: 737280\n", "KV blocks, the cache holds 1: 1 request"),  # one 16-token block
+])
+def test_demo_fails_when_every_prompt_is_rejected(tmp_path, prompt_words, config, reason):
+    """A demo that served nothing exited 0 with an empty table: it is an error (one line, exit 2, no JSON)
+    that says why the prompts were rejected."""
+    args = ["demo", "--prompt", "word " * prompt_words, "--max-new-tokens", "4", "--json"]
+    if config:
+        (tmp_path / "kv.yaml").write_text(config)
+        args += ["--config", str(tmp_path / "kv.yaml")]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert r.stdout == "" and r.stderr.strip().count("\n") == 0
+    assert r.stderr.startswith("error: every prompt was rejected (") and reason in r.stderr
