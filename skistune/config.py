@@ -369,10 +369,18 @@ class KVConfig:
     def effective(self) -> "KVConfig":
         """This config with the knobs that do nothing in it at their defaults: a prefetch depth and unit with
         prefetch off, what moves down and how it is written without a host or disk tier, the details of an
-        eviction policy of ``none``, quantization groups and windows with every layer at 16 bits. Two configs
-        that serve alike compare equal (a search space that fixes ``prefetch.depth`` does not make a config
+        eviction policy of ``none``, quantization groups and windows with every layer at 16 bits, the uniform
+        key and value bits where per-layer bits override them (and per-layer bits that are one pair on every
+        layer written as the uniform bits they are). Two configs that serve alike compare equal (a search space that fixes ``prefetch.depth`` does not make a config
         differ from vLLM's defaults)."""
         inert: list[str] = []
+        pairs = {tuple(pair) for pair in self.bitwidth.layer_bits or ()}
+        if len(pairs) == 1:  # the same bits on every layer: the uniform bits they are
+            (key_bits, value_bits), = pairs
+            return self.with_knobs({"bitwidth.key_bits": key_bits, "bitwidth.value_bits": value_bits,
+                                    "bitwidth.layer_bits": None}).effective()
+        if pairs:  # per-layer bits override the uniform ones on every layer
+            inert += ["bitwidth.key_bits", "bitwidth.value_bits"]
         if not self.prefetch.enabled:
             inert += ["prefetch.depth", "prefetch.unit"]
         if not self.offload.host_kv_bytes and not self.offload.disk_kv_bytes:

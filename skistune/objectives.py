@@ -121,7 +121,7 @@ def structural_changes(config: KVConfig) -> list[str]:
     changes = []
     if config.eviction.policy != "none":
         changes.append(f"eviction.policy={config.eviction.policy}")
-    bits = config.bitwidth
+    bits = config.effective().bitwidth  # (uniform bits that per-layer bits override change nothing)
     if (bits.key_bits, bits.value_bits) != (16, 16):
         changes.append(f"bitwidth {bits.key_bits}/{bits.value_bits}")
     if bits.layer_bits is not None and any(tuple(pair) != (16, 16) for pair in bits.layer_bits):

@@ -39,9 +39,10 @@ QualityOpt = Annotated[Optional[list[str]], typer.Option(
 QualityProfileOpt = Annotated[Optional[str], typer.Option(
     "--quality-profile", help="quality profile JSON from `skistune quality` (default: the shipped SmolLM2 one); "
                               "read when --quality or the quality objective asks for it")]
-ObjectiveOpt = Annotated[str, typer.Option(
-    "--objective", help="capacity (max request rate under the SLOs), goodput (at the workload's rate), energy "
-                        "(J/token), memory (KV peak), quality, or comma-separated names for a Pareto front")]
+ObjectiveOpt = Annotated[Optional[list[str]], typer.Option(
+    "--objective", help="capacity (max request rate under the SLOs; default), goodput (at the workload's rate), "
+                        "energy (J/token), memory (KV peak), quality; several (repeated, or comma-separated) for a "
+                        "Pareto front")]
 
 
 def parse_max_queue(text: str) -> float | None:
@@ -99,10 +100,8 @@ def _diff(config, base, names) -> str:
     from skistune.config import byte_size_text
 
     all_short = [n.partition(".")[2] for n in knob_fields()]
-    # (a knob that does nothing here changes nothing)
-    config, base = _bits_as_applied(config).effective(), _bits_as_applied(base).effective()
-    if config.bitwidth.layer_bits:  # bits that differ by layer: the uniform ones apply to none
-        names = [n for n in names if n not in ("bitwidth.key_bits", "bitwidth.value_bits")]
+    # (a knob that does nothing here changes nothing: uniform bits under per-layer ones, for one)
+    config, base = config.effective(), base.effective()
     out = []
     for name in names:
         value = knob_value(config, name)
@@ -116,18 +115,6 @@ def _diff(config, base, names) -> str:
             else:
                 out.append(f"{label}={_short(value)}")
     return ", ".join(out) or "(baseline)"
-
-
-def _bits_as_applied(config):
-    """``config`` with per-layer bits that are one pair on every layer written as the uniform key and value
-    bits they are (``layer_bits`` overrides ``key_bits`` and ``value_bits`` on each layer it lists: shown
-    side by side, 16-bit keys next to 4 bits on every layer would contradict each other)."""
-    pairs = {tuple(pair) for pair in config.bitwidth.layer_bits or ()}
-    if len(pairs) != 1:
-        return config
-    (key_bits, value_bits), = pairs
-    return config.with_knobs({"bitwidth.key_bits": key_bits, "bitwidth.value_bits": value_bits,
-                              "bitwidth.layer_bits": None})
 
 
 def _short(value: Any) -> Any:
@@ -544,7 +531,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
              first: FirstOpt = None, sample: SampleOpt = None, rate_scale: RateScaleOpt = 1.0,
              length_scale: LengthScaleOpt = 1.0, max_input: MaxInputOpt = None, max_output: MaxOutputOpt = None,
              model: ModelOpt = "smollm2-135m", profile: ProfileOpt = None, space: SpaceOpt = None,
-             objective: ObjectiveOpt = "capacity", trials: TrialsOpt = DEFAULT_TRIALS, timeout: TimeoutOpt = None,
+             objective: ObjectiveOpt = None, trials: TrialsOpt = DEFAULT_TRIALS, timeout: TimeoutOpt = None,
              storage: StorageOpt = None, study: StudyOpt = None, jobs: JobsOpt = 1, seed: SearchSeedOpt = 0,
              validate: ValidateOpt = DEFAULT_TOP_K, target: TargetOpt = None, out: OutOpt = Path(DEFAULT_OUT),
              sampler: SamplerOpt = "auto", max_queue: MaxQueueOpt = f"{DEFAULT_MAX_QUEUE_S:g}s",
@@ -568,7 +555,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
                   first=first, sample=sample, rate_scale=rate_scale, length_scale=length_scale,
                   max_input=max_input, max_output=max_output)
     try:
-        problem = build_problem(w, slo=slo or (), objective=objective, energy=energy, quality=quality or (),
+        problem = build_problem(w, slo=slo or (), objective=",".join(objective or ["capacity"]), energy=energy, quality=quality or (),
                                 model=model, profile=functools.partial(_profile, profile, model), space=space,
                                 target=target, max_queue_s=parse_max_queue(max_queue),
                                 quality_profile=quality_profile, kv_memory=kv_memory)

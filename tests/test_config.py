@@ -44,6 +44,22 @@ def test_byte_knobs_take_sizes_as_people_write_them(tmp_path):
     assert "host_kv_bytes: 8589934592" in cfg.to_yaml()  # written as the exact integer
 
 
+def test_effective_reads_per_layer_bits_as_the_bits_each_layer_gets():
+    """Per-layer bits override the uniform ones on every layer: 8-bit keys under 16/16 on every layer serve as
+    16-bit KV (and are lossless), one pair on every layer is those uniform bits, and under bits that differ
+    by layer the uniform ones do nothing (printed beside them, they had contradicted each other)."""
+    from skistune.objectives import structural_changes
+
+    lossless = KVConfig().with_knobs({"bitwidth.key_bits": 8, "bitwidth.layer_bits": [[16, 16]] * 30})
+    assert lossless.effective() == KVConfig() and structural_changes(lossless) == []
+    uniform = KVConfig().with_knobs({"bitwidth.layer_bits": [[4, 4]] * 30, "bitwidth.group_size": 64})
+    assert uniform.effective() == KVConfig().with_knobs({"bitwidth.key_bits": 4, "bitwidth.value_bits": 4,
+                                                          "bitwidth.group_size": 64})
+    mixed = KVConfig().with_knobs({"bitwidth.key_bits": 8, "bitwidth.layer_bits": [[4, 4], [8, 8]] * 15})
+    assert mixed.effective() == mixed.with_knobs({"bitwidth.key_bits": 16})
+    assert structural_changes(mixed) == ["bitwidth.layer_bits"]
+
+
 @pytest.mark.parametrize("updates, message", [
     ({"offload.host_kv_bytes": "lots"}, "offload.host_kv_bytes: 'lots' is not a byte size"),
     ({"batching.max_num_seqs": "8GiB"}, "batching.max_num_seqs: '8GiB' is not a number"),

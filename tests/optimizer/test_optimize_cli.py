@@ -252,3 +252,14 @@ def test_a_baseline_that_meets_no_rate_is_reported_with_what_breaks_not_as_an_in
     console = Console(width=200, record=True)
     console.print(best_table(result))
     assert f"none ≥ {lowest} req/s" in console.export_text()
+
+
+def test_objective_repeats_as_a_pareto_front_like_a_comma_list(here):
+    """`--objective capacity --objective energy` is two objectives (the option had kept the last one alone,
+    silently), as `--objective capacity,energy` is."""
+    import yaml
+
+    for i, args in enumerate((["--objective", "capacity", "--objective", "energy"], ["--objective", "capacity,energy"])):
+        r = invoke("--slo", "p99=200ms", *SMALL, *args, "--out", str(here / f"t{i}.yaml"))
+        assert r.exit_code == 0, r.output
+        assert yaml.safe_load((here / f"t{i}.yaml").read_text())["provenance"]["objective"] == ["capacity", "energy"]

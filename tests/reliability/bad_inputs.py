@@ -118,6 +118,7 @@ CASES: tuple[BadInput, ...] = (
     BadInput("slo not a number", "slo", optimize(slo="p99=.ms"), "'.' is not a number"),
     BadInput("slo infinite", "slo", optimize(slo="p99=1e999ms"), "the limit must be a positive, finite time"),
     BadInput("slo unknown unit", "slo", optimize(slo="p99=200min"), "SLO 'p99=200min'"),
+    BadInput("slo without a unit", "slo", optimize(slo="p99=200"), "the limit needs a unit: write 200ms or 0.2s"),
     BadInput("energy in watts", "energy", optimize(energy="0.5W"), "energy '0.5W'"),
     BadInput("energy zero", "energy", optimize(energy="0J/token"), "energy '0J/token': the budget must be positive"),
     BadInput("energy infinite", "energy", optimize(energy="1e999J/token"), "must be a finite number of joules"),
