@@ -14,7 +14,7 @@ from skistune.workloads.load import load_workload
 from skistune.workloads.model import Workload
 from skistune.paths import check_out_file
 from skistune.workloads.readers import FORMATS
-from skistune.workloads.stats import WorkloadStats, workload_stats
+from skistune.workloads.stats import MIN_BURSTINESS_GAPS, WorkloadStats, workload_stats
 from skistune.workloads.synthetic import PRESETS
 
 # Defined before importing skistune.cli: that module imports this one at its end to add the sub-app.
@@ -47,11 +47,14 @@ RateOpt = Annotated[Optional[float], typer.Option(
     "--rate", callback=_positive_finite("rate (req/s)"),
     help="mean arrival rate (req/s) before --rate-scale: generated arrivals, or a trace rescaled to it")]
 BurstinessOpt = Annotated[Optional[float], typer.Option(
-    "--burstiness", help="CV of inter-arrival times for generated arrivals (1 = Poisson, >1 bursty)")]
+    "--burstiness", callback=_positive_finite("burstiness (CV of inter-arrival times)"),
+    help="CV of inter-arrival times for generated arrivals (1 = Poisson, >1 bursty)")]
 BlockTokensOpt = Annotated[Optional[int], typer.Option(
-    "--block-tokens", min=1, help="prefix block size: a Mooncake trace's hash blocks (512), sessions' blocks (16)")]
+    "--block-tokens", min=1, help="prefix block size in tokens: sessions' blocks (default 16); a Mooncake "
+                                  "trace's 512-token hash blocks are re-cut to it (default 512)")]
 JitterOpt = Annotated[Optional[float], typer.Option(
-    "--jitter", help="spread arrivals recorded in steps of this many seconds over each step (Mooncake: 3)")]
+    "--jitter", callback=_positive_finite("jitter step (s)"),  # (0 spreads nothing: refused, not skipped)
+    help="spread arrivals recorded in steps of this many seconds (> 0) over each step (Mooncake: 3)")]
 WindowOpt = Annotated[Optional[str], typer.Option("--window", help="keep arrivals in START:END seconds of the trace")]
 FirstOpt = Annotated[Optional[int], typer.Option("--first", min=1, help="keep the first N requests")]
 SampleOpt = Annotated[Optional[int], typer.Option("--sample", min=1, help="keep N random requests (seeded)")]
@@ -60,7 +63,9 @@ MaxInputOpt = Annotated[Optional[int], typer.Option("--max-input", min=1, help="
 MaxOutputOpt = Annotated[Optional[int], typer.Option("--max-output", min=1, help="cap outputs at this many tokens")]
 RateScaleOpt = Annotated[float, typer.Option("--rate-scale", callback=_positive_finite("rate scale"),
                                              help="multiply the arrival rate (arrivals x k)")]
-PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="write histograms of lengths and arrivals (PNG)")]
+PlotOpt = Annotated[Optional[Path], typer.Option(
+    "--plot", help="write histograms of lengths and arrivals as a PNG file (FILE.png; a name without a suffix "
+                   "gets .png, another suffix is refused)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the figures as one JSON object")]
 
 
@@ -96,13 +101,21 @@ def _multi_turn(stats: WorkloadStats) -> str:
     return f"{stats.multi_turn_sessions:,} / {stats.multi_turn_requests:,}"
 
 
+def _burstiness_text(stats: WorkloadStats) -> str:
+    if stats.burstiness is not None:
+        return _fmt(stats.burstiness, 2)
+    if stats.requests <= MIN_BURSTINESS_GAPS:
+        return f"n/a (needs {MIN_BURSTINESS_GAPS + 1}+ requests)"
+    return "n/a (all arrive at once)"
+
+
 def stats_table(stats: WorkloadStats, workload: Workload) -> Table:
     table = Table(title=f"workload {stats.name}", show_header=False)
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     rows = [
         ("requests", f"{stats.requests:,}"), ("duration (s)", _fmt(stats.duration_s)),
-        ("rate (req/s)", _fmt(stats.rate_rps, 3)), ("burstiness (CV of inter-arrival)", _fmt(stats.burstiness, 2)),
+        ("rate (req/s)", _fmt(stats.rate_rps, 3)), ("burstiness (CV of inter-arrival)", _burstiness_text(stats)),
         ("input tokens mean / p50 / p99", _three(stats.input_mean, stats.input_p50, stats.input_p99)),
         ("output tokens mean / p50 / p99", _three(stats.output_mean, stats.output_p50, stats.output_p99)),
         (f"prefix reuse ratio ({stats.block_tokens}-token blocks)", _fmt(stats.prefix_reuse_ratio, 3)),
@@ -125,6 +138,9 @@ def show(workload: WorkloadArg, format: FormatOpt = None, skip_bad_rows: SkipBad
          plot: PlotOpt = None, json_output: JsonOpt = False) -> None:
     """Requests, duration, rate, burstiness, input/output mean/p50/p99 and prefix reuse of a workload."""
     if plot is not None:
+        from skistune.workloads.plot import png_path  # (the module loads matplotlib only when it draws)
+
+        plot = png_path(plot)
         check_out_file(plot, "--plot")  # before loading: a mistyped folder fails at once, not after reading a large trace
     loaded = load_workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests,
                            rate_rps=rate, burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter,
@@ -135,8 +151,8 @@ def show(workload: WorkloadArg, format: FormatOpt = None, skip_bad_rows: SkipBad
     if plot is not None:
         from skistune.workloads.plot import plot_workload  # matplotlib loads only when asked for
 
-        plot_workload(loaded, plot)
-        err_console.print(f"wrote {escape(str(plot))}", highlight=False)
+        written = plot_workload(loaded, plot)
+        err_console.print(f"wrote {escape(str(written))}", highlight=False)
     if json_output:
         print_json({**stats.as_dict(), "source": loaded.source, "transforms": list(loaded.transforms),
                     "notes": list(loaded.notes)})

@@ -138,6 +138,29 @@ def _leading_slices(block_ids: np.ndarray, starts: np.ndarray, counts: np.ndarra
     return new_offsets, block_ids[positions]
 
 
+def recut_blocks(block_offsets: np.ndarray, block_ids: np.ndarray, input_tokens: np.ndarray, from_tokens: int,
+                 to_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block lists at ``to_tokens`` tokens a block from lists at ``from_tokens`` (Mooncake's 512-token hash ids
+    as 16-token blocks: each id becomes 32). A block id names the whole prefix up to its block's end, so the
+    prefix up to any token is named by the id of the block holding that token plus the offset in it: a new
+    block ending at token e gets the id (old id holding token e-1, e's offset in that block), the old ids
+    numbered densely first so that the pair fits in an int64. Equal new ids are then equal prefixes, exactly
+    where the old ids were. New blocks cover what the old lists covered (a prompt's partial last block only
+    at the prompt's end); a new block reaching past an old list that stops short of the prompt is left out."""
+    counts = np.diff(block_offsets)
+    covered = np.minimum(counts * from_tokens, input_tokens)  # tokens the old lists name
+    at_end = covered == input_tokens  # the last new block may be partial only at the prompt's end
+    new_counts = np.where(at_end, -(-covered // to_tokens), covered // to_tokens)
+    new_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(new_counts, out=new_offsets[1:])
+    rank = np.arange(new_offsets[-1], dtype=np.int64) - np.repeat(new_offsets[:-1], new_counts)
+    end = np.minimum((rank + 1) * to_tokens, np.repeat(covered, new_counts))  # [M'] last token + 1
+    old_rank = (end - 1) // from_tokens
+    _, dense = np.unique(block_ids, return_inverse=True)
+    old_id = dense.reshape(-1)[np.repeat(block_offsets[:-1], new_counts) + old_rank]
+    return new_offsets, old_id * from_tokens + (end - old_rank * from_tokens - 1)
+
+
 def chain_blocks(input_tokens: np.ndarray, prev_turn: list[int | None],
                  block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """Block lists for multi-turn sessions: a turn whose prompt is longer than its previous turn's re-sends

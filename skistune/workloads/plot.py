@@ -96,10 +96,22 @@ def _title(workload: Workload) -> str:
     return f"{workload.name}: {n:,} requests over {duration} s"
 
 
-def plot_workload(workload: Workload, path: str | Path) -> Path:
-    """Input and output length histograms, arrivals per time bin and the inter-arrival histogram. The folder
-    of ``path`` must exist (ValueError otherwise)."""
+def png_path(path: str | Path) -> Path:
+    """The file a plot is written to: ``path`` when it ends in .png, ``path`` + .png when it has no suffix
+    (matplotlib would add it unseen, and "wrote x" named a file that did not exist). Another suffix is refused:
+    matplotlib would write that format (a JPEG for x.jpg) under a help text that promises PNG."""
     path = Path(path)
+    if path.suffix.lower() == ".png":
+        return path
+    if path.suffix == "":
+        return path.with_name(f"{path.name}.png")
+    raise ValueError(f"--plot {path}: the plot is a PNG file; name it .png (e.g. {path.with_suffix('.png')})")
+
+
+def plot_workload(workload: Workload, path: str | Path) -> Path:
+    """Input and output length histograms, arrivals per time bin and the inter-arrival histogram, as a PNG at
+    `png_path` (``path``); returns that path. The folder must exist (ValueError otherwise)."""
+    path = png_path(path)
     check_out_file(path, "--plot")
     try:
         from matplotlib.figure import Figure  # no pyplot: draws off-screen without touching global state
@@ -122,5 +134,5 @@ def plot_workload(workload: Workload, path: str | Path) -> Path:
     _gap_panel(ax_gap, workload.arrival_s)
     fig.suptitle(_title(workload))
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
     return path

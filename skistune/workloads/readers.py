@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from skistune.workloads.model import Workload, chain_blocks, gather_blocks
+from skistune.workloads.model import Workload, chain_blocks, gather_blocks, recut_blocks
 from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, renewal_arrivals
 from skistune.workloads.transforms import QUANTUM_NOTE
 
@@ -120,7 +120,7 @@ def read_trace(path: str | Path, *, format: str | None = None, skip_bad_rows: bo
             raise ValueError(f"format {fmt!r}: unknown (known: {', '.join(FORMATS)})")
         bad = BadRows(path, skip_bad_rows)
         if fmt == "mooncake":
-            workload = _read_mooncake(path, bad, block_tokens or MOONCAKE_BLOCK_TOKENS)
+            workload = _read_mooncake(path, bad, block_tokens or MOONCAKE_BLOCK_TOKENS)  # (rescaled if not 512)
         else:
             workload = _read_csv_format(path, fmt, bad, block_tokens or SESSION_BLOCK_TOKENS, arrivals)
     # bytes that are no text, or a damaged gzip file: the whole file is unreadable, not one row
@@ -384,8 +384,10 @@ def _mooncake_records(path: Path, bad: BadRows, block_tokens: int) -> Iterator[d
 
 
 def _read_mooncake(path: Path, bad: BadRows, block_tokens: int) -> Workload:
+    """The trace's 512-token hash blocks, re-cut into ``block_tokens``-token blocks when that differs: its ids
+    name 512-token blocks whatever block size is asked, so relabelling them would call 512 tokens 16."""
     timestamps_ms, inputs, outputs, counts, ids = [], [], [], [], []
-    for record in _mooncake_records(path, bad, block_tokens):
+    for record in _mooncake_records(path, bad, MOONCAKE_BLOCK_TOKENS):
         timestamps_ms.append(record["timestamp"])
         inputs.append(record["input_length"])
         outputs.append(record["output_length"])
@@ -397,7 +399,14 @@ def _read_mooncake(path: Path, bad: BadRows, block_tokens: int) -> Workload:
     block_ids = np.fromiter((h for hash_ids in ids for h in hash_ids), dtype=np.int64, count=int(block_offsets[-1]))
     rows = _Rows(np.array(timestamps_ms, dtype=np.float64) / 1000.0, np.array(inputs, dtype=np.int64),
                  np.array(outputs, dtype=np.int64), block_offsets=block_offsets, block_ids=block_ids)
-    return _assemble(path, "mooncake", rows, block_tokens, bad)
+    workload = _assemble(path, "mooncake", rows, MOONCAKE_BLOCK_TOKENS, bad)
+    if block_tokens == MOONCAKE_BLOCK_TOKENS:
+        return workload
+    block_offsets, block_ids = recut_blocks(workload.block_offsets, workload.block_ids, workload.input_tokens,
+                                            MOONCAKE_BLOCK_TOKENS, block_tokens)
+    return replace(workload, block_offsets=block_offsets, block_ids=block_ids, block_tokens=block_tokens).with_note(
+        f"hash ids name {MOONCAKE_BLOCK_TOKENS}-token blocks: re-cut into {block_tokens}-token blocks "
+        "(derived ids, equal where the prefixes are)")
 
 
 # ---- shared: drop unreplayable rows, sort, rebase, sessions ----

@@ -1,9 +1,10 @@
 """Synthetic workloads: seeded arrivals, length distributions, multi-turn sessions, and the named presets.
 
 Every preset number follows a published statistic of a public trace (see the traces' SOURCE.md files and
-the comments below); no trace rows are embedded. Lengths come from `LognormalLengths`, fitted so that the
-published mean, median and p99 all hold; arrivals from a renewal process whose coefficient of variation
-is the burstiness (1 = Poisson; Gamma gaps, hyperexponential above a CV of 2); prefix reuse from multi-turn sessions whose share of follow-up
+the comments below), or for lower tails and 16-token prefix reuse that trace's sample as `skistune workload
+show` reads it; no trace rows are embedded. Lengths come from `LognormalLengths`, fitted so that the
+published mean, median and p99 all hold, and the p10; arrivals from a renewal process whose coefficient of
+variation is the burstiness (1 = Poisson; Gamma gaps, hyperexponential above a CV of 2); prefix reuse from multi-turn sessions whose share of follow-up
 turns is calibrated so that the published prefix-reuse ratio holds.
 """
 from __future__ import annotations
@@ -65,33 +66,40 @@ def _normal_grid() -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class LognormalLengths:
-    """Token lengths through a published median and p99, and optionally a published mean.
+    """Token lengths through a published median and p99, and optionally a mean, a p10 and a floor.
 
-    The log-length is piecewise linear in the normal score z: below the median and above p99 with the
-    sigma of the lognormal through p50 and p99; between them through a p90 knee. Without ``mean`` the
-    knee is the lognormal's own p90 (a plain lognormal). Real length distributions are rarely lognormal
-    (Azure conv's output mean is 1.3x the lognormal's), so with ``mean`` the knee is solved so that the
-    mean holds too; p50 and p99 stay exact. Draws are rounded and clipped to [1, max_tokens] (a service's
-    context or output limit)."""
+    The log-length is piecewise linear in the normal score z: above p99 with the sigma of the lognormal
+    through p50 and p99; between them through a p90 knee; below the median with that sigma too, or through
+    ``p10`` when given. Without ``mean`` the knee is the lognormal's own p90 (a plain lognormal). Real length
+    distributions are rarely lognormal (Azure conv's output mean is 1.3x the lognormal's), so with ``mean``
+    the knee is solved so that the mean holds too; p50 and p99 stay exact. Nor are their lower tails: the
+    p50-p99 sigma put Mooncake synthetic's input p10 at 4,350 tokens against 30, so presets give ``p10``.
+    Draws are rounded and clipped to [min_tokens, max_tokens] (a floor such as a fixed system prompt, and
+    a service's context or output limit)."""
 
     p50: float
     p99: float
     max_tokens: int
     mean: float | None = None
+    p10: float | None = None
+    min_tokens: int = 1
     p90: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.p50 < self.p99 <= self.max_tokens:
-            raise ValueError(f"lengths need 1 <= p50 < p99 <= max_tokens, got {self.p50}, {self.p99}, "
-                             f"{self.max_tokens}")
+        if not 1 <= self.min_tokens <= self.p50 < self.p99 <= self.max_tokens:
+            raise ValueError(f"lengths need 1 <= min_tokens <= p50 < p99 <= max_tokens, got {self.min_tokens}, "
+                             f"{self.p50}, {self.p99}, {self.max_tokens}")
+        if self.p10 is not None and not self.min_tokens <= self.p10 < self.p50:
+            raise ValueError(f"lengths need min_tokens <= p10 < p50, got {self.min_tokens}, {self.p10}, {self.p50}")
         sigma = np.log(self.p99 / self.p50) / Z99
         lognormal_p90 = float(self.p50 * np.exp(sigma * Z90))
-        knee = lognormal_p90 if self.mean is None else _fit_knee(self.p50, self.p99, self.max_tokens, self.mean)
+        knee = lognormal_p90 if self.mean is None else _fit_knee(self.p50, self.p99, self.max_tokens, self.mean,
+                                                                 self.p10, self.min_tokens)
         object.__setattr__(self, "p90", knee)
 
     def from_normal(self, z: np.ndarray) -> np.ndarray:
         """The length at normal score ``z``: the quantile function, monotone in ``z``."""
-        return _knee_quantile(z, self.p50, self.p90, self.p99, self.max_tokens)
+        return _knee_quantile(z, self.p50, self.p90, self.p99, self.max_tokens, self.p10, self.min_tokens)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.rint(self.from_normal(rng.standard_normal(n))).astype(np.int64)
@@ -101,23 +109,27 @@ class LognormalLengths:
         return float(np.sum(self.from_normal(z) * weight))
 
 
-def _knee_quantile(z: np.ndarray, p50: float, p90: float, p99: float, max_tokens: int) -> np.ndarray:
+def _knee_quantile(z: np.ndarray, p50: float, p90: float, p99: float, max_tokens: int, p10: float | None = None,
+                   min_tokens: int = 1) -> np.ndarray:
     mu, knee, top = np.log(p50), np.log(p90), np.log(p99)
     sigma = (top - mu) / Z99
-    log_tokens = np.where(z <= 0, mu + sigma * z,
+    sigma_low = sigma if p10 is None else (mu - np.log(p10)) / Z90  # (z = -Z90 is p10)
+    log_tokens = np.where(z <= 0, mu + sigma_low * z,
                           np.where(z <= Z90, mu + (knee - mu) * z / Z90,
                                    np.where(z <= Z99, knee + (top - knee) * (z - Z90) / (Z99 - Z90),
                                             top + sigma * (z - Z99))))
-    return np.clip(np.exp(log_tokens), 1.0, max_tokens)
+    return np.clip(np.exp(log_tokens), min_tokens, max_tokens)
 
 
 @functools.lru_cache(maxsize=64)
-def _fit_knee(p50: float, p99: float, max_tokens: int, mean: float) -> float:
+def _fit_knee(p50: float, p99: float, max_tokens: int, mean: float, p10: float | None = None,
+              min_tokens: int = 1) -> float:
     """Bisection on log(p90) in [log p50, log p99]: a higher knee raises the mean."""
     z, weight = _normal_grid()
 
     def mean_at(log_knee: float) -> float:
-        return float(np.sum(_knee_quantile(z, p50, float(np.exp(log_knee)), p99, max_tokens) * weight))
+        return float(np.sum(_knee_quantile(z, p50, float(np.exp(log_knee)), p99, max_tokens, p10, min_tokens)
+                            * weight))
 
     low, high = np.log(p50), np.log(p99)
     if not mean_at(low) <= mean <= mean_at(high):
@@ -217,24 +229,30 @@ def session_numbers(prev_turn: list[int | None]) -> np.ndarray:
 # ---- presets ----
 
 # Presets as data. Lengths: mean / p50 / p99 as published for each trace (SOURCE.md "Sample stats", which
-# are whole-file figures for the Azure traces), max_tokens the largest value in that file. Burstiness:
-# the coefficient of variation of the trace's inter-arrival times, as `skistune workload show` reports it.
+# are whole-file figures for the Azure traces), max_tokens the largest value in that file. p10 (and
+# min_tokens, where the file has a floor that its p1 and p5 sit on) are the sample files' own, computed with
+# numpy as SOURCE.md's percentiles are: without them the lower tails were far off (agent input p10 4,350
+# against 30; long-context output p10 185 against 24; code output p10 3 against 7, with none below 6 in
+# the trace). Burstiness: the coefficient of variation of the trace's inter-arrival times, as `skistune
+# workload show` reports it. Prefix reuse: the trace's at 16-token blocks (SESSION_BLOCK_TOKENS, at which
+# sessions are calibrated), read with --block-tokens 16; at Mooncake's own 512-token blocks it is lower
+# (0.350 and 0.640), since a 512-token block shared only in part counts as unshared.
 PRESETS: dict[str, dict] = {
     "chat": dict(
         description="chat assistant: Azure OpenAI conversation service, Nov 2023 (Azure LLM inference trace, conv)",
         rate_rps=5.53,  # Azure conv: 19,366 requests in 3,501.7 s
         burstiness=1.09,  # Azure conv: CV of inter-arrival times 1.094
-        input=dict(mean=1155, p50=1020, p99=4142, max_tokens=14050),  # Azure conv ContextTokens
-        output=dict(mean=211, p50=129, p99=601, max_tokens=1000),  # Azure conv GeneratedTokens
-        prefix_reuse=0.35,  # Mooncake conversation (Kimi chat): 0.35; Azure publishes no prefix data
+        input=dict(mean=1155, p50=1020, p99=4142, max_tokens=14050, p10=207),  # Azure conv ContextTokens
+        output=dict(mean=211, p50=129, p99=601, max_tokens=1000),  # Azure conv GeneratedTokens (p10 55 as is: 54)
+        prefix_reuse=0.357,  # Mooncake conversation (Kimi chat): 0.357; Azure publishes no prefix data
         turn_gap_s=5.0, session_idle_s=600.0,  # modelling choice: a user reads and types between turns
     ),
     "code": dict(
         description="code completion: Azure OpenAI coding service, Nov 2023 (Azure LLM inference trace, code)",
         rate_rps=2.57,  # Azure code: 8,819 requests in 3,435.9 s
         burstiness=13.2,  # Azure code: CV of inter-arrival times 13.15 (bursts of completions, then idle minutes)
-        input=dict(mean=2048, p50=1469, p99=7436, max_tokens=7437),  # Azure code ContextTokens
-        output=dict(mean=28, p50=13, p99=251, max_tokens=1899),  # Azure code GeneratedTokens
+        input=dict(mean=2048, p50=1469, p99=7436, max_tokens=7437, p10=147),  # Azure code ContextTokens
+        output=dict(mean=28, p50=13, p99=251, max_tokens=1899, p10=7, min_tokens=6),  # Azure code GeneratedTokens
         prefix_reuse=0.0,  # Azure code publishes no prefix data: independent completions, the no-reuse baseline
         turn_gap_s=0.0, session_idle_s=0.0,
     ),
@@ -242,18 +260,18 @@ PRESETS: dict[str, dict] = {
         description="long-context chat: Kimi production conversations (Mooncake FAST'25 conversation trace)",
         rate_rps=3.28,  # Mooncake conversation: 7,980 requests in 2,433 s
         burstiness=1.0,  # Mooncake conversation: 3-s timestamp steps hide finer structure; jittered within steps, 1.01
-        input=dict(mean=12403, p50=7220, p99=89867, max_tokens=124847),  # Mooncake conversation input_length
-        output=dict(mean=347, p50=356, p99=1167, max_tokens=2000),  # Mooncake conversation output_length
-        prefix_reuse=0.35,  # Mooncake conversation: prefix-block reuse 0.3501
+        input=dict(mean=12403, p50=7220, p99=89867, max_tokens=124847, p10=973, min_tokens=891),  # input_length
+        output=dict(mean=347, p50=356, p99=1167, max_tokens=2000, p10=24),  # Mooncake conversation output_length
+        prefix_reuse=0.357,  # Mooncake conversation: 0.3566 at 16-token blocks (token hit ratio 0.3569)
         turn_gap_s=5.0, session_idle_s=600.0,  # modelling choice, as for chat
     ),
     "agent": dict(
         description="agent-like multi-turn traffic re-sending long, growing contexts (Mooncake FAST'25 synthetic)",
         rate_rps=3.91,  # Mooncake synthetic: 3,993 requests in 1,022 s
         burstiness=1.0,  # Mooncake synthetic: Poisson-generated arrivals (CV 1.01)
-        input=dict(mean=15325, p50=11587, p99=66456, max_tokens=191378),  # Mooncake synthetic input_length
-        output=dict(mean=149, p50=69, p99=768, max_tokens=893),  # Mooncake synthetic output_length
-        prefix_reuse=0.64,  # Mooncake synthetic: prefix-block reuse 0.6396
+        input=dict(mean=15325, p50=11587, p99=66456, max_tokens=191378, p10=30, min_tokens=13),  # input_length
+        output=dict(mean=149, p50=69, p99=768, max_tokens=893, p10=4),  # Mooncake synthetic output_length
+        prefix_reuse=0.651,  # Mooncake synthetic: 0.6510 at 16-token blocks (token hit ratio 0.6512)
         turn_gap_s=1.0, session_idle_s=120.0,  # modelling choice: tool results come back within seconds
     ),
 }

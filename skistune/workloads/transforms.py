@@ -76,10 +76,13 @@ def _scaled_blocks(workload: Workload, factor: float) -> tuple[np.ndarray, np.nd
 
 
 def first_n(workload: Workload, n: int) -> Workload:
-    """The first ``n`` requests by arrival."""
+    """The first ``n`` requests by arrival; all of them, recorded as such, when there are no more than ``n``
+    (as `sample_n` does: provenance says what was kept, not what was asked)."""
     if n < 1:
         raise ValueError(f"first: need >= 1 request, got {n}")
-    return workload.take(np.arange(min(n, len(workload)))).with_transform(f"first {n}")
+    if n >= len(workload):
+        return workload.with_transform(f"first {n} (all {len(workload)})")
+    return workload.take(np.arange(n)).with_transform(f"first {n}")
 
 
 def sample_n(workload: Workload, n: int, seed: int = 0) -> Workload:

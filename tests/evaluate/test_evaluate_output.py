@@ -95,7 +95,7 @@ def test_rejections_are_in_the_table_grouped_by_reason(tmp_path):
     assert r.exit_code == 0, r.output
     table = " ".join(r.stdout.split())
     assert "0 / 6 of 6" in table
-    assert "why rejected needs 15-45 KV blocks, the cache holds 1: 6 requests" in table
+    assert "why rejected needs 11-38 KV blocks, the cache holds 1: 6 requests" in table
 
 
 def test_rejection_lines_group_reasons_that_differ_only_in_their_numbers_and_cap_the_list():
