@@ -15,3 +15,10 @@ def profile():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return load_profile(SHIPPED_PROFILE)
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A fresh working directory: the default storage is a SQLite file in it."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -14,12 +14,6 @@ PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-13
 SMALL = ["--requests", "16", "--trials", "3", "--validate", "0", "--profile", PROFILE]
 
 
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the default storage is a SQLite file in the working directory
-    return tmp_path
-
-
 def invoke(*args):
     return CliRunner().invoke(app, ["optimize", *args])
 

@@ -16,14 +16,7 @@ from skistune.paths import check_out_file
 from skistune.slo import as_slos, parse_slo
 from skistune.workloads import load_workload
 
-PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json")
-SMALL = ["--requests", "16", "--trials", "3", "--validate", "0", "--profile", PROFILE]
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the default storage is a SQLite file in the working directory
-    return tmp_path
+from test_optimize_cli import PROFILE, SMALL
 
 
 def invoke(*args):
