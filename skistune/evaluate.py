@@ -9,11 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from skistune import callable_module
-from skistune.config import KVConfig
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import get_preset
 from skistune.runtime.request import Request
-from skistune.simulator import SimTarget, simulate, target_from_profile
+from skistune.simulator import SimTarget, as_config, request_list, simulate, target_from_profile
 from skistune.workloads import Workload, to_requests
 from skistune.workloads.model import truncate_blocks
 
@@ -65,8 +64,15 @@ def fit_to_context(workload: Workload, max_context: int, model: str = "the model
     cut_in, cut_out = total_in - int(new_inputs.sum()), total_out - int(new_outputs.sum())
     return fitted.with_note(
         f"{n_cut:,} of {len(workload):,} requests do not fit {model}'s {max_context:,}-token context: each cut "
-        f"to fit it, the others kept whole ({cut_in:,} of {total_in:,} prompt tokens cut, {cut_in / total_in:.0%}; "
-        f"{cut_out:,} of {total_out:,} output tokens cut, {cut_out / total_out:.0%})")
+        f"to fit it, the others kept whole ({cut_in:,} of {total_in:,} prompt tokens cut, {_share(cut_in, total_in)}; "
+        f"{cut_out:,} of {total_out:,} output tokens cut, {_share(cut_out, total_out)})")
+
+
+def _share(part: int, whole: int) -> str:
+    """``part / whole`` as a whole percentage, ``<1%`` where a cut that happened would round to 0%."""
+    if part == 0:
+        return "0%"
+    return "<1%" if part / whole < 0.005 else f"{part / whole:.0%}"
 
 
 def fit_workload(workload: Workload, model: str) -> Workload:
@@ -76,6 +82,23 @@ def fit_workload(workload: Workload, model: str) -> Workload:
 
 def workload_requests(workload: Workload, model: str, seed: int = 0) -> list[Request]:
     return to_requests(fit_workload(workload, model), vocab_size=get_preset(model).vocab_size, seed=seed)
+
+
+RUNTIME_DTYPE_BYTES = 4  # the runtime serves in float32 on the CPU (`Runtime.from_preset`)
+
+
+def check_runtime_memory(model: str) -> None:
+    """A ``ValueError`` unless ``model``'s weights fit this machine's memory as the runtime builds them
+    (float32; q/k/v and gate/up are fused, so those weights exist twice while it is built): an 8B preset on
+    a 23 GiB host otherwise ends in the kernel's out-of-memory kill, with no message."""
+    from skistune.profile.fingerprint import host_memory_bytes
+
+    need = 2 * get_preset(model).param_count() * RUNTIME_DTYPE_BYTES
+    memory = host_memory_bytes()
+    if memory is not None and need > memory:
+        raise ValueError(f"model {model}: the runtime needs about {need / 2 ** 30:.1f} GiB of memory to build its "
+                         f"weights (float32), more than this machine's {memory / 2 ** 30:.1f} GiB; predict it with the "
+                         "simulator instead (--mode simulate)")
 
 
 def hardware_profile(model: str, profile=None, device: str = "cpu"):
@@ -131,25 +154,11 @@ def energy_figure(metrics: Metrics, power, *, measured_time: bool = False) -> di
     time = "measured busy/idle time" if measured_time else "simulated busy/idle time"
     return {"j_per_token": energy_j_per_token(metrics, power), "power_source": power.source,
             "basis": f"{POWER_LABELS.get(power.source, power.source)} x {time}"
-                     + (" (the run itself is not metered)" if measured_time else ""),
+                     + ("; the run itself is not metered" if measured_time else ""),  # (tables put it in parentheses)
             "power_note": power.note}
 
 
 # ---- the public function -----------------------------------------------------------------------------------
-def as_config(config) -> KVConfig:
-    """A `KVConfig`, a mapping of knob families (as a config file holds), or a config file's path."""
-    from skistune.config import load_config
-
-    if isinstance(config, KVConfig):
-        return config
-    if isinstance(config, Mapping):
-        return KVConfig.from_dict(config)
-    if isinstance(config, (str, os.PathLike)):
-        return load_config(os.fspath(config))
-    raise TypeError(f"config: expected a KVConfig, a mapping of knob families or a config file, got "
-                    f"{type(config).__name__}")
-
-
 def as_requests(requests, model: str, seed: int = 0) -> list[Request]:
     """``requests`` as a list of `Request`: a `Workload` becomes its requests for ``model`` (fitted to its
     context, `workload_requests`); a sequence of requests is taken as it is."""
@@ -158,12 +167,10 @@ def as_requests(requests, model: str, seed: int = 0) -> list[Request]:
     if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Sequence):
         raise TypeError(f"requests: expected a Workload (e.g. load_workload('chat', requests=8)) or a sequence of "
                         f"Request, got {type(requests).__name__}")
-    bad = next((r for r in requests if not isinstance(r, Request)), None)
-    if bad is not None:
-        raise TypeError(f"requests: expected Request items, got {type(bad).__name__}")
+    requests = request_list(requests)  # (each a Request)
     if not requests:
         raise ValueError("requests: empty; give at least one request")
-    return list(requests)
+    return requests
 
 
 def evaluate(config, requests, *, model: str = "smollm2-135m", mode: str = "simulate",
@@ -186,6 +193,8 @@ def evaluate(config, requests, *, model: str = "smollm2-135m", mode: str = "simu
         return simulate(config, requests, sim_target(model, profile))
     from skistune.runtime.llm import Runtime
 
+    if runtime is None:
+        check_runtime_memory(model)
     rt = runtime.with_config(config) if runtime is not None else Runtime.from_preset(model, config)
     return rt.replay(requests)
 

@@ -48,7 +48,7 @@ def evaluate(
     from skistune.config import load_config
     from skistune.display import metrics_table, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
-                                   power_model, workload_requests)
+                                   check_runtime_memory, power_model, sim_target, workload_requests)
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
@@ -61,6 +61,8 @@ def evaluate(
         rate_scale=rate_scale), model)
     # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
     prof = hardware_profile(model, profile) if mode != "run" else None
+    if prof is not None:
+        sim_target(model, prof)  # (a profile of another model is refused here, not after the notes)
     # (a run is not metered: its energy is the power model's, which never needs a profile measured first)
     power = prof.power if prof is not None else power_model(model, profile)
     runtime = None
@@ -70,6 +72,7 @@ def evaluate(
 
         # (the engine checks the tier it sizes from this when a replay starts: after the notes)
         check_fits_memory(cfg.offload.host_kv_bytes, "offload.host_kv_bytes", "host tier")
+        check_runtime_memory(model)
         with console.status(f"loading {model}"):
             runtime = Runtime.from_preset(model, cfg)
     print_notes(w)
@@ -121,8 +124,8 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
     for which, m in (("predicted", predicted), ("measured", measured)):
         for line in rejection_lines(m):
             console.print(f"rejected ({which}): {line}", highlight=False, soft_wrap=True)
-    console.print(f"energy: {energy['predicted']['basis']} / {energy['measured']['basis']}", highlight=False,
-                  soft_wrap=True)
+    console.print(f"energy, predicted: {energy['predicted']['basis']}; measured: {energy['measured']['basis']}",
+                  highlight=False, soft_wrap=True)
     if prof.power.modeled:
         console.print(f"note: energy is modeled, not measured: {prof.power.note}", highlight=False, soft_wrap=True)
     if check is not None:
@@ -163,11 +166,13 @@ def comparison_table(rows: list[dict], predicted, measured, title: str, energy: 
                   format_figure(energy["measured"]["j_per_token"], 3),
                   "-" if energy["error"] is None else f"{energy['error']:+.1%}")
     if predicted.tiers is not None and measured.tiers is not None:  # what the tiers did (their own fits)
-        for name, f in (("tier transfer time (ms)", lambda m: 1e3 * m.tiers.transfer_s),
-                        ("tier stall time (ms)", lambda m: 1e3 * m.tiers.stall_s),
-                        ("tier bytes moved (MiB)", lambda m: sum(m.tiers.moved_bytes.values()) / 2 ** 20)):
+        # (to the microsecond: a run's few block copies take tens of them, which 0.1 ms would show as 0.0)
+        for name, f, digits in (("tier transfer time (ms)", lambda m: 1e3 * m.tiers.transfer_s, 3),
+                                ("tier stall time (ms)", lambda m: 1e3 * m.tiers.stall_s, 3),
+                                ("tier bytes moved (MiB)", lambda m: sum(m.tiers.moved_bytes.values()) / 2 ** 20, 1)):
             error = relative_error(f(predicted), f(measured))
-            t.add_row(name, format_figure(f(predicted)), format_figure(f(measured)), "-" if error is None else f"{error:+.1%}")
+            t.add_row(name, format_figure(f(predicted), digits), format_figure(f(measured), digits),
+                      "-" if error is None else f"{error:+.1%}")
     for name, f in (("finished", lambda m: m.num_finished), ("rejected", lambda m: m.num_rejected),
                     ("preemptions", lambda m: m.preemptions), ("prefix-hit tokens", lambda m: m.prefix_hit_tokens),
                     ("... at re-admissions", lambda m: m.readmission_hit_tokens)):

@@ -14,7 +14,10 @@ context at the configured bits and pays the profile's dequantization and quantiz
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any, Sequence
 
 import numpy as np
@@ -52,6 +55,9 @@ PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad
 NUMPY_MIN_TOKENS = 64  # fewer pseudo-random tokens are drawn in plain Python (same values)
 DECODE_LINE_SPAN = 1 << 20  # KV tokens between the two predictions a decode cost line is drawn through
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> bytes of one KV element
+# the finest capacity resolution: far below any prediction's error; much finer (~1e-15), the lattice's steps
+# fall below the resolution of floats and the bisection never ends
+MIN_PRECISION = 1e-6
 
 
 @dataclass(frozen=True)
@@ -66,10 +72,13 @@ class SimTarget:
     notes: tuple[str, ...] = ()
     quantized_kv_note: str | None = None  # added to the notes of configs that quantize KV (see HardwareProfile)
     transfers: dict[str, Any] = field(default_factory=dict)  # link -> fit with time_s(nbytes) (HardwareProfile)
+    # link -> notes on how its transfers were measured: added to the notes of configs whose tiers cross it
+    link_notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def target_from_profile(profile, model: str | None = None) -> SimTarget:
     """The simulation target a hardware profile describes (its step costs hold for its own model only)."""
+    from skistune.profile.profile import TIER_LINKS
     from skistune.runtime.kv_layout import CPU_KV_SPACE_BYTES
     from skistune.runtime.presets import get_preset
 
@@ -87,7 +96,9 @@ def target_from_profile(profile, model: str | None = None) -> SimTarget:
     drift = tuple(n for n in (profile.drift_note, profile.step_coverage_note) if n)
     return SimTarget(spec, profile.step_cost, itemsize, device_free, notes=tuple(profile.notes) + drift,
                      quantized_kv_note=profile.quantized_kv_note,
-                     transfers={link: m.fit for link, m in profile.transfers.items()})
+                     transfers={link: m.fit for link, m in profile.transfers.items()},
+                     link_notes={link: notes for tier, notes in profile.tier_notes.items()
+                                 for link in TIER_LINKS[tier]})
 
 
 def _profile_itemsize(profile, spec: ModelSpec) -> int:
@@ -317,7 +328,8 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
                                ring_bytes_per_seq(config, target.spec, target.kv_itemsize))
     extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
-                    executor=executor, clock=clock, notes=target.notes + extrapolated + _poor_link_fits(links, target),
+                    executor=executor, clock=clock,
+                    notes=target.notes + _link_notes(links, target) + extrapolated + _poor_link_fits(links, target),
                     fast_forward=executor.fast_forward if fast_forward else None, n_layers=target.spec.n_layers)
     return engine, executor
 
@@ -337,6 +349,11 @@ def _check_transfer_links(config: KVConfig, target: SimTarget) -> list[str]:
     return sorted(needed)
 
 
+def _link_notes(links: list[str], target: SimTarget) -> tuple[str, ...]:
+    """The profile's notes on how the links this config's tiers cross were measured, each once."""
+    return tuple(dict.fromkeys(n for link in links for n in target.link_notes.get(link, ())))
+
+
 def _poor_link_fits(links: list[str], target: SimTarget) -> tuple[str, ...]:
     """A note naming the links this config's tiers cross whose transfer fit the profile flags (R² below the
     threshold): a quick profile on a loaded host had predicted tier transfers 12x their measured time."""
@@ -348,8 +365,45 @@ def _poor_link_fits(links: list[str], target: SimTarget) -> tuple[str, ...]:
             "(`skistune profile`) before trusting them",)
 
 
-def simulate(config: KVConfig, requests: Sequence[Request], target: SimTarget) -> Metrics:
-    """Predict the metrics of serving ``requests`` (arrival times relative to 0) with ``config``."""
+def as_config(config) -> KVConfig:
+    """A `KVConfig`, a mapping of knob families (as a config file holds), or a config file's path."""
+    from skistune.config import load_config
+
+    if isinstance(config, KVConfig):
+        return config
+    if isinstance(config, Mapping):
+        return KVConfig.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        return load_config(os.fspath(config))
+    raise TypeError(f"config: expected a KVConfig, a mapping of knob families or a config file, got "
+                    f"{type(config).__name__}")
+
+
+def request_list(requests) -> list[Request]:
+    """``requests`` (any iterable of `Request`) as a list; anything else is a ``TypeError``."""
+    if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
+        raise TypeError(f"requests: expected a sequence of Request, got {type(requests).__name__} (a workload's "
+                        "requests: skistune.workloads.to_requests(workload, vocab_size=...); skistune.evaluate "
+                        "takes a workload as it is)")
+    requests = list(requests)
+    bad = next((r for r in requests if not isinstance(r, Request)), None)
+    if bad is not None:
+        raise TypeError(f"requests: expected Request items, got {type(bad).__name__}")
+    return requests
+
+
+def _check_target(target) -> None:
+    if not isinstance(target, SimTarget):
+        raise TypeError(f"target: expected a SimTarget (skistune.sim_target(model, profile)), got "
+                        f"{type(target).__name__}")
+
+
+def simulate(config, requests: Sequence[Request], target: SimTarget) -> Metrics:
+    """Predict the metrics of serving ``requests`` (arrival times relative to 0) with ``config`` (a
+    `KVConfig`, a mapping of knob families or a config file). Bad input raises ``ValueError`` or
+    ``TypeError`` before anything is simulated."""
+    config, requests = as_config(config), request_list(requests)
+    _check_target(target)
     engine, _ = build_engine(config, target)
     return engine.replay(requests)
 
@@ -374,16 +428,29 @@ class Capacity:
     evaluations: int
 
 
+def _log2_scales(min_scale: float, max_scale: float) -> tuple[float, float]:
+    """log2 of the lowest and highest rate scales the capacity search tries, checked."""
+    for name, value in (("min_scale", min_scale), ("max_scale", max_scale)):
+        if not (isinstance(value, Real) and 0 < value < math.inf):
+            raise ValueError(f"{name} {value!r}: expected a rate scale > 0")
+    if min_scale > max_scale:
+        raise ValueError(f"min_scale {min_scale:g} is above max_scale {max_scale:g}")
+    return math.log2(min_scale), math.log2(max_scale)
+
+
 def lattice_step(precision: float) -> float:
     """The capacity search's resolution in log2 of the rate scale: the widest power-of-two fraction of one
     doubling whose ratio is within ``precision`` (1/8 at 10%, 1/64 at 2%)."""
+    if not (isinstance(precision, Real) and MIN_PRECISION <= precision < math.inf):
+        raise ValueError(f"precision {precision!r}: expected a relative resolution of at least {MIN_PRECISION:g} "
+                         "(e.g. 0.02 for 2%)")
     step = 1.0
     while 2.0 ** step > 1 + precision:
         step /= 2
     return step
 
 
-def capacity(config: KVConfig, requests: Sequence[Request], target: SimTarget, slos: Sequence,
+def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Sequence,
              *, precision: float = 0.02, max_scale: float = 1024.0, min_scale: float = 1 / 1024,
              start: float | None = None) -> Capacity:
     """The highest arrival-rate scale at which every SLO holds, as Vidur-Search and AIConfigurator report
@@ -394,19 +461,27 @@ def capacity(config: KVConfig, requests: Sequence[Request], target: SimTarget, s
     feasibility falls with the rate, every start gives the same answer, so a good guess only saves
     simulations (about 5 instead of 15) and configs of equal capacity still tie exactly.
 
-    ``slos``: SLO strings as `skistune optimize` takes them (``"p99=200ms"``, ``"ttft:p90<=1s"``, parsed by
-    `slo.parse_slo`), `SLO` objects, or anything with a ``met(metrics)`` method (the optimizer's queueing
-    guard); one string or SLO alone is a list of one. Bad input raises ``ValueError`` or ``TypeError``
-    before anything is simulated."""
+    ``config``: as `simulate` takes it; ``slos``: SLO strings as `skistune optimize` takes them
+    (``"p99=200ms"``, ``"ttft:p90<=1s"``, parsed by `slo.parse_slo`), `SLO` objects, or anything with a
+    ``met(metrics)`` method (the optimizer's queueing guard); one string or SLO alone is a list of one;
+    ``start``: 0 or None is no guess. Bad input raises ``ValueError`` or ``TypeError`` before anything is
+    simulated."""
     from skistune.slo import as_slos
 
     slos = as_slos(slos, guards=True)
-    requests = list(requests)
+    config, requests = as_config(config), request_list(requests)
+    _check_target(target)
     if not requests:
         raise ValueError("capacity: no requests; give at least one")
-    base_rps = len(requests) / max(max(r.arrival_s for r in requests), 1e-9)
+    arrivals = [r.arrival_s for r in requests]
+    if max(arrivals) <= min(arrivals):  # (every scale gives the same schedule, shifted: no capacity to find)
+        raise ValueError(f"capacity: a single request, or requests that all arrive at once (here at {arrivals[0]:g} "
+                         "s), have no arrival rate to scale; give requests that arrive over time")
+    base_rps = len(requests) / max(arrivals)
     step = lattice_step(precision)
-    low, high = math.log2(min_scale), math.log2(max_scale)
+    low, high = _log2_scales(min_scale, max_scale)
+    if start is not None and not (isinstance(start, Real) and math.isfinite(start)):
+        raise ValueError(f"start {start!r}: expected a rate scale to search from (a number), or None")
     held: dict[float, Metrics | None] = {}
 
     def check(x: float) -> Metrics | None:

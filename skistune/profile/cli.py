@@ -31,7 +31,7 @@ def _summary(profile: HardwareProfile, path: Path) -> dict:
         "host_memory_bytes": profile.fingerprint.host_memory_bytes, "disk_free_bytes": profile.disk_free_bytes,
         "drift": dict(profile.drift),
         "power": profile.power.to_dict(), "flagged": profile.flagged_fits(),
-        "notes": list(profile.notes) + [n for n in (profile.quantized_kv_note, profile.drift_note) if n],
+        "notes": list(profile.all_notes) + [n for n in (profile.quantized_kv_note, profile.drift_note) if n],
         "step_coverage": profile.step_coverage_note,
     }
 
@@ -189,7 +189,7 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
     if profile.step_coverage_note:
         err_console.print(f"[yellow]flagged:[/] {escape(profile.step_coverage_note)}", highlight=False, soft_wrap=True)
     extra = [n for n in (profile.quantized_kv_note, profile.drift_note) if n]
-    for note in list(profile.notes) + extra:
+    for note in list(profile.all_notes) + extra:
         err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
     if json_out:
         print_json(_summary(profile, path))

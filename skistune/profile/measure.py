@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from .kernels import (
     quantize_timings,
 )
 from .power import average_w, find_meter, measured_power, modeled_power
-from .profile import HardwareProfile, Measured, fit_step_points
+from .profile import CPU_HOST_NOTE, PAGE_CACHE_NOTE, HardwareProfile, Measured, disk_note, fit_step_points
 from .records import GridPoint, StepPoint, kv_bits
 from .steps import StepBench, fill_kv
 from .transfers import block_copy_timings, disk_free_bytes, disk_timings, page_cache_dropped
@@ -347,14 +347,12 @@ def _drift(bench: StepBench, steps: list[StepPoint]) -> dict[str, float]:
     return out
 
 
-def _notes(runtime: Runtime, disk_dir: Path | None) -> tuple[str, ...]:
-    notes = list(runtime.notes)
+def _notes(runtime: Runtime, disk_dir: Path | None) -> dict[str, Any]:
+    """The profile's ``notes`` (every prediction) and ``tier_notes`` (only those whose config uses the tier)."""
+    tier_notes = {"disk": (disk_note(disk_dir),) + (() if page_cache_dropped() else (PAGE_CACHE_NOTE,))}
     if runtime.model.device.type == "cpu":
-        notes.append("device is the CPU: device <-> host transfers are block copies within host memory")
-    notes.append(f"disk: {disk_dir}" if disk_dir is not None else "disk: a temporary directory")
-    if not page_cache_dropped():
-        notes.append("disk reads may come from the page cache (no posix_fadvise here)")
-    return tuple(notes)
+        tier_notes["host"] = (CPU_HOST_NOTE,)
+    return {"notes": tuple(runtime.notes), "tier_notes": tier_notes}
 
 
 def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quick: bool,
@@ -386,7 +384,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         quick=quick, kv_bytes_per_token=bench.kv_bytes_per_token, block_size=runtime.store.block_size,
         fingerprint=fingerprint, duration_s=time.perf_counter() - started, steps=tuple(steps),
         step_fit=step_fit, overhead=overhead, attention=attention, transfers=transfers, power=power,
-        notes=_notes(runtime, disk_dir), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir), drift=drift)
+        **_notes(runtime, disk_dir), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir), drift=drift)
 
 
 def _available_bytes(device: str) -> int | None:

@@ -43,6 +43,26 @@ UNRELIABLE_DRIFT = 2.0
 UNRELIABLE_MEDIAN_ERROR = 0.25
 
 
+# notes that hold only for a prediction whose config uses the tier: keyed by tier, with the links whose transfers
+# the notes are about (a disk tier's blocks also cross device <-> host, so its configs carry both tiers' notes)
+TIER_LINKS = {"host": ("device_to_host", "host_to_device"), "disk": ("host_to_disk", "disk_to_host")}
+CPU_HOST_NOTE = "device is the CPU: device <-> host transfers are block copies within host memory"
+PAGE_CACHE_NOTE = ("disk-tier reads may have been timed from the page cache, not the disk (no posix_fadvise here "
+                   "to drop it first)")
+# the tier notes `measure._notes` wrote into the one `notes` list before tier notes were kept apart (the
+# shipped profiles): told apart on reading such a file by these texts (and CPU_HOST_NOTE)
+LEGACY_PAGE_CACHE_NOTE = "disk reads may come from the page cache (no posix_fadvise here)"
+LEGACY_DISK_PREFIX = "disk: "  # then the --disk-dir, or:
+LEGACY_TEMP_DISK = "a temporary directory"
+
+
+def disk_note(disk_dir: str | os.PathLike[str] | None) -> str:
+    """Where the profile timed its disk transfers (``disk_dir``, or a new temporary directory when None)."""
+    where = os.fspath(disk_dir) if disk_dir is not None else "a new temporary directory (the system's default)"
+    return (f"disk-tier transfers were timed on a scratch file in {where}: a disk tier on another drive may be "
+            "faster or slower (`skistune profile --disk-dir DIR` times the drive the tier will use)")
+
+
 class FingerprintWarning(UserWarning):
     """A profile measured on another machine or software stack than this one."""
 
@@ -82,7 +102,7 @@ class HardwareProfile:
     attention: Measured  # one layer's paged attention kernel
     transfers: dict[str, Measured]  # per link: device_to_host, host_to_device, host_to_disk, disk_to_host
     power: PowerModel
-    notes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # hold for every prediction from this profile
     quantize: Measured | None = None  # quantize-on-append of one layer; None in files measured before it existed
     # free space of the disk the transfers were timed on, when they were: bounds the disk KV tier the
     # optimizer may recommend for this machine (None: not recorded, as in files written before it was)
@@ -90,6 +110,13 @@ class HardwareProfile:
     # each kind's first step point timed again at the end of the measurement, end / start (`measure._drift`):
     # how still the machine stood while the profile was taken (empty in files written before it was recorded)
     drift: dict[str, float] = field(default_factory=dict)
+    # tier (`TIER_LINKS`) -> notes that hold only for predictions whose config uses that tier
+    tier_notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def all_notes(self) -> tuple[str, ...]:
+        """Every note on how the profile was measured: the general ones, then each tier's."""
+        return self.notes + tuple(n for tier in TIER_LINKS for n in self.tier_notes.get(tier, ()))
 
     @property
     def step_cost(self) -> StepCostModel:
@@ -199,6 +226,7 @@ class HardwareProfile:
             "overhead": self.overhead.to_dict(), "kernels": self._kernels_dict(),
             "transfers": {link: m.to_dict() for link, m in self.transfers.items()},
             "disk_free_bytes": self.disk_free_bytes, "drift": dict(self.drift),
+            "tier_notes": {tier: list(notes) for tier, notes in self.tier_notes.items()},
             "power": {**self.power.to_dict(), "energy_j_per_token": self.energy_j_per_token()},
         }
 
@@ -229,7 +257,7 @@ class HardwareProfile:
             step_fit=_read_step_fit(step), overhead=_read_measured(data, "overhead", _read_linear),
             attention=_read_measured(kernels, "paged_attention", _read_linear, "kernels"),
             transfers=_read_transfers(data), power=_read_power(entry(data, "power", "profile")),
-            notes=tuple(str(n) for n in items(data, "notes", "profile", nonempty=False)),
+            **_read_notes(data),
             quantize=(_read_measured(kernels, "quantize_append", _read_linear, "kernels")
                       if isinstance(kernels, dict) and "quantize_append" in kernels else None),
             disk_free_bytes=(None if data.get("disk_free_bytes") is None
@@ -253,6 +281,31 @@ class HardwareProfile:
             Path(tmp).unlink(missing_ok=True)
             raise
         return path
+
+
+def _read_notes(data: Any) -> dict[str, Any]:
+    """``notes`` and ``tier_notes``; a file written before tier notes were kept apart has its tier notes in
+    ``notes``: they are told apart by the texts the profiler then wrote, and worded as it words them now."""
+    notes = tuple(str(n) for n in items(data, "notes", "profile", nonempty=False))
+    if "tier_notes" in data:
+        section = entry(data, "tier_notes", "profile")
+        if not isinstance(section, dict) or not set(section) <= set(TIER_LINKS):
+            raise ValueError(f"profile.tier_notes: expected an object of {'/'.join(TIER_LINKS)} -> notes, "
+                             f"got {section!r}")
+        tiers = {tier: items(section, tier, "profile.tier_notes", nonempty=False) for tier in section}
+        return {"notes": notes, "tier_notes": {tier: tuple(str(n) for n in ns) for tier, ns in tiers.items()}}
+    general, tiers = [], {"host": [], "disk": []}
+    for note in notes:
+        if note == CPU_HOST_NOTE:
+            tiers["host"].append(note)
+        elif note == LEGACY_PAGE_CACHE_NOTE:
+            tiers["disk"].append(PAGE_CACHE_NOTE)
+        elif note.startswith(LEGACY_DISK_PREFIX):
+            where = note.removeprefix(LEGACY_DISK_PREFIX)
+            tiers["disk"].append(disk_note(None if where == LEGACY_TEMP_DISK else where))
+        else:
+            general.append(note)
+    return {"notes": tuple(general), "tier_notes": {tier: tuple(ns) for tier, ns in tiers.items() if ns}}
 
 
 def _read_drift(data: Any) -> dict[str, float]:

@@ -31,6 +31,12 @@ def test_only_requests_that_do_not_fit_are_cut_and_each_only_as_much_as_it_needs
     assert fitted.transforms[-1] == "fit 8192-token context (1 cut)"
 
 
+def test_a_cut_too_small_for_a_whole_percent_is_not_called_0_percent():
+    """The chat preset's 2,000 requests lose 431 of 2,355,516 prompt tokens: "0%" read as nothing cut."""
+    fitted = fit_to_context(_workload([8200] + [8000] * 199, [1] * 200), 8192)
+    assert fitted.notes[-1].endswith("(9 of 1,600,200 prompt tokens cut, <1%; 0 of 200 output tokens cut, 0%)")
+
+
 def test_a_long_output_keeps_what_the_prompt_leaves_or_a_quarter_of_the_context():
     # 100 + 9000: the output gets the 8,092 tokens beside its prompt; 7000 + 3000: the output keeps a quarter
     # of the context (2,048) and the prompt the rest; 8000 + 8000: the same split. Every cut request fills

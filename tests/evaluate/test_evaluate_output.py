@@ -85,7 +85,7 @@ def test_a_run_takes_its_power_model_without_measuring_a_profile(monkeypatch, tm
 
     assert power_model("smollm2-135m") == modeled_power("cpu", os.cpu_count() or 1)
     figure = energy_figure(_metrics(), power_model("smollm2-135m"), measured_time=True)
-    assert figure["basis"] == "power modeled x measured busy/idle time (the run itself is not metered)"
+    assert figure["basis"] == "power modeled x measured busy/idle time; the run itself is not metered"
     power = power_model("smollm2-135m")
     assert figure["j_per_token"] == pytest.approx(power.energy_j(0.5, 0.5) / 2)
 
@@ -159,6 +159,8 @@ def test_run_and_compare_report_energy_from_the_measured_time(tmp_path):
     assert out["errors"]["energy"] == pytest.approx((p - m) / m)
     table = _flat(r.stdout)
     assert "energy (J/token: modeled power x time)" in table and "tbt p99 (ms) - - -" in table
+    assert ("energy, predicted: power modeled x simulated busy/idle time; measured: power modeled x measured "
+            "busy/idle time; the run itself is not metered") in table
     assert "nan" not in table
 
 
@@ -184,7 +186,11 @@ def test_the_compare_table_shows_what_the_tiers_did():
 
     predicted, measured = _metrics(tiers=tiers(0.322, 2 << 20)), _metrics(tiers=tiers(0.027, 2 << 20))
     text = _text(comparison_table(compare_metrics(predicted, measured), predicted, measured, "t"))
-    assert "tier transfer time (ms) 322.0 27.0 +1092.6%" in text
-    assert "tier bytes moved (MiB) 2.0 2.0 +0.0%" in text and "tier stall time (ms) 0.0 0.0 -" in text
+    assert "tier transfer time (ms) 322.000 27.000 +1092.6%" in text
+    assert "tier bytes moved (MiB) 2.0 2.0 +0.0%" in text and "tier stall time (ms) 0.000 0.000 -" in text
+    # a run's few copies take microseconds: shown, so that the error beside them is not that of 0.0 and 0.0
+    predicted, measured = _metrics(tiers=tiers(0.0, 0)), _metrics(tiers=tiers(48e-6, 0))
+    text = _text(comparison_table(compare_metrics(predicted, measured), predicted, measured, "t"))
+    assert "tier transfer time (ms) 0.000 0.048 -100.0%" in text
     plain = _text(comparison_table(compare_metrics(_metrics(), _metrics()), _metrics(), _metrics(), "t"))
     assert "tier" not in plain

@@ -1,0 +1,45 @@
+"""`skistune evaluate` refuses bad input in one line (exit 2) before it prints anything about the workload."""
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from skistune.cli import app
+
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+
+
+def test_a_profile_of_another_model_is_refused_before_the_workload_notes(tmp_path):
+    """The shipped H200 profile is llama-3-8b's: it was refused only when the simulation started, after the
+    note that one of the preset's 2,000 requests does not fit SmolLM2's context."""
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("{}\n")
+    r = CliRunner().invoke(app, ["evaluate", str(cfg), "--profile", str(PROFILES / "cuda-llama-3-8b.json")])
+    assert r.exit_code == 2
+    lines = [line for line in r.output.splitlines() if not line.startswith("warning: ")]  # (measured elsewhere)
+    assert lines == ["error: profile 'cuda-llama-3-8b' was measured for llama-3-8b, not smollm2-135m: measure one "
+                     "with `skistune profile --model smollm2-135m`"]
+
+
+def test_a_model_whose_weights_do_not_fit_memory_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    """`--mode run --model llama-3-8b` on a 23 GiB host built 60 GiB of float32 weights: the kernel's
+    out-of-memory kill, with no message (a traceback where memory is capped)."""
+    import skistune.profile.fingerprint as fingerprint
+    from skistune.evaluate import evaluate
+    from skistune.runtime.llm import Runtime
+    from skistune.workloads import load_workload
+
+    monkeypatch.setattr(fingerprint, "host_memory_bytes", lambda: 2 ** 29)  # 0.5 GiB: SmolLM2 needs 1.0
+    monkeypatch.setattr(Runtime, "from_preset", classmethod(lambda *a, **k: pytest.fail("built the model")))
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("{}\n")
+    message = ("model smollm2-135m: the runtime needs about 1.0 GiB of memory to build its weights (float32), more "
+               "than this machine's 0.5 GiB; predict it with the simulator instead (--mode simulate)")
+    for mode in ("run", "compare"):
+        r = CliRunner().invoke(app, ["evaluate", str(cfg), "--mode", mode, "--requests", "2",
+                                     "--profile", str(PROFILES / "cpu-smollm2-135m.json")])
+        assert r.exit_code == 2
+        assert [line for line in r.output.splitlines() if not line.startswith("warning: ")] == [f"error: {message}"]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        evaluate({}, load_workload("chat", requests=2), mode="run")
