@@ -18,7 +18,7 @@ def metrics_table(m: Metrics, title: str = "Metrics") -> Table:
     long-prompt workload queues for hours)."""
     values = {name: [m.latency(name).at(c) for c in LATENCY_COLUMNS] for name in ("ttft", "tbt", "e2e", "tpot")}
     in_s = any(x >= SECONDS_FROM_S for row in values.values() for x in row if x == x)
-    unit, scale, digits = ("s", 1.0, 2) if in_s else ("ms", 1e3, 1)
+    unit, scale, digits = ("s", 1.0, 3) if in_s else ("ms", 1e3, 1)  # (to the ms: a TBT of 0.03 s said little)
     lat = Table(title=title, title_justify="left")
     lat.add_column(f"latency ({unit})")
     for col in LATENCY_COLUMNS:
@@ -53,8 +53,8 @@ def summary_table(m: Metrics, energy: dict | None = None) -> Table:
         t.add_row(label, value)
     for note in m.notes:
         t.add_row("note", note)
-    if energy is not None and energy.get("power_source") == "modeled":
-        t.add_row("note", f"energy is modeled, not measured: {energy['power_note']}")
+    if energy is not None and energy.get("modeled_note"):
+        t.add_row("note", energy["modeled_note"])
     return t
 
 
@@ -113,8 +113,8 @@ def tier_rows(tiers) -> list[tuple[str, str]]:
             for tier, cap in tiers.capacity_bytes.items() if cap]
     if tiers.moved_bytes:
         rows.append(("KV moved", ", ".join(f"{link} {mib(n)} MiB" for link, n in tiers.moved_bytes.items())))
-    rows.append(("swapped out / in, demoted / promoted", f"{tiers.swapped_out} / {tiers.swapped_in}, "
-                                                          f"{tiers.demotions} / {tiers.promotions}"))
+    rows.append(("swapped out / in, demoted / promoted", f"{tiers.swapped_out:,} / {tiers.swapped_in:,}, "
+                                                          f"{tiers.demotions:,} / {tiers.promotions:,}"))
     hit = "-" if tiers.prefetch_hit_rate is None else f"{tiers.prefetch_hit_rate:.0%}"
     rows.append(("transfers / stalls, prefetch hits", f"{tiers.transfer_s:.3f} / {tiers.stall_s:.3f} s, {hit}"))
     return rows

@@ -111,7 +111,7 @@ def hardware_profile(model: str, profile=None, device: str = "cpu"):
     if isinstance(profile, HardwareProfile):
         return profile
     if isinstance(profile, (str, os.PathLike)):
-        return load_profile(os.fspath(profile))
+        return load_profile(os.fspath(profile), model=model)
     raise TypeError(f"profile: expected a HardwareProfile, its file or None (this machine's cached quick "
                     f"profile), got {type(profile).__name__}")
 
@@ -155,7 +155,7 @@ def energy_figure(metrics: Metrics, power, *, measured_time: bool = False) -> di
     return {"j_per_token": energy_j_per_token(metrics, power), "power_source": power.source,
             "basis": f"{POWER_LABELS.get(power.source, power.source)} x {time}"
                      + ("; the run itself is not metered" if measured_time else ""),  # (tables put it in parentheses)
-            "power_note": power.note}
+            "power_note": power.note, "modeled_note": power.modeled_note}
 
 
 # ---- the public function -----------------------------------------------------------------------------------

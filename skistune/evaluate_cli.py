@@ -127,7 +127,7 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
     console.print(f"energy, predicted: {energy['predicted']['basis']}; measured: {energy['measured']['basis']}",
                   highlight=False, soft_wrap=True)
     if prof.power.modeled:
-        console.print(f"note: energy is modeled, not measured: {prof.power.note}", highlight=False, soft_wrap=True)
+        console.print(f"note: {prof.power.modeled_note}", highlight=False, soft_wrap=True)
     if check is not None:
         console.print(check.summary_line(), highlight=False, soft_wrap=True)
     for note in predicted.notes:

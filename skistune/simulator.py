@@ -78,13 +78,12 @@ class SimTarget:
 
 def target_from_profile(profile, model: str | None = None) -> SimTarget:
     """The simulation target a hardware profile describes (its step costs hold for its own model only)."""
-    from skistune.profile.profile import TIER_LINKS
+    from skistune.profile.profile import TIER_LINKS, check_profile_model
     from skistune.runtime.kv_layout import CPU_KV_SPACE_BYTES
     from skistune.runtime.presets import get_preset
 
-    if model is not None and model != profile.model:
-        raise ValueError(f"profile {profile.name!r} was measured for {profile.model}, not {model}: measure one with "
-                         f"`skistune profile --model {model}`")
+    if model is not None:
+        check_profile_model(profile, model)
     spec = get_preset(profile.model)
     itemsize = _profile_itemsize(profile, spec)
     if profile.device == "cpu":

@@ -34,6 +34,11 @@ class PowerModel:
     def modeled(self) -> bool:
         return self.source == "modeled"
 
+    @property
+    def modeled_note(self) -> str | None:
+        """The line every figure that uses a modeled power carries (None where a meter measured it)."""
+        return f"energy is {self.note}" if self.modeled else None  # ("modeled, no power meter readable: ...")
+
     def power_w(self, utilisation: float = 1.0) -> float:
         return self.idle_w + self.dynamic_w * min(1.0, max(0.0, utilisation))
 

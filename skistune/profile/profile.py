@@ -404,8 +404,10 @@ def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
                          f"({exc.msg}; truncated or corrupted?)") from None
 
 
-def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True) -> HardwareProfile:
-    """Read and validate a profile file; warn (`FingerprintWarning`) if it was measured elsewhere."""
+def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True,
+                 model: str | None = None) -> HardwareProfile:
+    """Read and validate a profile file (measured for ``model``, when given: else a ``ValueError``, before any
+    warning); warn (`FingerprintWarning`) if it was measured elsewhere."""
     data = read_json_file(path, "profile")
     if isinstance(data, dict) and data.get("format") == QUALITY_FORMAT:  # (the other kind of profile file)
         raise ValueError(f"{path}: a quality profile, not a hardware profile: print it with "
@@ -414,12 +416,21 @@ def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True
         profile = HardwareProfile.from_dict(data)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+    if model is not None:
+        check_profile_model(profile, model)
     if check_fingerprint:
         differences = fingerprint_diff(profile.fingerprint, machine_fingerprint(profile.device))
         if differences:
             warnings.warn(f"{path}: measured on a different machine or software ({'; '.join(differences)}); "
                           "its timings may not hold here", FingerprintWarning, stacklevel=2)
     return profile
+
+
+def check_profile_model(profile: HardwareProfile, model: str) -> None:
+    """A ``ValueError`` unless ``profile`` was measured for the model preset ``model``."""
+    if model != profile.model:
+        raise ValueError(f"profile {profile.name!r} was measured for {profile.model}, not {model}: measure one with "
+                         f"`skistune profile --model {model}`")
 
 
 def cache_dir() -> Path:

@@ -57,7 +57,11 @@ def prompt_token_ids(workload: Workload, i: int, source: TokenSource) -> np.ndar
     input_tokens = int(workload.input_tokens[i])
     blocks = workload.blocks(i)
     from_blocks = min(input_tokens, len(blocks) * workload.block_tokens)
-    head = source.streams(source.keys(blocks, _BLOCK_DOMAIN), workload.block_tokens).reshape(-1)[:from_blocks]
+    # only the blocks the prompt reaches, each only as long as the prompt: a stream's first tokens do not depend
+    # on its length, and a --length-scale of 1e9 had built whole 1.6e10-token blocks for an 8,192-token prompt
+    used = blocks[:-(-from_blocks // workload.block_tokens)]
+    length = min(workload.block_tokens, from_blocks)
+    head = source.streams(source.keys(used, _BLOCK_DOMAIN), length).reshape(-1)[:from_blocks]
     own_key = source.keys(workload.request_ids[i:i + 1], _TAIL_DOMAIN)
     tail = source.streams(own_key, input_tokens - from_blocks).reshape(-1)
     return np.concatenate([head, tail]).astype(np.int32, copy=False)

@@ -116,3 +116,13 @@ def test_first_token_deadline():
     workload = _tiny([[], []], [3, 3])
     requests = to_requests(workload, vocab_size=10, first_token_deadline_s=0.5)
     assert [r.deadline_s for r in requests] == [0.5, 1.5]
+
+
+def test_blocks_far_longer_than_the_prompt_build_only_the_prompt():
+    """A --length-scale of 1e9 scales the block size with the lengths (16 -> 1.6e10 tokens) while the prompt is
+    cut to the context: the prompt's blocks had been built whole (numpy: "Unable to allocate 119. GiB")."""
+    huge = _tiny([[1, 2], [1, 3]], [8, 5], block_tokens=16 * 10**9)
+    small = _tiny([[1, 2], [1, 3]], [8, 5], block_tokens=16)
+    a, b = to_requests(huge, vocab_size=1000), to_requests(small, vocab_size=1000)
+    assert [len(r.prompt_token_ids) for r in a] == [8, 5]
+    assert all(np.array_equal(x.prompt_token_ids, y.prompt_token_ids) for x, y in zip(a, b))  # first tokens of block 1
