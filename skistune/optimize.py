@@ -334,7 +334,7 @@ def _load_profile(profile, model: str) -> tuple[Any, list[str]]:
         return profile, []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FingerprintWarning)
-        prof = default_profile(model, "cpu") if profile is None else load_profile(os.fspath(profile))
+        prof = default_profile(model, "cpu") if profile is None else load_profile(os.fspath(profile), model=model)
     return prof, [str(w.message) for w in caught if issubclass(w.category, FingerprintWarning)]
 
 
@@ -415,7 +415,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     first = {p.name: p.choices[0] if p.kind == "choices" else p.low for p in problem.space.params
              if p.kind in ("choices", "int", "float")}  # (where the baseline's value is outside the space: any point)
     suggest_config(optuna.trial.FixedTrial({**first, **_baseline_params(problem)}), problem.space, problem.base)
-    return replace(problem, notes=tuple(n for n in (not_modeled_note(left_out), _power_note(prof), *notes) if n))
+    return replace(problem, notes=tuple(n for n in (not_modeled_note(left_out), prof.power.modeled_note, *notes) if n))
 
 
 HOST_TIER_SHARE = 0.7  # of a machine's memory, at most, for a host KV tier: vLLM refuses a larger CPU swap space
@@ -526,12 +526,6 @@ def parse_kv_memory(kv_memory) -> int | None:
     if kv_bytes < 1 << 20:
         raise ValueError(f"kv_memory: {kv_memory!r} is under 1 MiB; give the memory KV may use (e.g. 256MiB)")
     return kv_bytes
-
-
-def _power_note(profile) -> str | None:
-    if profile.power.modeled:
-        return f"energy is modeled, not measured: {profile.power.note}"
-    return None
 
 
 # ---- scoring one config ---------------------------------------------------------------------------------
