@@ -22,8 +22,10 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-console = Console()
-err_console = Console(stderr=True)
+# emoji=False: user text (a trace's first line 'a:b:c', a path) is printed as it is; escape() leaves rich's
+# :name: emoji codes alone, and 'a:b:c' had printed as 'a🅱c'
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 EXIT_BAD_INPUT = 2
 

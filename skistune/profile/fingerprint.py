@@ -54,10 +54,17 @@ class Fingerprint:
             kwargs[f.name] = _checked(f.name, data.get(f.name), f.type)
         return cls(**kwargs)
 
+    def compared(self) -> dict:
+        """The fields that decide whether timings hold elsewhere: all but `NOT_COMPARED`, and on a CPU profile
+        (no CUDA) Triton's version too: its kernels do not run there, and installing it (the test extras do)
+        had made this machine's quick profile read as measured elsewhere, and measured again."""
+        cpu = self.cuda_version is None and self.gpu_model is None
+        return {k: v for k, v in self.to_dict().items()
+                if k not in NOT_COMPARED and not (cpu and k == "triton_version")}
+
     def key(self) -> str:
         """Short digest of the compared fields: names the cached quick profile of this machine."""
-        compared = {k: v for k, v in self.to_dict().items() if k not in NOT_COMPARED}
-        return hashlib.sha256(json.dumps(compared, sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self.compared(), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _checked(name: str, value: object, type_name: str) -> object:
@@ -73,9 +80,8 @@ def _checked(name: str, value: object, type_name: str) -> object:
 def fingerprint_diff(measured: Fingerprint, here: Fingerprint) -> list[str]:
     """``field: measured -> here`` for each compared field that differs (a field the profile predates
     reads ``not recorded``)."""
-    a, b = measured.to_dict(), here.to_dict()
-    return [f"{k}: {_shown(k, a[k], 'not recorded')} -> {_shown(k, b[k], 'unknown')}"
-            for k in a if k not in NOT_COMPARED and a[k] != b[k]]
+    a, b = measured.compared(), here.to_dict()
+    return [f"{k}: {_shown(k, a[k], 'not recorded')} -> {_shown(k, b[k], 'unknown')}" for k in a if a[k] != b[k]]
 
 
 def _shown(name: str, value: object, absent: str) -> object:

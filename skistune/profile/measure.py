@@ -7,6 +7,7 @@ dequantization and quantize-on-append terms: with the 16-bit points they see thr
 to elements converted), the attention kernel at 8, 4 and 2 bits, and quantize-on-append at each."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -347,18 +348,37 @@ def _drift(bench: StepBench, steps: list[StepPoint]) -> dict[str, float]:
     return out
 
 
-def _notes(runtime: Runtime, disk_dir: Path | None) -> dict[str, Any]:
+def busy_note(load_average: float | None, cores: int) -> str | None:
+    """A note when other work kept the machine busy as the measurement began (the 1-minute load average at
+    least half the cores, or one core's worth): a profile measured so is slow throughout, which its own
+    start-to-end drift does not show (a quick profile on a loaded 2-core VM predicted steps 10x the shipped
+    one's, and every config then broke a 200 ms SLO)."""
+    if load_average is None or load_average < max(1.0, cores / 2):
+        return None
+    return (f"measured while the machine was busy (load average {load_average:.1f} on {cores} cores as it began): "
+            "its step times are likely slower than this machine's when quiet; measure again on a quiet machine")
+
+
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # (no load average on this platform)
+        return None
+
+
+def _notes(runtime: Runtime, disk_dir: Path | None, busy: str | None = None) -> dict[str, Any]:
     """The profile's ``notes`` (every prediction) and ``tier_notes`` (only those whose config uses the tier)."""
     tier_notes = {"disk": (disk_note(disk_dir),) + (() if page_cache_dropped() else (PAGE_CACHE_NOTE,))}
     if runtime.model.device.type == "cpu":
         tier_notes["host"] = (CPU_HOST_NOTE,)
-    return {"notes": tuple(runtime.notes), "tier_notes": tier_notes}
+    return {"notes": tuple(runtime.notes) + ((busy,) if busy else ()), "tier_notes": tier_notes}
 
 
 def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quick: bool,
                     disk_dir: Path | None = None, progress: Progress | None = None) -> HardwareProfile:
     """Measure every stage on ``runtime`` (its model, KV store and device) and fit the cost functions."""
     started = time.perf_counter()
+    busy = busy_note(load_average(), os.cpu_count() or 1)  # (before this process adds to the load)
     device = runtime.model.device
     tick = _Tracker(grid.units(), progress)
     fill_kv(runtime)
@@ -384,7 +404,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         quick=quick, kv_bytes_per_token=bench.kv_bytes_per_token, block_size=runtime.store.block_size,
         fingerprint=fingerprint, duration_s=time.perf_counter() - started, steps=tuple(steps),
         step_fit=step_fit, overhead=overhead, attention=attention, transfers=transfers, power=power,
-        **_notes(runtime, disk_dir), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir), drift=drift)
+        **_notes(runtime, disk_dir, busy), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir), drift=drift)
 
 
 def _available_bytes(device: str) -> int | None:

@@ -66,6 +66,17 @@ def test_diff_and_cache_key_ignore_only_the_date_and_the_memory():
     assert here.key() != other.key()
 
 
+def test_triton_counts_on_a_gpu_profile_only():
+    """Triton's kernels run on GPUs only: installing it (the test extras do) made this machine's CPU quick
+    profile read as measured elsewhere ('triton_version: None -> 3.9.0') and be measured again."""
+    cpu = Fingerprint(**{**machine_fingerprint("cpu").to_dict(), "triton_version": None})
+    with_triton = Fingerprint(**{**cpu.to_dict(), "triton_version": "3.9.0"})
+    assert fingerprint_diff(cpu, with_triton) == [] and cpu.key() == with_triton.key()
+    gpu = Fingerprint(**{**cpu.to_dict(), "gpu_model": "H200", "cuda_version": "12.8"})
+    gpu_triton = Fingerprint(**{**gpu.to_dict(), "triton_version": "3.9.0"})
+    assert fingerprint_diff(gpu, gpu_triton) == ["triton_version: None -> 3.9.0"] and gpu.key() != gpu_triton.key()
+
+
 def test_fingerprint_describes_this_machine():
     import os
 

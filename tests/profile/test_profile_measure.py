@@ -125,6 +125,17 @@ def test_a_machine_that_moved_while_measured_is_noted_per_kind(shipped: Hardware
         assert steady.drift_note is None and not any("moved" in n for n in target_from_profile(steady).notes)
 
 
+def test_a_machine_busy_as_measuring_began_is_noted():
+    """A profile measured under other work is slow throughout, which its start-to-end drift cannot show."""
+    from skistune.profile.measure import busy_note
+
+    assert busy_note(None, 2) is None and busy_note(0.6, 2) is None and busy_note(3.0, 16) is None
+    assert busy_note(3.8, 2) == ("measured while the machine was busy (load average 3.8 on 2 cores as it began): "
+                                 "its step times are likely slower than this machine's when quiet; measure again "
+                                 "on a quiet machine")
+    assert busy_note(8.0, 16).startswith("measured while the machine was busy (load average 8.0 on 16 cores")
+
+
 def test_unknown_transfer_link_is_an_error(tiny_profile: HardwareProfile):
     with pytest.raises(ValueError, match="host_to_cloud"):
         tiny_profile.transfer_time_s(4096, "host_to_cloud")

@@ -89,3 +89,12 @@ def test_json_summaries_are_strict_json_with_null_for_infinite_figures(capsys):
     def strict(token):
         raise ValueError(token)
     assert json.loads(line, parse_constant=strict) == {"gain": {"capacity": None}, "loss": [1.5, None, 2.5], "n": 3}
+
+
+def test_user_text_in_messages_is_printed_as_it_is(tmp_path):
+    """Rich reads ':b:' in 'a:b:c' as an emoji code (escape() leaves those alone): a trace whose first line is
+    'a:b:c' was reported as 'a🅱c'."""
+    weird = tmp_path / "weird.csv"
+    weird.write_text("a:b:c\n1:2:3\n")
+    r = CliRunner().invoke(app, ["workload", "show", str(weird)])
+    assert r.exit_code == 2 and "(first line 'a:b:c')" in r.stderr
