@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from skistune.config import KVConfig
+from skistune.objectives import structural_changes
 from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINED_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed,
                                infeasibility, nondominated, ranked, score, with_refined)
 from skistune.plotting import log_axis, wants_log
@@ -464,8 +465,8 @@ def importance_table(report: Report):
                     f"{trials} trials; knobs only some trials set are left out)", title_justify="left")
     for col, justify in (("knob", "left"), ("importance", "right"), ("", "left")):
         t.add_column(col, justify=justify)
-    for knob, value in report.importance.items():
-        t.add_row(knob, f"{value:.3f}", "█" * round(30 * value))
+    for knob, value in report.importance.items():  # (a switch, e.g. mixed_precision, is the space's, not a knob)
+        t.add_row(knob if "." in knob else f"{knob} (search-space switch)", f"{value:.3f}", "█" * round(30 * value))
     return t
 
 
@@ -526,7 +527,9 @@ def _scatter_trials(ax, report: Report, rate: Callable[[Evaluation], float]):
     if not good:
         return None, False
     losses = np.array([min(quality_loss(e), 1.0) * 100 for e in good])  # outside the profile: shown at 100%
-    lossy = bool(losses.max() > 0)
+    # (a 4-bit config predicted +0.00% is lossy all the same: "all lossless" is said of configs that change no
+    # output, not of losses that round to zero)
+    lossy = bool(losses.max() > 0) or any(structural_changes(e.config) for e in good)
     label = "feasible" if lossy else "feasible (all lossless: quality loss 0)"
     points = ax.scatter([rate(e) for e in good], [e.figures["energy_j_per_token"] for e in good],
                         c=losses if lossy else "tab:blue", cmap="viridis" if lossy else None, s=30, label=label)

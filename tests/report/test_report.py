@@ -141,6 +141,25 @@ def test_tables_and_html_carry_the_same_rows(report):
     assert violations.count("<tr>") == 1 + len(report.problem.constraints)
 
 
+def test_pareto_legend_calls_a_4_bit_config_lossy_even_when_its_loss_rounds_to_zero(report, monkeypatch):
+    """A 4-bit config predicted +0.00% had put "all lossless: quality loss 0" in the legend."""
+    import skistune.report as rep
+
+    figures = []
+    monkeypatch.setattr(rep, "_png", lambda fig: figures.append(fig) or b"")
+
+    def legend() -> list[str]:
+        return [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
+
+    rep.plot_pareto(report)
+    assert any(text.startswith("feasible (all lossless") for text in legend())  # (the study is lossless)
+    first = next(e for e in report.evaluations if e.feasible)
+    int4 = dataclasses.replace(first, config=first.config.with_knobs({"bitwidth.value_bits": 4}),
+                               figures={**first.figures, "quality_loss": 0.0, "quality_basis": "measured"})
+    rep.plot_pareto(dataclasses.replace(report, evaluations=(*report.evaluations, int4)))
+    assert "feasible" in legend() and not any("all lossless" in text for text in legend())
+
+
 def test_pareto_plot_goes_log_when_a_config_that_meets_no_rate_dwarfs_the_others(report, monkeypatch):
     """Scored at the lowest rate, a config that meets none spends idle power over hours of trace: its J/token,
     thousands of times the others', squashed every feasible point onto the axis."""
