@@ -3,7 +3,8 @@
 enqueued first, the per-layer bits solver) with only `make_sampler` swapped. It reads the tables that
 `benchmarks/search_efficiency.py` scored and cached (the same code and profile), scoring any missing first.
 
-    python benchmarks/sampler_variants.py [--seeds 20] [--scenarios NAME ...] [--variants NAME ...] [--json]
+    python benchmarks/sampler_variants.py [--seeds 20] [--scenarios NAME ...] [--variants NAME ...] [--code DIGEST]
+                                          [--json]
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import search_efficiency as se
-from bench_args import positive_int, print_json
+from bench_args import fail, positive_int, print_json
 
 BUDGET = 200
 
@@ -26,7 +27,7 @@ VARIANTS = {
     "ei96": {"n_ei_candidates": 96},
     "startup5": {"n_startup_trials": 5},
     "startup20": {"n_startup_trials": 20},
-    "prior2": {"prior_weight": 2.0},
+    "prior2": {"prior_weight": 2.0},  # deprecated in Optuna 4.9, removed in 6.0: a measurement, not a setting to ship
 }
 
 
@@ -51,17 +52,24 @@ def main() -> None:
                     help="scenarios (default all): " + ", ".join(names))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
                     help="sampler settings (default all): " + ", ".join(VARIANTS))
+    ap.add_argument("--code", metavar="DIGEST",
+                    help="read the tables cached for this skistune source digest (the `code` that "
+                         "search_efficiency.py --json prints) instead of this source's: every variant is compared on "
+                         "one table, and a source edited since need not be scored again")
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     console = Console()
-    code = se.code_digest()
+    code = args.code or se.code_digest()
     real = opt.make_sampler
     rows = []
     for scenario in (s for s in se.SCENARIOS if s.name in args.scenarios):
         problem = scenario.problem()
         maximize = problem.objectives[0].maximize
         cache = Path(se.DEFAULT_CACHE) / f"{scenario.name}-{se.scenario_digest(scenario, problem, code)}.json"
+        if args.code and not cache.is_file():  # scoring it now would file this source's figures under another's key
+            fail(f"--code {args.code}: no table cached for {scenario.name} (run benchmarks/search_efficiency.py "
+                 "at that source first)")
         with Progress(console=console, transient=True) as progress:
             table = se.exhaustive(scenario, problem, cache, 2, progress)
         optimum, _ = table.optimum(maximize)
@@ -86,7 +94,7 @@ def main() -> None:
                           f"not within {BUDGET}: {row['not_reached']:>2}/{args.seeds}  over 2% of the grid "
                           f"({share} trials): {row['over_grid_share']:>2}/{args.seeds}", highlight=False)
     if args.json:
-        print_json({"benchmark": "sampler_variants", "budget": BUDGET, "rows": rows})
+        print_json({"benchmark": "sampler_variants", "budget": BUDGET, "code": code, "rows": rows})
 
 
 if __name__ == "__main__":

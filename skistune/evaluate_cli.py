@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from skistune.cli import cli_errors, console, print_json
-from skistune.optimize_cli import ModelOpt, ProfileOpt
+from skistune.optimize_cli import ModelOpt, ProfileOpt, profile_or_measure
 from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt, JsonOpt,
                                     LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, RequestsOpt,
                                     SampleOpt, SeedOpt, SkipBadRowsOpt, WindowOpt, WorkloadOpt, parse_window,
@@ -60,7 +60,7 @@ def evaluate(
         first=first, sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output,
         rate_scale=rate_scale), model)
     # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
-    prof = hardware_profile(model, profile) if mode != "run" else None
+    prof = hardware_profile(model, profile_or_measure(profile, model)) if mode != "run" else None
     if prof is not None:
         sim_target(model, prof)  # (a profile of another model is refused here, not after the notes)
     # (a run is not metered: its energy is the power model's, which never needs a profile measured first)

@@ -20,6 +20,7 @@ raises ``ValueError``.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import re
@@ -161,10 +162,14 @@ class QualityFloor:
     limit: float  # ppl: largest relative increase; needle: smallest share kept
 
     def violation(self, point: Point) -> float:
+        """Relative excess over the floor, as every other constraint's (it had been the absolute one: -0.01 for
+        a lossless config under ppl+1%, beside -0.75 for a TBT at a quarter of its limit, and the closest configs
+        summed them as if alike); a ppl+0% floor is read against 0.1 percentage point."""
         loss = _known_quality(point)
         if self.metric == "needle":
-            return self.limit - loss.needle_retained
-        return (loss.guarded_worst if self.window == "worst" else loss.guarded_mean) - self.limit
+            return (self.limit - loss.needle_retained) / self.limit
+        ppl = loss.guarded_worst if self.window == "worst" else loss.guarded_mean
+        return (ppl - self.limit) / max(self.limit, ZERO_PPL_FLOOR)
 
     def __str__(self) -> str:
         if self.metric == "needle":
@@ -172,6 +177,7 @@ class QualityFloor:
         return f"{'worst:' if self.window == 'worst' else ''}ppl+{self.limit * 100:g}%"
 
 
+ZERO_PPL_FLOOR = 0.001  # a ppl+0% floor's excess is relative to this (0.1 percentage point)
 _PPL = re.compile(r"^(?:(mean|worst):)?ppl\+([0-9]*\.?[0-9]+)%$")
 _NEEDLE = re.compile(r"^needle>=([0-9]*\.?[0-9]+)(%?)$")
 
@@ -274,19 +280,32 @@ def user_constraint(fn: Callable, index: int) -> Constraint:
 
 
 class ReturnValueError(ValueError):
-    """A user's objective or constraint returned something that is not a number: the caller's bug, which
-    stops the search at once (`optimize` raises it after the trial, not as a failed trial)."""
+    """A user's objective or constraint returned something that is not a finite number: the caller's bug,
+    which stops the search at once (`optimize` raises it after the trial, not as a failed trial)."""
 
 
 def _number(value: Any, what: str, hint: str = "") -> float:
-    """``value`` as a float; anything else (None, a string, a complex) is a `ReturnValueError` naming
-    ``what`` returned it."""
+    """``value`` as a finite float; anything else (None, a string, a complex, NaN, an infinity) is a
+    `ReturnValueError` naming ``what`` returned it. (NaN cannot be ranked; an infinite objective has no gain
+    over the baseline, and an infinite constraint says no more than any positive value: JSON holds neither.)"""
     if isinstance(value, (str, bytes, complex)) or value is None:
         raise ReturnValueError(f"{what}: returned {value!r}, not a number{hint}")
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise ReturnValueError(f"{what}: returned {value!r}, not a number{hint}") from None
+    if not math.isfinite(number):
+        why = " (e.g. a latency percentile of a run in which no request finished)" if number != number else ""
+        raise ReturnValueError(f"{what}: returned {number}, not a finite number{why}{hint}")
+    return number
+
+
+CALLABLE_ATTR = "_skistune_callable"  # set on an exception a user's callable raised: which one raised it
+
+
+def raised_by(exc: BaseException) -> str | None:
+    """Which user callable (``objective NAME``, ``constraint NAME``) raised ``exc``, or None for any other."""
+    return getattr(exc, CALLABLE_ATTR, None)
 
 
 def _one(value: Any, name: str) -> float:
@@ -305,14 +324,27 @@ def _metrics_call(fn: Callable, what: str = "callable") -> Callable[[Point], Any
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # (some builtins have no signature: called with both, as before)
-        return lambda p: fn(p.metrics, p.config)
+        return _marked(what, lambda p: fn(p.metrics, p.config))
     for n in (2, 1):
         try:
             sig.bind(*range(n))
         except TypeError:
             continue
-        return (lambda p: fn(p.metrics, p.config)) if n == 2 else (lambda p: fn(p.metrics))
+        return _marked(what, (lambda p: fn(p.metrics, p.config)) if n == 2 else (lambda p: fn(p.metrics)))
     raise ValueError(f"{what}: takes {sig}, but is called as f(metrics) or f(metrics, config)")
+
+
+def _marked(what: str, call: Callable[[Point], Any]) -> Callable[[Point], Any]:
+    """``call``, marking any exception it raises as the user callable's (`raised_by`): the search stops with
+    that exception, reported once, not as a failed trial with Optuna's traceback first."""
+    def marked(point: Point) -> Any:
+        try:
+            return call(point)
+        except Exception as exc:
+            with contextlib.suppress(AttributeError, TypeError):  # (an exception type that takes no attributes)
+                setattr(exc, CALLABLE_ATTR, what)
+            raise
+    return marked
 
 
 # ---- objectives ------------------------------------------------------------------------------------------

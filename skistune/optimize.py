@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +41,7 @@ from skistune.config import FAMILIES, KVConfig, format_bytes, knob_fields
 from skistune.objectives import (NAMED, Constraint, EnergyBudget, Objective, Point, QualityFloor, QueueGuard,
                                  ReturnValueError, energy_j_per_token, goodput_rps, objective_value, parse_energy,
                                  parse_objectives, parse_quality, predict_quality, queue_constraint, queue_name,
-                                 served_constraint, slo_constraint, user_constraint)
+                                 raised_by, served_constraint, slo_constraint, user_constraint)
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import Request
 from skistune.paths import write_atomic
@@ -160,6 +161,25 @@ def _check_fixed_lossy(space: SearchSpace, base: KVConfig, searchable: frozenset
     if fixed:
         raise ValueError(f"space {space.name}: fixes {', '.join(fixed)}, which changes the model's outputs: give a "
                          "quality floor (--quality ppl+1%) to price it, or leave it out of fixed:")
+
+
+def _check_quality_objective(objectives: Sequence[Objective], space: SearchSpace,
+                             floors: Sequence[QualityFloor]) -> None:
+    """A quality objective over a space that varies no lossy knob (eviction, KV bits) is the same for every
+    config: refused, as an objective named twice is. (Per-layer bits come from their solver only under a
+    perplexity floor.)"""
+    from skistune import simulator
+
+    if not any(o.name == "quality" for o in objectives):
+        return
+    ppl_floor = any(f.metric == "ppl" for f in floors)
+    varied = [q.name for q in space.params if not q.is_switch and q.name in simulator.LOSSY_KNOBS
+              and (q.kind != "solver" or ppl_floor)]
+    if not varied:
+        raise ValueError(f"objective quality: the {space.name} space varies no knob that changes the model's "
+                         "outputs (eviction.*, bitwidth.*), so every config's predicted quality loss is the same and "
+                         "the objective cannot tell configs apart: drop quality from the objectives, or search a "
+                         "space with eviction or KV bits (e.g. default)")
 
 
 def _value(config: KVConfig, dotted: str) -> Any:
@@ -394,6 +414,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     qp, searchable, quality_notes = _quality_setup(floors, objectives, quality_profile, model)
     cut, left_out = modeled_space(full_space, base, searchable)
     _check_fixed_lossy(full_space, base, searchable)
+    _check_quality_objective(objectives, cut, floors)
     kv_bytes = parse_kv_memory(kv_memory)
     w = _load_workload(workload, model)
     fitted = fit_workload(w, model)  # (the provenance's digest stays the loaded workload's)
@@ -487,7 +508,11 @@ def fit_machine(space: SearchSpace, profile, target) -> tuple[SearchSpace, list[
 
 class UnmeetableSLO(ValueError):
     """A latency SLO no config can meet on the profiled hardware (`slo_floor_s`): nothing to search. The
-    command exits with the infeasible code (3), not the bad-input one."""
+    command exits with the infeasible code (3), not the bad-input one. ``slo``: the SLO's name."""
+
+    def __init__(self, message: str, slo: str = "") -> None:
+        super().__init__(message)
+        self.slo = slo
 
 
 FLOOR_MAX_BATCH = 64  # decode batches the fastest step is looked for among (a CPU's BLAS can run 2 rows faster than 1)
@@ -511,7 +536,7 @@ def check_slo_floor(slos: Sequence[SLO], target) -> None:
         if s.limit_s < floor_s:
             raise UnmeetableSLO(f"{s}: no config can meet it on the profiled hardware: the fastest step the "
                                 f"profile predicts (one-token decodes, no context) takes {floor_s * 1e3:.1f} ms, "
-                                "and every latency spans at least one step")
+                                "and every latency spans at least one step", str(s))
 
 
 def parse_kv_memory(kv_memory) -> int | None:
@@ -761,6 +786,7 @@ def open_storage(storage, create: bool = True):
         raise ValueError(f"storage {storage!r}: give an Optuna storage URL, e.g. sqlite:///study.db or "
                          "postgresql://user@host/db")
     url = _with_installed_driver(storage)
+    _check_lasting(url, storage)
     # a wrong host or port should fail in seconds, not hang the command
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else \
         {"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql+psycopg") else {}
@@ -775,12 +801,46 @@ def open_storage(storage, create: bool = True):
     except _NoStudies:
         raise ValueError(f"storage {_storage_label(storage)}: holds no Optuna study; create the study first with "
                          "skistune optimize --storage URL --study NAME") from None
-    except ImportError:
-        raise ValueError(f"storage {_storage_label(storage)}: its database driver is not installed (PostgreSQL: "
-                         "pip install psycopg2-binary, the postgres extra of skistune)") from None
+    except ImportError as exc:
+        driver = exc.name or getattr(exc.__cause__, "name", None)  # (Optuna raises its own, from SQLAlchemy's)
+        hint = f"{driver}: pip install {DRIVER_PACKAGES.get(driver, driver)}" if driver else exc
+        raise ValueError(f"storage {_storage_label(storage)}: its database driver is not installed ({hint})") from None
+    except sqlalchemy.exc.NoSuchModuleError:
+        kind = storage.partition("://")[0]
+        why = " (Optuna's journal files are not supported: with no heartbeat, a killed worker's trial would stay " \
+              "running forever)" if kind.startswith("journal") else ""
+        raise ValueError(f"storage {_storage_label(storage)}: cannot open ({kind!r} is not a database SQLAlchemy "
+                         f"knows{why}); give {STORAGE_KINDS}") from None
     except (sqlalchemy.exc.SQLAlchemyError, ValueError) as exc:  # ValueError: e.g. a port that is no number
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"storage {_storage_label(storage)}: cannot open ({reason})") from None
+
+
+# what `pip install` gets a missing database driver (by the module SQLAlchemy failed to import)
+DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary, the postgres extra of skistune", "psycopg": "'psycopg[binary]'",
+                   "MySQLdb": "mysqlclient, or PyMySQL with a mysql+pymysql:// URL", "pymysql": "PyMySQL"}
+# (Optuna's journal files are not among the storages: they have no heartbeat, so a killed worker's trial would
+# stay running forever instead of being retried)
+STORAGE_KINDS = "a SQLite file (sqlite:///study.db) or a server (postgresql://user@host/db, mysql://user@host/db)"
+
+
+def _check_lasting(url: str, storage: str) -> None:
+    """Refuse an in-memory SQLite URL: each connection opens its own empty database (the heartbeat thread's
+    finds no tables), and it is gone when the command ends, so no worker can share it and nothing resumes."""
+    import sqlalchemy.exc
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return  # RDBStorage reports it
+    database = parsed.database or ""
+    in_memory = database in ("", ":memory:") or database.startswith("file::memory:") \
+        or parsed.query.get("mode") == "memory"
+    if parsed.get_backend_name() == "sqlite" and in_memory:
+        raise ValueError(f"storage {storage}: an in-memory SQLite database can be neither shared with workers nor "
+                         f"resumed; give {STORAGE_KINDS} (from Python, storage=optuna.storages.InMemoryStorage() "
+                         "keeps a study in memory)")
 
 
 def _retry_stale_trials() -> dict[str, Any]:
@@ -972,9 +1032,12 @@ def _trial_function(problem: Problem, study) -> Callable:
         if evaluation is None:
             try:
                 evaluation = cache[config] = score(problem, config, start_scale=scale_guess(cache.values()))
-            except ReturnValueError as exc:  # the user's callable: no use trying other configs
+            except Exception as exc:  # the user's callable returned no number, or raised: no use trying others
+                if not isinstance(exc, ReturnValueError) and raised_by(exc) is None:
+                    raise
                 run.failures.append(exc)
-                trial.study.stop()
+                with contextlib.suppress(RuntimeError):  # (raised outside study.optimize: an asked trial, `_simplify`)
+                    trial.study.stop()
                 raise optuna.TrialPruned(str(exc)) from None  # (a failed trial would log Optuna's traceback)
         for key, value in evaluation.to_attrs().items():
             trial.set_user_attr(key, value)
@@ -1012,11 +1075,78 @@ def _trial_feasible(trial) -> bool:
     return violations is not None and all(v <= 0 for v in violations.values())
 
 
-def _progress_of(problem: Problem, study, first_trial: int, total: int) -> Progress:
+def _random_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _worker_tag(seed: int) -> dict[str, Any]:
+    """What each trial records of the process that ran it (its ``worker`` attribute)."""
+    import socket
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "seed": seed}
+
+
+def _tagged(score_trial: Callable, tag_of: Callable[[], Mapping[str, Any]]) -> Callable:
+    """The trial function, recording the tag of the process that runs it with each trial."""
+
+    def objective(trial):
+        trial.set_user_attr("worker", dict(tag_of()))
+        return score_trial(trial)
+
+    objective.failures = score_trial.failures
+    return objective
+
+
+def _ran_here(trial, pids: set[int]) -> bool:
+    """Whether one of the processes ``pids`` of this host ran ``trial`` (by its tag)."""
+    import socket
+
+    tag = trial.user_attrs.get("worker")
+    return isinstance(tag, Mapping) and tag.get("pid") in pids and tag.get("host") == socket.gethostname()
+
+
+def _stopped_here(tag: Any) -> bool:
+    """Whether a trial's tag names a process of this host that is gone (killed before it could end its trial)."""
+    import socket
+
+    if not isinstance(tag, Mapping) or not isinstance(tag.get("pid"), int) or tag.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(tag["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # (another user's process: alive)
+        return False
+    return False
+
+
+def running_notes(study) -> list[str]:
+    """What a run joining ``study`` should know of the trials running in it already: those a stopped process
+    left (its tag names a process of this host that is gone), which the heartbeat fails and retries, and
+    those of another process searching the study now."""
+    import optuna
+
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    stopped = sum(_stopped_here(t.user_attrs.get("worker")) for t in running)
+    others, grace = len(running) - stopped, f"{4 * HEARTBEAT_S} s"
+    notes = []
+    if stopped:
+        notes.append(f"{stopped} trial{'s' * (stopped != 1)} left running by a stopped process: retried once "
+                     f"{'its' if stopped == 1 else 'their'} heartbeat is {grace} stale (by this run if it lasts "
+                     "that long, else by the next)")
+    if others:
+        notes.append(f"another process is running study {study.study_name} ({others} trial{'s' * (others != 1)} "
+                     f"running, or left by a process stopped less than {grace} ago): this run adds its trials to "
+                     "the same study")
+    return notes
+
+
+def _progress_of(problem: Problem, study, first_trial: int, total: int, pids: set[int]) -> Progress:
+    """This run's progress: the trials its processes (``pids``) finished, not another process's in the study."""
     import optuna
 
     trials = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-              if t.number >= first_trial]
+              if t.number >= first_trial and _ran_here(t, pids)]
     feasible = [t.values[0] for t in trials if _trial_feasible(t)]
     pick = max if problem.objectives[0].maximize else min
     return Progress(len(trials), total, len(feasible), pick(feasible) if feasible else None)
@@ -1031,24 +1161,181 @@ def _first_new_trial(study) -> int:
     return max(started, default=-1) + 1
 
 
-def _run_sequential(problem, study, n_trials, timeout, progress) -> None:
-    first = _first_new_trial(study)
-    callbacks = [lambda s, t: progress(_progress_of(problem, s, first, n_trials))] if progress else []
-    _optimize(study, _trial_function(problem, study), n_trials=n_trials, timeout=timeout, callbacks=callbacks)
+class _RunSampler:
+    """The sampler of a run's own process, seeded so that a search is reproducible. A second command searching
+    the same study at once would be seeded alike (the same seed, the same study size) and propose the same
+    configs in lockstep: the first trial number that skips past this run's next one (another process took it)
+    switches this run to a new sampler with a random seed (``joined``: that trial's number)."""
+
+    def __init__(self, study, make: Callable[[int], Any], seed: int):
+        self.study, self.make, self.seed = study, make, seed
+        self.next, self.joined = _first_new_trial(study), None
+        study.sampler = self._watching(make(seed))
+
+    def _watching(self, sampler):
+        proceed = sampler.before_trial
+
+        def before_trial(study, trial) -> None:  # Optuna calls it before the trial samples anything
+            if trial.number > self.next and self.joined is None:
+                self.joined, self.seed = trial.number, _random_seed()
+                self.study.sampler = self._watching(self.make(self.seed))  # (a Trial samples from study.sampler)
+                self.study.sampler.before_trial(study, trial)
+            else:
+                proceed(study, trial)
+            self.next = max(self.next, trial.number + 1)  # (a queued trial popped may be numbered lower)
+
+        sampler.before_trial = before_trial
+        return sampler
+
+    def note(self) -> str | None:
+        if self.joined is None:
+            return None
+        return (f"another process searched study {self.study.study_name} at the same time (from trial "
+                f"{self.joined}): this run sampled with a random seed ({self.seed}) from then on, so that the two do "
+                "not propose the same configs (a search is reproducible from its seed with the study to itself)")
 
 
-def _worker(problem, storage_url, study_name, sampler_name, seed, n_trials, timeout, errors) -> None:
-    """One worker process: its own storage connection and sampler, the shared study."""
+def _run_sequential(problem, study, n_trials, timeout, progress, tag_of) -> None:
+    first, pids = _first_new_trial(study), {os.getpid()}
+    callbacks = [lambda s, t: progress(_progress_of(problem, s, first, n_trials, pids))] if progress else []
+    with _StopsInsideTrials() as gate:
+        _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), tag_of), n_trials=n_trials,
+                  timeout=timeout, callbacks=callbacks)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: a search stopped by it ends as one stopped by Ctrl-C (the running
+    trial marked failed, the finished ones kept) instead of leaving its trial running."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
+    """A command's exit code when a signal stopped it: 128 + the signal, as a shell reports a process the
+    signal killed (130 for Ctrl-C, 143 for SIGTERM)."""
+    return 143 if isinstance(exc, Terminated) else 130
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raises `Terminated` (a KeyboardInterrupt) while the block runs; outside the main thread, where
+    no handler can be set, it stays as it was."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+PR_SET_PDEATHSIG = 1  # Linux prctl(2): the signal a process gets when the thread that forked it ends
+
+
+def _stop_with_parent(parent: int) -> None:
+    """A forked worker stops (SIGTERM: `Terminated`) when the process that forked it dies, instead of searching
+    on as an orphan: killed with SIGKILL, that process cannot stop it. On Linux the kernel sends the signal;
+    elsewhere the worker checks between trials (`_orphaned`)."""
+    import ctypes
+    import sys
+
+    signal.signal(signal.SIGTERM, _terminate)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # (it died before the line above)
+        raise Terminated
+
+
+def _orphaned(parent: int) -> Callable:
+    """An Optuna callback that stops the study once the process that forked this one is gone."""
+    return lambda study, trial: study.stop() if os.getppid() != parent else None
+
+
+class _StopsInsideTrials:
+    """While a search runs, Ctrl-C and SIGTERM (where they raise: Python's Ctrl-C, `sigterm_as_interrupt`, a
+    forked worker) stop it inside a trial, where Optuna marks the trial failed: one that comes while Optuna
+    creates a trial would leave it running with no heartbeat, so that no later run could see it stale and retry
+    it. One that comes between trials waits for the next trial to start, or for the search to end."""
+
+    def __init__(self):
+        self.inside, self.pending, self.previous, self.unraisable = False, None, {}, None
+
+    def __enter__(self):
+        import sys
+        import threading
+
+        self.unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        if threading.current_thread() is threading.main_thread():  # (only there can handlers be set)
+            raising = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _terminate}
+            self.previous = {s: signal.getsignal(s) for s, h in raising.items() if signal.getsignal(s) is h}
+            for s in self.previous:
+                signal.signal(s, self._take)
+        return self
+
+    def _take(self, signum: int, frame: Any) -> None:
+        self.pending = self.pending or (Terminated() if signum == signal.SIGTERM else KeyboardInterrupt())
+        if self.inside:  # (raised where Python drops it, as in a garbage collector's callback, it is pending still)
+            raise self.pending
+
+    def _unraisable(self, unraisable: Any) -> None:
+        if unraisable.exc_value is not self.pending:  # (the stop, dropped there: pending, no traceback printed)
+            self.unraisable(unraisable)
+
+    def wrap(self, objective: Callable) -> Callable:
+        def run(trial):
+            self.inside = True
+            try:
+                if self.pending is not None:
+                    raise self.pending
+                return objective(trial)
+            finally:
+                self.inside = False
+
+        run.failures = objective.failures
+        return run
+
+    def __exit__(self, *exc_info) -> None:
+        import sys
+
+        sys.unraisablehook = self.unraisable
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        if self.pending is not None and exc_info[0] is None:
+            raise self.pending
+
+
+def _seconds_left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, parent, errors) -> None:
+    """One forked worker process: its own storage connection and sampler, the shared study, until ``deadline``
+    (`time.monotonic`, shared by the processes of a machine). Its seed is random, as `skistune worker`'s: the
+    order of the workers' trials is the machine's, so no seed makes their search reproducible, and two runs
+    started together must not propose the same configs; each trial records it."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    seed = _random_seed()  # (Optuna's verbosity is the parent's: `_quiet_optuna`, or the CLI's)
     try:
+        _stop_with_parent(parent)
+        left = _seconds_left(deadline)
+        if left is not None and left <= 0:
+            return
         sampler = make_sampler(sampler_name, seed=seed, problem=problem, parallel=True, n_trials=n_trials)
         study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url), sampler=sampler)
-        _optimize(study, _trial_function(problem, study), n_trials=n_trials, timeout=timeout)
+        with _StopsInsideTrials() as gate:
+            _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), lambda: _worker_tag(seed)),
+                      n_trials=n_trials, timeout=left, callbacks=[_orphaned(parent)])
     except (ValueError, OSError, KeyError) as exc:
         errors.put(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, its parent gone: its trial failed, the parent reports
+        raise SystemExit(130) from None
 
 
 def _shares(n_trials: int, n_jobs: int) -> list[int]:
@@ -1057,35 +1344,64 @@ def _shares(n_trials: int, n_jobs: int) -> list[int]:
     return [n for n in shares if n]
 
 
-def _run_parallel(problem, study, storage_url, sampler_name, seed, n_trials, timeout, n_jobs, progress) -> list[str]:
-    """``n_jobs`` forked worker processes on one storage; this process reports progress from the storage."""
+STOP_WAIT_S = 5.0  # how long a worker may take to stop once told (it marks its running trial failed)
+
+
+def _stop_workers(workers: Sequence, wait_s: float) -> None:
+    """No worker left running: those still running after ``wait_s`` (Ctrl-C reached them too: they stop by
+    themselves) get SIGTERM (each fails its running trial), then, still running `STOP_WAIT_S` later (the
+    signal landed where Python drops exceptions), SIGKILL (the heartbeat fails and retries their trial)."""
+    started = [w for w in workers if w.pid is not None]
+    for stop in (None, "terminate", "kill"):
+        for w in started:
+            if stop and w.is_alive():
+                getattr(w, stop)()
+        deadline = time.monotonic() + (wait_s if stop is None else STOP_WAIT_S)
+        for w in started:
+            w.join(max(0.0, deadline - time.monotonic()))
+
+
+def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, n_jobs, progress,
+                  tag_of) -> list[str]:
+    """``n_jobs`` forked worker processes on one storage; this process reports progress from the storage.
+    ``timeout`` bounds the whole search: the queued trials run here first, the workers get the time left."""
     import multiprocessing
 
     import optuna
 
     ctx = multiprocessing.get_context("fork")
     errors = ctx.Queue()
-    first = _first_new_trial(study)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    first, pids = _first_new_trial(study), {os.getpid()}
+    report = (lambda *_: progress(_progress_of(problem, study, first, n_trials, pids))) if progress else None
     left = n_trials
     queued = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
     if queued:
         # queued trials (the baseline) run here before the workers start: SQLite has no row locks, so two
         # processes may both pop one WAITING trial, and the second then fails to tell a trial already COMPLETE
-        callbacks = [lambda s, t: progress(_progress_of(problem, s, first, n_trials))] if progress else []
-        _optimize(study, _trial_function(problem, study), n_trials=min(queued, left), timeout=timeout,
-                  callbacks=callbacks)
+        with _StopsInsideTrials() as gate:
+            _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), tag_of), n_trials=min(queued, left),
+                      timeout=timeout, callbacks=[report] if report else [])
         left -= min(queued, left)
-    workers = [ctx.Process(target=_worker, args=(problem, storage_url, study.study_name, sampler_name,
-                                                   seed + 7919 * (i + 1), share, timeout, errors))
-               for i, share in enumerate(_shares(left, n_jobs))]
-    for w in workers:
-        w.start()
-    while any(w.is_alive() for w in workers):
-        if progress:
-            progress(_progress_of(problem, study, first, n_trials))
-        time.sleep(0.5)
-    if progress:
-        progress(_progress_of(problem, study, first, n_trials))
+    workers = [ctx.Process(target=_worker, args=(problem, storage_url, study.study_name, sampler_name, share,
+                                                   deadline, os.getpid(), errors))
+               for share in _shares(left, n_jobs)]
+    wait_s = 0.0
+    try:
+        for w in workers:
+            w.start()
+            pids.add(w.pid)
+        while any(w.is_alive() for w in workers):
+            if report:
+                report()
+            time.sleep(0.5)
+    except KeyboardInterrupt as exc:
+        wait_s = 0.0 if isinstance(exc, Terminated) else STOP_WAIT_S  # (Ctrl-C reached the workers too)
+        raise
+    finally:  # (however this process stops, it leaves no worker running)
+        _stop_workers(workers, wait_s)
+    if report:
+        report()
     messages = [errors.get() for _ in range(sum(w.exitcode == 2 for w in workers))]
     if messages:
         raise ValueError(messages[0])
@@ -1280,8 +1596,6 @@ def join_study(storage: Any, study_name: str, *, seed: int | None = None) -> Wor
     """Check and load everything a worker needs before any trial runs: the study (never created here), its
     recipe, the rebuilt problem (checked against the study's identity like any resume), this worker's
     sampler. ``seed`` None draws a random one, so that workers started at once propose different configs."""
-    import socket
-
     import optuna
 
     _existing_sqlite(storage)
@@ -1297,11 +1611,10 @@ def join_study(storage: Any, study_name: str, *, seed: int | None = None) -> Wor
                          "skistune); resume it once with skistune optimize to store one")
     problem, search = problem_from_recipe(recipe)
     study = open_study(problem, opened, study_name, sampler=None)
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    seed = _random_seed() if seed is None else seed
     study.sampler = make_sampler(search["sampler"], seed=seed, problem=problem, parallel=True,
                                  n_trials=search["n_trials"])
-    return WorkerJob(problem, study, seed, MappingProxyType({"host": socket.gethostname(), "pid": os.getpid(),
-                                                             "seed": seed}))
+    return WorkerJob(problem, study, seed, MappingProxyType(_worker_tag(seed)))
 
 
 def run_worker(job: WorkerJob, *, n_trials: int, timeout: float | None = None,
@@ -1311,16 +1624,11 @@ def run_worker(job: WorkerJob, *, n_trials: int, timeout: float | None = None,
 
     _check_counts(n_trials, 1, 0, timeout)
     tag = dict(job.tag)
-    score_trial = _trial_function(job.problem, job.study)
-
-    def objective(trial):
-        trial.set_user_attr("worker", tag)
-        return score_trial(trial)
-
-    objective.failures = score_trial.failures
-    first = _first_new_trial(job.study)
-    callbacks = [lambda s, t: progress(_progress_of(job.problem, s, first, n_trials))] if progress else []
-    _optimize(job.study, objective, n_trials=n_trials, timeout=timeout, callbacks=callbacks)
+    first, pids = _first_new_trial(job.study), {tag["pid"]}
+    callbacks = [lambda s, t: progress(_progress_of(job.problem, s, first, n_trials, pids))] if progress else []
+    with _StopsInsideTrials() as gate:
+        _optimize(job.study, _tagged(gate.wrap(_trial_function(job.problem, job.study)), lambda: tag),
+                  n_trials=n_trials, timeout=timeout, callbacks=callbacks)
     mine = [t for t in job.study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == tag]
     states = optuna.trial.TrialState
     return WorkerRun(job, sum(t.state == states.COMPLETE for t in mine), sum(t.state == states.FAIL for t in mine),
@@ -1346,11 +1654,14 @@ def _distinct(evaluations: Sequence[Evaluation]) -> list[Evaluation]:
 def _sort_key(problem: Problem, e: Evaluation) -> tuple:
     """Best first objective first; ties (capacity comes in steps of the search precision) go to the config
     with less energy per token, then to the one that reserves less host memory and disk for KV tiers (a tier
-    the workload never fills changes no figure, but a deployment still sets it aside), then the earlier trial."""
+    the workload never fills changes no figure, but a deployment still sets it aside), then the earlier trial
+    (the baseline is trial 0). Both figures are compared as the front rule compares them (`_noise_free`): a
+    J/token lower by float summation noise (1e-16) had ranked a config with an unused 8 GiB host tier before
+    the baseline it equals."""
     first = -e.values[0] if problem.objectives[0].maximize else e.values[0]
+    first, energy = _noise_free((first, e.figures.get("energy_j_per_token", 0.0)))
     offload = e.config.offload
-    return (first, e.figures.get("energy_j_per_token", 0.0), offload.host_kv_bytes, offload.disk_kv_bytes,
-            e.trial if e.trial is not None else -1)
+    return (first, energy, offload.host_kv_bytes, offload.disk_kv_bytes, e.trial if e.trial is not None else -1)
 
 
 def ranked(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
@@ -1787,7 +2098,12 @@ def _storage_label(storage) -> str:
 
 
 def _scored(problem: Problem, e: Evaluation) -> dict[str, Any]:
-    return {"objectives": {o.name: v for o, v in zip(problem.objectives, e.values)}, **dict(e.figures)}
+    """The objectives and figures; byte counts as integers, exact as ``kv_peak_bytes`` beside them (`_clean`
+    keeps 4 significant digits of a float: 51240960 bytes had read 51240000.0)."""
+    def exact(o: Objective, v: float) -> float | int:
+        return int(v) if o.unit == "bytes" and math.isfinite(v) and v == int(v) else v
+
+    return {"objectives": {o.name: exact(o, v) for o, v in zip(problem.objectives, e.values)}, **dict(e.figures)}
 
 
 def _measured_provenance(result: OptimizeResult) -> dict[str, Any] | None:
@@ -1933,22 +2249,39 @@ def baseline_outside_space(problem: Problem) -> dict[str, Any]:
     return {name: _value(base, name) for name in knob_fields() if _value(base, name) != _value(nearest, name)}
 
 
+def beats_anywhere(problem: Problem, a: Evaluation, b: Evaluation) -> bool:
+    """Whether ``a`` `beats` ``b`` on some objective (by more than `REFINE_PRECISION`): where it does not,
+    ``a`` gains nothing over ``b`` that the search can resolve."""
+    return any(beats(problem, x, y, o) for o, x, y in zip(problem.objectives, a.values, b.values))
+
+
+def _values_text(problem: Problem, a: Evaluation, b: Evaluation) -> str:
+    """``capacity 0.4995 vs 0.4995, energy 0.6735 vs 0.6735``: each objective of ``a`` against ``b``."""
+    return ", ".join(f"{o.name} {x:.4g} vs {y:.4g}" for o, x, y in zip(problem.objectives, a.values, b.values))
+
+
 def _baseline_on_ties(problem: Problem, refined: list[Evaluation], baseline: Evaluation,
                       evaluations: Sequence[Evaluation]) -> tuple[list[Evaluation], list[str]]:
-    """When the baseline (a trial of this space) ties with the best config (`beats`), it goes first, so that
-    nothing is changed for a gain below the resolution. Returns the refined list and a note saying so."""
-    if len(problem.objectives) > 1 or not refined:
+    """When the baseline (a trial of this space) ties with the best config (`beats`: with several objectives,
+    the best beats it on none), it goes first, so that nothing is changed for a gain below the resolution.
+    Returns the refined list and a note saying so."""
+    if not refined:
         return refined, []
     as_trial = _baseline_as_trial(baseline, evaluations)
     best = refined[0]
     if as_trial is None or not baseline.feasible or best.config == as_trial.config or not best.feasible:
         return refined, []
-    if beats(problem, best.values[0], baseline.values[0]):
+    if beats_anywhere(problem, best, baseline):
         return refined, []
     rest = [e for e in refined if e.config != as_trial.config]
-    note = (f"the best config's predicted {problem.objectives[0].name} ({best.values[0]:.4g} vs "
-            f"{baseline.values[0]:.4g}) is within {REFINE_PRECISION:.0%} of the baseline's: a tie, so the baseline "
-            "is ranked first")
+    if len(problem.objectives) == 1:
+        note = (f"the best config's predicted {problem.objectives[0].name} ({best.values[0]:.4g} vs "
+                f"{baseline.values[0]:.4g}) is within {REFINE_PRECISION:.0%} of the baseline's: a tie, so the "
+                "baseline is ranked first")
+    else:
+        note = (f"the best config (trial {best.trial}) is predicted better than the baseline by no more than "
+                f"{REFINE_PRECISION:.0%} on every objective ({_values_text(problem, best, baseline)}): a tie, so "
+                "the baseline is ranked first")
     return [as_trial, *rest][:len(refined)], [note]
 
 
@@ -1974,10 +2307,12 @@ def _trial(study, number: int):
 def _simplify(problem: Problem, study, refined: list[Evaluation],
               stage: Callable[[str], None]) -> tuple[list[Evaluation], list[str]]:
     """The best config with each of `SIMPLIFY_GROUPS` back at the baseline's values where the space can
-    express them, each kept only if the config stays feasible and its predicted first objective within a tie
-    (`beats`) of the best's. Each try is a trial of the study (enqueued, so `skistune report` sees it), then
-    refined as the top configs were. Single objective only (a front has no one best to simplify)."""
-    if len(problem.objectives) > 1 or not refined or not refined[0].feasible or refined[0].trial is None \
+    express them, each kept only if the config stays feasible and the best beats it on no objective
+    (`beats_anywhere`: within a tie on each). Each try is a trial of the study (enqueued, so `skistune report`
+    sees it), then refined as the top configs were. With several objectives the best is the one written (#1)."""
+    import optuna
+
+    if not refined or not refined[0].feasible or refined[0].trial is None \
             or refined[0].config.effective() == problem.base.effective():
         return refined, []
     first = best = refined[0]
@@ -2000,7 +2335,12 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
             with warnings.catch_warnings():  # (a storage with heartbeats warns that ask and tell don't send them)
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
                 trial = study.ask()  # (the enqueued one: ask and tell, so that another worker's trial is never read)
-                study.tell(trial, run(trial))
+                try:
+                    values = run(trial)
+                except optuna.TrialPruned:  # a user's callable failed on this config: its error, once
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    raise run.failures[0] from None
+                study.tell(trial, values)
             trial = _trial(study, trial.number)
         if "config" not in trial.user_attrs:
             continue
@@ -2009,16 +2349,27 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
             continue
         fine = replace(score(problem, tried.config, precision=REFINE_PRECISION, start_scale=tried.rate_scale),
                        trial=tried.trial)
-        if fine.feasible and not beats(problem, first.values[0], fine.values[0]):
+        if fine.feasible and not beats_anywhere(problem, first, fine):
             best, params = fine, dict(_trial(study, tried.trial).params)
             reverted.append(label)
     if best is first:
         return refined, []
     name = problem.objectives[0].name
+    within = f"within {REFINE_PRECISION:.0%} of its {name} ({best.values[0]:.4g} vs {first.values[0]:.4g})" \
+        if len(problem.objectives) == 1 else \
+        f"no more than {REFINE_PRECISION:.0%} worse on any objective ({_values_text(problem, best, first)})"
     note = (f"trial {first.trial} with its {', '.join(reverted)} as the baseline's (trial {best.trial}) is predicted "
-            f"within {REFINE_PRECISION:.0%} of its {name} ({best.values[0]:.4g} vs {first.values[0]:.4g}): the "
-            "simpler config is ranked first")
+            f"{within}: the simpler config is ranked first")
     return [best] + [e for e in refined if e.config != best.config][:len(refined) - 1], [note]
+
+
+def front_with(problem: Problem, front: list[Evaluation], chosen: Evaluation) -> list[Evaluation]:
+    """The front with the chosen (written) config on it. It is missing where it ranks first on a tie with a
+    config that beats it by less than the resolution (`_baseline_on_ties`, `_simplify`): those configs are
+    the same point as it, as the front rule keeps one of equal points, and leave the front for it."""
+    if not chosen.feasible or any(e.config == chosen.config for e in front):
+        return front
+    return [chosen] + [e for e in front if beats_anywhere(problem, e, chosen)]
 
 
 def _search_trials(study) -> int:
@@ -2056,9 +2407,24 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
         study.set_user_attr(VALIDATED_ATTR, [validation_record(v) for v in validated])
     study.set_user_attr(CHOSEN_ATTR, best[0].config.to_dict())
     study.set_user_attr(REFINED_ATTR, {"best": [e.to_record() for e in best], "baseline": baseline.to_record()})
-    pareto = pareto_front(problem, with_refined(evaluations, [*refined, baseline]))
+    pareto = front_with(problem, pareto_front(problem, with_refined(evaluations, [*refined, baseline])), best[0])
+    notes += [n for n in (ilp_note(study), ceiling_note(problem, best[0])) if n]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
-            "trials": _search_trials(study), "notes": tie_notes + notes + [n for n in (ilp_note(study),) if n]}
+            "trials": _search_trials(study), "notes": tie_notes + notes}
+
+
+def ceiling_note(problem: Problem, best: Evaluation) -> str | None:
+    """When the best config met every constraint at the highest rate the capacity search tries: its capacity
+    is a lower bound, not a measurement of where a constraint starts to bind (a loose SLO had printed
+    5,663 req/s, exactly 1024 x the workload's rate, as if it were a capacity)."""
+    from skistune.simulator import MAX_RATE_SCALE
+
+    if not problem.at_capacity or best.rate_scale < MAX_RATE_SCALE:
+        return None
+    return (f"capacity at least {best.figures['rate_rps']:.4g} req/s: every constraint held at {MAX_RATE_SCALE:g}x "
+            "the workload's rate, the highest the search tries, so none binds there and the configs' capacities "
+            "are not told apart; tighten the constraints, or raise the workload's own rate (--rate, --rate-scale) so the search "
+            "reaches higher")
 
 
 def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any = "capacity", direction: Any = None,
@@ -2087,7 +2453,8 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
     `Runtime` to validate with. An infeasible problem is a result (``result.feasible`` False,
     ``result.binding``, ``result.closest``); bad input raises ``ValueError`` before any trial runs (a
     callable objective or constraint is checked against ``f(metrics)`` / ``f(metrics, config)`` then); one that
-    returns something other than a number stops the search at that trial with a ``ValueError`` naming it.
+    returns something other than a finite number stops the search at that trial with a ``ValueError`` naming
+    it, and one that raises stops it with its own exception.
     """
     _check_counts(n_trials, n_jobs, validate, timeout)
     if sampler not in SAMPLERS:
@@ -2129,15 +2496,17 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
     study = open_study(problem, open_storage(storage), name, sampler=None)
     store_recipe(study, problem, sampler=sampler, seed=seed, n_trials=n_trials)  # what `skistune worker` reads
     existing = len(study.get_trials(deepcopy=False))
-    study.sampler = make_sampler(sampler, seed=seed + existing, problem=problem, parallel=n_jobs > 1,
-                                 n_trials=n_trials)
+    sampling = _RunSampler(study, lambda s: make_sampler(sampler, seed=s, problem=problem, parallel=n_jobs > 1,
+                                                         n_trials=n_trials), seed + existing)
     notes = list(problem.notes)
     if validate and runtime is None and n_jobs == 1:
         runtime = load_runtime_in_background(problem)
     if n_jobs == 1:
-        _run_sequential(problem, study, n_trials, timeout, progress)
+        _run_sequential(problem, study, n_trials, timeout, progress, lambda: _worker_tag(sampling.seed))
     else:
-        notes += _run_parallel(problem, study, storage, sampler, seed + existing, n_trials, timeout, n_jobs, progress)
+        notes += _run_parallel(problem, study, storage, sampler, n_trials, timeout, n_jobs, progress,
+                               lambda: _worker_tag(sampling.seed))
+    notes += [n for n in (sampling.note(),) if n]
     fields_ = finish(problem, study, top_k=validate, runtime=runtime, on_stage=on_stage)
     fields_["notes"] = notes + fields_["notes"]
     return OptimizeResult(problem, study, _storage_label(storage), seed=seed, sampler=sampler, **fields_)

@@ -64,14 +64,16 @@ def _workload(spec: str, *, requests: int | None, first: int | None, window: str
     return load_workload(spec, requests=requests, first=first, window_s=parse_window(window), **options)
 
 
-def _profile(path: str | None, model: str) -> Any:
-    """The given file, or this machine's cached quick profile (measured now, once, when missing)."""
+def profile_or_measure(path: str | None, model: str) -> Any:
+    """The given file, or this machine's cached quick profile (measured now, once, when missing: with a
+    status line, as `skistune optimize` and `skistune evaluate` both need it)."""
     if path is not None:
         return path
     from skistune.profile import cached_profile_path, default_profile, machine_fingerprint
 
     if not cached_profile_path(model, "cpu", machine_fingerprint("cpu")).is_file():
-        with err_console.status(f"measuring this machine's profile for {model} (about 35 s, once: it is cached)"):
+        with err_console.status(f"measuring this machine's quick profile for {model} (up to a minute, more on a "
+                                "busy machine; once: it is cached)"):
             return default_profile(model, "cpu")
     return default_profile(model, "cpu")
 
@@ -90,6 +92,8 @@ def _value(o, v: float) -> str:
         return f"{v:.3g} J/token"
     if o.name == "memory":
         return f"{v / 2**20:,.1f} MiB"
+    if o.name == "quality":  # (the relative increase of the mean window's perplexity, as the quality column)
+        return f"{_loss(v)} ppl"
     return f"{v:.4g}"
 
 
@@ -137,7 +141,8 @@ def best_table(result) -> Table:
     for col in ("#", "trial"):
         t.add_column(col)
     for o in p.objectives:
-        t.add_column(f"energy ({p.profile.power.source})" if o.name == "energy" else o.name, justify="right")
+        t.add_column(f"energy ({p.profile.power.source})" if o.name == "energy" else
+                     "quality (Δppl mean)" if o.name == "quality" else o.name, justify="right")
     for s in p.slos:
         t.add_column(f"{s.metric.upper()} {s.percentile} (ms)", justify="right")
     energy = "energy" not in [o.name for o in p.objectives]  # (an energy objective is this figure already)
@@ -255,8 +260,13 @@ def pareto_knob_lines(result) -> list[str]:
 def validation_table(result) -> Table:
     p = result.problem
     first = result.validated[0].measured.figures["requests"]
-    t = Table(title=f"Validated on the real runtime: {first} requests of {p.workload.name}, lengths capped, "
-                    "replayed at the rate the simulator chose (predicted / measured)", title_justify="left")
+    from skistune.optimize import VALIDATE_MAX_INPUT, VALIDATE_MAX_OUTPUT
+
+    # (the slice's own figures: its capacity and J/token are not the search workload's in the table above)
+    t = Table(title=f"Validated on the real runtime: the first {first} requests of {p.workload.name}, prompts "
+                    f"capped at {VALIDATE_MAX_INPUT} tokens and outputs at {VALIDATE_MAX_OUTPUT}, replayed at the "
+                    "slice's own predicted capacity (predicted / measured; not the search workload's figures)",
+              title_justify="left")
     for col in ("config", "rate (req/s)"):
         t.add_column(col)
     for s in p.slos:
@@ -301,8 +311,7 @@ def gain_lines(result) -> list[str]:
 
     p, label = result.problem, f"{result.problem.baseline_engine} defaults"
     if result.best and result.best[0].config.effective() == result.baseline.config.effective():
-        return [f"the best config found is the baseline itself ({label}): nothing to change for this workload "
-                "on this hardware"]
+        return [baseline_verdict(result.trials, label)]
     outside = baseline_outside_space(p)
     lines = [f"the {p.full_space.name} space cannot express the baseline ({label}): "
              f"{', '.join(f'{k} {_short(v)}' for k, v in outside.items())} is outside it, so the search never tried "
@@ -316,6 +325,9 @@ def gain_lines(result) -> list[str]:
         elif tie(p, o, tuned, base):  # (the rule that ranks the baseline first: no gain to claim)
             lines.append(f"against the baseline ({label}), predicted: {name} a tie ({_value(o, tuned)} vs "
                          f"{_value(o, base)}, within {REFINE_PRECISION:.0%}: below what the search resolves)")
+        elif name == "quality":  # (a ratio of losses says nothing against a lossless baseline's 0: "x0.00")
+            lines.append(f"against the baseline ({label}), predicted: quality loss {_value(o, tuned)} vs "
+                         f"{_value(o, base)}")
         else:
             lines.append(f"gain over the baseline ({label}), predicted: {name} x{_fmt(ratio, digits=2)}")
     measured = result.measured_gain()
@@ -338,6 +350,17 @@ def gain_lines(result) -> list[str]:
                     lines.append(f"gain over the baseline, measured: {o.name} x{_fmt(measured[o.name], digits=2)}"
                                  f"{tied}")
     return lines
+
+
+def baseline_verdict(trials: int, label: str) -> str:
+    """The best config is the baseline: nothing to change, once the search has tried enough configs (the
+    default number of trials); after fewer, a verdict of so few trials, with how to add more."""
+    found = f"the best config found is the baseline itself ({label}), in {trials} trial{'s' * (trials != 1)}"
+    if trials >= DEFAULT_TRIALS:
+        return f"{found}: nothing to change for this workload on this hardware"
+    tried = "only the baseline was tried" if trials == 1 else f"fewer than the default {DEFAULT_TRIALS}"
+    return (f"{found}: too few to conclude that nothing is to change ({tried}); the same command adds trials to "
+            "the study (--trials N: how many)")
 
 
 def infeasible_report(result) -> str | None:
@@ -544,7 +567,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     import optuna
 
     from skistune.optimize import (SAMPLERS, UnmeetableSLO, build_problem, default_storage, default_study_name,
-                                   open_storage, open_study)
+                                   open_storage, open_study, running_notes)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
     check_out_file(out, "--out")
@@ -556,13 +579,15 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
                   max_input=max_input, max_output=max_output)
     try:
         problem = build_problem(w, slo=slo or (), objective=",".join(objective or ["capacity"]), energy=energy, quality=quality or (),
-                                model=model, profile=functools.partial(_profile, profile, model), space=space,
+                                model=model, profile=functools.partial(profile_or_measure, profile, model), space=space,
                                 target=target, max_queue_s=parse_max_queue(max_queue),
                                 quality_profile=quality_profile, kv_memory=kv_memory)
     except UnmeetableSLO as exc:  # infeasible before any search: exit 3, as when no trial meets it
         err_console.print(f"[bold red]infeasible:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        if json_out:
-            print_json({"feasible": False, "trials": 0, "unmeetable": str(exc)})
+        if json_out:  # (the keys of the other infeasible summary that mean something before any trial)
+            print_json({"feasible": False, "feasible_predicted": False, "feasible_measured": None, "trials": 0,
+                        "out": None, "best": None, "pareto": [], "binding": {exc.slo: 0}, "closest": [],
+                        "why": str(exc), "unmeetable": str(exc)})
         raise typer.Exit(EXIT_INFEASIBLE) from None
     name = study or default_study_name(problem)
     resume = f"--study {name}" + (f" --storage {storage}" if storage else "")  # (how to add trials later)
@@ -570,21 +595,28 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
     existing = open_study(problem, open_storage(storage), name, sampler=None)
     print_notes(w)  # (every input checked: what the workload's reader noticed, before the search)
-    _say_resumed(existing, name, trials)
+    done = _say_resumed(existing, name, trials)
+    for note in running_notes(existing):  # (another process's trials, or a killed one's)
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     _warn_broken_alone(problem)
     result = _solve_with_progress(problem, n_trials=trials, timeout=timeout, storage=storage, study_name=name,
                                   n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
+    if timeout is not None and result.trials - done < trials:  # (nothing else ends a search early without an error)
+        result.notes.append(f"the search stopped at --timeout {timeout:g}s after {result.trials - done} of {trials} "
+                            "trials; the same command adds trials to the study")
     _report(result, out, json_out, resume)
 
 
-def _say_resumed(study, name: str, trials: int) -> None:
-    """One line when the study has trials already: the search adds to them, and the result ranks them all."""
+def _say_resumed(study, name: str, trials: int) -> int:
+    """One line when the study has trials already: the search adds to them, and the result ranks them all.
+    Returns how many it has."""
     from skistune.optimize import _search_trials
 
     done = _search_trials(study)
     if done:
         err_console.print(escape(f"resuming study {name}: {done} finished trial{'s' * (done != 1)}, running "
                                  f"{trials} more"), highlight=False, soft_wrap=True)
+    return done
 
 
 def _warn_broken_alone(problem) -> None:
@@ -603,8 +635,9 @@ def _warn_broken_alone(problem) -> None:
 
 def _solve_with_progress(problem, *, n_trials: int, **options: Any):
     """`skistune.optimize.solve` under a progress bar (trials done, feasible count, best so far, then the
-    refinement and validation stages); Ctrl-C keeps the finished trials and says how to resume."""
-    from skistune.optimize import solve
+    refinement and validation stages); Ctrl-C (exit 130) or SIGTERM (exit 143) keeps the finished trials and
+    says how to resume."""
+    from skistune.optimize import Terminated, interrupted_exit_code, sigterm_as_interrupt, solve
 
     feasible = [0]
 
@@ -617,13 +650,14 @@ def _solve_with_progress(problem, *, n_trials: int, **options: Any):
         bar.update(task, description=message, status=f"feasible {feasible[0]}")
 
     try:
-        with _search_bar() as bar:
+        with sigterm_as_interrupt(), _search_bar() as bar:
             task = bar.add_task("search", total=n_trials, status="")
             return solve(problem, n_trials=n_trials, progress=on_progress, on_stage=on_stage, **options)
-    except KeyboardInterrupt:
-        err_console.print("interrupted: finished trials are kept in the study; run the same command (or pass "
+    except KeyboardInterrupt as exc:
+        stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        err_console.print(f"{stopped}: finished trials are kept in the study; run the same command (or pass "
                           "--study) to resume", highlight=False)
-        raise typer.Exit(130) from None
+        raise typer.Exit(interrupted_exit_code(exc)) from None
 
 
 def _report(result, out: Path, json_out: bool, resume: str) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 from skistune.config import KVConfig
 from skistune.objectives import structural_changes
 from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINED_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed,
-                               infeasibility, nondominated, ranked, score, with_refined)
+                               front_with, infeasibility, nondominated, ranked, score, with_refined)
 from skistune.plotting import log_axis, wants_log
 
 DEFAULT_TOP_K = 5  # best configs shown
@@ -131,7 +131,10 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
         from skistune.optimize_cli import why_no_rate_line
 
         why = why_no_rate_line(problem, closest)
-    return Report(problem, study, label, tuple(pool), best, tuple(tradeoff_front(problem, pool)),
+    front = tradeoff_front(problem, pool)
+    if refined is not None and best:  # the written config on the front, as optimize shows it (a tie it won)
+        front = front_with(problem, front, best[0])
+    return Report(problem, study, label, tuple(pool), best, tuple(front),
                   baseline or score(problem, problem.base), validated, binding, tuple(closest), importance, method,
                   note, why, refined=0 if refined is None else len(refined["best"]))
 

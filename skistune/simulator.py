@@ -427,6 +427,9 @@ class Capacity:
     evaluations: int
 
 
+MAX_RATE_SCALE = 1024.0  # the highest arrival-rate scale `capacity` tries: a capacity there is "at least"
+
+
 def _log2_scales(min_scale: float, max_scale: float) -> tuple[float, float]:
     """log2 of the lowest and highest rate scales the capacity search tries, checked."""
     for name, value in (("min_scale", min_scale), ("max_scale", max_scale)):
@@ -450,7 +453,7 @@ def lattice_step(precision: float) -> float:
 
 
 def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Sequence,
-             *, precision: float = 0.02, max_scale: float = 1024.0, min_scale: float = 1 / 1024,
+             *, precision: float = 0.02, max_scale: float = MAX_RATE_SCALE, min_scale: float = 1 / 1024,
              start: float | None = None) -> Capacity:
     """The highest arrival-rate scale at which every SLO holds, as Vidur-Search and AIConfigurator report
     capacity, to ``precision`` relative.

@@ -1,11 +1,12 @@
-"""`skistune worker --storage URL --study NAME`: one more worker on an existing study. It only runs trials:
-the problem (workload, profile, SLOs, constraints, search space, sampler) is the one the study's creator
+"""`skistune worker STUDY --storage URL` (or `--study STUDY`): one more worker on an existing study. It only
+runs trials: the problem (workload, profile, SLOs, constraints, search space, sampler) is the one the study's creator
 (`skistune optimize --storage URL --study NAME`) stored in the study, so any machine that reaches the
 storage can join. Run `skistune optimize` with the same storage and study again to refine, validate and
 write the tuned config from every worker's trials.
 
 Exit codes: 0 done, 2 bad input (one line on stderr: a storage that cannot be opened, a missing study, a
-study whose problem is Python code), 130 interrupted (finished trials are kept).
+study whose problem is Python code), 130 interrupted (Ctrl-C) and 143 terminated (SIGTERM): its running trial
+is marked failed, the finished ones are kept.
 """
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ from skistune.cli import app, cli_errors, err_console, print_json
 StorageArg = Annotated[Optional[str], typer.Option(
     "--storage", help="the study's Optuna storage URL, e.g. postgresql://user@host/db (default: "
                       "sqlite:///skistune-STUDY.db in this folder, where skistune optimize puts it)")]
-StudyArg = Annotated[str, typer.Option("--study", help="name of an existing study (made by skistune optimize)")]
+StudyArg = Annotated[Optional[str], typer.Argument(
+    metavar="STUDY", help="name of an existing study (made by skistune optimize), as skistune report takes it",
+    show_default=False)]
+StudyOpt = Annotated[Optional[str], typer.Option("--study", help="the study, as an option (as skistune optimize "
+                                                                 "takes it)")]
 TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="trials this worker adds to the study")]
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001,
                                                      help="stop after this many seconds")]
@@ -35,21 +40,22 @@ def _run(job, trials: int, timeout: float | None):
     import sqlalchemy.exc
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from skistune.optimize import run_worker
+    from skistune.optimize import interrupted_exit_code, run_worker, sigterm_as_interrupt
 
     bar = Progress(SpinnerColumn(), TextColumn("[bold]worker"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=err_console)
     try:
-        with bar:
+        with sigterm_as_interrupt(), bar:
             task = bar.add_task("trials", total=trials)
             return run_worker(job, n_trials=trials, timeout=timeout,
                               progress=lambda p: bar.update(task, completed=p.done))
     except sqlalchemy.exc.SQLAlchemyError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"storage: {reason}") from None
-    except KeyboardInterrupt:
-        err_console.print("interrupted: finished trials are kept in the study", highlight=False)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        stopped = "interrupted" if interrupted_exit_code(exc) == 130 else "terminated"
+        err_console.print(f"{stopped}: finished trials are kept in the study", highlight=False)
+        raise typer.Exit(interrupted_exit_code(exc)) from None
 
 
 def _best(job) -> Any:
@@ -61,19 +67,27 @@ def _best(job) -> Any:
 
 
 @cli_errors
-def worker(study: StudyArg, storage: StorageArg = None, trials: TrialsOpt = 10, timeout: TimeoutOpt = None,
-           seed: SeedOpt = None, json_out: JsonOpt = False) -> None:
+def worker(study_arg: StudyArg = None, study: StudyOpt = None, storage: StorageArg = None, trials: TrialsOpt = 10,
+           timeout: TimeoutOpt = None, seed: SeedOpt = None, json_out: JsonOpt = False) -> None:
     """Run trials of an existing study as one more worker (on this or any machine that reaches the storage);
     the study's creator stored everything a worker needs."""
     import optuna
 
-    from skistune.optimize import _storage_label, default_storage, join_study
+    from skistune.optimize import _storage_label, default_storage, join_study, running_notes
     from skistune.optimize_cli import _best_text
 
+    if study_arg and study and study_arg != study:
+        raise ValueError(f"two studies given: {study_arg} and --study {study}; give one")
+    study = study_arg or study
+    if not study:
+        raise ValueError("no study given: skistune worker STUDY (or --study STUDY), a study made by skistune "
+                         "optimize --study STUDY")
     storage = storage or default_storage(study)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
     job = join_study(storage, study, seed=seed)  # every check before the first trial (and the progress bar)
+    for note in running_notes(job.study):  # (the other workers' trials, or a killed one's)
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     run = _run(job, trials, timeout)
     best, objective = _best(job), job.problem.objectives[0].name
     err_console.print(escape(f"worker (seed {job.seed}) finished {run.finished} trials of study {study} in "

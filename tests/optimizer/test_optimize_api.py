@@ -207,8 +207,8 @@ def test_quality_floor_is_zero_loss_without_structural_knobs_and_unknown_without
     lossy = baseline_config().with_knobs({"eviction.policy": "h2o", "eviction.budget_fraction": 0.5})
     assert predict_quality(lossy) is None
     problem = build_problem(workload, slo="p99=200ms", quality=["ppl+1%", "needle>=0.95"], profile=profile)
-    assert score(problem, baseline_config()).violations["ppl+1%"] == pytest.approx(-0.01)
-    assert score(problem, baseline_config()).violations["needle>=0.95"] == pytest.approx(-0.05)
+    assert score(problem, baseline_config()).violations["ppl+1%"] == pytest.approx(-1.0)  # relative: no loss at all
+    assert score(problem, baseline_config()).violations["needle>=0.95"] == pytest.approx(-0.05 / 0.95)
     assert str(parse_quality("worst:ppl+3%")) == "worst:ppl+3%"
 
 

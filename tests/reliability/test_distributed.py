@@ -1,6 +1,7 @@
 """Four `skistune worker` processes on one PostgreSQL study: every requested trial is there once, no trial
 ran twice, each worker proposed its own configs, and the best config matches a serial run's."""
 import json
+import os
 from collections import Counter
 
 import optuna
@@ -27,7 +28,9 @@ def test_four_workers_share_one_postgres_study_and_lose_nothing(pg_url, profile,
     assert sorted(t.number for t in trials) == list(range(requested))  # no trial number twice
     assert len({t._trial_id for t in trials}) == requested
     assert sum(t.user_attrs.get("enqueued") == "baseline" for t in trials) == 1  # the queued trial ran once
-    seeds = Counter(t.user_attrs["worker"]["seed"] for t in trials if "worker" in t.user_attrs)
+    tags = [t.user_attrs["worker"] for t in trials]  # every trial records the process that ran it ...
+    assert [t.user_attrs.get("enqueued") for t in trials if tags[t.number]["pid"] == os.getpid()] == ["baseline"]
+    seeds = Counter(tag["seed"] for tag in tags if tag["pid"] != os.getpid())  # ... the creator (here) ran one
     assert sorted(seeds.values()) == [PER_WORKER] * WORKERS and set(seeds) == {r["seed"] for r in reports}
     # the space has continuous knobs: equal params could only come from two workers sampling in lockstep
     assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == requested

@@ -1,0 +1,279 @@
+"""Storage, resume and worker processes: an in-memory SQLite URL is refused in one line; two runs of one study
+started together do not propose the same configs, and each counts and notes only its own trials; every
+trial records the process that ran it; a resumed study says which trials a stopped process left running;
+SIGTERM stops a search as Ctrl-C does; the workers of `--jobs` stop when their parent is killed and share
+one timeout with it; `skistune worker` takes its study as `skistune report` does; storage errors name
+the missing driver, or say that journal files are not supported."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy.exc
+from reliability_helpers import PROFILE, SLO, create_study, skistune_cmd, stored_trials, subprocess_env, wait_for
+from typer.testing import CliRunner
+
+import skistune.optimize as opt
+from skistune.cli import app
+from skistune.optimize import build_problem, open_storage, running_notes, solve
+from skistune.workloads import load_workload
+
+COMPLETE, RUNNING, FAIL = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING,
+                           optuna.trial.TrialState.FAIL)
+IN_MEMORY = "an in-memory SQLite database can be neither shared with workers nor resumed"
+
+
+def cli(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+def error_lines(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.strip()]
+
+
+# ---- 1. in-memory SQLite ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:", "sqlite:///file::memory:"])
+def test_an_in_memory_sqlite_url_is_refused(url):
+    with pytest.raises(ValueError, match=f"storage {url}: {IN_MEMORY}; give a SQLite file"):
+        open_storage(url)
+
+
+def test_optimize_on_in_memory_sqlite_is_one_line_and_exit_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = cli("optimize", "--slo", SLO, "--requests", "8", "--trials", "1", "--validate", "0", "--profile",
+            str(PROFILE), "--storage", "sqlite:///", "--study", "X")
+    assert r.exit_code == 2, r.output
+    assert error_lines(r)[-1].startswith(f"error: storage sqlite:///: {IN_MEMORY}")
+    assert "Traceback" not in r.output and "adds trials" not in r.output
+    assert not (tmp_path / "skistune-tuned.yaml").exists()
+
+
+# ---- 2. two runs of one study at once ----------------------------------------------------------------------
+def _two_handles(tmp_path):
+    """One study opened twice, as two processes would."""
+    storage = open_storage(f"sqlite:///{tmp_path / 'two.db'}")
+    optuna.create_study(study_name="two", storage=storage)
+    return [optuna.load_study(study_name="two", storage=storage) for _ in range(2)]
+
+
+def test_two_runs_started_together_propose_different_params(tmp_path):
+    """Seeded alike (the same seed, the same study size), they take turns: each sees the other's trial
+    number first and switches to a random seed before sampling, so no config is proposed twice."""
+    def make(seed):
+        return optuna.samplers.RandomSampler(seed=seed)
+
+    a, b = _two_handles(tmp_path)
+    runs = opt._RunSampler(a, make, 5), opt._RunSampler(b, make, 5)
+    for _ in range(3):
+        for study in (a, b):
+            study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    xs = [t.params["x"] for t in a.get_trials()]
+    assert len(set(xs)) == 6, xs
+    assert [r.joined for r in runs] == [2, 1]  # a's second trial is number 2; b's first is number 1
+    assert isinstance(a.sampler, optuna.samplers.RandomSampler)  # (still the sampler's own type)
+
+
+def test_a_run_alone_keeps_the_sequence_of_its_seed(tmp_path):
+    def make(seed):
+        return optuna.samplers.RandomSampler(seed=seed)
+
+    study, _ = _two_handles(tmp_path)
+    run = opt._RunSampler(study, make, 5)
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    reference = optuna.create_study(sampler=make(5))
+    reference.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    assert run.joined is None and run.note() is None
+    assert [t.params for t in study.get_trials()] == [t.params for t in reference.get_trials()]
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # (ask and tell, as another process)
+def test_a_run_counts_its_own_trials_and_notes_another_process(tmp_path, profile):
+    """Another process's trial, made while this run searches: the progress does not count it, the run's
+    next trial samples with a new seed, and the result says so."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    problem = build_problem(load_workload("chat", requests=16), slo=SLO, profile=profile)
+    done = []
+
+    def progress(p):
+        done.append(p.done)
+        if len(done) == 1:  # "another process": a trial of its own, tagged with its host and pid
+            other = optuna.load_study(study_name="shared", storage=open_storage(url))
+            trial = other.ask()
+            trial.set_user_attr("worker", {"host": "elsewhere", "pid": 1, "seed": 0})
+            other.tell(trial, 1.0)
+
+    result = solve(problem, n_trials=3, storage=url, study_name="shared", validate=0, progress=progress)
+    assert done == [1, 2, 3]  # (was [1, 3, 4]: the other process's trial counted as this run's)
+    joined = [n for n in result.notes if n.startswith("another process searched study shared")]
+    assert len(joined) == 1 and "(from trial 2)" in joined[0], result.notes
+    tags = [t.user_attrs["worker"] for t in stored_trials(url, "shared")[:4]]
+    assert [tag["pid"] for tag in tags] == [os.getpid(), 1, os.getpid(), os.getpid()]
+    assert tags[0]["seed"] == 1 and tags[2]["seed"] == tags[3]["seed"] != 1  # seed 0 + 1 trial (the baseline)
+
+
+# ---- 3. resume after a kill; SIGTERM; the workers of a killed parent ----------------------------------------
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # (ask and tell, as another process)
+def test_a_resume_says_which_trials_a_stopped_process_left_running(tmp_path, profile):
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    study = create_study(url, "r", profile).study
+    host = socket.gethostname()
+    for pid in (_dead_pid(), os.getpid()):  # a killed process's trial, and one of a process still running
+        trial = study.ask()
+        trial.set_user_attr("worker", {"host": host, "pid": pid, "seed": 0})
+    assert running_notes(study) == [
+        "1 trial left running by a stopped process: retried once its heartbeat is 20 s stale (by this run if it "
+        "lasts that long, else by the next)",
+        "another process is running study r (1 trial running, or left by a process stopped less than 20 s ago): "
+        "this run adds its trials to the same study"]
+
+
+def _optimize_cmd(tmp_path, study, *extra):
+    return skistune_cmd("optimize", "--slo", SLO, "--requests", "48", "--trials", "300", "--validate", "0",
+                        "--profile", str(PROFILE), "--storage", f"sqlite:///{tmp_path / 'sig.db'}", "--study", study,
+                        "--out", str(tmp_path / "never.yaml"), *extra)
+
+
+def _complete(url, study, n):
+    def enough():
+        try:
+            return len([t for t in stored_trials(url, study) if t.state == COMPLETE]) >= n
+        except (KeyError, sqlalchemy.exc.SQLAlchemyError):  # not created yet
+            return False
+    return enough
+
+
+def test_sigterm_stops_a_search_as_ctrl_c_does(tmp_path):
+    url = f"sqlite:///{tmp_path / 'sig.db'}"
+    proc = subprocess.Popen(_optimize_cmd(tmp_path, "t"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=subprocess_env())
+    try:
+        wait_for(_complete(url, "t", 2), timeout_s=120, every_s=0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert err.rstrip().splitlines()[-1] == ("terminated: finished trials are kept in the study; run the same "
+                                             "command (or pass --study) to resume")
+    states = [t.state for t in stored_trials(url, "t")]
+    assert RUNNING not in states and states.count(COMPLETE) >= 2  # the trial it stopped in is failed, not left
+    assert not (tmp_path / "never.yaml").exists()
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # (gone meanwhile)
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whoever adopted it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_workers_of_a_killed_parent_stop_too(tmp_path):
+    url = f"sqlite:///{tmp_path / 'sig.db'}"
+    proc = subprocess.Popen(_optimize_cmd(tmp_path, "j", "--jobs", "2"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=subprocess_env())
+    workers = []
+    try:
+        wait_for(_complete(url, "j", 3), timeout_s=120, every_s=0.1)  # the baseline, then the workers' trials
+        workers = _children(proc.pid)
+        proc.kill()
+        proc.wait(timeout=30)
+        assert len(workers) == 2
+        # (they ran on for all 300 trials before): each stops in the trial it is in
+        wait_for(lambda: not any(_running(w) for w in workers), timeout_s=60, every_s=0.1)
+    finally:
+        for w in workers:
+            if _running(w):
+                os.kill(w, signal.SIGKILL)
+    assert len([t for t in stored_trials(url, "j") if t.state == COMPLETE]) < 300
+
+
+# ---- 4. every trial records its worker ---------------------------------------------------------------------
+def test_every_trial_of_jobs_records_the_process_that_ran_it(tmp_path, profile):
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    problem = build_problem(load_workload("chat", requests=16), slo=SLO, profile=profile)
+    solve(problem, n_trials=5, n_jobs=2, storage=url, study_name="jobs", validate=0)
+    trials = [t for t in stored_trials(url, "jobs") if opt.SIMPLIFIES_ATTR not in t.user_attrs]
+    tags = [t.user_attrs["worker"] for t in trials]
+    assert len(trials) == 5 and {tag["host"] for tag in tags} == {socket.gethostname()}
+    assert tags[0] == {"host": socket.gethostname(), "pid": os.getpid(), "seed": 1}  # the baseline, run here
+    workers = {tag["pid"] for tag in tags[1:]}
+    assert len(workers) == 2 and os.getpid() not in workers
+    assert len({tag["seed"] for tag in tags[1:]}) == 2  # each worker its own seed
+
+
+# ---- 5. one timeout for the whole search -------------------------------------------------------------------
+def test_jobs_timeout_bounds_the_whole_search(tmp_path, profile, monkeypatch):
+    """The workers are given the deadline of the search that started before the baseline ran, not a fresh
+    timeout of their own after it."""
+    seen = tmp_path / "deadlines"
+    seen.mkdir()
+
+    def worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, parent, errors):
+        (seen / str(os.getpid())).write_text(repr(deadline))
+
+    monkeypatch.setattr(opt, "_worker", worker)  # (forked: the children run this one)
+    problem = build_problem(load_workload("chat", requests=16), slo=SLO, profile=profile)
+    baseline_done = []
+    started = time.monotonic()
+    solve(problem, n_trials=5, n_jobs=2, timeout=30.0, storage=f"sqlite:///{tmp_path / 't.db'}", study_name="t",
+          validate=0, progress=lambda p: baseline_done.append(time.monotonic()))
+    deadlines = [float(f.read_text()) for f in seen.iterdir()]
+    assert len(deadlines) == 2 and all(started + 30.0 < d < baseline_done[0] + 30.0 for d in deadlines)
+
+
+# ---- 6. worker's study argument, drivers, journal files ----------------------------------------------------
+def test_worker_takes_the_study_as_an_argument_or_option(tmp_path):
+    missing = f"sqlite:///{tmp_path / 'none.db'}"
+    for args in (["J"], ["--study", "J"]):
+        r = cli("worker", *args, "--storage", missing)
+        assert r.exit_code == 2 and error_lines(r) == [f"error: storage {missing}: no such database file; create "
+                                                       "the study first with skistune optimize --storage URL "
+                                                       "--study NAME"], r.output
+    r = cli("worker", "A", "--study", "B", "--storage", missing)
+    assert r.exit_code == 2 and error_lines(r) == ["error: two studies given: A and --study B; give one"]
+    r = cli("worker", "--storage", missing)
+    assert r.exit_code == 2 and error_lines(r)[0].startswith("error: no study given: skistune worker STUDY")
+
+
+def test_a_missing_driver_is_named_for_its_database(monkeypatch):
+    monkeypatch.setitem(sys.modules, "MySQLdb", None)  # (import fails: not installed)
+    monkeypatch.setitem(sys.modules, "pymysql", None)
+    with pytest.raises(ValueError, match=r"^storage mysql://u@127.0.0.1/db: its database driver is not installed "
+                                         r"\(MySQLdb: pip install mysqlclient, or PyMySQL with a mysql\+pymysql:// "
+                                         r"URL\)$"):
+        open_storage("mysql://u@127.0.0.1/db")
+    with pytest.raises(ValueError, match=r"driver is not installed \(pymysql: pip install PyMySQL\)$"):
+        open_storage("mysql+pymysql://u@127.0.0.1/db")
+
+
+def test_a_journal_file_is_refused_saying_what_is_supported(tmp_path):
+    url = f"journal:///{tmp_path / 'j.log'}"
+    with pytest.raises(ValueError, match=r"cannot open \('journal' is not a database SQLAlchemy knows \(Optuna's "
+                                         r"journal files are not supported: .*\); give a SQLite file"):
+        open_storage(url)
+    assert not (tmp_path / "j.log").exists()
