@@ -938,7 +938,7 @@ def open_study(problem: Problem, storage, study_name: str, sampler):
     elif stored != identity:
         differs = ", ".join(k for k in identity if stored.get(k) != identity[k])
         raise ValueError(f"study {study_name!r} was created for another problem (differs in: {differs}); pass "
-                         "another --study name, or omit it")
+                         "another study name (--study, or study_name= in Python), or omit it")
     return study
 
 
@@ -1079,8 +1079,9 @@ def _random_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def _worker_tag(seed: int) -> dict[str, Any]:
-    """What each trial records of the process that ran it (its ``worker`` attribute)."""
+def _worker_tag(seed: int | None) -> dict[str, Any]:
+    """What each trial records of the process that ran it (its ``worker`` attribute; no seed for a trial that
+    no sampler proposed)."""
     import socket
 
     return {"host": socket.gethostname(), "pid": os.getpid(), "seed": seed}
@@ -1195,12 +1196,14 @@ class _RunSampler:
                 "not propose the same configs (a search is reproducible from its seed with the study to itself)")
 
 
-def _run_sequential(problem, study, n_trials, timeout, progress, tag_of) -> None:
+def _run_sequential(problem, study, n_trials, timeout, progress, tag_of) -> int:
+    """The search in this process; how many trials it finished."""
     first, pids = _first_new_trial(study), {os.getpid()}
     callbacks = [lambda s, t: progress(_progress_of(problem, s, first, n_trials, pids))] if progress else []
     with _StopsInsideTrials() as gate:
         _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), tag_of), n_trials=n_trials,
                   timeout=timeout, callbacks=callbacks)
+    return _progress_of(problem, study, first, n_trials, pids).done
 
 
 class Terminated(KeyboardInterrupt):
@@ -1331,11 +1334,28 @@ def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, 
         with _StopsInsideTrials() as gate:
             _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), lambda: _worker_tag(seed)),
                       n_trials=n_trials, timeout=left, callbacks=[_orphaned(parent)])
-    except (ValueError, OSError, KeyError) as exc:
-        errors.put(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    except Exception as exc:
+        if isinstance(exc, ReturnValueError) or raised_by(exc) is not None:  # the user's callable: its own error
+            errors.put(_picklable(exc))
+        elif isinstance(exc, (ValueError, OSError, KeyError)):
+            errors.put(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        else:
+            raise
         raise SystemExit(2) from None
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, its parent gone: its trial failed, the parent reports
         raise SystemExit(130) from None
+
+
+def _picklable(exc: BaseException) -> BaseException | str:
+    """A worker's error as its parent will raise it: the exception itself (its `raised_by` mark included) when
+    it pickles, else its text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return f"{raised_by(exc) or 'a callable'} raised {type(exc).__name__}: {exc}"
+    return exc
 
 
 def _shares(n_trials: int, n_jobs: int) -> list[int]:
@@ -1362,9 +1382,10 @@ def _stop_workers(workers: Sequence, wait_s: float) -> None:
 
 
 def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, n_jobs, progress,
-                  tag_of) -> list[str]:
+                  tag_of) -> tuple[int, list[str]]:
     """``n_jobs`` forked worker processes on one storage; this process reports progress from the storage.
-    ``timeout`` bounds the whole search: the queued trials run here first, the workers get the time left."""
+    ``timeout`` bounds the whole search: the queued trials run here first, the workers get the time left.
+    Returns how many trials they finished, and a note for each worker that stopped before its share."""
     import multiprocessing
 
     import optuna
@@ -1391,7 +1412,8 @@ def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, 
         for w in workers:
             w.start()
             pids.add(w.pid)
-        while any(w.is_alive() for w in workers):
+        # (a worker stopped by an error stops the others: the user's callable would fail for them too)
+        while any(w.is_alive() for w in workers) and not any(w.exitcode == 2 for w in workers):
             if report:
                 report()
             time.sleep(0.5)
@@ -1404,9 +1426,10 @@ def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, 
         report()
     messages = [errors.get() for _ in range(sum(w.exitcode == 2 for w in workers))]
     if messages:
-        raise ValueError(messages[0])
-    return [f"worker {i + 1} stopped ({_exit_reason(w.exitcode)}); its finished trials are kept"
-            for i, w in enumerate(workers) if w.exitcode != 0]
+        raise messages[0] if isinstance(messages[0], BaseException) else ValueError(messages[0])
+    return _progress_of(problem, study, first, n_trials, pids).done, \
+        [f"worker {i + 1} stopped ({_exit_reason(w.exitcode)}); its finished trials are kept"
+         for i, w in enumerate(workers) if w.exitcode != 0]
 
 
 def _exit_reason(code: int | None) -> str:
@@ -2318,7 +2341,7 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
     first = best = refined[0]
     params = dict(_trial(study, best.trial).params)
     base_params = _baseline_params(problem)
-    run = _trial_function(problem, study)
+    run = _tagged(_trial_function(problem, study), lambda: _worker_tag(None))  # (enqueued: no sampler, no seed)
     stage("simplifying the best config")
     reverted = []
     # the tries already made for this best config (a resumed study): read back, not run again
@@ -2502,10 +2525,14 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
     if validate and runtime is None and n_jobs == 1:
         runtime = load_runtime_in_background(problem)
     if n_jobs == 1:
-        _run_sequential(problem, study, n_trials, timeout, progress, lambda: _worker_tag(sampling.seed))
+        done = _run_sequential(problem, study, n_trials, timeout, progress, lambda: _worker_tag(sampling.seed))
     else:
-        notes += _run_parallel(problem, study, storage, sampler, n_trials, timeout, n_jobs, progress,
-                               lambda: _worker_tag(sampling.seed))
+        done, stopped = _run_parallel(problem, study, storage, sampler, n_trials, timeout, n_jobs, progress,
+                                      lambda: _worker_tag(sampling.seed))
+        notes += stopped
+    if timeout is not None and done < n_trials:  # (nothing else ends a search early without an error)
+        notes.append(f"the search stopped at its timeout ({timeout:g} s) after {done} of {n_trials} trials; the "
+                     "same search again adds trials to the study")
     notes += [n for n in (sampling.note(),) if n]
     fields_ = finish(problem, study, top_k=validate, runtime=runtime, on_stage=on_stage)
     fields_["notes"] = notes + fields_["notes"]

@@ -595,28 +595,23 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
     existing = open_study(problem, open_storage(storage), name, sampler=None)
     print_notes(w)  # (every input checked: what the workload's reader noticed, before the search)
-    done = _say_resumed(existing, name, trials)
+    _say_resumed(existing, name, trials)
     for note in running_notes(existing):  # (another process's trials, or a killed one's)
         err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     _warn_broken_alone(problem)
     result = _solve_with_progress(problem, n_trials=trials, timeout=timeout, storage=storage, study_name=name,
                                   n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
-    if timeout is not None and result.trials - done < trials:  # (nothing else ends a search early without an error)
-        result.notes.append(f"the search stopped at --timeout {timeout:g}s after {result.trials - done} of {trials} "
-                            "trials; the same command adds trials to the study")
     _report(result, out, json_out, resume)
 
 
-def _say_resumed(study, name: str, trials: int) -> int:
-    """One line when the study has trials already: the search adds to them, and the result ranks them all.
-    Returns how many it has."""
+def _say_resumed(study, name: str, trials: int) -> None:
+    """One line when the study has trials already: the search adds to them, and the result ranks them all."""
     from skistune.optimize import _search_trials
 
     done = _search_trials(study)
     if done:
         err_console.print(escape(f"resuming study {name}: {done} finished trial{'s' * (done != 1)}, running "
                                  f"{trials} more"), highlight=False, soft_wrap=True)
-    return done
 
 
 def _warn_broken_alone(problem) -> None:

@@ -144,6 +144,29 @@ def test_a_user_callable_that_raises_stops_the_search_with_its_own_error_logged_
     assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED]
 
 
+def test_a_user_callable_that_raises_in_a_forked_worker_stops_every_worker_with_its_own_error(slow, profile, here,
+                                                                                           capfd):
+    """Workers forked by ``n_jobs`` had printed the error's traceback and the search had gone on: the command
+    returned as if nothing had failed."""
+    calls = []
+
+    def throughput(metrics):  # the baseline (run by this process first) passes; every later config raises
+        calls.append(1)
+        if len(calls) > 1:
+            raise ZeroDivisionError("boom")
+        return metrics.throughput_tok_per_s
+
+    url = f"sqlite:///{here / 'jobs.db'}"
+    with pytest.raises(ZeroDivisionError, match="boom") as raised:
+        skistune.optimize(slow, objective=throughput, n_trials=12, n_jobs=2, validate=0, storage=url,
+                          study_name="jobs", profile=profile)
+    assert skistune.objectives.raised_by(raised.value) == "objective throughput"
+    assert "Traceback" not in capfd.readouterr().err
+    states = [t.state for t in optuna.load_study(study_name="jobs", storage=url).get_trials()]
+    assert states[0] == optuna.trial.TrialState.COMPLETE
+    assert optuna.trial.TrialState.PRUNED in states and len(states) < 12  # stopped, not run to the end
+
+
 def test_an_error_of_skistune_itself_is_not_taken_for_the_users(slow, profile, monkeypatch):
     monkeypatch.setattr(opt, "score", lambda *a, **k: {}["no such figure"])
     with pytest.raises(KeyError):
@@ -195,7 +218,8 @@ def test_a_search_cut_short_says_so_and_a_baseline_verdict_says_after_how_many_t
                "--profile", PROFILE, "--json")
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    stopped = "the search stopped at --timeout 0.001s after 1 of 5 trials; the same command adds trials to the study"
+    stopped = "the search stopped at its timeout (0.001 s) after 1 of 5 trials; the same search again adds trials to " \
+              "the study"
     assert stopped in summary["notes"] and summary["trials"] == 1
     text = " ".join(r.stdout.split())
     assert ("the best config found is the baseline itself (vLLM defaults), in 1 trial: too few to conclude that "

@@ -86,7 +86,8 @@ def kill_mid_trial(url: str, study_name: str, after: int = 3) -> list[optuna.tri
     try:
         def just_started():
             trials = study.get_trials(deepcopy=False)
-            done = sum(t.state == COMPLETE and "worker" in t.user_attrs for t in trials)
+            done = sum(t.state == COMPLETE and t.user_attrs.get("worker", {}).get("pid") == proc.pid
+                       for t in trials)  # (the worker's own: not the creator's baseline)
             return done >= after and [t for t in trials if t.state == RUNNING and t.params
                                       and (datetime.now() - t.datetime_start).total_seconds() < 0.15]
 
