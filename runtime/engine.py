@@ -179,8 +179,12 @@ class Engine:
         if needed > self.kv.pool.num_blocks:
             return f"needs {needed} KV blocks, the cache holds {self.kv.pool.num_blocks}"
         b = self.config.batching
-        if not b.chunked_prefill and req.prompt_len > b.max_num_batched_tokens:
-            return (f"prompt of {req.prompt_len} tokens exceeds max_num_batched_tokens "
+        # Without chunked prefill a sequence's whole context is one step's tokens when it is recomputed after a
+        # preemption (prompt and outputs so far), so it must fit the step budget: a longer one would wait for
+        # ever. vLLM asks the same (it refuses max_num_batched_tokens below max_model_len then: `skistune
+        # export` writes the budget as --max-model-len, which refuses these requests).
+        if not b.chunked_prefill and total > b.max_num_batched_tokens:
+            return (f"prompt + output = {total} tokens exceeds max_num_batched_tokens "
                     f"{b.max_num_batched_tokens} with chunked prefill off")
         return None
 

@@ -28,8 +28,9 @@ Mapping, knob -> vLLM:
                             priority, orders by client-sent priorities); preemption is always recompute
                             in the V1 engine (swap was V0 only). Chunking off with a budget below the
                             model's context: vLLM's SchedulerConfig refuses max_num_batched_tokens <
-                            max_model_len, so --max-model-len is the budget, warned (`_unchunked_model_len`;
-                            the flag is not in the reference's table, it is the one that check names).
+                            max_model_len, so --max-model-len is the budget, noted (`_unchunked_model_len`;
+                            the flag is not in the reference's table, it is the one that check names);
+                            skistune's runtime refuses the same requests then.
   offload.device_*          --kv-cache-memory-bytes, else --gpu-memory-utilization.
   offload.host_kv_bytes     newest: --kv-offloading-size GiB (total across TP ranks) with the native
                             backend; 0.11: --kv-transfer-config OffloadingConnector with num_cpu_blocks
@@ -167,18 +168,17 @@ class VllmExporter(Exporter):
     @staticmethod
     def _unchunked_model_len(plan: Plan, model: ModelSpec) -> dict[str, Any]:
         """Without chunked prefill vLLM will not start with max_num_batched_tokens below max_model_len (its
-        SchedulerConfig check); skistune's runtime refuses prompts longer than the budget then, so capping the
-        model length at the budget is the nearest setting, but it also caps prompt and output together."""
+        SchedulerConfig check), so the model length is the budget: vLLM then refuses requests longer than the
+        budget, prompt and output together, as skistune's runtime does under that config (a request's
+        recompute after a preemption is one step there)."""
         budget = plan.config.batching.max_num_batched_tokens
+        plan.express("batching.chunked_prefill")
         if budget >= model.max_context:
-            plan.express("batching.chunked_prefill")
             return {}
-        plan.instead("batching.chunked_prefill", f"no-enable-chunked-prefill, max-model-len {budget}",
-                     f"vLLM will not start with chunked prefill off and max_num_batched_tokens ({budget}) below "
-                     f"max_model_len ({model.name}'s {model.max_context}-token context), so the model length is "
-                     f"capped at the budget (skistune refuses longer prompts too), but vLLM then refuses every "
-                     f"request longer than {budget} tokens, prompt and output together, where skistune's runtime lets "
-                     "the output run to the model's context")
+        plan.notes.append(f"chunked prefill off: --max-model-len {budget} (the step budget; vLLM will not start "
+                          f"with max_num_batched_tokens below max_model_len, {model.name}'s {model.max_context}-"
+                          f"token context): requests longer than {budget} tokens, prompt and output together, are "
+                          "refused, as skistune predicted")
         return {"max-model-len": budget}
 
     def _memory(self, plan: Plan) -> dict[str, Any]:

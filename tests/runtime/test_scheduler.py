@@ -55,6 +55,17 @@ def test_without_chunking_a_prompt_waits_for_a_step_with_room():
     assert ex.steps[1] == [("a", 10, 1), ("b", 0, 10)]
 
 
+def test_without_chunking_a_request_longer_than_the_budget_with_its_output_is_rejected():
+    """Its recompute after a preemption would be its prompt and outputs in one step, over the budget: it had
+    waited for ever ("scheduler made no progress with work pending", a search's config that crashed)."""
+    eng, _ = make_engine(**{"batching.max_num_batched_tokens": 16, "batching.chunk_size": 16,
+                            "batching.chunked_prefill": False})
+    fits, too_long = eng.add_request(req("a", 10, 6)), eng.add_request(req("b", 10, 7, base=50))
+    eng.run_until_done()
+    assert fits.rejected_reason is None and len(fits.output_token_ids) == 6
+    assert too_long.rejected_reason == "prompt + output = 17 tokens exceeds max_num_batched_tokens 16 with chunked prefill off"
+
+
 def test_max_num_seqs_caps_the_running_set():
     eng, ex = make_engine(**{"batching.max_num_seqs": 2})
     for i in range(3):

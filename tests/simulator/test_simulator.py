@@ -168,3 +168,14 @@ def test_a_lone_prefill_runs_on_in_one_event_as_its_steps_would():
     # alone: the rest of a's prefill, a's decodes, b's second chunk, b's decodes; with b arriving during
     # a's second chunk: that chunk, then steps of both, a run of both to b's end, a run of a alone
     assert events == [4, 3]
+
+
+def test_a_config_without_chunking_and_a_small_budget_finishes_its_replay():
+    """A tester's search crashed on this config ("scheduler made no progress with work pending"): a sequence
+    preempted past the step budget could never be recomputed in one step. Such requests are refused now."""
+    config = KVConfig().with_knobs({"offload.device_kv_bytes": 77510410, "batching.chunked_prefill": False,
+                                    "batching.max_num_batched_tokens": 615, "prefix_reuse.enabled": False})
+    reqs = to_requests(load_workload("chat", requests=100, max_input=512, seed=0), vocab_size=SPEC.vocab_size)
+    m = simulate(config, reqs, target(cost(fixed=2e-3, seqs=1e-4, tokens=2e-4, kv=1e-11, samples=1e-5)))
+    assert m.num_finished + m.num_rejected == 100 and m.num_finished > 0
+    assert all("with chunked prefill off" in why for why in m.rejections.values())
