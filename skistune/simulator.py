@@ -88,10 +88,15 @@ def target_from_profile(profile, model: str | None = None) -> SimTarget:
     itemsize = _profile_itemsize(profile, spec)
     if profile.device == "cpu":
         device_free = CPU_KV_SPACE_BYTES
-    else:
-        device_free = int(getattr(profile.fingerprint, "gpu_memory_bytes", 0) or 0)
-        if device_free <= 0:
+    else:  # what the runtime reads once its weights are loaded (`torch.cuda.mem_get_info`): the rest
+        total = int(getattr(profile.fingerprint, "gpu_memory_bytes", 0) or 0)
+        if total <= 0:
             raise ValueError(f"profile {profile.name!r}: no device memory recorded for {profile.device}")
+        weights = spec.param_count() * itemsize
+        device_free = total - weights
+        if device_free <= 0:
+            raise ValueError(f"profile {profile.name!r}: {profile.model}'s weights ({weights / 2**30:.1f} GiB) "
+                             f"fill the device's {total / 2**30:.1f} GiB")
     drift = tuple(n for n in (profile.drift_note, profile.step_coverage_note) if n)
     return SimTarget(spec, profile.step_cost, itemsize, device_free, notes=tuple(profile.notes) + drift,
                      quantized_kv_note=profile.quantized_kv_note,

@@ -102,3 +102,17 @@ def test_evaluate_prints_no_tier_note_for_a_config_without_tiers(tmp_path):
     assert [n for n in data["metrics"]["notes"] if "tier transfer times rest on poor fits" not in n] == [
         CPU_HOST_NOTE, TEMP_DISK_NOTE]
     assert f"note {TEMP_DISK_NOTE}" in text
+
+
+def test_a_gpu_profile_sizes_the_kv_pool_from_the_memory_its_weights_leave():
+    """The runtime sizes the pool from the free memory once the weights are loaded (`torch.cuda.mem_get_info`);
+    the simulator had taken the H200's whole memory, a pool 13.5 GiB too large for Llama-3-8B."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        profile = load_profile(str(PROFILES / "cuda-llama-3-8b.json"))
+    target = target_from_profile(profile)
+    weights = target.spec.param_count() * 2  # bf16
+    assert weights > 14 << 30  # (8.0 B parameters: 14.96 GiB)
+    assert target.device_free_bytes == profile.fingerprint.gpu_memory_bytes - weights
