@@ -33,7 +33,7 @@ import numpy as np
 from skistune.config import KVConfig
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import RequestRecord
-from skistune.slo import SLO
+from skistune.slo import SLO, TIME_UNITS
 
 MAXIMIZE, MINIMIZE = "maximize", "minimize"
 
@@ -197,7 +197,7 @@ def parse_quality(text: str) -> QualityFloor:
 
 
 # ---- energy ----------------------------------------------------------------------------------------------
-_ENERGY = re.compile(r"^([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)(j|mj|uj)?(?:/(?:token|tok))?$")
+_ENERGY = re.compile(r"^([-+]?[0-9]*\.?[0-9]+(?:e-?[0-9]+)?)(j|mj|uj)?(?:/(?:token|tok))?$")
 _JOULES = {"j": 1.0, "mj": 1e-3, "uj": 1e-6}
 
 
@@ -219,6 +219,9 @@ def parse_energy(text: str) -> EnergyBudget:
     limit = float(m.group(1)) * _JOULES[m.group(2) or "j"]
     if limit <= 0:
         raise ValueError(f"energy {text!r}: the budget must be positive")
+    if not m.group(2):  # refused, as a bare SLO is: 0.5 might have meant mJ, a budget a thousand times tighter
+        raise ValueError(f"energy {text!r}: the budget needs a unit: write {m.group(1)}J/token or "
+                         f"{m.group(1)}mJ/token (units: J, mJ, uJ per token)")
     return EnergyBudget(limit)
 
 
@@ -245,6 +248,31 @@ class QueueGuard:
 
 def queue_name(limit_s: float) -> str:
     return f"queue<={limit_s:g}s"
+
+
+_QUEUE = re.compile(r"^([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)([^\W\d_]*)$")  # (any letters: to name a wrong unit)
+
+
+def parse_max_queue(text: str) -> float | None:
+    """``--max-queue``: the queueing guard's limit in seconds (``5s``, ``500ms``), or None for ``off``. A bare
+    number is refused, as a bare SLO is: 5 was read as 5 s where 5 ms may have been meant."""
+    t = text.strip().lower().replace(" ", "")
+    if t == "off":
+        return None
+    m = _QUEUE.match(t)
+    if not m:
+        raise ValueError(f"--max-queue {text!r}: write a positive time such as 5s or 500ms, or off")
+    value, unit = m.groups()
+    if unit and unit not in TIME_UNITS:
+        raise ValueError(f"--max-queue {text!r}: unknown unit {unit!r}: write the limit in s, ms or us (e.g. 5s), "
+                         "or off")
+    limit_s = float(value) * TIME_UNITS[unit or "s"]
+    if not (limit_s > 0 and math.isfinite(limit_s)):
+        raise ValueError(f"--max-queue {text!r}: the limit must be a positive, finite time such as 5s, or off")
+    if not unit:
+        raise ValueError(f"--max-queue {text!r}: the limit needs a unit: write {value}s or {value}ms "
+                         "(units: s, ms, us), or off")
+    return limit_s
 
 
 @dataclass(frozen=True)

@@ -328,6 +328,8 @@ def _as_list(value: Any) -> list:
 
 def _parse_specs(slo, energy, quality) -> tuple[tuple[SLO, ...], EnergyBudget | None, tuple[QualityFloor, ...]]:
     slos = tuple(as_slos(slo))
+    if isinstance(energy, (int, float)) and not isinstance(energy, bool):  # a Python number is J/token, as
+        energy = f"{energy!r}J/token"  # ``max_queue_s`` is seconds: only text needs its unit (`parse_energy`)
     budget = energy if energy is None or isinstance(energy, EnergyBudget) else parse_energy(str(energy))
     if budget is not None and not math.isfinite(budget.limit_j_per_token):  # 1e999J/token parses as inf
         raise ValueError(f"energy {energy}: the budget must be a finite number of joules per token")
@@ -2465,7 +2467,7 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
     ``"p99=200ms"``/``"ttft:p90<=1s"`` strings; ``objective``: capacity (default), goodput, energy, memory,
     quality, comma-separated names (a Pareto front), or a callable of the `Metrics` (and the config),
     minimised unless ``direction="maximize"``; ``constraints``: callables of the metrics (and the config)
-    returning values where <= 0 is feasible; ``energy``: a J/token budget (``"0.5J/token"``); ``quality``:
+    returning values where <= 0 is feasible; ``energy``: a J/token budget (``"0.5J/token"``, or 0.5); ``quality``:
     floors (``"ppl+1%"``, ``"worst:ppl+3%"``, ``"needle>=0.95"``: eviction and KV bits are searched only under
     one, priced by ``quality_profile``, a `QualityProfile` or its file, default the shipped SmolLM2 one);
     ``max_queue_s``: the queueing guard (None: off); ``kv_memory``: the memory KV may use on the device

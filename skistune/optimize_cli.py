@@ -8,7 +8,6 @@ broke a constraint when validated on the real runtime (a warning names it, predi
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -17,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from skistune.objectives import parse_max_queue
 from skistune.optimize import DEFAULT_MAX_QUEUE_S, DEFAULT_REQUESTS, DEFAULT_TOP_K, DEFAULT_TRIALS
 
 EXIT_INFEASIBLE = 3
@@ -24,7 +24,6 @@ EXIT_INFEASIBLE = 3
 # deploys on exit 0 should not take it silently
 EXIT_BROKE_WHEN_VALIDATED = 4
 DEFAULT_OUT = "skistune-tuned.yaml"
-_QUEUE = re.compile(r"^([0-9]*\.?[0-9]+)(s|ms)?$")
 
 SloOpt = Annotated[Optional[list[str]], typer.Option(
     "--slo", help="SLO, repeatable: METRIC:pXX<=VALUE (ttft:p90<=1s; metrics ttft, tbt, e2e, tpot) or the short "
@@ -43,16 +42,6 @@ ObjectiveOpt = Annotated[Optional[list[str]], typer.Option(
     "--objective", help="capacity (max request rate under the SLOs; default), goodput (at the workload's rate), "
                         "energy (J/token), memory (KV peak), quality; several (repeated, or comma-separated) for a "
                         "Pareto front")]
-
-
-def parse_max_queue(text: str) -> float | None:
-    t = text.strip().lower()
-    if t == "off":
-        return None
-    m = _QUEUE.match(t)
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"--max-queue {text!r}: write a positive time such as 5s or 500ms, or off")
-    return float(m.group(1)) * (1e-3 if m.group(2) == "ms" else 1.0)
 
 
 def _workload(spec: str, *, requests: int | None, first: int | None, window: str | None, **options: Any):
@@ -427,6 +416,13 @@ def why_no_rate_line(problem, closest) -> str | None:
     if "capacity" in names and any(e.values[names.index("capacity")] > 0 for e in closest):
         return None  # a rate was met: what bound is in the tables
     alone, records = served_alone(problem, closest[0].config)
+    if alone.rejections and closest[0].violations.get("served", 0) > 0:  # (what no rate can change comes first)
+        from skistune.display import rejection_lines
+
+        return (f"the closest config can never serve {alone.num_rejected} of {alone.num_requests} requests, at any "
+                f"rate ({'; '.join(rejection_lines(alone, limit=2))}): a larger KV pool (--kv-memory, "
+                "offload.device_memory_fraction), lower KV bits or eviction (with --quality), or shorter prompts "
+                "(--max-input) can help")
     broken = slos_broken_alone(problem, alone)
     if broken:
         return (f"the closest config breaks {_broken_text(broken)} even with each request served alone, nothing "
@@ -452,8 +448,9 @@ def why_no_rate_line(problem, closest) -> str | None:
         return (f"the closest configs break the constraints even at {lowest}: requests still overlap there, "
                 f"{overlapping} of {len(records)} taking longer to serve alone (the closest config, up to "
                 f"{_seconds(alone.e2e_s.max)}) than the gap to the next arrival (the shortest: {_seconds(gap_s)}); "
-                "the search tries no lower rate; shorter prompts (--max-input), a looser queueing guard "
-                "(--max-queue) or faster hardware can help")
+                "the search tries no lower rate; shorter prompts (--max-input), "
+                + ("a looser queueing guard (--max-queue) " if problem.max_queue_s else "") + "or faster hardware "
+                "can help")
     return None
 
 
@@ -538,7 +535,7 @@ SamplerOpt = Annotated[str, typer.Option(
     "--sampler", help="auto (TPE; NSGA-II for several objectives), tpe, gp, nsga2, random")]
 MaxQueueOpt = Annotated[str, typer.Option(
     "--max-queue", help="queueing guard: TTFT p99 at most this much above the same requests served one at a "
-                        "time (off: none)")]
+                        "time, with a unit: 5s, 500ms (off: none)")]
 KvMemoryOpt = Annotated[Optional[str], typer.Option(
     "--kv-memory", help="memory KV may use on the device, e.g. 256MiB (default: the device's own; 4GiB on a CPU, "
                         "as vLLM's VLLM_CPU_KVCACHE_SPACE): the tuned config's pool is its chosen fraction of it")]

@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 from skistune.runtime.metrics import PERCENTILE_NAMES, Metrics
 
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 _PERCENTILE = "|".join(re.escape(name) for name in PERCENTILE_NAMES)
-_FULL = re.compile(rf"^(ttft|tbt|e2e|tpot):({_PERCENTILE})<=([0-9.]+(?:e-?[0-9]+)?)(s|ms|us)?$")
-_SHORT = re.compile(rf"^({_PERCENTILE})=([0-9.]+(?:e-?[0-9]+)?)(s|ms|us)?$")
+# a sign and any letters are matched (not only s|ms|us) so that -5ms and 200sec get their own message, not
+# the generic "write METRIC:pXX<=VALUE" one
+_VALUE = r"([-+]?[0-9.]+(?:e-?[0-9]+)?)([^\W\d_]*)"
+_FULL = re.compile(rf"^(ttft|tbt|e2e|tpot):({_PERCENTILE})<={_VALUE}$")
+_SHORT = re.compile(rf"^({_PERCENTILE})={_VALUE}$")
 _PERCENTILE_WORD = re.compile(r"(?:^|:)(p[0-9.]+)(?:<=|=)")
 
 
@@ -53,15 +56,18 @@ def parse_slo(text: str) -> SLO:
                              f"{', '.join(PERCENTILE_NAMES)}")
         raise ValueError(f"SLO {text!r}: write METRIC:pXX<=VALUE (e.g. ttft:p99<=500ms) or pXX=VALUE for TBT "
                          "(e.g. p99=200ms); metrics ttft, tbt, e2e, tpot")
+    if unit and unit not in TIME_UNITS:
+        raise ValueError(f"SLO {text!r}: unknown unit {unit!r}: write the limit in s, ms or us (e.g. p99=200ms)")
     try:
-        limit_s = float(value) * _UNITS[unit or "s"]
+        limit_s = float(value) * TIME_UNITS[unit or "s"]
     except ValueError:
         raise ValueError(f"SLO {text!r}: {value!r} is not a number") from None
-    if unit is None:
-        raise ValueError(f"SLO {text!r}: the limit needs a unit: write {value}ms or {limit_s * 1e-3:g}s "
-                         "(units: s, ms, us)")
+    # (before the unit: p99=-5 should hear it must be positive, not "write -5ms")
     if not (limit_s > 0 and math.isfinite(limit_s)):  # 1e999ms parses as inf: a limit nothing can break
         raise ValueError(f"SLO {text!r}: the limit must be a positive, finite time")
+    if not unit:
+        raise ValueError(f"SLO {text!r}: the limit needs a unit: write {value}ms or {limit_s * 1e-3:g}s "
+                         "(units: s, ms, us)")
     return SLO(metric, pct, limit_s)
 
 

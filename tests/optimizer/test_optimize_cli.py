@@ -112,6 +112,23 @@ def test_requests_that_outlast_the_gaps_at_the_lowest_rate_are_named_as_the_caus
     assert f"requests still overlap there, {overlapping} of 12 taking longer to serve alone" in line
 
 
+def test_requests_no_rate_can_serve_are_named_before_the_rates():
+    """A pool too small for some requests (a tester's --kv-memory 48MiB): `served` binds at every rate, and the
+    line had blamed overlapping requests and the queueing guard, which was off."""
+    import skistune.optimize as opt
+    from skistune.optimize_cli import why_no_rate_line
+    from skistune.workloads import load_workload
+
+    problem = opt.build_problem(load_workload("chat", requests=16, max_input=512), slo="p99=200ms",
+                                kv_memory="24MiB", max_queue_s=None, profile=PROFILE)
+    alone, _ = opt.served_alone(problem, problem.base)
+    assert 0 < alone.num_rejected < 16
+    line = why_no_rate_line(problem, [opt.Evaluation(problem.base, 1.0, (0.0,), {"served": 0.5}, {})])
+    assert line.startswith(f"the closest config can never serve {alone.num_rejected} of 16 requests, at any rate "
+                           "(needs ") and "KV blocks, the cache holds" in line and "--kv-memory" in line
+    assert "queueing guard" not in line
+
+
 def test_without_a_capacity_objective_the_workloads_own_rate_is_named():
     """Goodput is scored at the workload's own rate: a closest config breaking a latency SLO there (and not
     alone) is told to lower the rate or maximise capacity; one breaking only another constraint is not."""
