@@ -54,7 +54,8 @@ BlockTokensOpt = Annotated[Optional[int], typer.Option(
                                   "trace's 512-token hash blocks are re-cut to it (default 512)")]
 JitterOpt = Annotated[Optional[float], typer.Option(
     "--jitter", callback=_positive_finite("jitter step (s)"),  # (0 spreads nothing: refused, not skipped)
-    help="spread arrivals recorded in steps of this many seconds (> 0) over each step (Mooncake: 3)")]
+    help="spread arrivals recorded in steps of this many seconds (> 0) over each step (Mooncake: 3); "
+         "other arrivals each move later by less than that, re-sorted")]
 WindowOpt = Annotated[Optional[str], typer.Option("--window", help="keep arrivals in START:END seconds of the trace")]
 FirstOpt = Annotated[Optional[int], typer.Option("--first", min=1, help="keep the first N requests")]
 SampleOpt = Annotated[Optional[int], typer.Option("--sample", min=1, help="keep N random requests (seeded)")]

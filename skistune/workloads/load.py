@@ -7,8 +7,11 @@ from pathlib import Path
 
 from skistune.workloads import transforms
 from skistune.workloads.model import Workload
-from skistune.workloads.readers import ArrivalSpec, read_trace
+from skistune.workloads.readers import FORMATS, ArrivalSpec, read_trace
 from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, PRESETS, synthesize
+
+TRACE_SUFFIXES = (".csv", ".jsonl", ".json")  # (formats are detected by content; names only guide a hint)
+FEW_FILES = 3  # a directory holding at most this many trace-like files has them named in the error
 
 
 def load_workload(spec: str | Path | Workload, *, format: str | None = None, skip_bad_rows: bool = False,
@@ -65,10 +68,19 @@ def _source(spec: str | Path | Workload, *, format: str | None, skip_bad_rows: b
             block_tokens: int | None) -> Workload:
     if isinstance(spec, Workload):
         return spec
-    if str(spec) in PRESETS and format is None:
-        return synthesize(str(spec), requests=requests, seed=seed, rate_rps=rate_rps, burstiness=burstiness,
-                          block_tokens=block_tokens or SESSION_BLOCK_TOKENS)
+    if format is not None and format not in FORMATS:  # checked first: else the preset or file would be blamed
+        raise ValueError(f"--format {format!r}: unknown (known: {', '.join(FORMATS)})")
     path = Path(spec)
+    if str(spec) in PRESETS:
+        if format is None:
+            return synthesize(str(spec), requests=requests, seed=seed, rate_rps=rate_rps, burstiness=burstiness,
+                              block_tokens=block_tokens or SESSION_BLOCK_TOKENS)
+        if not path.is_file():  # (with --format, a file of a preset's name is read: that is what was meant)
+            raise ValueError(f"workload {str(spec)!r} is a preset: --format (format=) applies to trace files "
+                             f"(write ./{spec} for a file of that name)")
+    if path.is_dir():
+        raise ValueError(f"workload {str(spec)!r}: a directory, neither a preset ({', '.join(PRESETS)}) nor a trace "
+                         f"file{_files_in(path)}")
     if not path.is_file():
         raise ValueError(f"workload {str(spec)!r}: neither a preset ({', '.join(PRESETS)}) nor an existing file")
     if requests is not None:
@@ -82,3 +94,14 @@ def _source(spec: str | Path | Workload, *, format: str | None, skip_bad_rows: b
         raise ValueError(f"{path}: --burstiness (burstiness=) applies to generated arrivals (presets, length-only traces); "
                          "this trace has its own timestamps")
     return workload
+
+
+def _files_in(folder: Path) -> str:
+    """The hint after "a directory": the trace-like files in it (plain or gzipped), named when few."""
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+                   and p.name.removesuffix(".gz").endswith(TRACE_SUFFIXES))
+    if not names:
+        return ""
+    if len(names) > FEW_FILES:
+        return f"; it holds {len(names)} trace-like files: name one"
+    return f"; name a trace file in it: {', '.join(str(folder / name) for name in names)}"

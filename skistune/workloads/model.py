@@ -90,11 +90,14 @@ class Workload:
         """Prefix block ids of request ``i`` (leading blocks of its prompt; may be empty)."""
         return self.block_ids[self.block_offsets[i]:self.block_offsets[i + 1]]
 
-    def take(self, index: np.ndarray) -> "Workload":
-        """The requests at ``index`` (in that order), block lists and identities kept."""
+    def take(self, index: np.ndarray, arrival_s: np.ndarray | None = None) -> "Workload":
+        """The requests at ``index`` (in that order), block lists and identities kept. ``arrival_s``: their new
+        arrival times, in that order, for a transform that re-sorts requests by new times (their old times,
+        in the new order, would not be sorted)."""
         index = np.asarray(index, dtype=np.int64)
         block_offsets, block_ids = gather_blocks(self.block_offsets, self.block_ids, index)
-        return replace(self, arrival_s=self.arrival_s[index], input_tokens=self.input_tokens[index],
+        arrival_s = self.arrival_s[index] if arrival_s is None else arrival_s
+        return replace(self, arrival_s=arrival_s, input_tokens=self.input_tokens[index],
                        output_tokens=self.output_tokens[index], block_offsets=block_offsets, block_ids=block_ids,
                        session_ids=self.session_ids[index], request_ids=self.request_ids[index])
 

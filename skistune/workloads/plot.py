@@ -123,14 +123,17 @@ def plot_workload(workload: Workload, path: str | Path) -> Path:
         _histogram(ax, np.asarray(tokens), "tab:blue" if what == "input" else "tab:orange", integer=True)
         _integer_ticks(ax.yaxis)
         ax.set(xlabel=f"{what} tokens", ylabel="requests", title=f"{what} length")
-    bin_s = max(1.0, workload.duration_s / 100)
+    # bins of exactly the width the axis names (2 significant digits: "per 36 s", not "per 36.2" of 36.17 s
+    # bins); the last bin may reach past the last arrival rather than every bin be narrower than labelled
+    bin_s = max(1.0, float(f"{workload.duration_s / 100:.2g}"))
     start_s = float(workload.arrival_s[0])
-    span_s = max(bin_s, workload.duration_s)  # one request (or one arrival time): one bin, not -0.5..0.5
-    ax_rate.hist(workload.arrival_s, bins=max(1, int(np.ceil(span_s / bin_s))), range=(start_s, start_s + span_s),
-                 color="tab:green")
-    ax_rate.set_xlim(start_s, start_s + span_s)
+    bins = max(1, int(np.ceil(workload.duration_s / bin_s)))  # one request (or one arrival time): one bin
+    if start_s + bins * bin_s < workload.arrival_s[-1]:  # (float rounding must not leave the last one out)
+        bins += 1
+    ax_rate.hist(workload.arrival_s, bins=start_s + bin_s * np.arange(bins + 1), color="tab:green")
+    ax_rate.set_xlim(start_s, start_s + bins * bin_s)
     _integer_ticks(ax_rate.yaxis)
-    ax_rate.set(xlabel="time (s)", ylabel=f"requests per {bin_s:.3g} s", title="arrivals")
+    ax_rate.set(xlabel="time (s)", ylabel=f"requests per {bin_s:g} s", title="arrivals")
     _gap_panel(ax_gap, workload.arrival_s)
     fig.suptitle(_title(workload))
     fig.tight_layout()

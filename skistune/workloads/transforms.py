@@ -111,14 +111,16 @@ def time_window(workload: Workload, start_s: float, end_s: float) -> Workload:
 def jitter(workload: Workload, step_s: float, seed: int = 0) -> Workload:
     """Spread arrivals recorded in steps of ``step_s`` (Mooncake: 3 s) over each step: a request at t moves
     into [t, t + step_s). The offsets of the requests sharing a timestamp are sorted uniform draws given
-    in trace order, so times within a step look Poisson while turns keep their order; seeded."""
+    in trace order, so times within a step look Poisson while turns keep their order; seeded. Any other
+    arrivals (finer timestamps, generated ones, a step wider than the trace's) move the same way and the
+    requests are re-sorted by their new times: requests less than ``step_s`` apart may swap."""
     if not step_s > 0:
         raise ValueError(f"jitter step must be > 0 s, got {step_s}")
     offsets = np.random.default_rng(seed).random(len(workload))
     # within each group of equal timestamps (contiguous: arrivals are sorted) hand out the offsets in order
     offsets = offsets[np.lexsort((offsets, workload.arrival_s))]
     arrival_s = workload.arrival_s + step_s * offsets
-    order = np.argsort(arrival_s, kind="stable")
+    order = np.argsort(arrival_s, kind="stable")  # (the identity where timestamps sit on the step grid)
     notes = tuple(n for n in workload.notes if not n.startswith(QUANTUM_NOTE))
-    return workload.take(order).with_transform(f"jitter {step_s:g} s seed {seed}", arrival_s=arrival_s[order],
-                                               notes=notes)
+    # the new times go in with the new order: the old times in the new order are not sorted
+    return workload.take(order, arrival_s[order]).with_transform(f"jitter {step_s:g} s seed {seed}", notes=notes)

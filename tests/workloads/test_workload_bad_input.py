@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from skistune.cli import app
 from skistune.workloads import load_workload, read_trace
-from workload_paths import AZURE_HEADER, BURSTGPT_HEADER
+from workload_paths import AZURE_CONV, AZURE_HEADER, BURSTGPT_HEADER
 
 GOOD_ROW = "2023-11-16 18:15:46.68,374,44\n"
 MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]}\n'
@@ -120,6 +120,36 @@ def test_unknown_format_is_an_error(write):
     _assert_one_line_error(_cli(str(path), "--format", "parquet"), "format 'parquet': unknown")
     json_path = write("other.jsonl", '{"prompt": "hi"}\n')
     _assert_one_line_error(_cli(str(json_path)), "unknown trace format")
+
+
+def test_format_with_a_preset_says_format_is_for_trace_files():
+    """It said "neither a preset (chat, ...) nor an existing file" of chat, a preset."""
+    _assert_one_line_error(_cli("chat", "--format", "mooncake"),
+                           "workload 'chat' is a preset: --format (format=) applies to trace files")
+    with pytest.raises(ValueError, match="is a preset: --format"):
+        load_workload("chat", format="mooncake")
+
+
+@pytest.mark.parametrize("workload", ["chat", str(AZURE_CONV), "no-such-preset"])
+def test_unknown_format_is_named_whatever_the_workload(workload):
+    _assert_one_line_error(_cli(workload, "--format", "parquet"),
+                           "--format 'parquet': unknown (known: azure, mooncake, burstgpt, lengths)")
+
+
+def test_a_directory_is_called_one_and_its_trace_files_named(tmp_path):
+    """A folder of traces was "neither a preset ... nor an existing file"."""
+    _assert_one_line_error(_cli(str(AZURE_CONV.parent)),
+                           f"workload '{AZURE_CONV.parent}': a directory, neither a preset (chat, code, "
+                           f"long-context, agent) nor a trace file; name a trace file in it: {AZURE_CONV}")
+    for name in ("a.csv", "b.jsonl", "c.csv.gz", "d.csv"):
+        (tmp_path / name).write_text("")
+    _assert_one_line_error(_cli(str(tmp_path)), "a directory, neither a preset")
+    with pytest.raises(ValueError, match=r"a directory, .* nor a trace file; it holds 4 trace-like files: name one$"):
+        load_workload(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r"a directory, neither a preset \(.*\) nor a trace file$"):
+        load_workload(empty)
 
 
 def test_unknown_workload_and_misplaced_options(write):

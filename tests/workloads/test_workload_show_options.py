@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from skistune.cli import app
 from skistune.workloads import burstiness, load_workload, prefix_reuse_ratio
-from workload_paths import BURSTGPT_1, MOONCAKE_CONV
+from workload_paths import AZURE_CONV, BURSTGPT_1, MOONCAKE_CONV
 
 
 def _run(*args: str):
@@ -139,6 +139,14 @@ def test_jitter_zero_is_an_error_not_skipped(value):
     _one_line_error(_run(str(MOONCAKE_CONV), "--jitter", value), "'--jitter'", "must be > 0 and finite")
     with pytest.raises(ValueError, match=r"^jitter_s must be > 0 and finite"):
         load_workload(MOONCAKE_CONV, jitter_s=float(value))
+
+
+@pytest.mark.parametrize("args", [[str(AZURE_CONV), "--jitter", "1"], [str(AZURE_CONV), "--jitter", "0.001"],
+                                  ["chat", "--jitter", "1"], [str(MOONCAKE_CONV), "--jitter", "10"]])
+def test_jitter_works_off_the_step_grid(args):
+    """It failed with "arrival_s must be finite, >= 0 and sorted" unless arrivals sat on the jitter step."""
+    figures = _show(*args)
+    assert figures["transforms"] == [f"jitter {float(args[2]):g} s seed 0"]
 
 
 # ---- 5. --first past the end records what was kept ----

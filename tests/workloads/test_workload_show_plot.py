@@ -63,6 +63,19 @@ def test_gap_panel_says_how_many_gaps_are_zero_and_reads_coarse_steps_honestly(f
     assert not any("steps" in text.get_text() for text in jittered.texts)  # spread gaps take many values
 
 
+@pytest.mark.parametrize("source, label", [("chat", "requests per 1 s"), (AZURE_CONV, "requests per 35 s")])
+def test_arrival_bins_are_as_wide_as_labelled(figures, tmp_path, source, label):
+    """chat's first 10 requests span 1.8 s: "requests per 1 s" sat over two bins of 0.904 s."""
+    workload = load_workload(source, first=10) if source == "chat" else load_workload(source)
+    ax_rate = _plot(workload, figures, tmp_path).axes[2]
+    assert ax_rate.get_ylabel() == label
+    bin_s = float(label.split()[2])
+    widths = np.array([patch.get_width() for patch in ax_rate.patches])
+    assert np.allclose(widths, bin_s, rtol=1e-9)
+    assert sum(patch.get_height() for patch in ax_rate.patches) == len(workload)  # the last bin holds the last
+    assert ax_rate.get_xlim() == pytest.approx((workload.arrival_s[0], workload.arrival_s[0] + len(widths) * bin_s))
+
+
 def test_gap_panel_without_zero_gaps(figures, tmp_path):
     ax_gap = _plot(load_workload("chat", requests=200), figures, tmp_path).axes[3]
     assert "199 gaps, none 0" in ax_gap.get_title() and not ax_gap.texts

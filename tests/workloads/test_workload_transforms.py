@@ -98,6 +98,26 @@ def test_jitter_spreads_steps_and_keeps_order(mooncake):
     assert any("--jitter 3" in n for n in mooncake.notes) and not any("--jitter" in n for n in spread.notes)
 
 
+@pytest.mark.parametrize("source, step_s", [(AZURE_CONV, 1.0), (AZURE_CONV, 0.001), ("chat", 1.0),
+                                             (MOONCAKE_CONV, 10.0)])
+def test_jitter_off_the_step_grid_re_sorts_arrivals(source, step_s):
+    """Arrivals not on the step grid (Azure's milliseconds, a preset's, Mooncake's 3-s steps under a 10-s jitter)
+    overtake each other: the jittered workload was refused ("arrival_s must be finite, >= 0 and sorted")."""
+    original = load_workload(source)
+    spread = load_workload(source, jitter_s=step_s)
+    assert np.all(np.diff(spread.arrival_s) >= 0) and spread.arrival_s[0] >= 0
+    assert sorted(spread.request_ids) == sorted(original.request_ids)
+    # each request moved into [t, t + step) of its own time t, and kept its lengths
+    by_id = np.argsort(original.request_ids)[np.searchsorted(np.sort(original.request_ids), spread.request_ids)]
+    offsets = spread.arrival_s - original.arrival_s[by_id]
+    assert offsets.min() >= 0 and offsets.max() < step_s
+    assert np.array_equal(spread.input_tokens, original.input_tokens[by_id])
+    for i in range(0, len(spread), 397):
+        assert np.array_equal(spread.blocks(i), original.blocks(int(by_id[i])))
+    assert load_workload(source, jitter_s=step_s).digest() == spread.digest()  # seeded
+    assert load_workload(source, jitter_s=step_s, seed=1).digest() != spread.digest()
+
+
 def test_take_keeps_blocks_with_their_requests(mooncake):
     index = np.array([5, 2, 9])
     taken = mooncake.take(index)
