@@ -232,11 +232,13 @@ class ModelRunner:
             return
         store = self._tier_store(tiers)
         waited_from = time.perf_counter()
-        self._wait_prefetch()
+        waited = self._wait_prefetch()
         whole, layered = layered_split(out, self.layerwise_depth > 0)
-        tiers.stats.transfer_s += store.run(whole) + self._swap_rings(out)
+        moved_s = (store.run(whole) if whole else 0.0) + self._swap_rings(out)
         tiers.ran(whole)
-        tiers.stats.stall_s += time.perf_counter() - waited_from
+        if waited or moved_s:  # nothing waited for, nothing moved: no time (a run that moved nothing had read 0.07 ms)
+            tiers.stats.transfer_s += moved_s
+            tiers.stats.stall_s += time.perf_counter() - waited_from
         if layered:
             loader = LayerLoader(self.model.spec.n_layers, self.layerwise_depth)
             self._loader = (loader, self._submit(loader.load, store, layered, self._side_stream()))
@@ -286,12 +288,15 @@ class ModelRunner:
         kv.tiers.stats.transfer_s += job.result()
         kv.tiers.stats.stall_s += loader.stall_s
 
-    def _wait_prefetch(self) -> None:
-        if self._prefetch_job is not None:
-            job, transfers = self._prefetch_job
-            self._prefetch_job = None
-            self._tiers.stats.transfer_s += job.result()
-            self._tiers.ran(transfers)
+    def _wait_prefetch(self) -> bool:
+        """Wait for the previous step's prefetch, if any (whether there was one)."""
+        if self._prefetch_job is None:
+            return False
+        job, transfers = self._prefetch_job
+        self._prefetch_job = None
+        self._tiers.stats.transfer_s += job.result()
+        self._tiers.ran(transfers)
+        return True
 
     # ---- eviction ---------------------------------------------------------------------------------
     def _scored_queries(self, out: SchedulerOutput) -> list[int] | None:

@@ -1617,6 +1617,25 @@ def _existing_sqlite(storage: Any) -> None:
                          "optimize --storage URL --study NAME")
 
 
+def stored_profile(storage: Any, study_name: str):
+    """The hardware profile an existing study was created with (its recipe's), or None where the storage or
+    the study does not exist yet or holds no recipe: a resume without --profile takes it, so that a cached
+    quick profile measured again since does not make the same problem another one."""
+    import optuna
+
+    from skistune.profile import HardwareProfile
+
+    try:
+        _existing_sqlite(storage)
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage, create=False))
+    except (ValueError, KeyError):  # (no such file, tables or study: it is created as usual)
+        return None
+    recipe = study.user_attrs.get(RECIPE_ATTR)
+    if recipe is None or "profile" not in recipe:
+        return None
+    return HardwareProfile.from_dict(json.loads(_unpack(recipe["profile"])))
+
+
 def join_study(storage: Any, study_name: str, *, seed: int | None = None) -> WorkerJob:
     """Check and load everything a worker needs before any trial runs: the study (never created here), its
     recipe, the rebuilt problem (checked against the study's identity like any resume), this worker's

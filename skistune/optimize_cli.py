@@ -60,9 +60,11 @@ def profile_or_measure(path: str | None, model: str) -> Any:
         return path
     from skistune.profile import cached_profile_path, default_profile, machine_fingerprint
 
-    if not cached_profile_path(model, "cpu", machine_fingerprint("cpu")).is_file():
-        with err_console.status(f"measuring this machine's quick profile for {model} (up to a minute, more on a "
-                                "busy machine; once: it is cached)"):
+    cached = cached_profile_path(model, "cpu", machine_fingerprint("cpu"))
+    if not cached.is_file():  # (said in a line, not only a status: a status shows on a terminal only)
+        err_console.print(escape(f"measuring this machine's quick profile for {model}: up to a minute, more on a busy "
+                                 f"machine, once (cached in {cached})"), highlight=False, soft_wrap=True)
+        with err_console.status("measuring the quick profile"):
             return default_profile(model, "cpu")
     return default_profile(model, "cpu")
 
@@ -564,7 +566,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     import optuna
 
     from skistune.optimize import (SAMPLERS, UnmeetableSLO, build_problem, default_storage, default_study_name,
-                                   open_storage, open_study, running_notes)
+                                   open_storage, open_study, running_notes, stored_profile)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
     check_out_file(out, "--out")
@@ -574,9 +576,17 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
                   rate_rps=rate, burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window=window,
                   first=first, sample=sample, rate_scale=rate_scale, length_scale=length_scale,
                   max_input=max_input, max_output=max_output)
+    chosen_profile = functools.partial(profile_or_measure, profile, model)
+    if profile is None and study is not None:  # resuming: the profile the study was made with, not today's cache
+        stored = stored_profile(storage or default_storage(study), study)
+        if stored is not None:
+            chosen_profile = stored
+            err_console.print(escape(f"note: study {study} keeps the profile it was created with ({stored.name}, "
+                                     f"measured {stored.fingerprint.date[:10]}); --profile FILE starts another study"),
+                              highlight=False, soft_wrap=True)
     try:
         problem = build_problem(w, slo=slo or (), objective=",".join(objective or ["capacity"]), energy=energy, quality=quality or (),
-                                model=model, profile=functools.partial(profile_or_measure, profile, model), space=space,
+                                model=model, profile=chosen_profile, space=space,
                                 target=target, max_queue_s=parse_max_queue(max_queue),
                                 quality_profile=quality_profile, kv_memory=kv_memory)
     except UnmeetableSLO as exc:  # infeasible before any search: exit 3, as when no trial meets it
@@ -676,8 +686,8 @@ def _report(result, out: Path, json_out: bool, resume: str) -> None:
         console.print(escape(line), highlight=False)
     path = result.write(out)
     name = result.study.study_name
-    console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command, or {resume}, "
-                         "adds trials)"), highlight=False, soft_wrap=True)
+    console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command with {resume} adds "
+                         "trials)"), highlight=False, soft_wrap=True)
     broke = validation_warning(result)
     if broke:
         print_warning(broke)

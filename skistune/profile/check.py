@@ -16,6 +16,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from ..config import KVConfig
 from ..runtime.kv_layout import kv_traffic
 from ..runtime.llm import Runtime
@@ -104,6 +106,14 @@ def check_points(profile: HardwareProfile, per_kind: int = PER_KIND) -> list[Ste
     return picked
 
 
+def check_device(profile: HardwareProfile) -> None:
+    """A one-line ``ValueError`` when this machine lacks the device ``profile`` was measured on (it had read
+    ``--device cuda: ...``, an option the user never passed)."""
+    if profile.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"profile {profile.name} ({profile.model}) was measured on cuda and this machine has no "
+                         "CUDA device: check it on a machine with one")
+
+
 def speed_check(profile: HardwareProfile, runtime: Runtime | None = None, per_kind: int = PER_KIND,
                 progress: Callable[[str, int, int], None] | None = None) -> SpeedCheck:
     """Time `check_points` again on ``runtime`` (its model; a store sized for the points replaces its own)
@@ -118,6 +128,7 @@ def speed_check(profile: HardwareProfile, runtime: Runtime | None = None, per_ki
     prefill = [(p.grid["chunk"], p.grid["cached"]) for p in points if p.kind == "prefill"]
     tokens = _pool_tokens(decode, mixed, prefill, SETTINGS["warmup"] + SETTINGS["max_repeats"] + 8, block_size)
     if runtime is None:  # (a CUDA profile on a CPU machine, a model too large for it: one line, as profile_model)
+        check_device(profile)
         try:
             check_target(profile.model, profile.device)
             dtype = DTYPES[profile.device]

@@ -15,7 +15,7 @@ from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
 
 from .cost import ALL_FEATURES, ProjectionTimes
 from .fingerprint import machine_fingerprint
-from .profile import HardwareProfile, cached_profile_path, load_profile
+from .profile import HardwareProfile, cached_profile_path, load_profile, warn_if_elsewhere
 
 MODEL_HELP = "model preset (smollm2-135m has real weights; larger presets run with random weights, for timing)"
 
@@ -148,7 +148,7 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
 def profile_table(profile: HardwareProfile, path: Path) -> Table:
     fp = profile.fingerprint
     machine = fp.gpu_model or fp.cpu_model
-    table = Table(title=f"{profile.name}: {machine}, {fp.threads} threads, measured {fp.date} "
+    table = Table(title=f"{profile.name}: {profile.model} on {machine}, {fp.threads} threads, measured {fp.date} "
                         f"in {profile.duration_s:.0f} s", show_header=False)
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
@@ -272,9 +272,11 @@ def _check(path: Path, json_out: bool) -> None:
 
     from skistune.cli import console, err_console, print_json
 
-    from .check import speed_check
+    from .check import check_device, speed_check
 
-    profile = load_profile(path)  # (a fingerprint warning: one line, through `cli_errors`)
+    profile = load_profile(path, check_fingerprint=False)
+    check_device(profile)  # (one line: not also the fingerprint warning of a machine it cannot run on)
+    warn_if_elsewhere(profile, path)  # (one line, through `cli_errors`)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(f"loading {profile.model}", total=None)

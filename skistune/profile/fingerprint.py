@@ -18,6 +18,7 @@ from importlib import metadata
 NOT_COMPARED = ("date", "host_memory_bytes")
 # fields added after profiles were first written: a profile without one loads with None ("not recorded")
 ADDED_LATER = ("cpu_arch", "host_memory_bytes")
+COUNTS = ("cpu_count", "threads")  # at least 1 (a header had read "-3 threads")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class Fingerprint:
             if f.name not in data and f.name not in ADDED_LATER:
                 raise ValueError(f"fingerprint.{f.name}: missing")
             kwargs[f.name] = _checked(f.name, data.get(f.name), f.type)
+            if f.name in COUNTS and kwargs[f.name] < 1:
+                raise ValueError(f"fingerprint.{f.name}: expected a positive count, got {kwargs[f.name]}")
         return cls(**kwargs)
 
     def compared(self) -> dict:

@@ -419,11 +419,17 @@ def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True
     if model is not None:
         check_profile_model(profile, model)
     if check_fingerprint:
-        differences = fingerprint_diff(profile.fingerprint, machine_fingerprint(profile.device))
-        if differences:
-            warnings.warn(f"{path}: measured on a different machine or software ({'; '.join(differences)}); "
-                          "its timings may not hold here", FingerprintWarning, stacklevel=2)
+        warn_if_elsewhere(profile, path, stacklevel=3)
     return profile
+
+
+def warn_if_elsewhere(profile: HardwareProfile, path: str | os.PathLike[str], stacklevel: int = 2) -> None:
+    """Warn (`FingerprintWarning`) if ``profile``, read from ``path``, was measured on another machine or
+    software (apart from `load_profile`: a command may refuse the profile first, in one line)."""
+    differences = fingerprint_diff(profile.fingerprint, machine_fingerprint(profile.device))
+    if differences:
+        warnings.warn(f"{path}: measured on a different machine or software ({'; '.join(differences)}); "
+                      "its timings may not hold here", FingerprintWarning, stacklevel=stacklevel)
 
 
 def check_profile_model(profile: HardwareProfile, model: str) -> None:

@@ -276,3 +276,25 @@ def test_objective_repeats_as_a_pareto_front_like_a_comma_list(here):
         r = invoke("--slo", "p99=200ms", *SMALL, *args, "--out", str(here / f"t{i}.yaml"))
         assert r.exit_code == 0, r.output
         assert yaml.safe_load((here / f"t{i}.yaml").read_text())["provenance"]["objective"] == ["capacity", "energy"]
+
+
+def test_resuming_a_study_without_a_profile_takes_the_one_it_was_made_with(here, monkeypatch):
+    """The cached quick profile, measured again after a study was made (by another run sharing the cache),
+    had made `--study NAME` refuse the study as 'created for another problem (differs in: step_cost)'."""
+    import skistune.optimize_cli as cli
+
+    small = ["--requests", "16", "--trials", "2", "--validate", "0"]
+    first = invoke("--slo", "p99=200ms", *small, "--profile", PROFILE, "--study", "s", "--json")
+    assert first.exit_code == 0, first.output
+
+    def no_measuring(*args):
+        raise AssertionError("measured or read this machine's profile instead of the study's")
+
+    monkeypatch.setattr(cli, "profile_or_measure", no_measuring)
+    again = invoke("--slo", "p99=200ms", *small, "--study", "s", "--json")
+    assert again.exit_code == 0, again.output
+    assert "note: study s keeps the profile it was created with (cpu-smollm2-135m, measured " in again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["trials"] == 4
+    # a new study without --profile still reads this machine's (here: the patched function, which refuses)
+    fresh = invoke("--slo", "p99=200ms", *small, "--study", "other")
+    assert fresh.exit_code != 0 and "instead of the study's" in repr(fresh.exception)

@@ -1,0 +1,84 @@
+"""What `skistune profile` and `skistune evaluate` say about profiles: a CUDA profile checked without CUDA,
+a quick profile about to be measured, and a profile with a bad thread count or an unknown model."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from profile_tiny import SHIPPED
+from typer.testing import CliRunner
+
+from skistune.cli import app
+from skistune.profile import FingerprintWarning, cached_profile_path, load_profile, machine_fingerprint
+
+CUDA_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cuda-llama-3-8b.json"
+
+
+def _edited_shipped(tmp_path: Path, edit) -> Path:
+    data = json.loads(SHIPPED.read_text())
+    edit(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _one_error_line(r) -> str:
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    return lines[0]
+
+
+def test_check_of_a_cuda_profile_without_cuda_names_the_profile_device_not_an_option(monkeypatch):
+    """It read `--device cuda: torch sees no CUDA device`, an option the user never passed, after a
+    fingerprint warning."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = _one_error_line(CliRunner().invoke(app, ["profile", "--check", str(CUDA_PROFILE)]))
+    assert "was measured on cuda and this machine has no CUDA device" in line and "--device" not in line
+
+
+def test_evaluate_says_it_measures_the_quick_profile_before_measuring(tmp_path, monkeypatch):
+    """With no --profile and an empty cache, the first evaluate measured for about a minute, silent when
+    stderr is not a terminal."""
+    import skistune.profile as profile_module
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FingerprintWarning)
+        shipped = load_profile(SHIPPED)
+    measured = []
+    monkeypatch.setattr(profile_module, "default_profile", lambda model, device: measured.append(model) or shipped)
+    config = tmp_path / "kv.yaml"
+    config.write_text("offload: {host_kv_bytes: 1GB}\n")
+    r = CliRunner().invoke(app, ["evaluate", str(config), "--workload", "chat", "--requests", "2"])
+    assert r.exit_code == 0, r.output
+    path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"))
+    assert measured == ["smollm2-135m"] and str(path).startswith(str(tmp_path / "cache"))
+    said = [line for line in r.stderr.splitlines() if "quick profile" in line]  # (optimize's line: one function)
+    assert said == [f"measuring this machine's quick profile for smollm2-135m: up to a minute, more on a busy "
+                    f"machine, once (cached in {path})"]
+    with_profile = CliRunner().invoke(app, ["evaluate", str(config), "--requests", "2", "--profile", str(SHIPPED)])
+    assert with_profile.exit_code == 0 and "quick profile" not in with_profile.stderr
+
+
+def test_show_refuses_a_non_positive_thread_count(tmp_path):
+    path = _edited_shipped(tmp_path, lambda d: d["fingerprint"].update(threads=-3))
+    line = _one_error_line(CliRunner().invoke(app, ["profile", "--show", str(path)]))
+    assert line == f"error: {path}: fingerprint.threads: expected a positive count, got -3"
+
+
+def test_show_names_the_model_in_its_header(tmp_path):
+    """The header had named the machine but not the model; a profile of a model this skistune has no preset
+    for is still shown (a viewer), and evaluate refuses it."""
+    shown = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["profile", "--show", str(SHIPPED)])
+    assert shown.exit_code == 0 and "cpu-smollm2-135m: smollm2-135m on " in shown.stdout
+    path = _edited_shipped(tmp_path, lambda d: d.update(model="gpt-17"))
+    other = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["profile", "--show", str(path)])
+    assert other.exit_code == 0 and ": gpt-17 on " in other.stdout
+    config = tmp_path / "kv.yaml"
+    config.write_text("{}\n")
+    evaluated = CliRunner().invoke(app, ["evaluate", str(config), "--model", "gpt-17", "--profile", str(path)])
+    assert evaluated.exit_code == 2 and "unknown preset" in _one_error_line(evaluated)
