@@ -423,8 +423,8 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     fit_notes = list(fitted.notes[len(w.notes):])  # (prompts the model's context cut short)
     # last: the profile may have to be measured first (a minute), which bad input elsewhere must not cost
     prof, notes = _load_profile(profile() if callable(profile) else profile, model)
-    notes = fit_notes + quality_notes + notes + [n for n in (prof.drift_note, prof.step_coverage_note) if n]
     sim_target = target_from_profile(prof, model)
+    notes = fit_notes + quality_notes + notes + list(sim_target.notes)  # (the profile's own, as evaluate shows them)
     if kv_bytes is not None:
         sim_target = replace(sim_target, device_free_bytes=kv_bytes)
     check_slo_floor(slos, sim_target)
@@ -1130,11 +1130,13 @@ def running_notes(study) -> list[str]:
     import optuna
 
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    stopped = sum(_stopped_here(t.user_attrs.get("worker")) for t in running)
+    left = [t.number for t in running if _stopped_here(t.user_attrs.get("worker"))]
+    stopped = len(left)
     others, grace = len(running) - stopped, f"{4 * HEARTBEAT_S} s"
     notes = []
     if stopped:
-        notes.append(f"{stopped} trial{'s' * (stopped != 1)} left running by a stopped process: retried once "
+        named = ", ".join(map(str, left[:5])) + (f" and {stopped - 5} more" if stopped > 5 else "")
+        notes.append(f"trial{'s' * (stopped != 1)} {named} left running by a stopped process: retried once "
                      f"{'its' if stopped == 1 else 'their'} heartbeat is {grace} stale (by this run if it lasts "
                      "that long, else by the next)")
     if others:

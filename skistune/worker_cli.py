@@ -58,12 +58,14 @@ def _run(job, trials: int, timeout: float | None):
         raise typer.Exit(interrupted_exit_code(exc)) from None
 
 
-def _best(job) -> Any:
-    """The study's best feasible first objective so far (None until a trial is feasible)."""
-    from skistune.optimize import completed, ranked
+def _best(job) -> tuple[Any, int]:
+    """The study's best feasible config so far (by the first objective; None until a trial is feasible) and the
+    size of its Pareto front, at the search's precision (`skistune optimize` refines and validates)."""
+    from skistune.optimize import completed, pareto_front, ranked
 
-    top = ranked(job.problem, completed(job.study))
-    return top[0].values[0] if top else None
+    evaluations = completed(job.study)
+    top = ranked(job.problem, evaluations)
+    return (top[0] if top else None), len(pareto_front(job.problem, evaluations))
 
 
 @cli_errors
@@ -89,15 +91,24 @@ def worker(study_arg: StudyArg = None, study: StudyOpt = None, storage: StorageA
     for note in running_notes(job.study):  # (the other workers' trials, or a killed one's)
         err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     run = _run(job, trials, timeout)
-    best, objective = _best(job), job.problem.objectives[0].name
+    best, front = _best(job)
+    objectives = job.problem.objectives
+    values = {o.name: (best.values[i] if best is not None else None) for i, o in enumerate(objectives)}
+    if len(objectives) == 1:
+        so_far = f"best {objectives[0].name} so far: {_best_text(objectives[0], values[objectives[0].name])}"
+    else:  # (the front is the result: each objective of its first config, and how many configs it holds)
+        so_far = (f"best by {objectives[0].name} so far: "
+                  + ", ".join(f"{o.name} {_best_text(o, values[o.name])}" for o in objectives)
+                  + f"; Pareto front of {front} config{'s' * (front != 1)}")
     err_console.print(escape(f"worker (seed {job.seed}) finished {run.finished} trials of study {study} in "
                              f"{_storage_label(storage)}; the study has {run.complete_in_study} complete trials; "
-                             f"best {objective} so far: {_best_text(job.problem.objectives[0], best)}"),
-                      highlight=False, soft_wrap=True)
+                             f"{so_far} (at the search's precision: skistune optimize --study {study} refines, "
+                             "validates and writes the config)"), highlight=False, soft_wrap=True)
     if json_out:
         print_json({"study": study, "storage": _storage_label(storage), "seed": job.seed, "finished": run.finished,
-                    "failed": run.failed, "complete_in_study": run.complete_in_study, "objective": objective,
-                    "best": best})
+                    "failed": run.failed, "complete_in_study": run.complete_in_study,
+                    "objective": objectives[0].name, "best": values[objectives[0].name], "best_values": values,
+                    "pareto_size": front, "precision": "search"})
 
 
 app.command()(worker)  # `skistune.cli` imports this module at its end: that import registers the command

@@ -184,6 +184,21 @@ def test_the_worker_prints_the_best_capacity_with_its_unit(here):
     assert f"best capacity so far: {best:.4g} req/s" in " ".join(r.stderr.split())
 
 
+def test_the_worker_of_a_multi_objective_study_reports_every_objective_and_the_front(here):
+    """It had reported the first objective alone, at the search's precision, unlabelled."""
+    assert invoke("optimize", "--slo", "p99=200ms", *SMALL, "--objective", "capacity,energy",
+                  "--study", "multi").exit_code == 0
+    r = invoke("worker", "multi", "--trials", "1", "--seed", "1", "--json")
+    assert r.exit_code == 0, r.output
+    summary = last_json(r)
+    assert set(summary["best_values"]) == {"capacity", "energy"} and summary["precision"] == "search"
+    assert summary["best"] == summary["best_values"]["capacity"] and summary["pareto_size"] >= 1
+    text = " ".join(r.stderr.split())
+    assert (f"best by capacity so far: capacity {summary['best']:.4g} req/s, energy "
+            f"{summary['best_values']['energy']:.3g} J/token; Pareto front of {summary['pareto_size']} config") in text
+    assert "at the search's precision: skistune optimize --study multi refines, validates and writes" in text
+
+
 # 10. an energy budget that binds had no "why" line
 def test_an_infeasible_energy_budget_says_why(here):
     r = invoke("optimize", "--slo", "p99=200ms", "--energy", "0.05J/token", *SMALL, "--json")
@@ -192,3 +207,10 @@ def test_an_infeasible_energy_budget_says_why(here):
     assert why.startswith("energy<=0.05J/token binds in 3 of 3 trials: the closest configs use ")
     assert "J/token or more (x" in why and "a looser --energy budget" in why
     assert why.split(":")[0] in r.stdout
+
+
+def test_the_profiles_own_notes_reach_the_search_as_they_reach_evaluate(profile):
+    """A quick profile measured on a busy machine said so in `evaluate` and `profile --show`, not in optimize."""
+    busy = replace(profile, notes=("measured while the machine was busy (load average 2.2 on 2 cores as it began)",))
+    problem = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", profile=busy)
+    assert busy.notes[0] in problem.notes

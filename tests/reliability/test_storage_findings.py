@@ -132,7 +132,7 @@ def test_a_resume_says_which_trials_a_stopped_process_left_running(tmp_path, pro
         trial = study.ask()
         trial.set_user_attr("worker", {"host": host, "pid": pid, "seed": 0})
     assert running_notes(study) == [
-        "1 trial left running by a stopped process: retried once its heartbeat is 20 s stale (by this run if it "
+        "trial 1 left running by a stopped process: retried once its heartbeat is 20 s stale (by this run if it "
         "lasts that long, else by the next)",
         "another process is running study r (1 trial running, or left by a process stopped less than 20 s ago): "
         "this run adds its trials to the same study"]
