@@ -419,17 +419,29 @@ def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True
     if model is not None:
         check_profile_model(profile, model)
     if check_fingerprint:
-        warn_if_elsewhere(profile, path, stacklevel=3)
+        warn_if_elsewhere(profile, path)
     return profile
 
 
-def warn_if_elsewhere(profile: HardwareProfile, path: str | os.PathLike[str], stacklevel: int = 2) -> None:
+def warn_if_elsewhere(profile: HardwareProfile, path: str | os.PathLike[str]) -> None:
     """Warn (`FingerprintWarning`) if ``profile``, read from ``path``, was measured on another machine or
-    software (apart from `load_profile`: a command may refuse the profile first, in one line)."""
+    software (apart from `load_profile`: a command may refuse the profile first, in one line). The warning
+    points at the caller's line outside skistune (`skistune.sim_target(...)`, not skistune's own call)."""
     differences = fingerprint_diff(profile.fingerprint, machine_fingerprint(profile.device))
     if differences:
         warnings.warn(f"{path}: measured on a different machine or software ({'; '.join(differences)}); "
-                      "its timings may not hold here", FingerprintWarning, stacklevel=stacklevel)
+                      "its timings may not hold here", FingerprintWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` (as seen from our caller's ``warnings.warn``) of the first frame outside skistune."""
+    import sys
+
+    package = os.path.dirname(os.path.dirname(__file__)) + os.sep  # (as code objects name their files)
+    frame, level = sys._getframe(1), 1  # (our caller: level 1 of its warnings.warn)
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_profile_model(profile: HardwareProfile, model: str) -> None:

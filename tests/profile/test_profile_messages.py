@@ -82,3 +82,17 @@ def test_show_names_the_model_in_its_header(tmp_path):
     config.write_text("{}\n")
     evaluated = CliRunner().invoke(app, ["evaluate", str(config), "--model", "gpt-17", "--profile", str(path)])
     assert evaluated.exit_code == 2 and "unknown preset" in _one_error_line(evaluated)
+
+
+def test_the_fingerprint_warning_points_at_the_callers_line(monkeypatch):
+    """It had pointed at skistune's own call inside `sim_target`."""
+    import skistune
+    import skistune.profile.profile as profile_module
+    from skistune.profile import FingerprintWarning
+
+    monkeypatch.setattr(profile_module, "fingerprint_diff", lambda a, b: ["cpu_model: elsewhere -> here"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        skistune.sim_target("smollm2-135m", str(SHIPPED))
+    [found] = [w for w in caught if issubclass(w.category, FingerprintWarning)]
+    assert found.filename == __file__
