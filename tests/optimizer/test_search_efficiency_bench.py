@@ -1,27 +1,11 @@
 """The search-efficiency benchmark's own logic (benchmarks/search_efficiency.py): the grid it scores
 exhaustively, and the ratios it reports. The benchmark itself is run by hand (see BENCHMARKS.md)."""
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 from skistune.optimize import baseline_config
 from skistune.searchspace import parse_space
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "search_efficiency.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("search_efficiency_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
-
 
 SPACE = """
 name: tiny

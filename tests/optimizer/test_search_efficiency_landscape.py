@@ -1,25 +1,13 @@
 """The search-efficiency benchmark's description of a grid's landscape (benchmarks/search_efficiency.py): the
 ratios just below the optimum with how many configs tie at each, and the knob values every near-optimal config
 shares (what a search has to get right together)."""
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
 from skistune.config import KVConfig
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "search_efficiency.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("search_efficiency_landscape", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+from conftest import SEARCH_EFFICIENCY
 
 
 def _config(seqs: int, chunk: int, prefix: bool) -> KVConfig:
@@ -92,7 +80,7 @@ def test_grid_statistics_read_the_baseline_as_enqueued(bench):
 
 
 def test_rate_option_refuses_a_bad_pair(bench, capsys):
-    sys.path.insert(0, str(BENCH.parent))  # the script imports bench_args from its folder
+    sys.path.insert(0, str(SEARCH_EFFICIENCY.parent))  # the script imports bench_args from its folder
     try:
         for bad in ("agent-energy", "agent-energy=x", "nope=1.0", "agent-energy=0", "agent-energy=inf"):
             with pytest.raises(SystemExit) as stop:
@@ -100,4 +88,4 @@ def test_rate_option_refuses_a_bad_pair(bench, capsys):
             assert stop.value.code == 2
             assert f"--rate {bad!r}" in capsys.readouterr().err
     finally:
-        sys.path.remove(str(BENCH.parent))
+        sys.path.remove(str(SEARCH_EFFICIENCY.parent))

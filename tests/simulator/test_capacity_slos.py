@@ -2,25 +2,18 @@
 objects, or anything with ``met``; anything else is a clear TypeError before any simulation."""
 from __future__ import annotations
 
-import warnings
-from pathlib import Path
 
 import pytest
 
 from skistune.config import KVConfig
-from skistune.evaluate import sim_target, workload_requests
+from skistune.evaluate import workload_requests
 from skistune.simulator import capacity
 from skistune.slo import parse_slo
 from skistune.workloads import load_workload
 
-PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json")
-
-
 @pytest.fixture(scope="module")
-def setup():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        target = sim_target("smollm2-135m", PROFILE)
+def setup(shipped_target):
+    target = shipped_target
     requests = workload_requests(load_workload("chat", requests=6, max_input=64, max_output=8, seed=0), "smollm2-135m")
     return requests, target
 

@@ -5,26 +5,22 @@ and requests arriving all at once were given a capacity of 1,024 x an "arrival r
 from __future__ import annotations
 
 import re
-import warnings
-from pathlib import Path
 
 import pytest
 
 import skistune.simulator as simulator
 from skistune.config import KVConfig
-from skistune.evaluate import sim_target, workload_requests
+from skistune.evaluate import workload_requests
 from skistune.runtime.request import Request
 from skistune.simulator import capacity, lattice_step, simulate
 from skistune.workloads import load_workload
 
-PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json")
+from conftest import PROFILE
 
 
 @pytest.fixture(scope="module")
-def setup():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        target = sim_target("smollm2-135m", PROFILE)
+def setup(shipped_target):
+    target = shipped_target
     workload = load_workload("chat", requests=4, max_input=64, max_output=8, seed=0)
     return workload, workload_requests(workload, "smollm2-135m"), target
 
