@@ -2,12 +2,11 @@
 ratios just below the optimum with how many configs tie at each, and the knob values every near-optimal config
 shares (what a search has to get right together)."""
 import sys
+from pathlib import Path
 
 import pytest
 
 from skistune.config import KVConfig
-
-from conftest import SEARCH_EFFICIENCY
 
 
 def _config(seqs: int, chunk: int, prefix: bool) -> KVConfig:
@@ -80,7 +79,7 @@ def test_grid_statistics_read_the_baseline_as_enqueued(bench):
 
 
 def test_rate_option_refuses_a_bad_pair(bench, capsys):
-    sys.path.insert(0, str(SEARCH_EFFICIENCY.parent))  # the script imports bench_args from its folder
+    sys.path.insert(0, str(Path(bench.__file__).parent))  # the script imports bench_args from its folder
     try:
         for bad in ("agent-energy", "agent-energy=x", "nope=1.0", "agent-energy=0", "agent-energy=inf"):
             with pytest.raises(SystemExit) as stop:
@@ -88,4 +87,4 @@ def test_rate_option_refuses_a_bad_pair(bench, capsys):
             assert stop.value.code == 2
             assert f"--rate {bad!r}" in capsys.readouterr().err
     finally:
-        sys.path.remove(str(SEARCH_EFFICIENCY.parent))
+        sys.path.remove(str(Path(bench.__file__).parent))

@@ -5,6 +5,7 @@ and requests arriving all at once were given a capacity of 1,024 x an "arrival r
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from skistune.runtime.request import Request
 from skistune.simulator import capacity, lattice_step, simulate
 from skistune.workloads import load_workload
 
-from conftest import PROFILE
+PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json")
 
 
 @pytest.fixture(scope="module")
