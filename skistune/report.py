@@ -32,7 +32,7 @@ from skistune.config import KVConfig
 from skistune.objectives import structural_changes
 from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINED_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed,
                                front_with, infeasibility, nondominated, ranked, score, with_refined)
-from skistune.plotting import log_axis, wants_log
+from skistune.plotting import log_axis, place_label, wants_log
 
 DEFAULT_TOP_K = 5  # best configs shown
 FILES = {"pareto": "pareto.png", "latency": "latency-cdf.png", "memory": "memory-timeline.png",
@@ -73,15 +73,15 @@ def load_study(study_name: str, storage: Any = None) -> tuple[Any, Problem, str]
 class Report:
     """What a study found. ``best``: feasible configs, best first objective first: the first ``refined`` as
     `skistune optimize` last refined and printed them (2% capacity precision), the rest trial figures (the
-    search's precision); ``evaluations``: every trial, those of refined configs with the refined figures
+    search's precision) but for the baseline's config, refined as ``baseline`` is; ``evaluations``: every trial, those of refined configs with the refined figures
     (`optimize.with_refined`: one set of figures per config in every table and plot); ``pareto``: the
     feasible configs no other beats on the throughput axis, J/token, quality loss and the study's other
     objectives together, from ``evaluations``; ``baseline``: vLLM's defaults,
     refined where optimize refined them; ``validated``: the last validation's records (`optimize.validation_record`), winner first,
     baseline last; ``binding``/``closest``: trials each constraint ruled out, configs closest to feasible;
     ``importance``: each knob's share of the first objective's variance (empty with ``importance_note``
-    saying why); ``why``: why no arrival rate worked, in a study with no feasible config, where it can be told
-    (`optimize_cli.why_no_rate_line`)."""
+    saying why); ``why``: why no config was feasible, where it can be told, as `skistune optimize` says it
+    (`optimize_cli.why_no_rate_line` and `energy_line`)."""
 
     problem: Problem
     study: Any
@@ -117,20 +117,25 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
     binding, closest = infeasibility(evaluations)
     importance, method, note = knob_importance(study, problem)
     validated = tuple(study.user_attrs.get(VALIDATED_ATTR, ()))
-    best = _winner_first(ranked(problem, evaluations), study.user_attrs.get(CHOSEN_ATTR), validated)
     refined = study.user_attrs.get(REFINED_ATTR)
-    baseline = None
+    first, baseline = [], None
     if refined is not None:  # the figures optimize printed, not the search's coarser ones for the same configs
         first = [Evaluation.from_record(r) for r in refined["best"]]
-        best = first + [e for e in best if e.config not in {f.config for f in first}]
         baseline = Evaluation.from_record(refined["baseline"])
-    best = tuple(best[:top_k])
+    # one set of figures per config: trial 0 (the baseline's config) ranked below the first ones had kept its
+    # search figure (0.06662 req/s) beside the refined baseline row's (0.0711)
     pool = evaluations if refined is None else with_refined(evaluations, [*first, baseline])
+    best = _winner_first(ranked(problem, pool), study.user_attrs.get(CHOSEN_ATTR), validated)
+    best = first + [e for e in best if e.config not in {f.config for f in first}]
+    best = tuple(best[:top_k])
     why = None
-    if not best:  # (simulates the closest config with each request alone: once, for the terminal, HTML and JSON)
-        from skistune.optimize_cli import why_no_rate_line
+    if not best:  # as optimize explains it (simulates the closest config alone: once, for terminal, HTML and JSON)
+        from types import SimpleNamespace
 
-        why = why_no_rate_line(problem, closest)
+        from skistune.optimize_cli import energy_line, why_no_rate_line
+
+        seen = SimpleNamespace(problem=problem, binding=binding, closest=closest, trials=len(evaluations))
+        why = " ".join(filter(None, (why_no_rate_line(problem, closest), energy_line(seen)))) or None
     front = tradeoff_front(problem, pool)
     if refined is not None and best:  # the written config on the front, as optimize shows it (a tie it won)
         front = front_with(problem, front, best[0])
@@ -353,13 +358,21 @@ def _view(report: Report, rows: Sequence[Evaluation]) -> Any:
 
 
 def best_configs_table(report: Report):
+    from skistune.optimize import REFINE_PRECISION
     from skistune.optimize_cli import best_table
 
     table = best_table(_view(report, report.best))
     p = report.problem
+    # which rows carry refined figures, by rank: the baseline's config refined as the base row is, so that it
+    # shows one figure (a trial-0 row at the search's 0.06662 req/s beside a base row's 0.0711 read as a
+    # contradiction)
+    base = report.baseline.config.effective()
+    fine = [i < report.refined or e.config.effective() == base for i, e in enumerate(report.best)]
+    ranks = [f"#{i + 1}" for i, f in enumerate(fine) if f]
+    coarse = [f"#{i + 1}" for i, f in enumerate(fine) if not f]
     precision = ("at the search's precision" if not report.refined else
-                 f"the first {report.refined} and the baseline at 2% precision as optimize printed them"
-                 + (", the rest at the search's" if len(report.best) > report.refined else ""))
+                 f"{', '.join(ranks)} and base at {REFINE_PRECISION:.0%} precision as optimize printed them"
+                 + (f", {', '.join(coarse)} at the search's" if coarse else ""))
     table.title = (f"Best configs of study {report.name} ({len(report.evaluations)} trials), predicted on "
                    f"{len(p.workload)} requests of {p.workload.name}, {precision}")
     return table
@@ -559,10 +572,12 @@ def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float], axis: s
     for e, (x, y) in marked:
         cell = (round(50 * (x - x0) / (x1 - x0)), round(50 * (y - y0) / (y1 - y0)))
         labels.setdefault(cell, ((x, y), []))[1].append(f"{ranks.get(e.config, '')}trial {e.trial}")
-    for (x, y), names in labels.values():
-        right = (x - x0) / (x1 - x0) > 0.75  # near the right edge the label goes left of its ring, not off the axes
-        ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(-7, 7) if right else (7, 7),
-                    ha="right" if right else "left", fontsize=8, zorder=5)
+    # each label on a leader line from its own ring, clear of every other dot where one of the offsets is; #1's
+    # placed first, so it gets the nearest clear spot
+    dots = [(rate(e), e.figures.get("energy_j_per_token", math.nan)) for e in (*report.evaluations, report.baseline)]
+    avoid, taken = ax.transData.transform([d for d in dots if all(map(math.isfinite, d))] or np.zeros((0, 2))), []
+    for (x, y), names in sorted(labels.values(), key=lambda v: not any(n.startswith("#1 ") for n in v[1])):
+        place_label(ax, ", ".join(names), (x, y), avoid, taken, fontsize=8, zorder=5)
 
 
 def plot_x_axis(report: Report) -> tuple[str, Callable[[Evaluation], float]]:

@@ -324,3 +324,79 @@ def test_without_a_rate_objective_the_pareto_plot_spreads_trials_on_another_axis
     axis, x = plot_x_axis(study_of("energy"))
     assert axis == "KV peak (MiB)" and x(at_own_rate[0]) == at_own_rate[0].figures["kv_peak_bytes"] / 2**20
     assert plot_x_axis(study_of("energy,memory"))[0] == "memory: KV peak (MiB)"
+
+
+def test_an_energy_infeasible_study_says_why_as_optimize_does(tmp_path):
+    """An energy budget no config meets: optimize explains it (`energy_line`), the report had said only "see the
+    constraints table" (and "why": null)."""
+    from skistune.optimize_cli import energy_line
+
+    result, storage = make_study(tmp_path, name="en", n_trials=2, energy="0.05J/token")
+    assert not result.feasible and result.binding["energy<=0.05J/token"] == 2
+    said = energy_line(result)
+    assert said.startswith("energy<=0.05J/token binds in 2 of 2 trials: the closest configs use")
+    assert build_report("en", storage=storage).why == said  # (no latency broke: no why_no_rate_line)
+    r = invoke("en", "--storage", storage, "--out-dir", str(tmp_path / "out"), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["why"] == said and said[:60] in r.stdout
+
+
+def test_the_baselines_config_shows_the_base_rows_refined_figures_wherever_it_ranks(study, tmp_path):
+    """A study whose printed (refined) configs leave out trial 0, the baseline's config: its row below them had
+    the search's figure (0.04711 req/s) beside the base row's refined one (0.04814), as if they disagreed."""
+    result, url = study
+    copy = tmp_path / "r.db"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    storage = f"sqlite:///{copy}"
+    printed = [e for e in result.best if e.config != result.problem.base][:1]  # (optimize printed one, not trial 0)
+    stored = optuna.load_study(study_name="t", storage=storage)
+    stored.set_user_attr("skistune.refined", {"best": [e.to_record() for e in printed],
+                                              "baseline": result.baseline.to_record()})
+    stored.set_user_attr("skistune.chosen", printed[0].config.to_dict())
+    rep = build_report("t", storage=storage)
+    rank = next(i for i, e in enumerate(rep.best) if e.trial == 0)
+    assert rank >= rep.refined == 1
+    row = rep.best[rank]
+    assert row.values == rep.baseline.values and row.figures == rep.baseline.figures
+    rows = report_tables(rep)[0]
+    assert list(rows.columns[2].cells)[rank] == list(rows.columns[2].cells)[-1]  # the same capacity cell
+    rest = [f"#{i + 1}" for i in range(1, len(rep.best)) if i != rank]
+    title = str(rows.title)
+    assert f"#1, #{rank + 1} and base at 2% precision as optimize printed them" in title
+    assert title.endswith(f"{', '.join(rest)} at the search's" if rest else "printed them")
+
+
+def test_the_number_one_label_is_anchored_at_its_ring_and_covers_no_other_dot(report, monkeypatch):
+    """The "#1 trial 11" label, written beside its point, had sat over trial 4's dot: it is now on a line from
+    its own ring, at an offset that covers no other point (here one put where the label used to go)."""
+    import math
+
+    from matplotlib.text import Text
+
+    import skistune.report as rep
+
+    figures = []
+    monkeypatch.setattr(rep, "_png", lambda fig: figures.append(fig) or b"")
+
+    def number_one(rpt):
+        rep.plot_pareto(rpt)
+        ax = figures[-1].axes[0]
+        figures[-1].draw_without_rendering()
+        return ax, next(t for t in ax.texts if t.get_text().startswith("#1 "))
+
+    first = report.best[0]
+    point = (first.values[0], first.figures["energy_j_per_token"])
+    ax, label = number_one(report)
+    # a dot where the old label went: just left of the ring and above it (the ring is the rightmost point)
+    px, py = ax.transData.transform(point)
+    x, y = ax.transData.inverted().transform((px - 25, py + 14))
+    figures_at = {**first.figures, "energy_j_per_token": y}
+    neighbour = dataclasses.replace(first, config=first.config.with_knobs({"batching.max_num_seqs": 3}),
+                                    values=(x,), figures=figures_at, violations={"served": 1.0}, trial=99)
+    crowded = dataclasses.replace(report, evaluations=(*report.evaluations, neighbour))
+    ax, label = number_one(crowded)
+    assert label.xy == point and label.arrow_patch is not None  # anchored at #1's own coordinates, with a line
+    box = Text.get_window_extent(label)
+    dots = [(e.values[0], e.figures["energy_j_per_token"]) for e in (*crowded.evaluations, crowded.baseline)]
+    pixels = ax.transData.transform([d for d in dots if all(map(math.isfinite, d))])
+    assert not box.count_contains(pixels)
