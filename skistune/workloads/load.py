@@ -7,11 +7,16 @@ from pathlib import Path
 
 from skistune.workloads import transforms
 from skistune.workloads.model import Workload
-from skistune.workloads.readers import FORMATS, ArrivalSpec, read_trace
+from skistune.workloads.readers import FORMATS, ArrivalSpec, read_trace, trace_name
 from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, PRESETS, synthesize
 
 TRACE_SUFFIXES = (".csv", ".jsonl", ".json")  # (formats are detected by content; names only guide a hint)
 FEW_FILES = 3  # a directory holding at most this many trace-like files has them named in the error
+# Magnitudes no serving workload means (`--rate 1e300` gave a 1e-299 s trace, `--length-scale 1e9` 1e12-token
+# prompts): the busiest deployments serve thousands of requests a second, so a mean gap under a microsecond is
+# a typo; and no model takes a context past 10M tokens (the longest advertised, Llama 4 Scout's, is 10M).
+MAX_RATE_RPS = 1e6
+MAX_TOKENS = 10_000_000
 
 
 def load_workload(spec: str | Path | Workload, *, format: str | None = None, skip_bad_rows: bool = False,
@@ -36,6 +41,9 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
         # (inf would put every arrival at 0, nan none anywhere: refused by name before anything is read)
         if value is not None and not (isinstance(value, numbers.Real) and value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
+    if rate_rps is not None and rate_rps > MAX_RATE_RPS:
+        raise ValueError(f"--rate (rate_rps=) {rate_rps:g} req/s: above {MAX_RATE_RPS:g} req/s (a mean gap under "
+                         "a microsecond), which no server sustains")
     workload = _source(spec, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests,
                        rate_rps=rate_rps, burstiness=burstiness, block_tokens=block_tokens)
     if jitter_s is not None:
@@ -46,13 +54,34 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
         workload = transforms.first_n(workload, first)
     if sample is not None:
         workload = transforms.sample_n(workload, sample, seed)
+    _check_length_scale(workload, length_scale)
     if length_scale != 1.0 or max_input is not None or max_output is not None:
         workload = transforms.scale_lengths(workload, length_scale, max_input=max_input, max_output=max_output)
     if rate_rps is not None and not _rate_holds(workload, rate_rps, generated=not isinstance(spec, Workload)):
         workload = transforms.set_rate(workload, rate_rps)
     if rate_scale != 1.0:
         workload = transforms.scale_rate(workload, rate_scale)
+        rate = len(workload) / workload.duration_s if workload.duration_s > 0 else 0.0
+        if rate_scale > 1 and rate > MAX_RATE_RPS:  # (a scale below 1 lowers the rate: never what made it too high)
+            raise ValueError(f"--rate-scale (rate_scale=) {rate_scale:g}: gives {rate:.3g} req/s, above "
+                             f"{MAX_RATE_RPS:g} req/s (a mean gap under a microsecond), which no server sustains")
     return workload
+
+
+def _check_length_scale(workload: Workload, length_scale: float) -> None:
+    """Refuse a scale that makes a request longer than `MAX_TOKENS`, before the caps: a cap would hide the
+    nonsense lengths but not the block size, which scales with them (16 -> 16e9 tokens at 1e9)."""
+    longest = int(max(workload.input_tokens.max(), workload.output_tokens.max()))
+    # (a scale of 1 or less lengthens nothing; nan is left to scale_lengths, which names it)
+    if length_scale > 1 and longest * length_scale > MAX_TOKENS:
+        raise ValueError(f"--length-scale (length_scale=) {length_scale:g}: makes the longest request "
+                         f"{longest:,} x {length_scale:g} = {longest * length_scale:.3g} tokens, above {MAX_TOKENS:,} "
+                         "(no model has such a context)")
+
+
+def workload_name(spec: str | Path) -> str:
+    """The name `load_workload` (spec) will have, known before reading: for --plot's file in a folder."""
+    return str(spec) if str(spec) in PRESETS else trace_name(Path(spec))
 
 
 def _rate_holds(workload: Workload, rate_rps: float, *, generated: bool) -> bool:

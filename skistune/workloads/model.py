@@ -38,6 +38,9 @@ class Workload:
     block_tokens: int = 512
     source: str = ""  # file path, or "preset:NAME" with the generator's parameters
     generated_arrivals: bool = False  # arrivals drawn by a generator (presets, length-only traces), not recorded
+    # the inter-arrival CV the generator was asked for; the arrivals' own (`stats.burstiness`) differs by chance
+    # and after transforms. None for recorded arrivals.
+    requested_burstiness: float | None = None
     transforms: tuple[str, ...] = ()  # what was applied after reading, in order
     notes: tuple[str, ...] = ()  # what the reader changed or noticed (rows dropped, timestamps sorted)
 

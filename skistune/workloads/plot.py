@@ -108,10 +108,17 @@ def png_path(path: str | Path) -> Path:
     raise ValueError(f"--plot {path}: the plot is a PNG file; name it .png (e.g. {path.with_suffix('.png')})")
 
 
+def plot_path(path: str | Path, name: str) -> Path:
+    """The file a plot of workload ``name`` is written to: NAME.png inside ``path`` when that is an existing
+    folder (as `cp FILE DIR` puts FILE in it; ``DIR.png`` beside it surprised), else `png_path` (``path``)."""
+    path = Path(path)
+    return path / f"{name}.png" if path.is_dir() else png_path(path)
+
+
 def plot_workload(workload: Workload, path: str | Path) -> Path:
     """Input and output length histograms, arrivals per time bin and the inter-arrival histogram, as a PNG at
-    `png_path` (``path``); returns that path. The folder must exist (ValueError otherwise)."""
-    path = png_path(path)
+    `plot_path` (``path``, the workload's name); returns that path. The folder must exist (ValueError otherwise)."""
+    path = plot_path(path, workload.name)
     check_out_file(path, "--plot")
     try:
         from matplotlib.figure import Figure  # no pyplot: draws off-screen without touching global state

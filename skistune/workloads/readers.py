@@ -329,7 +329,7 @@ def _read_csv_format(path: Path, fmt: str, bad: BadRows, block_tokens: int, arri
                      columns["num_prefill_tokens"], columns["num_decode_tokens"])
     workload = _assemble(path, fmt, rows, block_tokens, bad)
     if fmt == "lengths":
-        workload = replace(workload, generated_arrivals=True).with_note(
+        workload = replace(workload, generated_arrivals=True, requested_burstiness=arrivals.burstiness).with_note(
             f"arrivals generated: rate {arrivals.rate_rps:g} req/s, burstiness {arrivals.burstiness:g} "
             f"(seed {arrivals.seed}); the file has lengths only")
     return workload
@@ -443,11 +443,16 @@ def _assemble(path: Path, fmt: str, rows: _Rows, block_tokens: int, bad: BadRows
     else:
         block_offsets, block_ids = gather_blocks(rows.block_offsets, rows.block_ids, index)
     session_ids = index if rows.sessions is None else _session_numbers(rows.sessions[index])
-    workload = Workload(name=path.name.split(".")[0], arrival_s=arrival_s, input_tokens=rows.input_tokens[index],
+    workload = Workload(name=trace_name(path), arrival_s=arrival_s, input_tokens=rows.input_tokens[index],
                         output_tokens=rows.output_tokens[index], block_offsets=block_offsets, block_ids=block_ids,
                         session_ids=session_ids, request_ids=index, block_tokens=block_tokens,
                         source=f"{path} ({fmt})", notes=tuple(notes) + _quantum_note(arrival_s))
     return workload if rows.sessions is None else _with_sessions(workload)
+
+
+def trace_name(path: Path) -> str:
+    """A trace's workload name: its file name up to the first dot (``conv`` of conv.csv.gz)."""
+    return path.name.split(".")[0]
 
 
 def _dropped_notes(input_tokens: np.ndarray, output_tokens: np.ndarray) -> list[str]:

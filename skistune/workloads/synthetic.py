@@ -329,4 +329,4 @@ def synthesize(preset: str | Preset, *, requests: int | None = None, seed: int =
     return Workload(name=preset.name, arrival_s=arrival_s, input_tokens=input_tokens, output_tokens=output_tokens,
                     block_offsets=block_offsets, block_ids=block_ids, session_ids=session_numbers(prev_turn),
                     request_ids=np.arange(n), block_tokens=block_tokens, source=source,
-                    generated_arrivals=True, notes=notes)
+                    generated_arrivals=True, requested_burstiness=burstiness, notes=notes)
