@@ -72,8 +72,8 @@ def _check_length_scale(workload: Workload, length_scale: float) -> None:
     """Refuse a scale that makes a request longer than `MAX_TOKENS`, before the caps: a cap would hide the
     nonsense lengths but not the block size, which scales with them (16 -> 16e9 tokens at 1e9)."""
     longest = int(max(workload.input_tokens.max(), workload.output_tokens.max()))
-    # (a scale of 1 or less lengthens nothing; nan is left to scale_lengths, which names it)
-    if length_scale > 1 and longest * length_scale > MAX_TOKENS:
+    # (a scale of 1 or less lengthens nothing; nan and inf are left to scale_lengths, which names them)
+    if length_scale > 1 and math.isfinite(length_scale) and longest * length_scale > MAX_TOKENS:
         raise ValueError(f"--length-scale (length_scale=) {length_scale:g}: makes the longest request "
                          f"{longest:,} x {length_scale:g} = {longest * length_scale:.3g} tokens, above {MAX_TOKENS:,} "
                          "(no model has such a context)")
