@@ -2449,6 +2449,7 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
                          runtime=runtime, progress=lambda m: stage(f"validating {m} on the real runtime")) \
         if top_k else []
     best, notes = _chosen(refined, validated)
+    best, baseline = [with_limit(problem, e) for e in best], with_limit(problem, baseline)
     if validated:
         study.set_user_attr(VALIDATED_ATTR, [validation_record(v) for v in validated])
     study.set_user_attr(CHOSEN_ATTR, best[0].config.to_dict())
@@ -2457,6 +2458,18 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     notes += [n for n in (ilp_note(study), ceiling_note(problem, best[0])) if n]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
             "trials": _search_trials(study), "notes": tie_notes + notes}
+
+
+def with_limit(problem: Problem, e: Evaluation) -> Evaluation:
+    """``e`` with ``figures["limited_by"]``: the constraints its replay breaks one lattice step above its capacity
+    (the capacity is the highest step at which all hold), so that a table can say what sets it: a TBT p99 at
+    77 ms of a 200 ms SLO had left the queueing guard, which bound, unsaid. Empty at the search's ceiling."""
+    from skistune.simulator import MAX_RATE_SCALE, lattice_step
+
+    if not problem.at_capacity or not e.feasible or e.rate_scale <= 0 or e.rate_scale >= MAX_RATE_SCALE:
+        return e
+    above = score_at(problem, e.config, problem.search, e.rate_scale * 2 ** lattice_step(REFINE_PRECISION))
+    return replace(e, figures={**e.figures, "limited_by": [n for n, v in above.violations.items() if v > 0]})
 
 
 def ceiling_note(problem: Problem, best: Evaluation) -> str | None:

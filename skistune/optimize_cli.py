@@ -141,6 +141,9 @@ def best_table(result) -> Table:
         t.add_column(f"J/token ({p.profile.power.source})", justify="right")
     t.add_column("KV peak (MiB)", justify="right")
     rows = [(f"#{i + 1}", str(e.trial), e) for i, e in enumerate(result.best)] + [("base", "-", result.baseline)]
+    limits = any("limited_by" in e.figures for _, _, e in rows)  # (at capacity: what a higher rate breaks)
+    if limits:
+        t.add_column("capacity set by", overflow="fold")
     # a column of "none (lossless)" on every row says what the lossless-search note says already
     lossy = any(e.figures.get("quality_basis") != "exact" for _, _, e in rows)
     if lossy:
@@ -149,7 +152,8 @@ def best_table(result) -> Table:
         t.add_row(rank, trial, *(_objective_cell(p, o, v) for o, v in zip(p.objectives, e.values)),
                   *(_fmt(e.figures["slo_s"].get(str(s)), 1e3) for s in p.slos),
                   *([_fmt(e.figures["energy_j_per_token"], digits=3)] if energy else []),
-                  _fmt(e.figures["kv_peak_bytes"], 2**-20), *([_quality_cell(e.figures)] if lossy else []))
+                  _fmt(e.figures["kv_peak_bytes"], 2**-20), *([_quality_cell(e.figures)] if lossy else []),
+                  *([", ".join(e.figures.get("limited_by", [])) or "-"] if limits else []))
     return t
 
 

@@ -298,3 +298,23 @@ def test_resuming_a_study_without_a_profile_takes_the_one_it_was_made_with(here,
     # a new study without --profile still reads this machine's (here: the patched function, which refuses)
     fresh = invoke("--slo", "p99=200ms", *small, "--study", "other")
     assert fresh.exit_code != 0 and "instead of the study's" in repr(fresh.exception)
+
+
+def test_the_best_table_says_which_constraint_sets_each_capacity(here):
+    """A TBT p99 of 77 ms under a 200 ms SLO beside a capacity of 0.02 req/s had left the queueing guard, which
+    bound, unsaid: each row names what its replay one lattice step above its capacity breaks."""
+    import skistune.optimize as opt
+    from skistune.simulator import lattice_step
+    from skistune.workloads import load_workload
+
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["optimize", "--slo", "p99=200ms", *SMALL, "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    limits = [summary[key]["figures"]["limited_by"] for key in ("best", "baseline")]
+    assert all(limit and set(limit) <= {"tbt:p99<=200ms", "queue<=5s"} for limit in limits)
+    assert "capacity set by" in " ".join(r.stdout.split())
+    # the same, independently: the baseline holds at its capacity and breaks those one step above
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=PROFILE)
+    scale = summary["baseline"]["figures"]["rate_rps"] / problem.search.base_rps
+    above = opt.score_at(problem, problem.base, problem.search, scale * 2 ** lattice_step(opt.REFINE_PRECISION))
+    assert sorted(n for n, v in above.violations.items() if v > 0) == sorted(limits[-1])
