@@ -507,9 +507,11 @@ def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder:
     )
 
     profile = profile_model(model, device=device, quick=True, progress=progress)
+    if profile.unreliable is not None:  # a busy moment, likely passed: once more before the command fails
+        profile = profile_model(model, device=device, quick=True, progress=progress)  # (a first run lost its minute)
     if profile.unreliable is not None:  # not kept: every later search would read it
-        raise ValueError(f"this machine's quick profile, measured just now, cannot be trusted ({profile.unreliable}): "
-                         "another process was probably using the CPU; measure it again when the machine is quiet "
-                         "(`skistune profile --cache`), or pass --profile FILE")
+        raise ValueError(f"this machine's quick profile, measured twice just now, cannot be trusted "
+                         f"({profile.unreliable}): another process was probably using the CPU; measure it again when "
+                         "the machine is quiet (`skistune profile --cache`), or pass --profile FILE")
     profile.save(path)
     return profile
