@@ -2120,12 +2120,15 @@ class OptimizeResult:
 
 
 # ---- provenance ---------------------------------------------------------------------------------------------
+EXACT_FIGURES = ("rate_scale",)  # figures written whole: a rounded one would not reproduce the prediction
+
+
 def _clean(value: Any) -> Any:
     """Figures for a YAML file: floats to 4 significant digits, nested containers alike."""
     if isinstance(value, float):
         return value if not math.isfinite(value) else float(f"{value:.4g}")
     if isinstance(value, Mapping):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: v if k in EXACT_FIGURES else _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     return value
@@ -2149,7 +2152,10 @@ def _scored(problem: Problem, e: Evaluation) -> dict[str, Any]:
     def exact(o: Objective, v: float) -> float | int:
         return int(v) if o.unit == "bytes" and math.isfinite(v) and v == int(v) else v
 
-    return {"objectives": {o.name: exact(o, v) for o, v in zip(problem.objectives, e.values)}, **dict(e.figures)}
+    # rate_scale: the multiplier of the search workload's arrivals the figures were predicted at, exact (not
+    # rounded by `_clean`): `skistune evaluate CONFIG --rate-scale X` replays the same arrivals (--rate draws others)
+    return {"objectives": {o.name: exact(o, v) for o, v in zip(problem.objectives, e.values)}, **dict(e.figures),
+            "rate_scale": e.rate_scale}
 
 
 def _measured_provenance(result: OptimizeResult) -> dict[str, Any] | None:

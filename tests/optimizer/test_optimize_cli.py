@@ -30,6 +30,13 @@ def test_writes_the_tuned_config_with_provenance_and_a_json_summary(here):
     assert prov["workload"]["digest"] and prov["profile"]["fingerprint"] and prov["search_space"]["name"] == "default"
     db = here / f"skistune-{summary['study']}.db"  # the embedded default storage, named after the study
     assert db.is_file() and [p.name for p in here.iterdir() if p.name.startswith(".")] == []
+    # the exact arrival-rate multiplier of the prediction: evaluate reproduces its figures from it
+    scale = prov["predicted"]["rate_scale"]
+    again = CliRunner().invoke(app, ["evaluate", str(here / "skistune-tuned.yaml"), "--workload", "chat", "--requests",
+                                     "16", "--rate-scale", repr(scale), "--profile", PROFILE, "--json"])
+    assert again.exit_code == 0, again.output
+    figures = json.loads(again.stdout.strip().splitlines()[-1])
+    assert figures["metrics"]["ttft_s"]["p99"] == pytest.approx(prov["predicted"]["ttft_p99_s"], rel=1e-3)
     from skistune.optimize import baseline_config
     expected = ("the best config found is the baseline itself" if config == baseline_config()
                 else "gain over the baseline")  # a baseline winner is not reported as a x1.00 'gain'
