@@ -2189,7 +2189,7 @@ def provenance(result: OptimizeResult) -> dict[str, Any]:
         "constraints": [c.name for c in p.constraints],
         "workload": {"source": w.source, "digest": w.digest(), "requests": len(w), "transforms": list(w.transforms)},
         "model": p.model, "kv_memory": p.kv_memory,
-        "profile": {"name": p.profile.name, "fingerprint": p.profile.fingerprint.key(),
+        "profile": {"name": p.profile.name, "device": p.profile.device, "fingerprint": p.profile.fingerprint.key(),
                     "power": p.profile.power.source},
         "search_space": {"name": p.full_space.name, "source": p.full_space.source,
                          "searched": [q.name for q in p.space.params if not q.is_switch],

@@ -153,8 +153,15 @@ def best_table(result) -> Table:
                   *(_fmt(e.figures["slo_s"].get(str(s)), 1e3) for s in p.slos),
                   *([_fmt(e.figures["energy_j_per_token"], digits=3)] if energy else []),
                   _fmt(e.figures["kv_peak_bytes"], 2**-20), *([_quality_cell(e.figures)] if lossy else []),
-                  *([", ".join(e.figures.get("limited_by", [])) or "-"] if limits else []))
+                  *([_limit_cell(e.figures)] if limits else []))
     return t
+
+
+def _limit_cell(figures) -> str:
+    """What sets a capacity: blank for a row not refined (the search's figures do not say), none at the ceiling."""
+    if "limited_by" not in figures:
+        return ""
+    return ", ".join(figures["limited_by"]) or "none (the search's ceiling)"
 
 
 def _lowest_rate_rps(problem) -> float:

@@ -200,3 +200,18 @@ def test_bad_input_with_json_is_the_error_line_only(args):
     r = run(*args, "--json")
     one_line_error(r, "error: ")
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("device, name, noted", [("cpu", "cpu-smollm2-135m-quick", True),
+                                                 ("cuda", "cuda-llama-3-8b", False),
+                                                 (None, "cpu-smollm2-135m", True)])  # (written before the device)
+def test_a_config_tuned_on_a_cpu_profile_says_so_in_a_gpu_engines_export(tmp_path, device, name, noted):
+    """A CPU-tuned file had exported gpu-memory-utilization 0.93 for a GPU without a word."""
+    profile = {"name": name, **({"device": device} if device else {})}
+    path = tmp_path / "tuned.yaml"
+    path.write_text(f"batching: {{max_num_seqs: 64}}\nprovenance:\n  profile: {json.dumps(profile)}\n")
+    said = [n for n in export(path, "vllm").notes if "measured on a CPU" in n]
+    assert bool(said) == noted
+    if noted:
+        assert f"tuned with profile {name}, measured on a CPU" in said[0]
+    assert not [n for n in export(path, "native").notes if "measured on a CPU" in n]  # (skistune's own file)
