@@ -2158,11 +2158,20 @@ def _scored(problem: Problem, e: Evaluation) -> dict[str, Any]:
             "rate_scale": e.rate_scale}
 
 
+def replayed_as(result: OptimizeResult, v: Validation) -> dict[str, Any]:
+    """Which ranked configs a replay stands for (``rank`` 1 is the written one; None for the baseline alone) and
+    their trials: a run's ``role`` alone ("candidate") had left which config it was to the list's order."""
+    ranks = [i + 1 for i, e in enumerate(result.best) if e.config == v.config]
+    return {"rank": ranks[0] if ranks else None,
+            "trial": next((e.trial for e in result.best if e.config == v.config), None)}
+
+
 def _measured_provenance(result: OptimizeResult) -> dict[str, Any] | None:
     if not result.validated:
         return None
     p = result.problem
-    runs = [{"role": v.role, "rate_rps": v.rate_rps, "holds": v.holds, "binding": v.measured.binding,
+    runs = [{"role": v.role, **replayed_as(result, v), "rate_rps": v.rate_rps, "holds": v.holds,
+             "binding": v.measured.binding,
              "wall_s": v.wall_s, "kv_pool_cap_bytes": v.pool_cap_bytes, "predicted": _scored(p, v.predicted),
              "measured": _scored(p, v.measured), "same_schedule_not_replayed": len(v.twins)}
             for v in result.validated]

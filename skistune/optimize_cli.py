@@ -477,7 +477,7 @@ def _seconds(value_s: float) -> str:
 
 
 def _summary(result, out: Path | None) -> dict:
-    from skistune.optimize import baseline_outside_space
+    from skistune.optimize import baseline_outside_space, replayed_as
 
     def scored(e):
         return {"config": e.config.to_dict(), "values": list(e.values), "figures": dict(e.figures)}
@@ -493,7 +493,7 @@ def _summary(result, out: Path | None) -> dict:
             "gain": result.gain(), "measured_gain": result.measured_gain(), "binding": result.binding,
             "baseline_engine": result.problem.baseline_engine,
             "baseline_outside_space": baseline_outside_space(result.problem),
-            "validated": [{"role": v.role, "rate_rps": v.rate_rps, "holds": v.holds,
+            "validated": [{"role": v.role, **replayed_as(result, v), "rate_rps": v.rate_rps, "holds": v.holds,
                            "predicted": dict(v.predicted.figures), "measured": dict(v.measured.figures)}
                           for v in result.validated]}
 

@@ -214,3 +214,14 @@ def test_the_profiles_own_notes_reach_the_search_as_they_reach_evaluate(profile)
     busy = replace(profile, notes=("measured while the machine was busy (load average 2.2 on 2 cores as it began)",))
     problem = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", profile=busy)
     assert busy.notes[0] in problem.notes
+
+
+def test_each_validation_record_names_the_ranked_config_it_replayed(here):
+    """Runs had said only ``role: candidate``: which config each replayed was left to their order."""
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=PROFILE)
+    result = _result(problem, 0.2, 0.1)
+    tuned = result.best[0]
+    runs = [opt.Validation(tuned.config, 0.2, tuned, tuned, 1.0),
+            opt.Validation(problem.base, 0.2, result.baseline, result.baseline, 1.0, role="baseline")]
+    validated = replace(result, validated=runs)
+    assert [opt.replayed_as(validated, v) for v in runs] == [{"rank": 1, "trial": 3}, {"rank": None, "trial": None}]
