@@ -386,7 +386,8 @@ def pareto_table(report: Report):
     axis, rate = throughput_axis(report.problem)
     axes = front_axes(report.problem)
     t = Table(title=f"Pareto front: {_count(len(report.pareto), 'feasible config')} no other beats on "
-                    f"{', '.join(axes[:-1])} and {axes[-1]} together", title_justify="left")
+                    f"{', '.join(axes[:-1])} and {axes[-1]} together, and the baseline (base) to compare",
+              title_justify="left")
     # (the knobs are named under the tables, as the best configs' are: a column of them, folded to a terminal's
     # width, stood a dozen lines tall per row)
     for col, justify in (("trial", "left"), ("config", "left"), (axis, "right"), ("J/token", "right"),
