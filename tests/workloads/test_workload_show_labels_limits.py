@@ -3,33 +3,16 @@ realised burstiness beside the source's requested one, unlabelled; --rate and --
 workload means; --plot DIR writing DIR.png beside the folder."""
 from __future__ import annotations
 
-import json
 
 import pytest
-from typer.testing import CliRunner
 
-from skistune.cli import app
 from skistune.workloads import load_workload
+from show_cli import one_line_error, run_show, show_json
 from workload_paths import AZURE_CONV, SHAREGPT
 
 
 def _run(*args: str):
-    return CliRunner().invoke(app, ["workload", "show", *args], terminal_width=200)
-
-
-def _show(*args: str) -> dict:
-    result = _run(*args, "--json")
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def _one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+    return run_show(*args, terminal_width=200)
 
 
 def _row(stdout: str, label: str) -> str:
@@ -46,16 +29,16 @@ def test_table_labels_the_realised_and_the_requested_burstiness():
     assert result.exit_code == 0, result.output
     assert _row(result.stdout, "burstiness (CV of gaps, requested)") == "1.09"
     realised = _row(result.stdout, "burstiness (CV of gaps, realised)")
-    assert realised == f"{_show('chat', '--requests', '200')['burstiness']:.2f}"
+    assert realised == f"{show_json('chat', '--requests', '200')['burstiness']:.2f}"
 
 
 def test_json_adds_the_requested_burstiness_and_keeps_the_realised_key():
-    chat = _show("chat", "--requests", "200")
+    chat = show_json("chat", "--requests", "200")
     assert chat["burstiness_requested"] == 1.09 and isinstance(chat["burstiness"], float)
-    assert _show("chat", "--requests", "200", "--burstiness", "3")["burstiness_requested"] == 3.0
+    assert show_json("chat", "--requests", "200", "--burstiness", "3")["burstiness_requested"] == 3.0
     # a length-only trace's generated arrivals were requested too; a recorded trace's were not
-    assert _show(str(SHAREGPT), "--burstiness", "2")["burstiness_requested"] == 2.0
-    assert _show(str(AZURE_CONV), "--first", "100")["burstiness_requested"] is None
+    assert show_json(str(SHAREGPT), "--burstiness", "2")["burstiness_requested"] == 2.0
+    assert show_json(str(AZURE_CONV), "--first", "100")["burstiness_requested"] is None
 
 
 def test_recorded_arrivals_have_no_requested_row():
@@ -74,31 +57,31 @@ def test_requested_burstiness_survives_transforms_that_change_the_realised_one()
 @pytest.mark.parametrize("workload", ["chat", str(AZURE_CONV)])
 def test_a_rate_with_a_mean_gap_under_a_microsecond_is_refused(workload):
     """--rate 1e300 gave a trace 1e-299 s long."""
-    _one_line_error(_run(workload, "--rate", "1e300"), "--rate", "above 1e+06 req/s")
+    one_line_error(_run(workload, "--rate", "1e300"), "--rate", "above 1e+06 req/s")
     with pytest.raises(ValueError, match=r"^--rate \(rate_rps=\) 2e\+06 req/s: above 1e\+06 req/s"):
         load_workload(workload, rate_rps=2e6)
 
 
 def test_a_rate_scale_past_the_limit_is_refused_by_its_name():
-    _one_line_error(_run("chat", "--rate", "1000", "--rate-scale", "1e4"), "--rate-scale", "1e+07 req/s",
+    one_line_error(_run("chat", "--rate", "1000", "--rate-scale", "1e4"), "--rate-scale", "1e+07 req/s",
                     "above 1e+06 req/s")
-    _one_line_error(_run(str(AZURE_CONV), "--rate-scale", "1e300"), "--rate-scale")
+    one_line_error(_run(str(AZURE_CONV), "--rate-scale", "1e300"), "--rate-scale")
 
 
 def test_a_length_scale_past_ten_million_tokens_is_refused_even_under_caps():
     """--length-scale 1e9 gave 1e12-token prompts in 16e9-token blocks; a cap hid the prompts, not the blocks."""
     for extra in ([], ["--max-input", "100", "--max-output", "10"]):
-        _one_line_error(_run("chat", "--requests", "50", "--length-scale", "1e9", *extra),
+        one_line_error(_run("chat", "--requests", "50", "--length-scale", "1e9", *extra),
                         "--length-scale", "above 10,000,000")
     with pytest.raises(ValueError, match=r"^--length-scale \(length_scale=\) 1000: makes the longest request"):
         load_workload("long-context", requests=50, length_scale=1000)
 
 
 def test_legitimate_magnitudes_still_work():
-    assert _show("chat", "--requests", "50", "--length-scale", "0.01")["input_mean"] >= 1
-    assert _show("chat", "--requests", "50", "--length-scale", "100")["input_mean"] > 10_000
-    assert _show("chat", "--requests", "50", "--rate", "1000")["rate_rps"] == pytest.approx(1000)
-    assert _show(str(AZURE_CONV), "--first", "100", "--rate-scale", "100")["rate_rps"] > 100
+    assert show_json("chat", "--requests", "50", "--length-scale", "0.01")["input_mean"] >= 1
+    assert show_json("chat", "--requests", "50", "--length-scale", "100")["input_mean"] > 10_000
+    assert show_json("chat", "--requests", "50", "--rate", "1000")["rate_rps"] == pytest.approx(1000)
+    assert show_json(str(AZURE_CONV), "--first", "100", "--rate-scale", "100")["rate_rps"] > 100
 
 
 # ---- 3. --plot DIR writes inside the folder ----

@@ -3,35 +3,18 @@ arrivals, --plot's real file, Mooncake blocks at another size, nan/inf/0 options
 burstiness on a handful of arrivals)."""
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from skistune.cli import app
 from skistune.workloads import burstiness, load_workload, prefix_reuse_ratio
+from show_cli import one_line_error, run_show, show_json
 from workload_paths import AZURE_CONV, BURSTGPT_1, MOONCAKE_CONV
 
 
 def _run(*args: str):
-    return CliRunner().invoke(app, ["workload", "show", *args])
-
-
-def _show(*args: str) -> dict:
-    result = _run(*args, "--json")
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def _one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0]
+    return run_show(*args)
 
 
 # ---- 1. --rate holds after --sample/--first/--window thinned generated arrivals ----
@@ -39,14 +22,14 @@ def _one_line_error(result, *fragments: str) -> None:
 @pytest.mark.parametrize("rate", ["1", "10"])
 def test_rate_holds_after_a_sample_of_a_preset(rate):
     """A sample of 100 of the chat preset's 2,000 requests kept their times: the rate shown was 1/20 of --rate."""
-    figures = _show("chat", "--sample", "100", "--rate", rate)
+    figures = show_json("chat", "--sample", "100", "--rate", rate)
     assert figures["requests"] == 100
     assert figures["rate_rps"] == pytest.approx(float(rate), rel=1e-12)
     assert figures["transforms"][0] == "sample 100 seed 0" and figures["transforms"][1].startswith("rate x")
 
 
 def test_rate_of_generated_arrivals_is_not_rescaled_when_it_holds():
-    figures = _show("chat", "--requests", "500", "--rate", "8")
+    figures = show_json("chat", "--requests", "500", "--rate", "8")
     assert figures["rate_rps"] == pytest.approx(8.0, rel=1e-12) and figures["transforms"] == []
     workload = load_workload("code", first=50, rate_rps=3.0)
     assert len(workload) / workload.duration_s == pytest.approx(3.0, rel=1e-12)
@@ -67,7 +50,7 @@ def test_plot_without_suffix_writes_and_names_the_png(tmp_path):
 @pytest.mark.parametrize("name", ["x.jpg", "x.pdf", "plot.v2"])
 def test_plot_refuses_other_suffixes_before_writing(tmp_path, name):
     target = tmp_path / name
-    _one_line_error(_run("chat", "--requests", "30", "--plot", str(target)),
+    one_line_error(_run("chat", "--requests", "30", "--plot", str(target)),
                     f"--plot {target}: the plot is a PNG file")
     assert list(tmp_path.iterdir()) == []
 
@@ -121,14 +104,14 @@ def test_mooncake_trace_at_16_token_blocks_keeps_its_reuse():
     assert prefix_reuse_ratio(native) == pytest.approx(0.3501, abs=5e-5)
     assert prefix_reuse_ratio(workload) == pytest.approx(0.3566, abs=5e-5)
     assert prefix_reuse_ratio(workload) <= 0.3569
-    assert _show(str(MOONCAKE_CONV), "--block-tokens", "16")["prefix_reuse_ratio"] == prefix_reuse_ratio(workload)
+    assert show_json(str(MOONCAKE_CONV), "--block-tokens", "16")["prefix_reuse_ratio"] == prefix_reuse_ratio(workload)
 
 
 # ---- 4 and 6. --burstiness nan/inf and --jitter 0 name the option ----
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
 def test_burstiness_must_be_positive_and_finite(value):
-    _one_line_error(_run("chat", "--burstiness", value), "'--burstiness'", "must be > 0 and finite")
+    one_line_error(_run("chat", "--burstiness", value), "'--burstiness'", "must be > 0 and finite")
     with pytest.raises(ValueError, match=r"^burstiness must be > 0 and finite"):
         load_workload("chat", requests=10, burstiness=float(value))
 
@@ -136,7 +119,7 @@ def test_burstiness_must_be_positive_and_finite(value):
 @pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
 def test_jitter_zero_is_an_error_not_skipped(value):
     """0 spreads nothing: it was silently skipped (and nothing recorded); it is refused like -1."""
-    _one_line_error(_run(str(MOONCAKE_CONV), "--jitter", value), "'--jitter'", "must be > 0 and finite")
+    one_line_error(_run(str(MOONCAKE_CONV), "--jitter", value), "'--jitter'", "must be > 0 and finite")
     with pytest.raises(ValueError, match=r"^jitter_s must be > 0 and finite"):
         load_workload(MOONCAKE_CONV, jitter_s=float(value))
 
@@ -145,14 +128,14 @@ def test_jitter_zero_is_an_error_not_skipped(value):
                                   ["chat", "--jitter", "1"], [str(MOONCAKE_CONV), "--jitter", "10"]])
 def test_jitter_works_off_the_step_grid(args):
     """It failed with "arrival_s must be finite, >= 0 and sorted" unless arrivals sat on the jitter step."""
-    figures = _show(*args)
+    figures = show_json(*args)
     assert figures["transforms"] == [f"jitter {float(args[2]):g} s seed 0"]
 
 
 # ---- 5. --first past the end records what was kept ----
 
 def test_first_past_the_end_records_all():
-    figures = _show(str(BURSTGPT_1), "--first", "100000")
+    figures = show_json(str(BURSTGPT_1), "--first", "100000")
     assert figures["requests"] == 383 and figures["transforms"] == ["first 100000 (all 383)"]
     assert load_workload(BURSTGPT_1, first=383).transforms == ("first 383 (all 383)",)
     assert load_workload(BURSTGPT_1, first=10).transforms == ("first 10",)
@@ -168,7 +151,7 @@ def test_burstiness_is_none_below_ten_gaps():
 
 def test_show_says_n_a_for_two_requests():
     """Two requests have one gap, whose CV is always 0: the chat preset read "burstiness 0.00"."""
-    assert _show("chat", "--requests", "2")["burstiness"] is None
+    assert show_json("chat", "--requests", "2")["burstiness"] is None
     result = _run("chat", "--requests", "2")
     assert result.exit_code == 0 and "n/a (needs 11+ requests)" in result.stdout
-    assert not math.isnan(_show("chat", "--requests", "11")["burstiness"])
+    assert not math.isnan(show_json("chat", "--requests", "11")["burstiness"])
