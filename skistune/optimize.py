@@ -1798,6 +1798,7 @@ class Validation:
     # the top configs not replayed because the simulator predicts them the same schedule of the slice as
     # this one (`same_prediction`): their replays would only measure the machine's noise
     twins: tuple[KVConfig, ...] = ()
+    replays: int = 1  # replays made of it (`VALIDATE_REPEATS`): the better one is this
 
     @property
     def holds(self) -> bool:
@@ -1879,7 +1880,8 @@ def validation_record(v: Validation) -> dict[str, Any]:
     """A validation as JSON (stored with the study): the config, the role, the rate, predicted and measured
     figures and whether the measurement held every constraint."""
     return {"role": v.role, "config": v.config.to_dict(), "rate_rps": v.rate_rps, "holds": v.holds,
-            "binding": v.measured.binding, "wall_s": v.wall_s, "predicted": dict(v.predicted.figures),
+            "binding": v.measured.binding, "wall_s": v.wall_s, "replays": v.replays,
+            "predicted": dict(v.predicted.figures),
             "measured": dict(v.measured.figures), "twins": [c.to_dict() for c in v.twins]}
 
 
@@ -2032,8 +2034,9 @@ def _replay_again(problem: Problem, kept: Validation) -> bool:
 
 
 def _better(problem: Problem, kept: Validation | None, new: Validation) -> Validation:
-    """The better of two replays of one config (`VALIDATE_REPEATS`)."""
-    return new if kept is None or _measured_key(problem, new) < _measured_key(problem, kept) else kept
+    """The better of two replays of one config (`VALIDATE_REPEATS`), counting the replays made."""
+    better = new if kept is None or _measured_key(problem, new) < _measured_key(problem, kept) else kept
+    return replace(better, replays=1 if kept is None else kept.replays + 1)
 
 
 # ---- the result ---------------------------------------------------------------------------------------------
@@ -2171,7 +2174,7 @@ def _measured_provenance(result: OptimizeResult) -> dict[str, Any] | None:
         return None
     p = result.problem
     runs = [{"role": v.role, **replayed_as(result, v), "rate_rps": v.rate_rps, "holds": v.holds,
-             "binding": v.measured.binding,
+             "binding": v.measured.binding, "replays": v.replays,
              "wall_s": v.wall_s, "kv_pool_cap_bytes": v.pool_cap_bytes, "predicted": _scored(p, v.predicted),
              "measured": _scored(p, v.measured), "same_schedule_not_replayed": len(v.twins)}
             for v in result.validated]

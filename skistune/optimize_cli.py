@@ -285,7 +285,10 @@ def validation_table(result) -> Table:
                  for s in p.slos]
         energy = f"{_fmt(v.predicted.figures['energy_j_per_token'], digits=3)} / " \
                  f"{_fmt(v.measured.figures['energy_j_per_token'], digits=3)}"
-        holds = "[green]yes[/]" if v.holds else f"[red]no[/] ({', '.join(v.measured.binding)})"
+        # (a replay that broke is replayed once more and the better kept: "2 replays" says the first broke)
+        replays = [f"{v.replays} replays"] if v.replays > 1 else []
+        holds = f"[green]yes[/]{f' ({replays[0]})' if replays else ''}" if v.holds else \
+            f"[red]no[/] ({', '.join([*v.measured.binding, *replays])})"
         quality = [f"{_loss(v.predicted.figures['quality_loss'])} / {_loss(v.measured.figures['quality_loss'])}"
                    if v.held_out_quality is not None else "lossless"] if lossy else []
         t.add_row(label, f"{v.rate_rps:.3g}", *cells, energy, *quality, holds)
@@ -494,6 +497,7 @@ def _summary(result, out: Path | None) -> dict:
             "baseline_engine": result.problem.baseline_engine,
             "baseline_outside_space": baseline_outside_space(result.problem),
             "validated": [{"role": v.role, **replayed_as(result, v), "rate_rps": v.rate_rps, "holds": v.holds,
+                           "replays": v.replays,
                            "predicted": dict(v.predicted.figures), "measured": dict(v.measured.figures)}
                           for v in result.validated]}
 

@@ -180,6 +180,7 @@ def test_a_winning_baseline_is_replayed_once_and_reported_as_the_baseline(profil
     # replays interleaved; only the config that broke its SLO is replayed again (`_replay_again`)
     assert replays == [(other, "candidate"), (problem.base, "candidate")] + [(other, "candidate")] * (n - 1)
     assert out[-1].measured is out[0].measured
+    assert [v.replays for v in out] == [1, n, 1]  # (recorded: the table and the provenance say a replay was repeated)
     replays.clear()
     out = opt.validate(problem, [other], runtime=object(), requests=requests)  # another winner: baseline replayed
     assert [r[1] for r in replays] == ["candidate"] * n + ["baseline"] and out[-1].config == problem.base
