@@ -16,6 +16,7 @@ FEW_FILES = 3  # a directory holding at most this many trace-like files has them
 # prompts): the busiest deployments serve thousands of requests a second, so a mean gap under a microsecond is
 # a typo; and no model takes a context past 10M tokens (the longest advertised, Llama 4 Scout's, is 10M).
 MAX_RATE_RPS = 1e6
+MIN_RATE_RPS = 1e-6  # a mean gap over 11 days: no service's load (`--rate 1e-300` spanned 1e300 s, overflowing)
 MAX_TOKENS = 10_000_000
 
 
@@ -44,6 +45,9 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
     if rate_rps is not None and rate_rps > MAX_RATE_RPS:
         raise ValueError(f"--rate (rate_rps=) {rate_rps:g} req/s: above {MAX_RATE_RPS:g} req/s (a mean gap under "
                          "a microsecond), which no server sustains")
+    if rate_rps is not None and rate_rps < MIN_RATE_RPS:
+        raise ValueError(f"--rate (rate_rps=) {rate_rps:g} req/s: below {MIN_RATE_RPS:g} req/s (a mean gap over 11 "
+                         "days), which is no service's load")
     workload = _source(spec, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests,
                        rate_rps=rate_rps, burstiness=burstiness, block_tokens=block_tokens)
     if jitter_s is not None:
@@ -65,6 +69,9 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
         if rate_scale > 1 and rate > MAX_RATE_RPS:  # (a scale below 1 lowers the rate: never what made it too high)
             raise ValueError(f"--rate-scale (rate_scale=) {rate_scale:g}: gives {rate:.3g} req/s, above "
                              f"{MAX_RATE_RPS:g} req/s (a mean gap under a microsecond), which no server sustains")
+        if rate_scale < 1 and 0 < rate < MIN_RATE_RPS:  # (and one above 1 never made it too low)
+            raise ValueError(f"--rate-scale (rate_scale=) {rate_scale:g}: gives {rate:.3g} req/s, below "
+                             f"{MIN_RATE_RPS:g} req/s (a mean gap over 11 days), which is no service's load")
     return workload
 
 

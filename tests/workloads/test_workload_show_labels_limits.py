@@ -68,6 +68,13 @@ def test_a_rate_scale_past_the_limit_is_refused_by_its_name():
     one_line_error(_run(str(AZURE_CONV), "--rate-scale", "1e300"), "--rate-scale")
 
 
+def test_a_rate_with_a_mean_gap_over_eleven_days_is_refused():
+    """--rate 1e-300 had spanned 1e300 s (an overflow warning, then a trace no service sees)."""
+    one_line_error(_run("chat", "--rate", "1e-300"), "--rate", "below 1e-06 req/s")
+    one_line_error(_run(str(AZURE_CONV), "--rate-scale", "1e-300"), "--rate-scale", "below 1e-06 req/s")
+    assert show_json("chat", "--rate", "0.001")["rate_rps"] == 0.001  # (one request every 17 minutes: kept)
+
+
 def test_a_length_scale_past_ten_million_tokens_is_refused_even_under_caps():
     """--length-scale 1e9 gave 1e12-token prompts in 16e9-token blocks; a cap hid the prompts, not the blocks."""
     for extra in ([], ["--max-input", "100", "--max-output", "10"]):
