@@ -73,14 +73,14 @@ def load_study(study_name: str, storage: Any = None) -> tuple[Any, Problem, str]
 class Report:
     """What a study found. ``best``: feasible configs, best first objective first: the first ``refined`` as
     `skistune optimize` last refined and printed them (2% capacity precision), the rest trial figures (the
-    search's precision) but for the baseline's config, refined as ``baseline`` is; ``evaluations``: every trial, those of refined configs with the refined figures
-    (`optimize.with_refined`: one set of figures per config in every table and plot); ``pareto``: the
-    feasible configs no other beats on the throughput axis, J/token, quality loss and the study's other
-    objectives together, from ``evaluations``; ``baseline``: vLLM's defaults,
-    refined where optimize refined them; ``validated``: the last validation's records (`optimize.validation_record`), winner first,
-    baseline last; ``binding``/``closest``: trials each constraint ruled out, configs closest to feasible;
-    ``importance``: each knob's share of the first objective's variance (empty with ``importance_note``
-    saying why); ``why``: why no config was feasible, where it can be told, as `skistune optimize` says it
+    search's precision) but for the baseline's config, refined as ``baseline`` is; ``evaluations``: every
+    trial, those of refined configs with the refined figures (`optimize.with_refined`: one set of figures per
+    config in every table and plot); ``pareto``: the feasible configs no other beats on the throughput axis,
+    J/token, quality loss and the study's other objectives together, from ``evaluations``; ``baseline``:
+    vLLM's defaults, refined where optimize refined them; ``validated``: the last validation's records
+    (`optimize.validation_record`), winner first, baseline last; ``binding``/``closest``: trials each constraint
+    ruled out, configs closest to feasible; ``importance``: each knob's share of the first objective's variance
+    (empty with ``importance_note`` saying why); ``why``: why no config was feasible, where it can be told, as `skistune optimize` says it
     (`optimize_cli.why_no_rate_line` and `energy_line`)."""
 
     problem: Problem
