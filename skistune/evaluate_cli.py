@@ -60,9 +60,8 @@ def evaluate(
         first=first, sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output,
         rate_scale=rate_scale), model)
     # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
-    prof = None
-    if mode != "run":
-        prof = hardware_profile(model, profile_or_measure(profile, model))
+    prof = hardware_profile(model, profile_or_measure(profile, model)) if mode != "run" else None
+    if prof is not None:
         sim_target(model, prof)  # (a profile of another model is refused here, not after the notes)
     # (a run is not metered: its energy is the power model's, which never needs a profile measured first)
     power = prof.power if prof is not None else power_model(model, profile)

@@ -2164,9 +2164,8 @@ def _scored(problem: Problem, e: Evaluation) -> dict[str, Any]:
 def replayed_as(result: OptimizeResult, v: Validation) -> dict[str, Any]:
     """Which ranked configs a replay stands for (``rank`` 1 is the written one; None for the baseline alone) and
     their trials: a run's ``role`` alone ("candidate") had left which config it was to the list's order."""
-    ranks = [i + 1 for i, e in enumerate(result.best) if e.config == v.config]
-    return {"rank": ranks[0] if ranks else None,
-            "trial": next((e.trial for e in result.best if e.config == v.config), None)}
+    rank = next((i for i, e in enumerate(result.best) if e.config == v.config), None)
+    return {"rank": None, "trial": None} if rank is None else {"rank": rank + 1, "trial": result.best[rank].trial}
 
 
 def _measured_provenance(result: OptimizeResult) -> dict[str, Any] | None:
