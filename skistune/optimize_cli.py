@@ -152,8 +152,8 @@ def best_table(result) -> Table:
         t.add_row(rank, trial, *(_objective_cell(p, o, v) for o, v in zip(p.objectives, e.values)),
                   *(_fmt(e.figures["slo_s"].get(str(s)), 1e3) for s in p.slos),
                   *([_fmt(e.figures["energy_j_per_token"], digits=3)] if energy else []),
-                  _fmt(e.figures["kv_peak_bytes"], 2**-20), *([_quality_cell(e.figures)] if lossy else []),
-                  *([_limit_cell(e.figures)] if limits else []))
+                  _fmt(e.figures["kv_peak_bytes"], 2**-20), *([_limit_cell(e.figures)] if limits else []),
+                  *([_quality_cell(e.figures)] if lossy else []))
     return t
 
 

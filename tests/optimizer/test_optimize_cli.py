@@ -325,3 +325,23 @@ def test_the_best_table_says_which_constraint_sets_each_capacity(here):
     scale = summary["baseline"]["figures"]["rate_rps"] / problem.search.base_rps
     above = opt.score_at(problem, problem.base, problem.search, scale * 2 ** lattice_step(opt.REFINE_PRECISION))
     assert sorted(n for n, v in above.violations.items() if v > 0) == sorted(limits[-1])
+
+
+def test_the_best_table_puts_each_cell_under_its_own_header():
+    """With a quality floor the "capacity set by" and quality cells had swapped columns (the constraint that
+    sets a capacity printed under "quality", the predicted loss under "capacity set by")."""
+    from types import SimpleNamespace
+
+    from skistune.optimize_cli import best_table
+
+    objective = SimpleNamespace(name="capacity")
+    workload = type("Workload", (list,), {"name": "chat"})([None] * 6)
+    problem = SimpleNamespace(workload=workload, objectives=[objective], slos=[], quality_profile=None, model="m",
+                              profile=SimpleNamespace(power=SimpleNamespace(source="modeled")))
+    figures = {"energy_j_per_token": 0.5, "kv_peak_bytes": 2**20, "limited_by": ["queue<=5s"],
+               "quality_basis": "profile", "quality_loss": 0.0043, "quality_bound": 0.0094, "quality_worst": 0.0094}
+    row = SimpleNamespace(trial=3, values=[1.5], figures=figures)
+    table = best_table(SimpleNamespace(problem=problem, best=[row], baseline=row))
+    cells = {column.header: list(column.cells) for column in table.columns}
+    assert cells["capacity set by"] == ["queue<=5s"] * 2
+    assert cells["quality Δppl mean (95% bound) / worst"] == ["+0.43% (≤0.94%) / +0.94%"] * 2
