@@ -330,7 +330,8 @@ def memory_timeline(report: Report) -> Timeline | None:
         scale = winner["rate_rps"] / requests.base_rps
         predicted = score_at(p, KVConfig.from_dict(winner["config"]), requests, scale)
         label = (f"simulated replay of the validation slice ({len(requests.requests)} requests at "
-                 f"{winner['rate_rps']:.3g} req/s), validated winner")
+                 f"{winner['rate_rps']:.3g} req/s), " + ("validated winner" if winner["holds"] else
+                                                         "winner (its runtime replay broke a constraint)"))
         try:
             config = replay_config(p, predicted, requests)
         except KVPoolTooSmall:  # the capped pool cannot hold the config's full-precision rings: uncapped

@@ -198,6 +198,9 @@ def test_validated_records_give_the_fidelity_table_and_the_timeline_of_the_valid
     assert "<td class='left'>base</td>" in fidelity and "no (tbt:p99&lt;=200ms)" in fidelity
     timeline = memory_timeline(rep)
     assert timeline.label.startswith("simulated replay of the validation slice (6 requests")
+    assert timeline.label.endswith("validated winner") and rep.validated[0]["holds"]
+    rep.validated[0]["holds"] = False  # a winner whose replay broke a constraint is not called validated
+    assert "winner (its runtime replay broke a constraint)" in memory_timeline(rep).label
     winner = KVConfig.from_dict(rep.validated[0]["config"])  # the tiers it has, whichever the search chose
     tiers = ["device"] + (["host"] if winner.offload.host_kv_bytes else []) + \
         (["disk"] if winner.offload.host_kv_bytes and winner.offload.disk_kv_bytes else [])
