@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
@@ -194,7 +195,12 @@ def demo(
         print_json({"completions": completions, "metrics": metrics.to_dict()})
 
 
+PIPED_WIDTH = 200  # columns of tables written to a file or a pipe (rich's 80 cut cells short in logs)
+
+
 def main() -> None:
+    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+        os.environ["COLUMNS"] = str(PIPED_WIDTH)  # (a terminal's own width otherwise; COLUMNS= still decides)
     app()
 
 
