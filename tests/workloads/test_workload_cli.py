@@ -84,3 +84,21 @@ def test_plot_axes_go_log_only_where_the_values_span_decades(tmp_path, monkeypat
     assert ax_gap.xaxis.get_major_formatter().get_useOffset() is False
     plot_workload(load_workload(AZURE_CONV), tmp_path / "a.png")
     assert saved[-1].axes[3].get_xscale() == "log"  # gaps from microseconds to seconds
+
+
+def test_tables_piped_to_a_file_are_not_cut_to_80_columns(tmp_path):
+    """rich draws 80 columns when stdout is no terminal: cells such as 'capacity set by' were cut short in logs.
+    The command line draws 200 unless COLUMNS says otherwise."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    command = [sys.executable, "-m", "skistune", "workload", "show", "chat", "--requests", "5"]
+    wide = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    narrow = subprocess.run(command, capture_output=True, text=True, env={**env, "COLUMNS": "80"}, cwd=tmp_path,
+                            timeout=120)
+    assert wide.returncode == narrow.returncode == 0, wide.stderr + narrow.stderr
+    width = {name: max(len(line) for line in r.stdout.splitlines() if line.startswith("│"))
+             for name, r in (("wide", wide), ("narrow", narrow))}
+    assert width["narrow"] <= 80 < width["wide"] <= 200
