@@ -318,6 +318,10 @@ def _number(value: Any, what: str, hint: str = "") -> float:
     over the baseline, and an infinite constraint says no more than any positive value: JSON holds neither.)"""
     if isinstance(value, (str, bytes, complex)) or value is None:
         raise ReturnValueError(f"{what}: returned {value!r}, not a number{hint}")
+    if type(value).__name__ in ("bool", "bool_"):  # (numpy's too) float(True) is 1.0: a
+        # constraint `m.kv_peak_bytes < LIMIT` would read as broken exactly when it holds
+        raise ReturnValueError(f"{what}: returned {value!r}, a bool, not a number{hint}: return a margin instead, "
+                               "e.g. `m.kv_peak_bytes - LIMIT` rather than `m.kv_peak_bytes < LIMIT`")
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import optuna
 import pytest
 
@@ -73,6 +74,10 @@ def test_optimize_refuses_bad_objectives_and_workloads_before_any_trial(workload
     (dict(objective=lambda m: "fast"), "objective custom: returned 'fast', not a number"),
     (dict(slo="p99=200ms", constraints=[lambda m, c: None]),
      r"constraint constraint1: returned None, not a number \(<= 0 is feasible\)"),
+    # a bool had read as 1.0 (broken) when the test it writes held: the constraint inverted, silently
+    (dict(slo="p99=200ms", constraints=[lambda m: m.kv_peak_bytes < 2**40]),
+     r"constraint constraint1: returned True, a bool, not a number \(<= 0 is feasible\): return a margin"),
+    (dict(objective=lambda m: np.bool_(m.kv_peak_bytes > 0)), r"objective custom: returned (np\.)?True(_)?, a bool"),
 ])
 def test_a_non_numeric_return_value_stops_the_search_with_one_clear_error(workload, profile, caplog, capsys,
                                                                            kwargs, message):
