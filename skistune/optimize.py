@@ -421,6 +421,14 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     w = _load_workload(workload, model)
     fitted = fit_workload(w, model)  # (the provenance's digest stays the loaded workload's)
     fit_notes = list(fitted.notes[len(w.notes):])  # (prompts the model's context cut short)
+    requests = workload_requests(fitted, model)
+    arrivals = [r.arrival_s for r in requests]
+    if any(o.name == "capacity" for o in objectives) and max(arrivals) <= min(arrivals):  # (not in trial 0)
+        raise ValueError(f"workload {w.name}: capacity scales the workload's arrival rate, and "
+                         + ("a single request has none" if len(requests) == 1 else
+                            f"its {len(requests)} requests all arrive at once (at {arrivals[0]:g} s)")
+                         + ": give requests that arrive over time, or an objective at the workload's own rate "
+                         "(goodput, energy, memory, quality)")
     # last: the profile may have to be measured first (a minute), which bad input elsewhere must not cost
     prof, notes = _load_profile(profile() if callable(profile) else profile, model)
     sim_target = target_from_profile(prof, model)
@@ -430,7 +438,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     check_slo_floor(slos, sim_target)
     cut, machine_notes = fit_machine(cut, prof, sim_target)
     notes = notes + machine_notes
-    problem = Problem(w, model, request_set(workload_requests(fitted, model)), sim_target, prof, slos, objectives,
+    problem = Problem(w, model, request_set(requests), sim_target, prof, slos, objectives,
                       _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
                       left_out, base, max_queue_s, qp, kv_memory=kv_bytes)
     # the study's first trial, checked now: a space whose fixed knobs clash with the baseline's values (a

@@ -345,3 +345,16 @@ def test_the_best_table_puts_each_cell_under_its_own_header():
     cells = {column.header: list(column.cells) for column in table.columns}
     assert cells["capacity set by"] == ["queue<=5s"] * 2
     assert cells["quality Δppl mean (95% bound) / worst"] == ["+0.43% (≤0.94%) / +0.94%"] * 2
+
+
+def test_a_capacity_search_of_one_request_is_bad_input_before_the_search(here, monkeypatch):
+    """One request has no arrival rate to scale: refused while the inputs are read, not in trial 0 (which
+    had left a study file holding a failed trial)."""
+    import skistune.optimize as opt
+
+    monkeypatch.setattr(opt, "_load_profile", lambda *a: pytest.fail("the profile was read for a bad workload"))
+    r = invoke("--workload", "chat", "--requests", "1", "--slo", "p99=200ms", "--trials", "3", "--validate", "0",
+               "--profile", PROFILE)
+    assert r.exit_code == 2, r.output
+    assert "a single request has none: give requests that arrive over time" in " ".join(r.output.split())
+    assert not list(here.glob("skistune-*.db"))
