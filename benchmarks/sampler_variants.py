@@ -21,21 +21,27 @@ from bench_args import fail, positive_int, print_json
 BUDGET = 200
 
 
-VARIANTS = {
-    "current": {},  # skistune.optimize.make_sampler as it is
-    "independent": {"multivariate": False, "group": False},
-    "ei96": {"n_ei_candidates": 96},
-    "startup5": {"n_startup_trials": 5},
-    "startup20": {"n_startup_trials": 20},
-    "prior2": {"prior_weight": 2.0},  # deprecated in Optuna 4.9, removed in 6.0: a measurement, not a setting to ship
+VARIANTS = {  # name: (TPE settings, local-move settings) over `make_sampler`'s own
+    "current": ({}, {}),  # skistune.optimize.make_sampler as it is
+    "tpe-only": ({}, {"share": 0.0}),  # no local moves (skistune's sampler before they existed)
+    "local15": ({}, {"share": 0.15}),
+    "local50": ({}, {"share": 0.5}),
+    "local-one-knob": ({}, {"two_knob_share": 0.0}),
+    "independent": ({"multivariate": False, "group": False}, {"share": 0.0}),
+    "ei96": ({"n_ei_candidates": 96}, {"share": 0.0}),
+    "startup5": ({"n_startup_trials": 5}, {"share": 0.0}),
+    "startup20": ({"n_startup_trials": 20}, {"share": 0.0}),
+    # deprecated in Optuna 4.9, removed in 6.0: a measurement, not a setting to ship
+    "prior2": ({"prior_weight": 2.0}, {"share": 0.0}),
 }
 
 
 def sampler_for(variant: str):
-    """`make_sampler` with the variant's TPE settings."""
+    """`make_sampler` with the variant's settings."""
     import skistune.optimize as opt
 
-    return functools.partial(opt.make_sampler, tpe_options=VARIANTS[variant])
+    tpe, local = VARIANTS[variant]
+    return functools.partial(opt.make_sampler, tpe_options=tpe, local_options=local)
 
 
 def main() -> None:
@@ -50,8 +56,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=positive_int, default=20)
     ap.add_argument("--scenarios", nargs="+", default=names, choices=names, metavar="NAME",
                     help="scenarios (default all): " + ", ".join(names))
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
-                    help="sampler settings (default all): " + ", ".join(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["current", "tpe-only"], choices=list(VARIANTS), metavar="NAME",
+                    help="sampler settings (default current, tpe-only): " + ", ".join(VARIANTS))
     ap.add_argument("--code", metavar="DIGEST",
                     help="read the tables cached for this skistune source digest (the `code` that "
                          "search_efficiency.py --json prints) instead of this source's: every variant is compared on "

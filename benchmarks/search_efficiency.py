@@ -14,7 +14,8 @@ the profiles, the skistune version and its source), so a re-run only redoes the 
 Then three searchers, each one run of the largest budget per seed, read at every budget (best feasible
 objective among the first N trials; infeasible trials never count):
 
-    skistune  the optimizer's own trial path: `make_sampler("auto")` (TPE, multivariate, grouped) seeded as
+    skistune  the optimizer's own trial path: `make_sampler("auto")` (TPE, multivariate, grouped, with local
+              moves around the best trials: `skistune.local_moves`) seeded as
               `solve` seeds it, the baseline enqueued first (`open_study`), `_trial_function` with the
               ``layer_bits`` solver (its runs and solve times are counted)
     tpe       Optuna's `TPESampler(seed=s)` with default settings on the same trial function, without the
@@ -27,7 +28,7 @@ mean and min over the seeds. Goal (issue 6): skistune's min over 5 seeds >= 0.99
 scenario.
 
     python benchmarks/search_efficiency.py [--scenarios NAME ...] [--seeds 5] [--budgets 50 100 200]
-                                           [--cache-dir DIR] [--fresh] [--jobs 1] [--json]
+                                           [--cache-dir DIR] [--fresh | --code DIGEST] [--jobs 1] [--json]
     python benchmarks/search_efficiency.py --grid-only [--rate NAME=RPS ...] ...   (calibrating a scenario's load)
 """
 from __future__ import annotations
@@ -577,6 +578,9 @@ def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any
     cache = None if args.cache_dir is None else Path(args.cache_dir) / f"{scenario.name}-{digest}.json"
     if cache is not None and args.fresh and cache.is_file():
         cache.unlink()
+    if args.code and (cache is None or not cache.is_file()):  # scoring it now would file this source's figures
+        raise SystemExit(f"--code {args.code}: no table cached for {scenario.name} (run this benchmark at that "
+                         "source first)")
     table = exhaustive(scenario, problem, cache, args.jobs, progress)
     if args.grid_only:
         return grid_statistics(scenario, problem, table, maximize)
@@ -714,6 +718,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="trial budgets read from each run")
     ap.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where the exhaustive tables are kept")
     ap.add_argument("--fresh", action="store_true", help="score the grids again, ignoring the cache")
+    ap.add_argument("--code", metavar="DIGEST",
+                    help="search the tables cached for this skistune source digest (the `code` a --json run "
+                         "prints) instead of this source's: for a change that cannot move a score (the sampler), "
+                         "so that the grids need not be scored again; the output names the digest read")
     ap.add_argument("--jobs", type=int, default=1, help="processes scoring the grid (the searches run in one)")
     ap.add_argument("--rate", nargs="+", default=[], metavar="NAME=RPS",
                     help="calibration: load a scenario at another request rate (a definition of its own: its "
@@ -741,7 +749,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     console = Console(width=120)
     started = time.perf_counter()
-    code = code_digest()
+    code = args.code or code_digest()
+    if args.code and args.fresh:
+        ap.error("--code reads tables cached for another source: it cannot score them --fresh")
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as progress:

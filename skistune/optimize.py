@@ -891,9 +891,13 @@ def _uses_trial_constraints() -> bool:
 
 
 def make_sampler(name: str, *, seed: int, problem: Problem, parallel: bool, n_trials: int,
-                 tpe_options: Mapping[str, Any] | None = None):
-    """The study's sampler; ``tpe_options`` override the TPE settings (`benchmarks/sampler_variants.py`)."""
+                 tpe_options: Mapping[str, Any] | None = None, local_options: Mapping[str, Any] | None = None):
+    """The study's sampler. A single-objective TPE search spends a share of its trials on local moves around
+    the best configs (`skistune.local_moves`). ``tpe_options`` override the TPE settings, ``local_options``
+    the local moves' (`LocalMovesSampler`'s keywords; ``share=0`` is TPE alone): `benchmarks/sampler_variants.py`."""
     import optuna
+
+    from skistune.local_moves import LocalMovesSampler
 
     if name not in SAMPLERS:
         raise ValueError(f"sampler {name!r}: use {', '.join(SAMPLERS)}")
@@ -906,7 +910,10 @@ def make_sampler(name: str, *, seed: int, problem: Problem, parallel: bool, n_tr
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if name == "tpe":
             settings = {"multivariate": True, "group": True, **(tpe_options or {})}
-            return optuna.samplers.TPESampler(seed=seed, constant_liar=parallel, **settings, **constraints)
+            tpe = optuna.samplers.TPESampler(seed=seed, constant_liar=parallel, **settings, **constraints)
+            if len(problem.objectives) > 1:
+                return tpe
+            return LocalMovesSampler(tpe, seed=seed, feasible=_trial_feasible, **(local_options or {}))
         if name == "nsga2":
             population = max(4, min(50, n_trials // 4))
             return optuna.samplers.NSGAIISampler(seed=seed, population_size=population, **constraints)

@@ -549,7 +549,7 @@ TargetOpt = Annotated[Optional[str], typer.Option(
     "--target", help="search only what this engine can deploy: vllm or sglang")]
 OutOpt = Annotated[Path, typer.Option("--out", help="where to write the tuned config")]
 SamplerOpt = Annotated[str, typer.Option(
-    "--sampler", help="auto (TPE; NSGA-II for several objectives), tpe, gp, nsga2, random")]
+    "--sampler", help="auto (TPE with local moves for one objective, NSGA-II for several), tpe, gp, nsga2, random")]
 MaxQueueOpt = Annotated[str, typer.Option(
     "--max-queue", help="queueing guard: TTFT p99 at most this much above the same requests served one at a "
                         "time, with a unit: 5s, 500ms (off: none)")]
