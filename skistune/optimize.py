@@ -2082,6 +2082,14 @@ class OptimizeResult:
     sampler: str = "auto"
     notes: list[str] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        """A line a notebook can show: the dataclass's own repr printed the problem whole, every prompt's
+        token ids included (half a megabyte)."""
+        best = ", ".join(f"{o.name}={v:.4g}" for o, v in zip(self.problem.objectives, self.best[0].values)) \
+            if self.best else "none feasible"
+        return (f"OptimizeResult(study={self.study.study_name!r}, trials={self.trials}, best: {best}, "
+                f"pareto={len(self.pareto)}, validated={len(self.validated)}, storage={self.storage!r})")
+
     @property
     def feasible(self) -> bool:
         """Predicted: some config met every constraint in the simulator (`measured_feasible` says whether the

@@ -48,6 +48,9 @@ def test_capacity_by_name_starts_from_the_baseline_and_reports_the_gain(workload
     assert best.figures["slo_s"]["tbt:p99<=200ms"] <= 0.2  # met at the capacity it reports
     assert best.figures["kv_peak_bytes"] <= best.figures["kv_capacity_bytes"]
     assert best.figures["quality_loss"] == 0.0 and best.metrics is not None  # refined: full metrics kept
+    # a notebook shows one line, not the problem's every prompt token (the dataclass repr was ~0.5 MB)
+    assert repr(r).startswith(f"OptimizeResult(study={r.study.study_name!r}, trials=4, best: capacity=")
+    assert len(repr(r)) < 300
 
 
 def test_objective_by_callable_of_metrics_or_of_metrics_and_config(slow, profile):
