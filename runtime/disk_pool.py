@@ -18,6 +18,8 @@ import warnings
 import weakref
 import zlib
 
+from ..config import format_bytes
+
 # errors of a write that the disk, not the program, causes: the block is lost, serving goes on
 DISK_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
 
@@ -34,12 +36,23 @@ class DiskPool:
     def __init__(self, num_blocks: int, block_bytes: int, directory: str | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
-        self.fd, self.path = tempfile.mkstemp(prefix="skistune-kv-", suffix=".bin", dir=directory)
-        os.ftruncate(self.fd, num_blocks * block_bytes)
+        size, where = num_blocks * block_bytes, directory or tempfile.gettempdir()
+        try:
+            self.fd, self.path = tempfile.mkstemp(prefix="skistune-kv-", suffix=".bin", dir=directory)
+        except OSError as exc:
+            raise ValueError(f"offload.disk_kv_bytes: cannot create the disk tier's file on {where} "
+                             f"({exc.strerror})") from None
+        self._finalizer = weakref.finalize(self, _close, self.fd, self.path)  # the file goes with the pool
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError as exc:  # e.g. EFBIG: past the filesystem's largest file
+            # removed now, not when the pool is collected: the half-built pool lives on in the traceback
+            self._finalizer()
+            raise ValueError(f"offload.disk_kv_bytes: a {format_bytes(size)} disk tier does not fit in a file "
+                             f"on {where} ({exc.strerror})") from None
         self.crc: dict[int, int] = {}  # slot -> CRC32 of the bytes written there
         self._checked: dict[int, bytes] = {}  # slot -> bytes verified and not yet copied up
         self.write_errors = 0  # blocks lost to `DISK_WRITE_ERRORS`
-        self._finalizer = weakref.finalize(self, _close, self.fd, self.path)  # the file goes with the pool
 
     def close(self) -> None:
         self._finalizer()

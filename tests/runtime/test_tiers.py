@@ -275,6 +275,47 @@ def test_a_host_tier_larger_than_the_machine_is_a_clear_error_not_an_oom_kill(mo
     assert small.new_engine().executor.tier_store is not None
 
 
+def test_a_disk_tier_past_the_largest_file_names_the_knob_and_leaves_no_file(monkeypatch, tmp_path):
+    """100 TiB on ext4 (16 TiB files at most) failed as ``[Errno 27] File too large`` and left its 0-byte file
+    in the temp dir: the file was sized before the finalizer that removes it was registered."""
+    import errno
+    import tempfile
+
+    from skistune.runtime import disk_pool
+
+    def too_large(fd, length):  # what ext4 answers; a real 100 TiB ftruncate succeeds on tmpfs or XFS
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    monkeypatch.setattr(disk_pool.os, "ftruncate", too_large)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the pool's file goes when no directory is given
+    rt = tiny_runtime(**{"offload.device_kv_bytes": 5 * BLOCK_BYTES, "offload.disk_kv_bytes": 16 * BLOCK_BYTES})
+    with pytest.raises(ValueError) as err:
+        rt.new_engine()
+    size = disk_pool.format_bytes(16 * BLOCK_BYTES)
+    assert str(err.value) == (f"offload.disk_kv_bytes: a {size} disk tier does not fit in a file on {tmp_path} "
+                              "(File too large)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_pool_that_cannot_be_set_up_leaves_nothing_and_names_the_knob(monkeypatch, tmp_path):
+    import errno
+
+    from skistune.runtime import disk_pool
+
+    def too_large(fd, length):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    monkeypatch.setattr(disk_pool.os, "ftruncate", too_large)
+    with pytest.raises(ValueError, match=r"^offload.disk_kv_bytes: a 100TiB disk tier does not fit in a file on "):
+        disk_pool.DiskPool(100 << 30, 1024, directory=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    missing = tmp_path / "gone"
+    with pytest.raises(ValueError) as err:
+        disk_pool.DiskPool(4, 1024, directory=str(missing))
+    assert str(err.value) == f"offload.disk_kv_bytes: cannot create the disk tier's file on {missing} " \
+                             "(No such file or directory)"
+
+
 def test_a_full_disk_loses_blocks_not_the_run(monkeypatch):
     """Writes the disk refuses (ENOSPC) lose their blocks, which are recomputed: same outputs, one warning."""
     import errno
