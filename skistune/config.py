@@ -20,6 +20,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field, fields
+from fractions import Fraction
 from typing import Any, Mapping
 
 import yaml
@@ -44,7 +45,12 @@ def parse_bytes(name: str, text: str) -> int:
     m = _BYTES.match(text)
     if not m:
         raise ValueError(f"{name}: {text!r} is not a byte size (write e.g. 16GiB, 500MB or 17179869184)")
-    return int(float(m.group(1)) * _BYTE_UNITS[m.group(2)])
+    # exact: a float would turn 0.5B into 0 (a tier silently off) and 1.0001KiB into 1024; a size that
+    # comes out fractional is refused, as a float byte count (1.5) is, while 1.5GiB and 0.3KB are whole
+    size = Fraction(m.group(1)) * _BYTE_UNITS[m.group(2)]
+    if size.denominator != 1:
+        raise ValueError(f"{name}: {text!r} is not a whole number of bytes")
+    return int(size)
 
 
 def _byte_count(name: str, value: Any) -> Any:

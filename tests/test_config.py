@@ -44,6 +44,25 @@ def test_byte_knobs_take_sizes_as_people_write_them(tmp_path):
     assert "host_kv_bytes: 8589934592" in cfg.to_yaml()  # written as the exact integer
 
 
+@pytest.mark.parametrize("text, size", [
+    ("1.5GiB", 3 << 29), ("0.5KiB", 512), ("0.3KB", 300), ("2.50MB", 2_500_000), ("100TiB", 100 << 40),
+    ("1.001KB", 1001), ("8.2MB", 8_200_000), ("0.0B", 0), ("17179869184", 1 << 34),
+])
+def test_fractional_sizes_that_come_out_whole_are_exact(text, size):
+    # exact arithmetic: in floats 1.001 * 1000 is 1000.9999999999999, truncated to 1000 bytes
+    assert KVConfig().with_knobs({"offload.host_kv_bytes": text}).offload.host_kv_bytes == size
+
+
+@pytest.mark.parametrize("text", ["0.5B", "1.5B", "1.0001KiB", "0.0001KB", "0.5"])
+def test_a_size_that_is_not_whole_bytes_is_refused_not_truncated(tmp_path, text):
+    """0.5B was read as 0 (the tier silently off) and 1.5B as 1, while a float byte count 1.5 is refused."""
+    p = tmp_path / "c.yaml"
+    p.write_text(f"offload:\n  host_kv_bytes: '{text}'\n")
+    with pytest.raises(ValueError) as err:
+        load_config(str(p))
+    assert str(err.value) == f"{p}: offload.host_kv_bytes: '{text}' is not a whole number of bytes"
+
+
 def test_effective_reads_per_layer_bits_as_the_bits_each_layer_gets():
     """Per-layer bits override the uniform ones on every layer: 8-bit keys under 16/16 on every layer serve as
     16-bit KV (and are lossless), one pair on every layer is those uniform bits, and under bits that differ
