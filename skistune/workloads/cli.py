@@ -32,8 +32,9 @@ SeedOpt = Annotated[int, typer.Option("--seed", min=0,
                                       help="seed for presets, generated arrivals, --sample and --jitter")]
 RequestsOpt = Annotated[Optional[int], typer.Option("--requests", min=1, help="requests in a preset (default 2000)")]
 def _positive_finite(what: str) -> Callable[[Optional[float]], Optional[float]]:
-    """A parse-time check of a rate option: ``inf`` would put every arrival at 0 and ``nan`` none anywhere,
-    so either is bad input that names the option typed (click's ``Invalid value for '--rate': ...``)."""
+    """A parse-time check of a rate or scale option: ``inf`` would put every arrival at 0 (or overflow token
+    counts) and ``nan`` none anywhere, so either is bad input that names the option typed (click's
+    ``Invalid value for '--rate': ...``), as is 0 or less."""
 
     def check(value: Optional[float]) -> Optional[float]:
         if value is not None and not (value > 0 and math.isfinite(value)):
@@ -59,7 +60,8 @@ JitterOpt = Annotated[Optional[float], typer.Option(
 WindowOpt = Annotated[Optional[str], typer.Option("--window", help="keep arrivals in START:END seconds of the trace")]
 FirstOpt = Annotated[Optional[int], typer.Option("--first", min=1, help="keep the first N requests")]
 SampleOpt = Annotated[Optional[int], typer.Option("--sample", min=1, help="keep N random requests (seeded)")]
-LengthScaleOpt = Annotated[float, typer.Option("--length-scale", help="multiply input and output lengths")]
+LengthScaleOpt = Annotated[float, typer.Option("--length-scale", callback=_positive_finite("length scale"),
+                                               help="multiply input and output lengths")]
 MaxInputOpt = Annotated[Optional[int], typer.Option("--max-input", min=1, help="cap prompts at this many tokens")]
 MaxOutputOpt = Annotated[Optional[int], typer.Option("--max-output", min=1, help="cap outputs at this many tokens")]
 RateScaleOpt = Annotated[float, typer.Option("--rate-scale", callback=_positive_finite("rate scale"),

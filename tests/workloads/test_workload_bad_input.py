@@ -177,6 +177,15 @@ def test_every_rate_option_refuses_non_finite_and_non_positive_values_by_the_nam
                                f"Invalid value for '--rate-scale': rate scale must be > 0 and finite, got {float(value)}")
 
 
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1"])
+def test_length_scale_is_refused_like_the_other_options_by_the_name_typed(value):
+    """--length-scale 0 failed later, in the transform, without the ``Invalid value for`` prefix and the help
+    pointer that --rate-scale 0 or --requests 0 get."""
+    result = _cli("chat", "--requests", "5", "--length-scale", value)
+    _assert_one_line_error(result, f"Invalid value for '--length-scale': length scale must be > 0 and finite, "
+                                   f"got {float(value)} (see skistune workload show --help)")
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(rate_rps=float("inf")), "rate_rps must be > 0 and finite, got inf"),
     (dict(rate_rps=float("nan")), "rate_rps must be > 0 and finite, got nan"),
