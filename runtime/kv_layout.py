@@ -46,8 +46,9 @@ def side_block_bytes(spec: ModelSpec, block_size: int, itemsize: int, bits: int,
 def layer_bits(config: KVConfig, spec: ModelSpec) -> list[tuple[int, int]]:
     """(key bits, value bits) of every layer."""
     if config.bitwidth.layer_bits is not None and len(config.bitwidth.layer_bits) != spec.n_layers:
-        raise ValueError(f"bitwidth.layer_bits: {len(config.bitwidth.layer_bits)} pairs for a model of "
-                         f"{spec.n_layers} layers")
+        n = len(config.bitwidth.layer_bits)
+        raise ValueError(f"bitwidth.layer_bits: {n} (key, value) pair{'s' * (n != 1)} for a model of "
+                         f"{spec.n_layers} layer{'s' * (spec.n_layers != 1)}: give one per layer")
     return [config.bitwidth.bits_for_layer(i) for i in range(spec.n_layers)]
 
 

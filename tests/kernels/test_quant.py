@@ -85,5 +85,8 @@ def test_pool_holds_more_blocks_at_fewer_bits():
 
 def test_per_layer_bits_must_cover_every_layer():
     cfg = KVConfig().with_knobs({"bitwidth.layer_bits": [[4, 4]] * 3})
-    with pytest.raises(ValueError, match="bitwidth.layer_bits: 3 pairs for a model of 32 layers"):
+    with pytest.raises(ValueError, match=r"bitwidth.layer_bits: 3 \(key, value\) pairs for a model of 32 layers"):
         kv_pool_blocks(cfg, get_preset("llama-3-8b"), 2, 1 << 34)
+    one = KVConfig().with_knobs({"bitwidth.layer_bits": [[4, 4]]})
+    with pytest.raises(ValueError, match=r"layer_bits: 1 \(key, value\) pair for a model of 32 layers: give one per"):
+        kv_pool_blocks(one, get_preset("llama-3-8b"), 2, 1 << 34)
