@@ -112,6 +112,7 @@ def _check_shape(data: dict, path: str) -> None:
     n_layers = data.get("n_layers", 1)  # (missing: `load` names it)
     if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
         raise bad("n_layers", f"a positive number of layers, got {n_layers!r}")
+    n_windows = _declared_windows(data, bad)
     for section, lists in (("perplexity", (ALL_POSITIONS, CONTINUATION)), ("needle", ("found",))):
         entries = data.get(section, {})
         if not isinstance(entries, dict):
@@ -120,12 +121,48 @@ def _check_shape(data: dict, path: str) -> None:
             if not isinstance(entry, dict):
                 raise bad(f"{section}[{key!r}]", f"an object, got {type(entry).__name__}")
             for name in lists:
+                if section == "perplexity" and name not in entry:  # (every loss is read on one or the other)
+                    raise bad(f"{section}[{key!r}].{name}", "a list of per-window NLLs, got none")
                 values = entry.get(name, [])
                 if not isinstance(values, list) or not all(
                         isinstance(v, (int, float)) and not isinstance(v, str) for v in values):
                     raise bad(f"{section}[{key!r}].{name}", "a list of numbers")
+                if section == "perplexity":
+                    _check_nll(values, n_windows, lambda what: bad(f"perplexity[{key!r}].{name}", what))
             if section == "needle" and not entry.get("found"):
                 raise bad(f"needle[{key!r}].found", "at least one passkey result")
+
+
+def _declared_windows(data: dict, bad) -> int | None:
+    """How many profile windows each perplexity measurement scored (``protocol.windows``, as `skistune
+    quality` writes it). A file that does not say is held to its full-precision reference's count, since
+    every loss is paired window by window with the reference; None when neither says."""
+    protocol = data.get("protocol", {})
+    if not isinstance(protocol, dict):
+        raise bad("protocol", f"an object, got {type(protocol).__name__}")
+    if "windows" not in protocol:
+        full = data.get("perplexity", {}).get(knob_key({})) if isinstance(data.get("perplexity"), dict) else None
+        values = full.get(ALL_POSITIONS) if isinstance(full, dict) else None
+        return len(values) if isinstance(values, list) and values else None
+    n = protocol["windows"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise bad("protocol.windows", f"a positive number of windows, got {n!r}")
+    return n
+
+
+def _check_nll(values: list, n_windows: int | None, bad) -> None:
+    """A measurement's per-window mean NLLs: one per window (the model pairs them window by window with the
+    reference's; a short list would silently drop windows from every mean and bound), each finite (a NaN
+    poisons every prediction read from it) and non-negative (a negative log-likelihood is no measurement)."""
+    if n_windows is not None and len(values) != n_windows:
+        raise bad(f"one value per window ({n_windows}), got {len(values)}")
+    if not values:  # (no window: every mean over windows divides by zero)
+        raise bad("at least one per-window NLL, got none")
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not math.isfinite(v):
+            raise bad(f"finite numbers, got {v!r} at window {i}")
+        if v < 0:
+            raise bad(f"non-negative NLLs, got {v!r} at window {i}")
 
 
 class QualityProfile:

@@ -99,6 +99,27 @@ def test_bad_input_is_one_line_and_exit_2(args, match, tmp_path):
     assert not (tmp_path / "q.json").exists()
 
 
+@pytest.mark.parametrize("values, what", [
+    ([float("nan"), 1.0], "expected finite numbers, got nan at window 0"),
+    ([2.0, -1.0], "expected non-negative NLLs, got -1.0 at window 1"),
+    ([2.0], "expected one value per window (2), got 1"),
+])
+@pytest.mark.parametrize("command", [["quality", "--show"], ["optimize", "--quality", "ppl+5%", "--quality-profile"]])
+def test_a_bad_measurement_is_one_line_naming_file_entry_and_field(command, values, what, tmp_path, monkeypatch):
+    """`--show` died in statistics.stdev on a NaN (exit 1, a traceback); optimize read it silently."""
+    monkeypatch.chdir(tmp_path)  # (optimize writes its study and config here if it ever gets that far)
+    data = profile_data()
+    key = next(k for k, e in data["perplexity"].items() if e["kind"] == "key")
+    data["perplexity"][key]["nll_all_positions"] = values
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    r = invoke(*command, str(path), *(["--trials", "2", "--validate", "0", "--profile", PROFILE]
+                                      if command[0] == "optimize" else []))
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines() == [f"error: {path}: perplexity[{key!r}].nll_all_positions: {what}"]
+    assert not (tmp_path / "skistune-tuned.yaml").exists()
+
+
 def test_optimize_takes_a_quality_profile_file(synthetic, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = invoke("optimize", "--slo", "p99=200ms", "--quality", "ppl+5%", "--quality-profile", str(synthetic),

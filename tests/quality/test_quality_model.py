@@ -7,6 +7,7 @@ import pytest
 from skistune.config import KVConfig
 from skistune.objectives import NO_LOSS
 from skistune.quality import QualityProfile
+from skistune.quality.model import knob_key
 
 from quality_synthetic import _entry, profile_data, spread
 
@@ -237,6 +238,46 @@ def test_a_corrupted_profile_is_one_line_naming_where(tmp_path, corrupt, match):
     with pytest.raises(ValueError, match=match) as info:
         QualityProfile.load(tmp_path / "q.json")
     assert "\n" not in str(info.value)
+
+
+KEY8 = knob_key({"bitwidth.key_bits": 8, "bitwidth.full_precision_window": 0})
+
+
+def _set(field, values, key=KEY8):
+    return lambda d: d["perplexity"][key].update({field: values})
+
+
+@pytest.mark.parametrize("corrupt, where, what", [
+    (_set("nll_all_positions", [float("nan"), 1.0]), f"perplexity[{KEY8!r}].nll_all_positions",
+     "finite numbers, got nan at window 0"),
+    (_set("nll", [2.0, float("inf")]), f"perplexity[{KEY8!r}].nll", "finite numbers, got inf at window 1"),
+    (_set("nll_all_positions", [2.0, -0.5]), f"perplexity[{KEY8!r}].nll_all_positions",
+     "non-negative NLLs, got -0.5 at window 1"),
+    (_set("nll_all_positions", [2.0]), f"perplexity[{KEY8!r}].nll_all_positions", "one value per window (2), got 1"),
+    (_set("nll", [2.0, 3.0, 4.0], key="{}"), "perplexity['{}'].nll", "one value per window (2), got 3"),
+    (lambda d: d["perplexity"][KEY8].pop("nll"), f"perplexity[{KEY8!r}].nll", "a list of per-window NLLs, got none"),
+    (lambda d: d["protocol"].update(windows=0), "protocol.windows", "a positive number of windows, got 0"),
+])
+def test_a_measurement_that_is_not_one_finite_nll_per_window_names_entry_and_field(tmp_path, corrupt, where, what):
+    """NaN crashed `--show` in statistics.stdev; negative NLLs and short lists were read as measurements."""
+    data = profile_data()
+    corrupt(data)
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps(data))  # (json writes NaN and Infinity, and reads them back)
+    with pytest.raises(ValueError) as info:
+        QualityProfile.load(path)
+    assert str(info.value) == f"{path}: {where}: expected {what}"
+
+
+def test_a_profile_without_a_declared_window_count_is_held_to_its_reference(tmp_path):
+    data = profile_data()
+    del data["protocol"]
+    (tmp_path / "ok.json").write_text(json.dumps(data))
+    assert QualityProfile.load(tmp_path / "ok.json").predict(KVConfig().with_knobs(BITS4)).ppl_mean > 0
+    _set("nll_all_positions", [2.0])(data)
+    (tmp_path / "q.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"nll_all_positions: expected one value per window \(2\), got 1"):
+        QualityProfile.load(tmp_path / "q.json")
 
 
 def test_a_token_budget_is_a_fraction_of_the_context_it_serves(qp):
