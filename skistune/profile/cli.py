@@ -63,8 +63,9 @@ def rule_text(rule: ProjectionRule) -> str:
     if rule == PLAIN_RULE:
         return "plain products (x @ w.T) at every size"
     parts = [f"w @ x.T from 2 to {rule.flip_max_rows} rows" if rule.flip_max_rows else "x @ w.T"]
-    if rule.pad_short_by:
-        parts.append(f"padded to a multiple of 16 when 1-{rule.pad_short_by} rows short")
+    if rule.pad_short_by:  # (a rule measured to pad only one row short read "1-1 rows short")
+        short = "1 row" if rule.pad_short_by == 1 else f"1-{rule.pad_short_by} rows"
+        parts.append(f"padded to a multiple of 16 when {short} short")
     if rule.single_row_padded:
         parts.append("one row as two")
     return ", ".join(parts)

@@ -71,6 +71,7 @@ Coefficients are fitted with non-negative least squares (a cost cannot be negati
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from operator import mul
@@ -125,14 +126,16 @@ class ProjectionTimes:
         return {"rows": list(self.rows), "layers_s": list(self.layers_s), "head_s": list(self.head_s)}
 
     @classmethod
-    def from_dict(cls, data) -> "ProjectionTimes":
+    def from_dict(cls, data, where: str = "projection table") -> "ProjectionTimes":
         if not isinstance(data, dict) or set(data) != {"rows", "layers_s", "head_s"}:
-            raise ValueError("projection table: expected rows, layers_s and head_s")
+            raise ValueError(f"{where}: expected rows, layers_s and head_s")
+        rows = tuple(_integer(r, f"{where}.rows[{i}]") for i, r in enumerate(_list(data, "rows", where)))
+        layers_s, head_s = (tuple(_finite(t, f"{where}.{key}[{i}]") for i, t in enumerate(_list(data, key, where)))
+                            for key in ("layers_s", "head_s"))
         try:
-            return cls(tuple(int(r) for r in data["rows"]), tuple(float(t) for t in data["layers_s"]),
-                       tuple(float(t) for t in data["head_s"]))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"projection table: {exc}") from None
+            return cls(rows, layers_s, head_s)
+        except ValueError as exc:  # (its own checks say "projection table: ..."; name where it sits)
+            raise ValueError(f"{where}: {str(exc).removeprefix('projection table: ')}") from None
 
 
 def _interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: int) -> float:
@@ -151,12 +154,39 @@ def rule_to_json(rule: ProjectionRule) -> str | dict:
     return "tokens" if rule == PLAIN_RULE else rule.to_dict()
 
 
-def rule_from_json(data) -> ProjectionRule:
+def rule_from_json(data, where: str = "step cost model: rows") -> ProjectionRule:
     if isinstance(data, str) and data in NAMED_RULES:
         return NAMED_RULES[data]
     if isinstance(data, dict):
-        return ProjectionRule.from_dict(data)
-    raise ValueError(f"step cost model: rows {data!r} is not one of {', '.join(NAMED_RULES)} or a projection rule")
+        try:
+            return ProjectionRule.from_dict(data)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    raise ValueError(f"{where}: {data!r} is not one of {', '.join(NAMED_RULES)} or a projection rule")
+
+
+def _integer(value, where: str, minimum: int = 0) -> int:
+    """An integer read from a file (not a bool, a float or a string that would convert), at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{where}: {value!r} is {'negative' if minimum == 0 else f'below {minimum}'}")
+    return value
+
+
+def _finite(value, where: str) -> float:
+    """A finite number read from a file (a string such as "0.1" is not one: float() would take it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _list(data: dict, key: str, where: str) -> list:
+    if key not in data:
+        raise ValueError(f"{where}.{key}: missing")
+    if not isinstance(data[key], list):
+        raise ValueError(f"{where}.{key}: expected a list, got {type(data[key]).__name__}")
+    return data[key]
 
 
 @dataclass(frozen=True)
@@ -249,21 +279,31 @@ class StepCostModel:
                 "rows": rule_to_json(self.rows), "small_rows": self.small_rows, **table}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "StepCostModel":
+    def from_dict(cls, data: dict, where: str = "step.cost_model") -> "StepCostModel":
         """Reads every feature list a profile was written with (`READABLE_FEATURES`): the terms an older
-        profile lacks are zero."""
-        features = list(data.get("features", []))
+        profile lacks are zero. Every field is checked, and a bad one named (``where``: the model's place in
+        the file): a knee or coefficient that merely converted (-3, "0.1") would change every prediction."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+        features = _list(data, "features", where)
         if features not in [list(f) for f in READABLE_FEATURES]:
-            raise ValueError(f"step cost model: features {data.get('features')} are not {list(ALL_FEATURES)}")
-        coef = tuple(float(c) for c in data["coef"])
-        if len(coef) != len(features) or any(c < 0 or c != c for c in coef):
-            raise ValueError("step cost model: needs one finite, non-negative coefficient per feature")
-        rows = rule_from_json(data.get("rows", "tokens"))  # profiles written before the rule: one row per token
-        small = data.get("small_rows", 1)  # ... before it was fitted: one token
-        if not isinstance(small, int) or isinstance(small, bool):
-            raise ValueError(f"step cost model: small_rows must be an integer, got {small!r}")
-        table = ProjectionTimes.from_dict(data["projection_table"]) if "projection_table" in data else None
-        return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), int(data["knee_tokens"]), rows, small, table)
+            raise ValueError(f"{where}.features: {features!r} are not {list(ALL_FEATURES)} "
+                             "(or the first terms of them an older profile was written with)")
+        coef = tuple(_finite(c, f"{where}.coef[{i}]") for i, c in enumerate(_list(data, "coef", where)))
+        if len(coef) != len(features):
+            raise ValueError(f"{where}.coef: needs one coefficient per feature ({len(features)}), got {len(coef)}")
+        negative = next((i for i, c in enumerate(coef) if c < 0), None)
+        if negative is not None:  # (the fit is non-negative least squares: a cost cannot be negative)
+            raise ValueError(f"{where}.coef[{negative}]: {coef[negative]!r} is negative: needs one finite, "
+                             "non-negative coefficient per feature")
+        if "knee_tokens" not in data:
+            raise ValueError(f"{where}.knee_tokens: missing")
+        knee = _integer(data["knee_tokens"], f"{where}.knee_tokens")  # (0: every token is past the knee)
+        rows = rule_from_json(data.get("rows", "tokens"), f"{where}.rows")  # files before the rule: a row per token
+        small = _integer(data.get("small_rows", 1), f"{where}.small_rows", minimum=1)  # ... before it was fitted: 1
+        table = (ProjectionTimes.from_dict(data["projection_table"], f"{where}.projection_table")
+                 if "projection_table" in data else None)
+        return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), knee, rows, small, table)
 
 
 def design_matrix(shapes: Sequence[StepShape], knee: int, rows: ProjectionRule = PLAIN_RULE,

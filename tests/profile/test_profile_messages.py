@@ -96,3 +96,25 @@ def test_the_fingerprint_warning_points_at_the_callers_line(monkeypatch):
         skistune.sim_target("smollm2-135m", str(SHIPPED))
     [found] = [w for w in caught if issubclass(w.category, FingerprintWarning)]
     assert found.filename == __file__
+
+
+def test_show_says_a_one_row_padding_rule_as_one_row_not_a_range(tmp_path):
+    """A machine's measured rule may pad only products one row short: `--show` printed "1-1 rows short"."""
+    def one_row(data):
+        data["step"]["cost_model"]["rows"] = {"flip_max_rows": 64, "pad_short_by": 1, "single_row_padded": False}
+
+    r = CliRunner().invoke(app, ["profile", "--show", str(_edited_shipped(tmp_path, one_row))])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.replace("│", " ").split())  # (the table wraps the cell onto a second line)
+    assert "ran as w @ x.T from 2 to 64 rows, padded to a multiple of 16 when 1 row short" in text
+    assert "1-1" not in text
+
+
+def test_a_padding_rule_reads_as_a_range_only_when_it_is_one():
+    from skistune.kernels.rows import ProjectionRule
+    from skistune.profile.cli import rule_text
+
+    assert rule_text(ProjectionRule(64, 1, False)) == ("w @ x.T from 2 to 64 rows, padded to a multiple of 16 when "
+                                                       "1 row short")
+    assert rule_text(ProjectionRule(256, 4, True)) == ("w @ x.T from 2 to 256 rows, padded to a multiple of 16 when "
+                                                       "1-4 rows short, one row as two")

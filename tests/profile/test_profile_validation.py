@@ -39,7 +39,8 @@ BAD_EDITS = {
     "fingerprint field of the wrong type": (_set(("fingerprint", "cpu_count"), "two"),
                                             "fingerprint.cpu_count: expected int"),
     "negative coefficient": (_set(("step", "cost_model", "coef", 1), -1e-3), "non-negative coefficient"),
-    "cost model without its knee": (_drop(("step", "cost_model", "knee_tokens")), "step.cost_model: malformed"),
+    "cost model without its knee": (_drop(("step", "cost_model", "knee_tokens")),
+                                    "step.cost_model.knee_tokens: missing"),
     "shape with a stray field": (_set(("step", "points", 0, "shape", "num_blocks"), 3), "step.points[0].shape"),
     "unknown step kind": (_set(("step", "points", 0, "kind"), "verify"), "step.points[0].kind: 'verify'"),
     "unknown device": (_set(("device",), "tpu"), "profile.device: 'tpu' is not one of cpu, cuda"),
@@ -94,6 +95,73 @@ def test_cli_show_exits_2_with_one_line_and_no_traceback(tmp_path, edited):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (name, result.stderr)
         assert "Traceback" not in result.output
+
+
+# Each was read as it converted: a knee of -3 (or 2.5, "8") changed every prediction past it; a string
+# coefficient was a bare "could not convert string to float: 'a'" naming no field.
+COST_MODEL_EDITS = {
+    "negative knee": (("knee_tokens",), -3, "step.cost_model.knee_tokens: -3 is negative"),
+    "fractional knee": (("knee_tokens",), 2.5, "step.cost_model.knee_tokens: expected an integer, got 2.5"),
+    "knee as text": (("knee_tokens",), "8", "step.cost_model.knee_tokens: expected an integer, got '8'"),
+    "knee as a flag": (("knee_tokens",), True, "step.cost_model.knee_tokens: expected an integer, got True"),
+    "coefficient as text": (("coef", 2), "a", "step.cost_model.coef[2]: expected a finite number, got 'a'"),
+    "coefficient as a flag": (("coef", 0), False, "step.cost_model.coef[0]: expected a finite number, got False"),
+    "coefficients not a list": (("coef",), 0.1, "step.cost_model.coef: expected a list, got float"),
+    "small_rows of zero": (("small_rows",), 0, "step.cost_model.small_rows: 0 is below 1"),
+    "rule of unknown fields": (("rows",), {"flip": 1}, "step.cost_model.rows: projection rule: expected the fields"),
+    "not an object": ((), [1, 2], "step.cost_model: expected an object, got list"),
+}
+
+
+def _edit_cost_model(path: tuple, value):
+    def edit(data):
+        if not path:
+            data["step"]["cost_model"] = value
+        else:
+            _set(("step", "cost_model", *path), value)(data)
+    return edit
+
+
+def _coef_count(data, n):
+    data["step"]["cost_model"]["coef"] = data["step"]["cost_model"]["coef"][:n]
+
+
+@pytest.mark.parametrize("case", sorted(COST_MODEL_EDITS))
+def test_a_bad_cost_model_field_is_one_line_naming_it_through_show(edited, case):
+    path, value, message = COST_MODEL_EDITS[case]
+    bad = edited(_edit_cost_model(path, value), "bad.json")
+    result = CliRunner().invoke(app, ["profile", "--show", str(bad)])
+    assert result.exit_code == 2, (case, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: {message}"), result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_coefficient_count_that_is_not_the_feature_count_is_named(edited):
+    bad = edited(lambda d: _coef_count(d, 5), "short.json")
+    result = CliRunner().invoke(app, ["profile", "--show", str(bad)])
+    n = len(json.loads(edited().read_text())["step"]["cost_model"]["features"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {bad}: step.cost_model.coef: needs one coefficient per feature ({n}), got 5"]
+
+
+def test_the_projection_table_is_checked_field_by_field(edited):
+    table = {"rows": [1, "2"], "layers_s": [0.01, 0.02], "head_s": [0.001, 0.002]}
+    with pytest.raises(ValueError) as info:
+        load_profile(edited(_set(("step", "cost_model", "projection_table"), table), "t.json"),
+                     check_fingerprint=False)
+    assert str(info.value).endswith(": step.cost_model.projection_table.rows[1]: expected an integer, got '2'")
+    table = {"rows": [2, 1], "layers_s": [0.01, 0.02], "head_s": [0.001, 0.002]}
+    with pytest.raises(ValueError, match=r"step\.cost_model\.projection_table: rows must increase"):
+        load_profile(edited(_set(("step", "cost_model", "projection_table"), table), "u.json"),
+                     check_fingerprint=False)
+
+
+def test_a_knee_of_zero_still_loads(edited):
+    """Every token past the knee: the arithmetic holds (a knee is a count of tokens, not a flag)."""
+    assert load_profile(edited(_set(("step", "cost_model", "knee_tokens"), 0)), check_fingerprint=False) \
+        .step_cost.knee == 0
 
 
 def test_cli_rejects_unknown_model_and_device():
