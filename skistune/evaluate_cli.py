@@ -76,6 +76,11 @@ def evaluate(
         with console.status(f"loading {model}"):
             runtime = Runtime.from_preset(model, cfg)
     print_notes(w)
+    if prof is not None:  # (a run refuses such a tier before this: `check_fits_memory`, the disk pool)
+        from skistune.optimize import oversized_tier_notes
+
+        for note in oversized_tier_notes(cfg, prof, sim_target(model, prof)):
+            console.print(f"note: {note}", highlight=False, soft_wrap=True)
     reqs = workload_requests(w, model, seed)
     if mode == "compare":
         _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out)

@@ -484,21 +484,38 @@ def disk_tier_limit(profile) -> tuple[int | None, int | None]:
     return (None, None) if free is None else (int(DISK_TIER_SHARE * free), free)
 
 
-def fit_machine(space: SearchSpace, profile, target) -> tuple[SearchSpace, list[str]]:
-    """The space without host tiers larger than the profiled machine's memory can hold (`host_tier_limit`)
-    or disk tiers larger than its disk (`disk_tier_limit`), and notes saying what was left out (or that the
-    profile cannot tell)."""
+def _tier_limits(profile, target) -> list[tuple[str, int | None, str, str, str]]:
+    """(knob, the largest size the profiled machine can give it or None, the resource, the tier, why) for
+    the host tier (`host_tier_limit`) and the disk tier (`disk_tier_limit`)."""
     host_limit, memory = host_tier_limit(profile, target)
     disk_limit, free = disk_tier_limit(profile)
     cpu = profile.device == "cpu"
     weights = ", less the model's weights and the device KV pool that share it on a CPU" if cpu else ""
-    tiers = [("offload.host_kv_bytes", host_limit, "memory", "a host tier",
-              f"{HOST_TIER_SHARE:.0%} of its {format_bytes(memory or 0)} of memory, vLLM's limit for its CPU swap "
-              f"space{weights}"),
-             ("offload.disk_kv_bytes", disk_limit, "free disk space", "a disk tier",
-              f"{DISK_TIER_SHARE:.0%} of the {format_bytes(free or 0)} free on the profiled disk")]
+    return [("offload.host_kv_bytes", host_limit, "memory", "a host tier",
+             f"{HOST_TIER_SHARE:.0%} of its {format_bytes(memory or 0)} of memory, vLLM's limit for its CPU swap "
+             f"space{weights}"),
+            ("offload.disk_kv_bytes", disk_limit, "free disk space", "a disk tier",
+             f"{DISK_TIER_SHARE:.0%} of the {format_bytes(free or 0)} free on the profiled disk")]
+
+
+def oversized_tier_notes(config: KVConfig, profile, target) -> list[str]:
+    """Notes for a config's tiers that are larger than the profiled machine can give them (the limits the
+    search keeps to): a simulation prices them as configured, which no replay there could."""
+    notes = []
+    for knob, limit, _, tier, why in _tier_limits(profile, target):
+        size = _value(config, knob)
+        if limit is not None and size > limit:
+            notes.append(f"{knob}: {format_bytes(size)} is more than the {format_bytes(limit)} the profiled machine "
+                         f"can give {tier} ({why}): simulated as configured, but a replay there would not hold it")
+    return notes
+
+
+def fit_machine(space: SearchSpace, profile, target) -> tuple[SearchSpace, list[str]]:
+    """The space without host tiers larger than the profiled machine's memory can hold (`host_tier_limit`)
+    or disk tiers larger than its disk (`disk_tier_limit`), and notes saying what was left out (or that the
+    profile cannot tell)."""
     notes, unchecked = [], []
-    for knob, limit, resource, tier, why in tiers:
+    for knob, limit, resource, tier, why in _tier_limits(profile, target):
         if knob not in space.knob_names():
             continue
         if limit is None:

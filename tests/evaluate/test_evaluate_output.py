@@ -194,3 +194,25 @@ def test_the_compare_table_shows_what_the_tiers_did():
     assert "tier transfer time (ms) 0.000 0.048 -100.0%" in text
     plain = _text(comparison_table(compare_metrics(_metrics(), _metrics()), _metrics(), _metrics(), "t"))
     assert "tier" not in plain
+
+
+def test_a_simulated_tier_larger_than_the_profiled_machine_holds_is_noted(tmp_path, monkeypatch):
+    """The search keeps tiers to what the profiled machine can give them; `evaluate --mode simulate` had
+    priced a 100 TiB host tier on a 23.5 GiB machine without a word (a replay refuses it)."""
+    import skistune.optimize as opt
+
+    monkeypatch.setattr(opt, "host_tier_limit", lambda profile, target: (1 << 30, 2 << 30))
+    monkeypatch.setattr(opt, "disk_tier_limit", lambda profile: (None, None))  # (unknown: no note)
+    notes = {}
+    for size in ("512MiB", "8GiB"):
+        config = tmp_path / f"{size}.yaml"
+        config.write_text(f"offload:\n  host_kv_bytes: {size}\n  disk_kv_bytes: 1TiB\n")
+        r = CliRunner().invoke(app, ["evaluate", str(config), "--workload", "chat", "--requests", "3",
+                                     "--max-input", "32", "--max-output", "2", "--profile", PROFILE])
+        assert r.exit_code == 0, r.output
+        notes[size] = [line for line in r.output.splitlines() if line.startswith("note: offload.")]
+    assert notes["512MiB"] == []
+    assert notes["8GiB"] == ["note: offload.host_kv_bytes: 8GiB is more than the 1GiB the profiled machine can "
+                             "give a host tier (70% of its 2GiB of memory, vLLM's limit for its CPU swap space, less "
+                             "the model's weights and the device KV pool that share it on a CPU): simulated as "
+                             "configured, but a replay there would not hold it"]
