@@ -111,6 +111,9 @@ def tier_manager(config: KVConfig, block_bytes: int) -> TierManager | None:
         warnings.warn("batching.preemption: swap needs a host tier (offload.host_kv_bytes of one KV block or "
                       "more): without one every preemption recomputes", UserWarning)
     if host == 0 and disk == 0:
+        if config.prefetch.enabled:  # (said, as for swap: a knob that silently does nothing reads as a finding)
+            warnings.warn("prefetch.enabled: no host or disk tier (offload.host_kv_bytes, offload.disk_kv_bytes) "
+                          "holds KV to bring back: prefetch does nothing", UserWarning)
         return None
     # swap as configured: without host room the tiers count each preemption as a swap fallback
     return TierManager(host, disk, write_through=off.write_policy == "write_through",

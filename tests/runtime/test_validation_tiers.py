@@ -105,3 +105,15 @@ def test_configs_that_work_as_written_do_not_warn():
         make_engine()
         make_engine(**{"offload.host_kv_bytes": BLOCK_BYTES, "batching.preemption": "swap"})
         make_engine(**{"offload.disk_kv_bytes": BLOCK_BYTES})
+
+
+def test_prefetch_without_any_tier_warns_that_it_does_nothing():
+    with pytest.warns(UserWarning) as caught:
+        eng = make_engine(**{"prefetch.enabled": True})
+    assert [str(w.message) for w in caught] == [
+        "prefetch.enabled: no host or disk tier (offload.host_kv_bytes, offload.disk_kv_bytes) holds KV to bring "
+        "back: prefetch does nothing"]
+    assert eng.kv.tiers is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # with a tier: nothing to say
+        make_engine(**{"prefetch.enabled": True, "offload.host_kv_bytes": 8 * BLOCK_BYTES})
