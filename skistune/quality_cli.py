@@ -158,4 +158,5 @@ def _measure(model: str, grid, path: Path, *, resume: bool):
         def advance(label: str, done: int, total: int) -> None:
             bar.update(task, description=label, completed=done, total=total)
 
-        return build_profile(runtime, grid, path, resume=resume, progress=advance)
+        return build_profile(runtime, grid, path, resume=resume, progress=advance,
+                             note=lambda line: bar.console.print(escape(line), highlight=False, soft_wrap=True))

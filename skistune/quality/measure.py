@@ -61,8 +61,9 @@ def _write(out: Path, data: dict) -> None:
 
 
 def build_profile(runtime, grid: Grid, out: str | Path, *, resume: bool = True,
-                  progress: Progress | None = None) -> QualityProfile:
-    """Measure ``grid`` with ``runtime`` (a real-weight model) and write the profile to ``out``."""
+                  progress: Progress | None = None, note: Callable[[str], None] | None = None) -> QualityProfile:
+    """Measure ``grid`` with ``runtime`` (a real-weight model) and write the profile to ``out``; ``note`` is
+    told, in a line, when measurements already in ``out`` are kept (a resumed run)."""
     if runtime.tokenizer is None:
         raise ValueError(f"model {runtime.spec.name} has no real weights: quality is measured on a real model "
                          "(smollm2-135m)")
@@ -77,6 +78,9 @@ def build_profile(runtime, grid: Grid, out: str | Path, *, resume: bool = True,
     trials = needle_trials(grid.needle_placements)
     needle_todo = [m for m in grid.needle() if knob_key(m.knobs) not in data["needle"]]
     total, done = len(ppl_todo) + len(needle_todo), 0
+    kept = len(data["perplexity"]) + len(data["needle"])
+    if note and kept:
+        note(f"resuming {out}: {kept} measurements kept, {total} to take (--fresh measures everything again)")
     for m in ppl_todo + needle_todo:
         if progress:
             progress(_label(m), done, total)

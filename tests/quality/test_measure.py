@@ -44,9 +44,11 @@ def test_the_profile_holds_every_measurement_and_its_provenance(measured):
 
 def test_a_second_run_resumes_and_measures_nothing(runtime, measured):
     path, profile, _ = measured
-    seen = []
-    again = build_profile(runtime, TINY, path, progress=lambda label, done, total: seen.append(total))
+    seen, said = [], []
+    again = build_profile(runtime, TINY, path, progress=lambda label, done, total: seen.append(total), note=said.append)
     assert seen == [0] and again.data["perplexity"] == profile.data["perplexity"]
+    kept = len(TINY.perplexity(30)) + len(TINY.needle())
+    assert said == [f"resuming {path}: {kept} measurements kept, 0 to take (--fresh measures everything again)"]
 
 
 def test_fewer_bits_lose_more_and_the_full_cache_finds_the_passkey(measured):
