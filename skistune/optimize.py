@@ -2506,6 +2506,8 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
                          runtime=runtime, progress=lambda m: stage(f"validating {m} on the real runtime")) \
         if top_k else []
     best, notes = _chosen(refined, validated)
+    if validated and not validated[0].holds:
+        notes += _speed_after_validation(problem, runtime, stage)
     best, baseline = [with_limit(problem, e) for e in best], with_limit(problem, baseline)
     if validated:
         study.set_user_attr(VALIDATED_ATTR, [validation_record(v) for v in validated])
@@ -2515,6 +2517,23 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     notes += [n for n in (ilp_note(study), ceiling_note(problem, best[0])) if n]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
             "trials": _search_trials(study), "notes": tie_notes + notes}
+
+
+def _speed_after_validation(problem: Problem, runtime, stage: Callable[[str], None]) -> list[str]:
+    """When the chosen config broke a constraint in its replays: the profile's own steps timed again on the
+    same runtime (`profile.check.speed_check`), so that a machine running slower than when it was profiled
+    (a busy neighbour on a shared host ran them x2) is told apart from the simulator's error."""
+    from skistune.profile.check import speed_check
+
+    if hasattr(runtime, "result"):  # (a Future from `load_runtime_in_background`; validation resolved it)
+        runtime = runtime.result()
+    stage("timing a few of the profile's steps again")
+    runtime = load_runtime(problem) if runtime is None else runtime  # (validation loaded its own: n_jobs > 1)
+    try:
+        check = speed_check(problem.profile, runtime)
+    except ValueError:  # (a profile without 16-bit step points small enough to time again: nothing to say)
+        return []
+    return [f"the replays broke a constraint; right after them, {check.summary_line()}"]
 
 
 def with_limit(problem: Problem, e: Evaluation) -> Evaluation:

@@ -264,3 +264,34 @@ def test_declared_kv_memory_sizes_the_pool_the_simulator_and_the_runtime_use(pro
 def test_kv_memory_rejects_what_is_not_a_size_of_at_least_a_mebibyte(profile, bad):
     with pytest.raises(ValueError, match="kv_memory"):
         opt.build_problem(load_workload("chat", requests=4), profile=profile, kv_memory=bad)
+
+
+def test_a_broken_validation_times_the_profiles_steps_again_and_says_how_fast_the_machine_ran(profile, monkeypatch):
+    """A replay that breaks its SLO on a machine running x2 slower than when it was profiled (a busy neighbour)
+    is the machine, not the simulator: the profile's own steps are timed again on the same runtime and the
+    note says so, as `evaluate --mode compare` does."""
+    import skistune.profile.check as check
+
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=profile)
+    point = check.CheckedPoint("decode", {"batch": 1, "context": 64}, 0.030, 0.060)
+    timed = []
+    monkeypatch.setattr(check, "speed_check", lambda prof, runtime: timed.append(runtime) or check.SpeedCheck((point,)))
+    stages = []
+    notes = opt._speed_after_validation(problem, "the runtime", stages.append)
+    assert timed == ["the runtime"] and stages == ["timing a few of the profile's steps again"]
+    assert notes == ["the replays broke a constraint; right after them, this machine runs the profile's steps x2.000 "
+                     "(median of 1; decode x2.000): decode steps x2.00: predictions of them about 50% fast"]
+
+    def no_points(prof, runtime):
+        raise ValueError("no 16-bit step points")
+
+    monkeypatch.setattr(check, "speed_check", no_points)
+    assert opt._speed_after_validation(problem, "the runtime", stages.append) == []
+    # wired: only a chosen config that broke a constraint costs the check
+    calls = []
+    monkeypatch.setattr(opt, "_speed_after_validation", lambda *a: calls.append(a) or ["timed again"])
+    for violation, expected in ((-0.5, 0), (+0.5, 1)):
+        monkeypatch.setattr(opt, "validate", lambda p, configs, **k: [_validation(p, configs[0], 1.0, violation)])
+        r = skistune.optimize(load_workload("chat", requests=16), slo="p99=200ms", profile=profile, n_trials=2,
+                              storage=optuna.storages.InMemoryStorage(), validate=1)
+        assert len(calls) == expected and ("timed again" in r.notes) == bool(expected)
