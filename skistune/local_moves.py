@@ -82,7 +82,9 @@ class LocalMovesSampler(BaseSampler):
         return None
 
     def _plan(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
-        if trial.number < self.start_after or self._rng.random() >= self.share:
+        if trial.number < self.start_after or "fixed_params" in trial.system_attrs:  # (an enqueued trial: its own)
+            return None
+        if self._rng.random() >= self.share:
             return None
         trials = study.get_trials(deepcopy=False)
         finished = [t for t in trials if t.state == TrialState.COMPLETE]

@@ -104,3 +104,13 @@ def test_a_numeric_knob_moves_within_its_range():
 def test_a_share_outside_zero_one_is_refused(share):
     with pytest.raises(ValueError, match="share"):
         LocalMovesSampler(optuna.samplers.RandomSampler(), seed=0, feasible=_feasible, share=share)
+
+
+def test_an_enqueued_trial_is_never_taken_for_a_move():
+    """Enqueued parameters (the baseline, the simplifying trials after a search) win over any sampler: such a
+    trial marked as a move would misreport what the moves did."""
+    study = _study(seed=2, share=1.0, n_trials=12)
+    study.enqueue_trial({"a": 0, "b": "x", "c": False})
+    study.optimize(_objective, n_trials=1)
+    last = study.trials[-1]
+    assert last.params == {"a": 0, "b": "x", "c": False} and MOVE_ATTR not in last.system_attrs
