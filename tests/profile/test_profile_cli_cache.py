@@ -194,3 +194,21 @@ def test_a_cache_entry_of_an_older_format_is_not_read(tmp_path, fake_measure, st
     assert path.name.endswith(f"-v{QUICK_CACHE_FORMAT}.json")
     replace(steady_profile, name="older").save(path.with_name(path.name.replace(f"-v{QUICK_CACHE_FORMAT}", "")))
     assert default_profile("smollm2-135m", "cpu", folder=tmp_path).name == "cpu-tiny" and len(fake_measure) == 1
+
+
+def test_a_drifting_quick_profile_is_measured_once_more_and_the_steadier_kept(tmp_path, monkeypatch, steady_profile):
+    """A quick profile whose steps drifted x0.68 within it (usable, noted) had put the chat baseline's capacity
+    8x below another of the same host: measured for a command, it is measured once more, the steadier kept."""
+    drifting = replace(steady_profile, quick=True, drift={"decode": 0.68, "prefill": 0.79})
+    worse = replace(steady_profile, quick=True, drift={"decode": 1.6, "prefill": 1.0})
+    busy = replace(steady_profile, quick=True, drift={"decode": 2.5, "prefill": 1.0})
+    assert drifting.unreliable is None and drifting.drift_factor == pytest.approx(1 / 0.68)
+    for second, kept in ((steady_profile, steady_profile), (worse, drifting), (busy, drifting)):
+        measured, calls = iter([drifting, second]), []
+        monkeypatch.setattr(measure, "profile_model", lambda model, **kw: calls.append(model) or next(measured))
+        folder = tmp_path / f"{len(calls)}-{second.drift['decode']}"
+        assert default_profile("smollm2-135m", "cpu", folder=folder).drift == kept.drift and len(calls) == 2
+    calls = []
+    monkeypatch.setattr(measure, "profile_model", lambda model, **kw: calls.append(model) or steady_profile)
+    default_profile("smollm2-135m", "cpu", folder=tmp_path / "steady")
+    assert len(calls) == 1  # a steady first profile is not measured again
