@@ -776,7 +776,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         print_json({"benchmark": "search_efficiency", "profile": str(PROFILE.relative_to(ROOT)),
                     "seeds": len(args.seeds), "budgets": sorted(args.budgets), "goal": GOAL,
-                    "code": code, "wall_s": wall, "goal_met": met, "grid_share_goal_met": share_met,
+                    "code": code, "source": code_digest(), "wall_s": wall, "goal_met": met, "grid_share_goal_met": share_met,
                     "grid_share_goal_met_in_evaluations": share_met_evaluated,
                     "scenarios": results})
 

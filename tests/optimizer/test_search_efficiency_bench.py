@@ -63,3 +63,17 @@ def test_trials_to_goal_counts_feasible_trials_only(bench):
     assert bench.trials_to_goal(trials, 100.0, maximize=True) == 3  # 99.5 is within 1%; the infeasible 100 is not
     assert bench.trials_to_goal(trials[:2], 100.0, maximize=True) is None
     assert bench.trials_to_goal([(2.0, True), (1.005, True)], 1.0, maximize=False) == 2
+
+
+def test_code_reads_only_tables_cached_for_that_source_and_never_scores_them(bench, tmp_path, monkeypatch):
+    """--code searches another source's tables (a sampler change moves no score): a table that source never
+    scored is an error, not a grid scored now and filed under its name; it cannot go with --fresh."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(bench.__file__).parent))  # (its sibling modules, as a script has them)
+    with pytest.raises(SystemExit, match="--code 0.1.0-000000000000: no table cached for chat-capacity"):
+        bench.main(["--scenarios", "chat-capacity", "--code", "0.1.0-000000000000", "--cache-dir", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--code", "0.1.0-000000000000", "--fresh", "--cache-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
