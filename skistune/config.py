@@ -178,6 +178,45 @@ def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
 _KnobDumper.add_representer(list, _represent_list)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last, so a second
+    ``batching:`` block had silently replaced the first, knobs and all."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys are merged below, and may be overridden
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            if key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first[key]})",
+                    key_node.start_mark)
+            first[key] = line
+        except TypeError:  # an unhashable key: the constructor below says so
+            pass
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (line and column, counted from 1)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"{getattr(exc, 'problem', None) or str(exc).splitlines()[0]}{where}"
+
+
+def load_yaml(text: str) -> Any:
+    """YAML as `yaml.safe_load` reads it, except that a key given twice in one mapping is an error
+    (`yaml.YAMLError`) rather than the last one winning: config and search-space files read it."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+
+
 def _to_tuple(v: list) -> tuple:
     return tuple(_to_tuple(x) if isinstance(x, list) else x for x in v)
 
@@ -356,9 +395,9 @@ class KVConfig:
     @classmethod
     def from_yaml(cls, text: str) -> "KVConfig":
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
         except yaml.YAMLError as exc:
-            raise ValueError(f"config: not valid YAML ({str(exc).splitlines()[0]})") from None
+            raise ValueError(f"config: not valid YAML ({yaml_problem(exc)})") from None
         return cls.from_dict(data or {})
 
     def to_json(self) -> str:

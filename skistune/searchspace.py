@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from skistune.config import FAMILIES, KVConfig, _check_value, declared_kind, knob_fields, parse_bytes
+from skistune.config import (FAMILIES, KVConfig, _check_value, declared_kind, knob_fields, load_yaml, parse_bytes,
+                             yaml_problem)
 
 Solver = Callable[[KVConfig], Any]  # given the config built so far, returns the knob's value
 
@@ -134,11 +135,9 @@ def _read_space(spec: str) -> tuple[str, str]:
 def parse_space(text: str, source: str = "<string>") -> SearchSpace:
     """Parse and validate a space from YAML text; ``source`` names it in errors."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ValueError(f"{source}: not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
+        raise ValueError(f"{source}: not valid YAML ({yaml_problem(exc)})") from None
     try:
         return _build_space(data, source)
     except ValueError as exc:

@@ -110,6 +110,17 @@ def test_bad_files_name_the_file(tmp_path):
     p.write_text("eviction: 3\n")
     with pytest.raises(ValueError, match="bad.yaml: eviction: expected a mapping"):
         load_config(str(p))
+    # a family (or a knob) given twice: PyYAML kept the last, and the first one's knobs vanished silently
+    p.write_text("batching:\n  max_num_seqs: 8\nprefix_reuse:\n  enabled: false\nbatching:\n  chunk_size: 64\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: config: not valid YAML \(duplicate key 'batching' \(first at "
+                                         r"line 1\) at line 5, column 1\)"):
+        load_config(str(p))
+    p.write_text("batching:\n  max_num_seqs: 8\n  max_num_seqs: 16\n")
+    with pytest.raises(ValueError, match=r"duplicate key 'max_num_seqs' \(first at line 2\) at line 3"):
+        load_config(str(p))
+    p.write_text("base: &b {max_num_seqs: 8}\nbatching:\n  <<: *b\n  chunk_size: 64\n")  # merged keys are no repeat
+    with pytest.raises(ValueError, match="base: unknown knob family"):
+        load_config(str(p))
     with pytest.raises(ValueError, match="missing.yaml: cannot read config"):
         load_config(str(tmp_path / "missing.yaml"))
 

@@ -285,6 +285,9 @@ def test_grid_guards_its_size_and_points_per_range(tmp_path):
     (("knobs:\n  batching.chunk_size: {low: 1, high: 8, when: {batching.chunked_prefill: [true]}}\n"
       "fixed:\n  batching.chunked_prefill: false\n"), r"when batching.chunked_prefill: True is not one of its values \(False\)"),
     ("knobs:\n  eviction.policy: {choices: [none, h2o]\n", r"not valid YAML \(.* at line 3"),
+    # PyYAML keeps a repeated key's last value: the first range had been dropped without a word
+    ("knobs:\n  batching.max_num_seqs: {choices: [4, 8]}\n  batching.max_num_seqs: {choices: [16]}\n",
+     r"not valid YAML \(duplicate key 'batching.max_num_seqs' \(first at line 2\) at line 3, column 3\)"),
     ("knobs: [eviction.policy]\n", r"knobs: missing or empty"),
     ("knob:\n  eviction.policy: {choices: [none]}\n", r"knob: unknown section"),
     ("knobs:\n  batching.max_num_seqs: {low: 64, high: 8}\n", r"low \(64\) must be below high \(8\)"),
