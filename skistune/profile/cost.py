@@ -71,7 +71,6 @@ Coefficients are fitted with non-negative least squares (a cost cannot be negati
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
 from functools import cached_property
 from operator import mul
@@ -81,6 +80,8 @@ import numpy as np
 
 from skistune.kernels.rows import LEGACY_RULE, PLAIN_RULE, ProjectionRule
 from skistune.runtime.kv_layout import KVTraffic
+
+from .fields import entry, finite, items, whole
 
 if TYPE_CHECKING:
     from skistune.runtime.scheduler import SchedulerOutput
@@ -129,8 +130,9 @@ class ProjectionTimes:
     def from_dict(cls, data, where: str = "projection table") -> "ProjectionTimes":
         if not isinstance(data, dict) or set(data) != {"rows", "layers_s", "head_s"}:
             raise ValueError(f"{where}: expected rows, layers_s and head_s")
-        rows = tuple(_integer(r, f"{where}.rows[{i}]") for i, r in enumerate(_list(data, "rows", where)))
-        layers_s, head_s = (tuple(_finite(t, f"{where}.{key}[{i}]") for i, t in enumerate(_list(data, key, where)))
+        listed = {key: items(data, key, where, nonempty=False) for key in ("rows", "layers_s", "head_s")}
+        rows = tuple(_integer(r, f"{where}.rows[{i}]") for i, r in enumerate(listed["rows"]))
+        layers_s, head_s = (tuple(finite(t, f"{where}.{key}[{i}]") for i, t in enumerate(listed[key]))
                             for key in ("layers_s", "head_s"))
         try:
             return cls(rows, layers_s, head_s)
@@ -166,27 +168,11 @@ def rule_from_json(data, where: str = "step cost model: rows") -> ProjectionRule
 
 
 def _integer(value, where: str, minimum: int = 0) -> int:
-    """An integer read from a file (not a bool, a float or a string that would convert), at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}: expected an integer, got {value!r}")
+    """An integer read from a file (`fields.whole`), at least ``minimum``."""
+    value = whole(value, where)
     if value < minimum:
         raise ValueError(f"{where}: {value!r} is {'negative' if minimum == 0 else f'below {minimum}'}")
     return value
-
-
-def _finite(value, where: str) -> float:
-    """A finite number read from a file (a string such as "0.1" is not one: float() would take it)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{where}: expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _list(data: dict, key: str, where: str) -> list:
-    if key not in data:
-        raise ValueError(f"{where}.{key}: missing")
-    if not isinstance(data[key], list):
-        raise ValueError(f"{where}.{key}: expected a list, got {type(data[key]).__name__}")
-    return data[key]
 
 
 @dataclass(frozen=True)
@@ -285,20 +271,19 @@ class StepCostModel:
         the file): a knee or coefficient that merely converted (-3, "0.1") would change every prediction."""
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-        features = _list(data, "features", where)
+        features = items(data, "features", where, nonempty=False)
         if features not in [list(f) for f in READABLE_FEATURES]:
             raise ValueError(f"{where}.features: {features!r} are not {list(ALL_FEATURES)} "
                              "(or the first terms of them an older profile was written with)")
-        coef = tuple(_finite(c, f"{where}.coef[{i}]") for i, c in enumerate(_list(data, "coef", where)))
+        coef = tuple(finite(c, f"{where}.coef[{i}]")
+                     for i, c in enumerate(items(data, "coef", where, nonempty=False)))
         if len(coef) != len(features):
             raise ValueError(f"{where}.coef: needs one coefficient per feature ({len(features)}), got {len(coef)}")
         negative = next((i for i, c in enumerate(coef) if c < 0), None)
         if negative is not None:  # (the fit is non-negative least squares: a cost cannot be negative)
             raise ValueError(f"{where}.coef[{negative}]: {coef[negative]!r} is negative: needs one finite, "
                              "non-negative coefficient per feature")
-        if "knee_tokens" not in data:
-            raise ValueError(f"{where}.knee_tokens: missing")
-        knee = _integer(data["knee_tokens"], f"{where}.knee_tokens")  # (0: every token is past the knee)
+        knee = _integer(entry(data, "knee_tokens", where), f"{where}.knee_tokens")  # (0: every token past the knee)
         rows = rule_from_json(data.get("rows", "tokens"), f"{where}.rows")  # files before the rule: a row per token
         small = _integer(data.get("small_rows", 1), f"{where}.small_rows", minimum=1)  # ... before it was fitted: 1
         table = (ProjectionTimes.from_dict(data["projection_table"], f"{where}.projection_table")

@@ -25,10 +25,11 @@ from skistune.kernels.rows import ProjectionRule
 from skistune.quality.model import FORMAT as QUALITY_FORMAT
 
 from .cost import ProjectionTimes, StepCostModel
+from .fields import entry, integer, items, number, text
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
 from .power import POWER_SOURCES, PowerModel
-from .records import LINKS, GridPoint, StepPoint, entry, integer, items, kv_bits, number, text
+from .records import LINKS, GridPoint, StepPoint, kv_bits
 
 FORMAT = "skistune.hardware_profile"
 FORMAT_VERSION = 1

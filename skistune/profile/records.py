@@ -3,7 +3,6 @@
 Every reader names where a bad value sits (``step.points[3].timing.median_s: expected a number``)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,57 +10,7 @@ import numpy as np
 
 from ..runtime.kv_layout import FULL_PRECISION_BITS
 from .cost import StepShape
-
-
-def entry(data: Any, key: str, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-    if key not in data:
-        raise ValueError(f"{where}.{key}: missing")
-    return data[key]
-
-
-def number(data: Any, key: str, where: str, *, minimum: float = 0.0) -> float:
-    value = entry(data, key, where)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{where}.{key}: expected a finite number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{where}.{key}: {value!r} is below {minimum:g}")
-    return float(value)
-
-
-def integer(data: Any, key: str, where: str, *, minimum: int = 0) -> int:
-    value = entry(data, key, where)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}.{key}: expected an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{where}.{key}: {value!r} is below {minimum}")
-    return value
-
-
-def text(data: Any, key: str, where: str, *, choices: tuple[str, ...] | None = None) -> str:
-    value = entry(data, key, where)
-    if not isinstance(value, str):
-        raise ValueError(f"{where}.{key}: expected a string, got {type(value).__name__}")
-    if choices is not None and value not in choices:
-        raise ValueError(f"{where}.{key}: {value!r} is not one of {', '.join(choices)}")
-    return value
-
-
-def items(data: Any, key: str, where: str, *, nonempty: bool = True) -> list:
-    value = entry(data, key, where)
-    if not isinstance(value, list):
-        raise ValueError(f"{where}.{key}: expected a list, got {type(value).__name__}")
-    if nonempty and not value:
-        raise ValueError(f"{where}.{key}: empty")
-    return value
-
-
-def int_map(data: Any, key: str, where: str) -> dict[str, int]:
-    value = entry(data, key, where)
-    if not isinstance(value, dict):
-        raise ValueError(f"{where}.{key}: expected an object, got {type(value).__name__}")
-    return {k: integer(value, k, f"{where}.{key}") for k in value}
+from .fields import entry, int_map, integer, number, text
 
 
 @dataclass(frozen=True)
