@@ -61,8 +61,8 @@ def evaluate(
         rate_scale=rate_scale), model)
     # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
     prof = hardware_profile(model, profile_or_measure(profile, model)) if mode != "run" else None
-    if prof is not None:
-        sim_target(model, prof)  # (a profile of another model is refused here, not after the notes)
+    # (a profile of another model is refused here, not after the notes)
+    target = sim_target(model, prof) if prof is not None else None
     # (a run is not metered: its energy is the power model's, which never needs a profile measured first)
     power = prof.power if prof is not None else power_model(model, profile)
     runtime = None
@@ -76,10 +76,10 @@ def evaluate(
         with console.status(f"loading {model}"):
             runtime = Runtime.from_preset(model, cfg)
     print_notes(w)
-    if prof is not None:  # (a run refuses such a tier before this: `check_fits_memory`, the disk pool)
+    if target is not None:  # (a run refuses such a tier before this: `check_fits_memory`, the disk pool)
         from skistune.optimize import oversized_tier_notes
 
-        for note in oversized_tier_notes(cfg, prof, sim_target(model, prof)):
+        for note in oversized_tier_notes(cfg, prof, target):
             console.print(f"note: {note}", highlight=False, soft_wrap=True)
     reqs = workload_requests(w, model, seed)
     if mode == "compare":
