@@ -405,7 +405,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     import optuna
 
     from skistune.evaluate import fit_workload, workload_requests
-    from skistune.simulator import target_from_profile
+    from skistune.simulator import spread_over_time, target_from_profile
 
     slos, budget, floors = _parse_specs(slo, energy, quality)
     objectives = parse_objectives(objective, direction)
@@ -422,11 +422,10 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     fitted = fit_workload(w, model)  # (the provenance's digest stays the loaded workload's)
     fit_notes = list(fitted.notes[len(w.notes):])  # (prompts the model's context cut short)
     requests = workload_requests(fitted, model)
-    arrivals = [r.arrival_s for r in requests]
-    if any(o.name == "capacity" for o in objectives) and max(arrivals) <= min(arrivals):  # (not in trial 0)
+    if any(o.name == "capacity" for o in objectives) and not spread_over_time(requests):  # (not in trial 0)
         raise ValueError(f"workload {w.name}: capacity scales the workload's arrival rate, and "
                          + ("a single request has none" if len(requests) == 1 else
-                            f"its {len(requests)} requests all arrive at once (at {arrivals[0]:g} s)")
+                            f"its {len(requests)} requests all arrive at once (at {requests[0].arrival_s:g} s)")
                          + ": give requests that arrive over time, or an objective at the workload's own rate "
                          "(goodput, energy, memory, quality)")
     # last: the profile may have to be measured first (a minute), which bad input elsewhere must not cost

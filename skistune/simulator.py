@@ -457,6 +457,13 @@ def lattice_step(precision: float) -> float:
     return step
 
 
+def spread_over_time(requests: Sequence[Request]) -> bool:
+    """Whether the requests arrive over time, so that scaling their arrival rate means something
+    (`capacity`): not a single request, nor several that all arrive at once."""
+    arrivals = [r.arrival_s for r in requests]
+    return max(arrivals) > min(arrivals)
+
+
 def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Sequence,
              *, precision: float = 0.02, max_scale: float = MAX_RATE_SCALE, min_scale: float = 1 / 1024,
              start: float | None = None) -> Capacity:
@@ -480,11 +487,11 @@ def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Seque
     _check_target(target)
     if not requests:
         raise ValueError("capacity: no requests; give at least one")
-    arrivals = [r.arrival_s for r in requests]
-    if max(arrivals) <= min(arrivals):  # (every scale gives the same schedule, shifted: no capacity to find)
-        raise ValueError(f"capacity: a single request, or requests that all arrive at once (here at {arrivals[0]:g} "
-                         "s), have no arrival rate to scale; give requests that arrive over time")
-    base_rps = len(requests) / max(arrivals)
+    if not spread_over_time(requests):  # (every scale gives the same schedule, shifted: no capacity to find)
+        raise ValueError(f"capacity: a single request, or requests that all arrive at once (here at "
+                         f"{requests[0].arrival_s:g} s), have no arrival rate to scale; give requests that arrive "
+                         "over time")
+    base_rps = len(requests) / max(r.arrival_s for r in requests)
     step = lattice_step(precision)
     low, high = _log2_scales(min_scale, max_scale)
     if start is not None and not (isinstance(start, Real) and math.isfinite(start)):
