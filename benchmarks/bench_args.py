@@ -71,6 +71,13 @@ def existing_file(text: str) -> str:
     return text
 
 
+def existing_dir(text: str) -> str:
+    """The path of a folder that exists (returned as given)."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such folder")
+    return text
+
+
 def name_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
     """A type for a comma-separated list of names, each one of ``choices`` (empty items are skipped)."""
     allowed = list(choices)

@@ -14,48 +14,68 @@ Before the first replay and after the last, a few of the profile's own step poin
 run than when the profile was measured. On a shared host that drift alone moves every error by 10% or
 more; it is printed beside the errors, not taken out of them. ``--no-speed-check`` skips it.
 
-    python benchmarks/fidelity.py [--profile profiles/cpu-smollm2-135m.json] [--requests 16] [--no-speed-check]
-                                  [--json]
+On a GPU (``--device cuda --model llama-3-8b``, random weights: timing only) the same configs and workloads
+run at ``--rate-scale`` times their rates (the GPU serves the 8B model faster than two CPU cores serve
+SmolLM2), the tight pools keep their size in blocks, and each config is replayed once on two requests
+first, so that Triton's compilations are not timed.
+
+    python benchmarks/fidelity.py [--model smollm2-135m] [--device cpu] [--profile profiles/DEVICE-MODEL.json]
+                                  [--requests 16] [--rate-scale 1] [--configs ...] [--no-speed-check] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from bench_args import hardware_profile, positive_int, print_json
+from bench_args import existing_dir, fail, hardware_profile, positive_float, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.evaluate import FIDELITY_FIGURES, compare_metrics, sim_target, workload_requests
+from skistune.profile.measure import DTYPES
+from skistune.runtime.kv_layout import kv_block_bytes
 from skistune.runtime.llm import Runtime
+from skistune.runtime.presets import PRESETS
 from skistune.simulator import simulate
 from skistune.workloads import load_workload
 
-TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-MODEL = "smollm2-135m"
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / ".." / "shared" / "traces"
+TIGHT_BLOCKS = 96  # the tight device pool: 96 blocks of 16 tokens (4.4 blocks per request of the workloads)
+HOST_BLOCKS = 728  # the host tier of the prefetch configs (512 MiB of SmolLM2's float32 KV)
 
-CONFIGS = {
-    "default": {},
-    "seqs4": {"batching.max_num_seqs": 4},
-    "chunk32": {"batching.chunk_size": 32, "batching.max_num_batched_tokens": 64},
-    "no-chunking": {"batching.chunked_prefill": False, "batching.max_num_batched_tokens": 512,
-                    "batching.chunk_size": 512},
-    "no-prefix": {"prefix_reuse.enabled": False},
-    "tight-kv-edf": {"offload.device_kv_bytes": 96 * 16 * 46080, "batching.policy": "edf"},
-    "int8": {"bitwidth.key_bits": 8, "bitwidth.value_bits": 8},
-    "int4": {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4},
-    "int4-tight-kv": {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4, "batching.max_num_seqs": 16,
-                      "offload.device_kv_bytes": 96 * 16 * 46080},
-    "h2o-50": {"eviction.policy": "h2o", "eviction.budget_fraction": 0.5},
-    "snapkv-30-pyramid": {"eviction.policy": "snapkv", "eviction.budget_fraction": 0.3,
-                          "eviction.layer_schedule": "pyramid"},
-    # the tight device pool with a host tier: prefixes demoted and promoted, blocks ahead or layer by layer
-    "host-prefetch-blocks": {"offload.device_kv_bytes": 96 * 16 * 46080, "offload.host_kv_bytes": 512 << 20,
-                             "prefetch.enabled": True, "prefetch.depth": 8},
-    "host-prefetch-layers": {"offload.device_kv_bytes": 96 * 16 * 46080, "offload.host_kv_bytes": 512 << 20,
-                             "prefetch.enabled": True, "prefetch.unit": "layers", "prefetch.depth": 2},
-}
+
+def configs(block_bytes: int) -> dict[str, dict]:
+    """The configs, the tight pools sized in blocks of ``block_bytes`` (a 16-token block of the model's 16-bit
+    KV at the runtime's dtype), so that they bind alike on every model."""
+    tight = TIGHT_BLOCKS * block_bytes
+    return {
+        "default": {},
+        "seqs4": {"batching.max_num_seqs": 4},
+        "chunk32": {"batching.chunk_size": 32, "batching.max_num_batched_tokens": 64},
+        "no-chunking": {"batching.chunked_prefill": False, "batching.max_num_batched_tokens": 512,
+                        "batching.chunk_size": 512},
+        "no-prefix": {"prefix_reuse.enabled": False},
+        "tight-kv-edf": {"offload.device_kv_bytes": tight, "batching.policy": "edf"},
+        "int8": {"bitwidth.key_bits": 8, "bitwidth.value_bits": 8},
+        "int4": {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4},
+        "int4-tight-kv": {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4, "batching.max_num_seqs": 16,
+                          "offload.device_kv_bytes": tight},
+        "h2o-50": {"eviction.policy": "h2o", "eviction.budget_fraction": 0.5},
+        "snapkv-30-pyramid": {"eviction.policy": "snapkv", "eviction.budget_fraction": 0.3,
+                              "eviction.layer_schedule": "pyramid"},
+        # the tight device pool with a host tier: prefixes demoted and promoted, blocks ahead or layer by layer
+        "host-prefetch-blocks": {"offload.device_kv_bytes": tight, "offload.host_kv_bytes": HOST_BLOCKS * block_bytes,
+                                 "prefetch.enabled": True, "prefetch.depth": 8},
+        "host-prefetch-layers": {"offload.device_kv_bytes": tight, "offload.host_kv_bytes": HOST_BLOCKS * block_bytes,
+                                 "prefetch.enabled": True, "prefetch.unit": "layers", "prefetch.depth": 2},
+    }
+
+
+CONFIG_NAMES = list(configs(1))
 
 
 def prefix_sharing(w, n: int):
@@ -76,16 +96,18 @@ def prefix_sharing(w, n: int):
     return w.take(np.array(sorted(keep)[:n]))
 
 
-def workloads(n: int) -> dict:
-    """Scaled to what the small model serves on 2 CPU cores in real time (about a minute per run)."""
+def workloads(n: int, rate_scale: float = 1.0, traces: Path = TRACES) -> dict:
+    """Scaled to what the small model serves on 2 CPU cores in real time (about a minute per run), their
+    rates times ``rate_scale``; the Azure and Mooncake samples read from ``traces``."""
     return {
-        "azure-conv": load_workload(TRACES / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv", first=n,
-                                    length_scale=0.1, max_input=256, max_output=24, rate_rps=0.8),
-        "mooncake-prefix": load_workload(prefix_sharing(load_workload(TRACES / "mooncake_conversation" /
+        "azure-conv": load_workload(traces / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv", first=n,
+                                    length_scale=0.1, max_input=256, max_output=24, rate_rps=0.8 * rate_scale),
+        "mooncake-prefix": load_workload(prefix_sharing(load_workload(traces / "mooncake_conversation" /
                                                                       "conversation_trace.head.jsonl"), n),
-                                         length_scale=1 / 32, max_input=384, max_output=24, rate_rps=0.6),
+                                         length_scale=1 / 32, max_input=384, max_output=24,
+                                         rate_rps=0.6 * rate_scale),
         "bursty-chat": load_workload("chat", requests=n, burstiness=4.0, length_scale=0.1, max_input=256,
-                                     max_output=24, rate_rps=1.0, seed=1),
+                                     max_output=24, rate_rps=1.0 * rate_scale, seed=1),
     }
 
 
@@ -108,27 +130,45 @@ def _num(x: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", type=hardware_profile,
-                    default=str(Path(__file__).resolve().parents[1] / "profiles" / "cpu-smollm2-135m.json"))
+    add_target_args(ap)
     ap.add_argument("--requests", type=positive_int, default=16)
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), metavar="CONFIG",
-                    help="configs to run (default all): " + ", ".join(CONFIGS))
+    ap.add_argument("--traces", type=existing_dir, default=TRACES,
+                    help="the folder of the trace samples (default ../shared/traces beside the checkout)")
+    ap.add_argument("--rate-scale", type=positive_float, default=1.0,
+                    help="multiply the workloads' arrival rates (made for SmolLM2 on 2 CPU cores)")
+    ap.add_argument("--configs", nargs="+", default=CONFIG_NAMES, choices=CONFIG_NAMES, metavar="CONFIG",
+                    help="configs to run (default all): " + ", ".join(CONFIG_NAMES))
     ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
                     help="do not time the profile's own steps again before and after the replays")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    target = sim_target(MODEL, args.profile)
-    rt = Runtime.from_preset(MODEL, KVConfig())
-    speed = [machine_speed(args.profile, rt, "before")] if args.speed_check else []
-    rows = []
+    profile = profile_path(args)
+    target = sim_target(args.model, profile)
+    rt = base_runtime(args.model, args.device)
+    table = configs(block_bytes(rt))
+    runs = workloads(args.requests, args.rate_scale, Path(args.traces))
+    if args.device == "cuda":  # Triton compiles each config's kernels on first use: not inside a timed replay
+        warm = workload_requests(next(iter(runs.values())), args.model)[:2]
+        for cname in args.configs:
+            try:
+                replay(rt, KVConfig().with_knobs(table[cname]), warm)
+            except Exception as exc:  # (its timed replays fail too, and say so)
+                print(f"warm-up of {cname} failed: {exc!r}", flush=True)
+    speed = [machine_speed(profile, rt, "before")] if args.speed_check else []
+    rows, failed = [], []
     print(f"{'workload':<16} {'config':<20} " + " ".join(f"{name + ' ' + UNITS[name]:>{CELL}}" for name, _ in METRICS))
     print(f"{'':<16} {'':<20} " + " ".join(f"{'predicted/measured':>{CELL}}" for _ in METRICS))
-    for wname, w in workloads(args.requests).items():
-        reqs = workload_requests(w, MODEL)
+    for wname, w in runs.items():
+        reqs = workload_requests(w, args.model)
         for cname in args.configs:
-            cfg = KVConfig().with_knobs(CONFIGS[cname])
-            predicted = simulate(cfg, reqs, target)
-            measured = rt.with_config(cfg).replay(reqs)
+            cfg = KVConfig().with_knobs(table[cname])
+            try:
+                predicted = simulate(cfg, reqs, target)
+                measured = replay(rt, cfg, reqs)
+            except Exception as exc:  # one broken config must not cost the others' figures (a GPU run is short)
+                failed.append({"workload": wname, "config": cname, "error": repr(exc)})
+                print(f"{wname:<16} {cname:<20} FAILED: {exc!r}", flush=True)
+                continue
             errors = {r["figure"]: r["error"] or 0.0 for r in compare_metrics(predicted, measured)}
             rows.append({"workload": wname, "config": cname, "errors": errors,
                          "predicted": {n: f(predicted) for n, f in METRICS},
@@ -137,7 +177,9 @@ def main() -> None:
             print(f"{wname:<16} {cname:<20} " + " ".join(
                 cell(n, f(predicted), f(measured), errors[n]) for n, f in METRICS), flush=True)
     if args.speed_check:
-        speed.append(machine_speed(args.profile, rt, "after"))
+        speed.append(machine_speed(profile, rt, "after"))
+    if not rows:
+        sys.exit("every replay failed")
     abs_err = [abs(e) for r in rows for n, e in r["errors"].items()]
     latency_err = [abs(r["errors"][n]) for r in rows for n, _ in METRICS[:6]]
     summary = {"median_abs_error": statistics.median(abs_err), "max_abs_error": max(abs_err),
@@ -146,8 +188,57 @@ def main() -> None:
     print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
           f"latency percentiles within 10%: {summary['latency_within_10pct']:.0%} of {len(latency_err)}")
     if args.json:
-        print_json({"benchmark": "fidelity", "model": MODEL, "profile": args.profile, **summary,
-                    "machine_speed": speed, "rows": rows})
+        print_json({"benchmark": "fidelity", "model": args.model, "device": args.device, "profile": profile,
+                    "rate_scale": args.rate_scale, **summary, "machine_speed": speed, "rows": rows,
+                    "failed": failed})
+    if failed:
+        sys.exit(f"{len(failed)} of {len(failed) + len(rows)} replays failed")
+
+
+def add_target_args(ap: argparse.ArgumentParser) -> None:
+    """--model, --device and --profile: what runs, where, and the profile the simulator reads."""
+    ap.add_argument("--model", default="smollm2-135m", choices=list(PRESETS))
+    ap.add_argument("--device", default="cpu", choices=list(DTYPES))
+    ap.add_argument("--profile", type=hardware_profile,
+                    help="the hardware profile the simulator reads (default profiles/DEVICE-MODEL.json)")
+
+
+def profile_path(args) -> str:
+    """``--profile``, else the profile shipped for ``--device`` and ``--model``, which must load."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: no CUDA device here")
+    if args.profile is not None:
+        return args.profile
+    path = str(ROOT / "profiles" / f"{args.device}-{args.model}.json")
+    try:
+        return hardware_profile(path)
+    except argparse.ArgumentTypeError as exc:
+        fail(f"--profile not given, and the default one {exc}")
+
+
+def base_runtime(model: str, device: str) -> Runtime:
+    """The model at the dtype the runtime serves with on ``device``, over a small pool of its own: each
+    config builds its store (`Runtime.with_config`), sized from the memory left."""
+    return Runtime.from_preset(model, KVConfig().with_knobs({"offload.device_kv_bytes": 64 << 20}),
+                               device=device, dtype=DTYPES[device])
+
+
+def block_bytes(runtime: Runtime) -> int:
+    """A 16-token block of the runtime's model at 16 bits (its dtype's bytes), what `configs` sizes pools in."""
+    return kv_block_bytes(runtime.spec, KVConfig().prefix_reuse.block_size, runtime.model.dtype.itemsize)
+
+
+def replay(runtime: Runtime, config: KVConfig, requests):
+    """The measured metrics of ``requests`` served under ``config``; on a GPU the config's KV store is
+    handed back to the driver after it, so that the next config's default pool is sized as it would be
+    alone (torch's allocator would otherwise keep it, and the next pool would see that memory as used)."""
+    other = runtime.with_config(config)
+    try:
+        return other.replay(requests)
+    finally:
+        del other
+        if runtime.model.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def machine_speed(profile_path: str, runtime, when: str) -> dict:

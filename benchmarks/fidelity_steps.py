@@ -2,7 +2,9 @@
 step's time against the hardware profile's prediction for the same step's shape, by kind of step (pure
 decode, one prefill, prefill with decodes), and for the steps that follow an idle gap apart from the rest.
 Shows where `benchmarks/fidelity.py`'s latency errors come from.
-    python benchmarks/fidelity_steps.py [--workload mooncake-prefix] [--config default] [--replays 2] [--json]
+    python benchmarks/fidelity_steps.py [--model smollm2-135m] [--device cpu] [--profile P]
+                                        [--workload mooncake-prefix] [--config default] [--rate-scale 1]
+                                        [--replays 2] [--json]
 """
 from __future__ import annotations
 
@@ -11,15 +13,14 @@ import statistics
 import time
 from pathlib import Path
 
-from bench_args import hardware_profile, positive_int, print_json
-from fidelity import CONFIGS, MODEL, workloads
+from bench_args import existing_dir, positive_float, positive_int, print_json
+from fidelity import CONFIG_NAMES, TRACES, add_target_args, base_runtime, block_bytes, configs, profile_path, workloads
 
 from skistune.config import KVConfig
 from skistune.evaluate import sim_target, workload_requests
 from skistune.profile.cost import step_shape
 from skistune.runtime.engine import Engine
 from skistune.runtime.kv_layout import kv_traffic
-from skistune.runtime.llm import Runtime
 
 KINDS = tuple(k + c for c in ("", "+compaction") for k in ("decode", "prefill", "mixed"))
 IDLE_GAP_S = 0.05  # a step that starts this long after the previous one ended follows an idle engine
@@ -54,18 +55,22 @@ def summary(errors: list[float]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", type=hardware_profile,
-                    default=str(Path(__file__).resolve().parents[1] / "profiles" / "cpu-smollm2-135m.json"))
+    add_target_args(ap)
     ap.add_argument("--workload", default="mooncake-prefix", choices=["azure-conv", "mooncake-prefix", "bursty-chat"])
-    ap.add_argument("--config", default="default", choices=list(CONFIGS))
+    ap.add_argument("--config", default="default", choices=CONFIG_NAMES)
     ap.add_argument("--requests", type=positive_int, default=12)
+    ap.add_argument("--traces", type=existing_dir, default=TRACES,
+                    help="the folder of the trace samples (default ../shared/traces beside the checkout)")
+    ap.add_argument("--rate-scale", type=positive_float, default=1.0,
+                    help="multiply the workload's arrival rate (as fidelity.py's --rate-scale)")
     ap.add_argument("--replays", type=positive_int, default=2)
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()
-    target = sim_target(MODEL, args.profile)
-    runtime = Runtime.from_preset(MODEL, KVConfig())
-    requests = workload_requests(workloads(args.requests)[args.workload], MODEL)
-    config = KVConfig().with_knobs(CONFIGS[args.config])
+    args.profile = profile_path(args)
+    target = sim_target(args.model, args.profile)
+    runtime = base_runtime(args.model, args.device)
+    requests = workload_requests(workloads(args.requests, args.rate_scale, Path(args.traces))[args.workload], args.model)
+    config = KVConfig().with_knobs(configs(block_bytes(runtime))[args.config])
     traffic = kv_traffic(config, target.spec, target.kv_itemsize)
     replays = []
     print(f"{args.workload} x {args.config}: predicted / measured - 1 per real step (profile {args.profile})")
@@ -92,8 +97,9 @@ def main() -> None:
         for label, g in groups.items():
             print(f"  {label:<18} {g['steps']:>4} steps  median {g['median']:+.1%}  p10 {g['p10']:+.1%}  p90 {g['p90']:+.1%}")
     if args.json:
-        print_json({"benchmark": "fidelity_steps", "workload": args.workload, "config": args.config,
-                    "profile": args.profile, "replays": replays})
+        print_json({"benchmark": "fidelity_steps", "model": args.model, "device": args.device,
+                    "workload": args.workload, "config": args.config, "profile": args.profile,
+                    "rate_scale": args.rate_scale, "replays": replays})
 
 
 if __name__ == "__main__":

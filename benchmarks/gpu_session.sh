@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Everything GPU-side in one run (a lent GPU's time is short): the kernel tests compiled for the GPU,
-# the kernel benchmark, and a quick hardware profile of Llama-3-8B (random weights) for profiles/.
-#   bash benchmarks/gpu_session.sh [OUT_DIR]
-# The device image has torch and triton but not all of skistune's dependencies, so the checkout is
-# not installed: symlinks inside this (throw-away) copy's skistune/ map runtime/, kernels/ and
-# searchspace/ where the installed package has them (only torch/triton/numpy/scipy/rich/typer/pyyaml
-# are needed for these three jobs). PYTHONPATH names a scratch folder holding one link, skistune ->
-# this copy's skistune/, not the repository root: tests/conftest.py takes the root off sys.path (from
-# there the root's kernels/ would shadow Hugging Face's `kernels` package), and the kernel tests
-# would then find no skistune.
+# Everything GPU-side in one run (a lent GPU's time is short; each step has its own time limit, and one that
+# fails or runs out does not stop the next):
+#   1. the Triton kernel tests compiled for the GPU;
+#   2. a full hardware profile of Llama-3-8B (random weights) for profiles/;
+#   3. the simulator's fidelity on the GPU against that profile, and its per-step errors on one replay;
+#   4. where a step's time goes (torch.profiler: kernels, launches, synchronisations per step);
+#   5. the kernel benchmark (decode at 16/8/4/2 bits, the Triton prefill, quantize-on-append).
+#     [SKISTUNE_TRACES=DIR] bash benchmarks/gpu_session.sh [OUT_DIR]
+# The device image has torch and triton but not all of skistune's dependencies (no optuna, pulp or gguf),
+# so the checkout is not installed: symlinks inside this (throw-away) copy's skistune/ map runtime/,
+# kernels/ and searchspace/ where the installed package has them. PYTHONPATH names a scratch folder holding
+# one link, skistune -> this copy's skistune/, not the repository root: tests/conftest.py takes the root off
+# sys.path (from there the root's kernels/ would shadow Hugging Face's `kernels` package), and the kernel
+# tests would then find no skistune.
 set -u
 export PYTHONUNBUFFERED=1
 OUT_DIR=${1:-${OUT:-/tmp/skistune-gpu}}
@@ -20,18 +24,44 @@ IMPORT_DIR=$(mktemp -d)
 ln -sfn "$PWD/skistune" "$IMPORT_DIR/skistune"
 export PYTHONPATH="$IMPORT_DIR"
 PY=${PYTHON:-python3}
+MODEL=llama-3-8b
+PROFILE="$OUT_DIR/cuda-$MODEL.json"
+# the Azure and Mooncake samples: ../shared does not travel to a lent GPU machine, so a copy is carried there
+TRACES=${SKISTUNE_TRACES:-../shared/traces}
+# fidelity.py's configs but int8 and no-chunking (int4 and chunk32 cover those families), to fit the time
+FIDELITY_CONFIGS="default seqs4 chunk32 no-prefix tight-kv-edf int4 int4-tight-kv h2o-50 snapkv-30-pyramid
+    host-prefetch-blocks host-prefetch-layers"
+SECONDS=0
+step() { echo "== [$SECONDS s] $*"; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT_DIR/gpu.txt"
+step "machine" | tee "$OUT_DIR/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$OUT_DIR/gpu.txt"
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" 2>&1 | tee -a "$OUT_DIR/gpu.txt"
 
-echo "== kernel tests (compiled Triton)"
-timeout 120 $PY -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -25 | tee "$OUT_DIR/tests.txt"
+step "kernel tests (compiled Triton)" | tee -a "$OUT_DIR/gpu.txt"
+timeout 100 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton.py tests/kernels/test_quant.py 2>&1 \
+    | tail -30 | tee -a "$OUT_DIR/gpu.txt"
 
-echo "== kernel benchmark"
-timeout 240 $PY benchmarks/kernel_timing.py --sweep --json 2>&1 | tee "$OUT_DIR/kernels.txt"
+step "hardware profile, $MODEL (PROFILE_GRID=quick for the quick grid)"
+QUICK=""
+if [ "${PROFILE_GRID:-full}" = quick ]; then QUICK=--quick; fi
+timeout 200 $PY -m skistune profile --device cuda --model $MODEL $QUICK --out "$PROFILE" > "$OUT_DIR/profile.txt" 2>&1
+echo "exit $?" >> "$OUT_DIR/profile.txt"
+tail -45 "$OUT_DIR/profile.txt"
+if [ ! -s "$PROFILE" ]; then  # the simulator still needs a profile of this GPU: the one shipped
+    echo "no new profile: fidelity reads profiles/cuda-$MODEL.json"; PROFILE="profiles/cuda-$MODEL.json"
+fi
 
-echo "== hardware profile, llama-3-8b (PROFILE_GRID=quick for the quick grid)"
-QUICK=""; NAME=cuda-llama-3-8b
-if [ "${PROFILE_GRID:-full}" = quick ]; then QUICK=--quick; NAME=$NAME-quick; fi
-timeout 240 $PY -m skistune profile --device cuda --model llama-3-8b $QUICK \
-    --out "$OUT_DIR/$NAME.json" 2>&1 | tail -40 | tee "$OUT_DIR/profile.txt"
+step "fidelity on the GPU"
+timeout 160 $PY benchmarks/fidelity.py --model $MODEL --device cuda --profile "$PROFILE" --requests 12 \
+    --rate-scale 12 --traces "$TRACES" --configs $FIDELITY_CONFIGS --json 2>&1 | tee "$OUT_DIR/fidelity.txt"
+step "fidelity step by step: bursty-chat, default"
+timeout 25 $PY benchmarks/fidelity_steps.py --model $MODEL --device cuda --profile "$PROFILE" \
+    --traces "$TRACES" --workload bursty-chat --requests 12 --rate-scale 12 --replays 1 --json 2>&1 | tee "$OUT_DIR/steps.txt"
+
+step "where a step's time goes"
+timeout 40 $PY benchmarks/step_trace.py --model $MODEL --device cuda --json 2>&1 | tee "$OUT_DIR/trace.txt"
+
+step "kernel benchmark"
+timeout 60 $PY benchmarks/kernel_timing.py --shapes 1x65536 32x8192 64x16384 --json 2>&1 | tee "$OUT_DIR/kernels.txt"
+step "done"
