@@ -45,7 +45,7 @@ timeout 100 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton.py te
 step "hardware profile, $MODEL (PROFILE_GRID=quick for the quick grid)"
 QUICK=""
 if [ "${PROFILE_GRID:-full}" = quick ]; then QUICK=--quick; fi
-timeout 200 $PY -m skistune profile --device cuda --model $MODEL $QUICK --out "$PROFILE" > "$OUT_DIR/profile.txt" 2>&1
+timeout 180 $PY -m skistune profile --device cuda --model $MODEL $QUICK --out "$PROFILE" > "$OUT_DIR/profile.txt" 2>&1
 echo "exit $?" >> "$OUT_DIR/profile.txt"
 tail -45 "$OUT_DIR/profile.txt"
 if [ ! -s "$PROFILE" ]; then  # the simulator still needs a profile of this GPU: the one shipped
@@ -53,7 +53,7 @@ if [ ! -s "$PROFILE" ]; then  # the simulator still needs a profile of this GPU:
 fi
 
 step "fidelity on the GPU"
-timeout 160 $PY benchmarks/fidelity.py --model $MODEL --device cuda --profile "$PROFILE" --requests 12 \
+timeout 150 $PY benchmarks/fidelity.py --model $MODEL --device cuda --profile "$PROFILE" --requests 12 \
     --rate-scale 12 --traces "$TRACES" --configs $FIDELITY_CONFIGS --json 2>&1 | tee "$OUT_DIR/fidelity.txt"
 step "fidelity step by step: bursty-chat, default"
 timeout 25 $PY benchmarks/fidelity_steps.py --model $MODEL --device cuda --profile "$PROFILE" \
@@ -63,5 +63,5 @@ step "where a step's time goes"
 timeout 40 $PY benchmarks/step_trace.py --model $MODEL --device cuda --json 2>&1 | tee "$OUT_DIR/trace.txt"
 
 step "kernel benchmark"
-timeout 60 $PY benchmarks/kernel_timing.py --shapes 1x65536 32x8192 64x16384 --json 2>&1 | tee "$OUT_DIR/kernels.txt"
+timeout 50 $PY benchmarks/kernel_timing.py --shapes 1x65536 32x8192 64x16384 --json 2>&1 | tee "$OUT_DIR/kernels.txt"
 step "done"
