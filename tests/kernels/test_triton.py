@@ -213,3 +213,27 @@ def test_prefill_matches_pytorch(bits, context, q_len, window):
 def _to_cpu(side):
     return dataclasses.replace(side, **{f: getattr(side, f).cpu() for f in ("data", "scale", "zero", "ring")
                                         if getattr(side, f) is not None})
+
+
+@pytest.mark.parametrize("bits,triton_runs", [((16, 16), True), ((8, 8), True), ((4, 4), False), ((2, 16), False)])
+def test_prefill_takes_the_triton_kernel_only_at_the_bits_it_passed_compiled(monkeypatch, bits, triton_runs):
+    """Compiled on an H200, the Triton prefill over 4-bit KV gave wrong results (the interpreter passes):
+    chunks over 4- or 2-bit keys or values take the PyTorch path, with the same output."""
+    from skistune.kernels import attention
+
+    gen = torch.Generator().manual_seed(7)
+    store = make_store(bits, slots=1, dtype=torch.float16, device=DEVICE)
+    tables = scattered_tables([37], store.num_blocks, gen)
+    fill(store, tables, [37], gen, dtype=torch.float16, device=DEVICE, decode_steps=0)
+    q = torch.randn(12, SPEC.n_heads, SPEC.head_dim, generator=gen).half().to(DEVICE)
+    key, value = store.layer(0)
+    calls = []
+    kernel = ta.paged_prefill
+    monkeypatch.setattr(ta, "paged_prefill", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setattr(attention, "_use_triton", lambda q: True)
+    meta = build_attention_metadata(tables, [12], [37], BLOCK, ring(store, 1), DEVICE)
+    out = attention.paged_attention(q, key, value, meta, 0.17)
+    assert bool(calls) is triton_runs
+    cpu_meta = build_attention_metadata(tables, [12], [37], BLOCK, ring(store, 1), "cpu")
+    ref = attention.paged_attention(q.float().cpu(), _to_cpu(key), _to_cpu(value), cpu_meta, 0.17)
+    assert ((out.float().cpu() - ref).norm() / ref.norm()).item() <= 1e-3
