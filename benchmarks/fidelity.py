@@ -19,12 +19,17 @@ run at ``--rate-scale`` times their rates (the GPU serves the 8B model faster th
 SmolLM2), the tight pools keep their size in blocks, and each config is replayed once on two requests
 first, so that Triton's compilations are not timed.
 
+``--measured RUN.json`` predicts a recorded run's replays again (its ``--json`` output, from any machine) with
+another profile, serving nothing: a GPU run re-scored on a CPU (`benchmarks/results/`).
+
     python benchmarks/fidelity.py [--model smollm2-135m] [--device cpu] [--profile profiles/DEVICE-MODEL.json]
                                   [--requests 16] [--rate-scale 1] [--configs ...] [--no-speed-check] [--json]
+    python benchmarks/fidelity.py --measured RUN.json [--profile P] [--json]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -32,13 +37,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_args import existing_dir, fail, hardware_profile, positive_float, positive_int, print_json
+from bench_args import existing_dir, existing_file, fail, hardware_profile, positive_float, positive_int, print_json
 from skistune.config import KVConfig
-from skistune.evaluate import FIDELITY_FIGURES, compare_metrics, sim_target, workload_requests
+from skistune.evaluate import FIDELITY_FIGURES, relative_error, sim_target, workload_requests
 from skistune.profile.measure import DTYPES
 from skistune.runtime.kv_layout import kv_block_bytes
 from skistune.runtime.llm import Runtime
-from skistune.runtime.presets import PRESETS
+from skistune.runtime.presets import PRESETS, get_preset
 from skistune.simulator import simulate
 from skistune.workloads import load_workload
 
@@ -138,45 +143,61 @@ def main() -> None:
                     help="multiply the workloads' arrival rates (made for SmolLM2 on 2 CPU cores)")
     ap.add_argument("--configs", nargs="+", default=CONFIG_NAMES, choices=CONFIG_NAMES, metavar="CONFIG",
                     help="configs to run (default all): " + ", ".join(CONFIG_NAMES))
+    ap.add_argument("--measured", type=existing_file, metavar="JSON",
+                    help="a recorded run (this script's --json output, from any machine): predict its replays "
+                         "again with --profile instead of serving them; its model, device, requests, rate scale "
+                         "and configs replace those options")
     ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
                     help="do not time the profile's own steps again before and after the replays")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    profile = profile_path(args)
+    recorded = read_recorded(args) if args.measured else None
+    profile = profile_path(args, need_device=recorded is None)
     target = sim_target(args.model, profile)
-    rt = base_runtime(args.model, args.device)
-    table = configs(block_bytes(rt))
+    if recorded is None:
+        rt = base_runtime(args.model, args.device)
+        table = configs(block_bytes(rt))
+    else:
+        rt = None
+        table = configs(kv_block_bytes(get_preset(args.model), KVConfig().prefix_reuse.block_size,
+                                       DTYPES[args.device].itemsize))
     runs = workloads(args.requests, args.rate_scale, Path(args.traces))
-    if args.device == "cuda":  # Triton compiles each config's kernels on first use: not inside a timed replay
-        warm = workload_requests(next(iter(runs.values())), args.model)[:2]
+    if rt is not None and args.device == "cuda":  # Triton compiles each config's kernels on first use
+        warm = workload_requests(next(iter(runs.values())), args.model)[:2]  # (not inside a timed replay)
         for cname in args.configs:
             try:
                 replay(rt, KVConfig().with_knobs(table[cname]), warm)
             except Exception as exc:  # (its timed replays fail too, and say so)
                 print(f"warm-up of {cname} failed: {exc!r}", flush=True)
-    speed = [machine_speed(profile, rt, "before")] if args.speed_check else []
+    speed = [machine_speed(profile, rt, "before")] if args.speed_check and rt is not None else []
     rows, failed = [], []
     print(f"{'workload':<16} {'config':<20} " + " ".join(f"{name + ' ' + UNITS[name]:>{CELL}}" for name, _ in METRICS))
     print(f"{'':<16} {'':<20} " + " ".join(f"{'predicted/measured':>{CELL}}" for _ in METRICS))
     for wname, w in runs.items():
         reqs = workload_requests(w, args.model)
         for cname in args.configs:
+            if recorded is not None and (wname, cname) not in recorded:
+                continue
             cfg = KVConfig().with_knobs(table[cname])
             try:
-                predicted = simulate(cfg, reqs, target)
-                measured = replay(rt, cfg, reqs)
+                p = simulate(cfg, reqs, target)
+                predicted = {n: f(p) for n, f in METRICS}
+                if recorded is None:
+                    m = replay(rt, cfg, reqs)
+                    measured, preemptions = {n: f(m) for n, f in METRICS}, [p.preemptions, m.preemptions]
+                else:
+                    measured = recorded[wname, cname]["measured"]
+                    preemptions = [p.preemptions, recorded[wname, cname]["preemptions"][1]]
             except Exception as exc:  # one broken config must not cost the others' figures (a GPU run is short)
                 failed.append({"workload": wname, "config": cname, "error": repr(exc)})
                 print(f"{wname:<16} {cname:<20} FAILED: {exc!r}", flush=True)
                 continue
-            errors = {r["figure"]: r["error"] or 0.0 for r in compare_metrics(predicted, measured)}
-            rows.append({"workload": wname, "config": cname, "errors": errors,
-                         "predicted": {n: f(predicted) for n, f in METRICS},
-                         "measured": {n: f(measured) for n, f in METRICS},
-                         "preemptions": [predicted.preemptions, measured.preemptions]})
+            errors = {n: relative_error(predicted[n], measured[n]) or 0.0 for n, _ in METRICS}
+            rows.append({"workload": wname, "config": cname, "errors": errors, "predicted": predicted,
+                         "measured": measured, "preemptions": preemptions})
             print(f"{wname:<16} {cname:<20} " + " ".join(
-                cell(n, f(predicted), f(measured), errors[n]) for n, f in METRICS), flush=True)
-    if args.speed_check:
+                cell(n, predicted[n], measured[n], errors[n]) for n, _ in METRICS), flush=True)
+    if speed:
         speed.append(machine_speed(profile, rt, "after"))
     if not rows:
         sys.exit("every replay failed")
@@ -189,10 +210,31 @@ def main() -> None:
           f"latency percentiles within 10%: {summary['latency_within_10pct']:.0%} of {len(latency_err)}")
     if args.json:
         print_json({"benchmark": "fidelity", "model": args.model, "device": args.device, "profile": profile,
-                    "rate_scale": args.rate_scale, **summary, "machine_speed": speed, "rows": rows,
-                    "failed": failed})
+                    "requests": args.requests, "rate_scale": args.rate_scale, "measured_in": args.measured,
+                    **summary, "machine_speed": speed, "rows": rows, "failed": failed})
     if failed:
         sys.exit(f"{len(failed)} of {len(failed) + len(rows)} replays failed")
+
+
+def read_recorded(args) -> dict[tuple[str, str], dict]:
+    """``--measured``: the recorded rows by (workload, config); the run's model, device, requests, rate
+    scale and configs go into ``args`` (runs recorded before the JSON named its requests served 12)."""
+    try:
+        run = json.loads(Path(args.measured).read_text().strip().splitlines()[-1])
+        rows = {(r["workload"], r["config"]): r for r in run["rows"]}
+        args.model, args.device, args.rate_scale = run["model"], run["device"], float(run["rate_scale"])
+        args.requests = int(run.get("requests", RECORDED_REQUESTS))
+        unknown = sorted({c for _, c in rows} - set(CONFIG_NAMES))
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        fail(f"--measured {args.measured}: not a fidelity run's --json output ({exc})")
+    if unknown or args.model not in PRESETS or args.device not in DTYPES:
+        fail(f"--measured {args.measured}: a run of configs, model or device this script does not know "
+             f"({', '.join(unknown) or args.model + ' on ' + args.device})")
+    args.configs = [c for c in CONFIG_NAMES if any(c == rc for _, rc in rows)]
+    return rows
+
+
+RECORDED_REQUESTS = 12  # the H200 run of 2026-12-04 (benchmarks/gpu_session.sh), recorded before "requests" was
 
 
 def add_target_args(ap: argparse.ArgumentParser) -> None:
@@ -203,9 +245,9 @@ def add_target_args(ap: argparse.ArgumentParser) -> None:
                     help="the hardware profile the simulator reads (default profiles/DEVICE-MODEL.json)")
 
 
-def profile_path(args) -> str:
+def profile_path(args, need_device: bool = True) -> str:
     """``--profile``, else the profile shipped for ``--device`` and ``--model``, which must load."""
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if need_device and args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no CUDA device here")
     if args.profile is not None:
         return args.profile
