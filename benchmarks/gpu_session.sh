@@ -2,7 +2,7 @@
 # Everything GPU-side in one run (a lent GPU's time is short; each step has its own time limit, and one that
 # fails or runs out does not stop the next):
 #   1. the Triton kernel tests compiled for the GPU;
-#   2. a full hardware profile of Llama-3-8B (random weights) for profiles/;
+#   2. a hardware profile of Llama-3-8B (random weights) for profiles/ (the quick grid unless PROFILE_GRID=full);
 #   3. the simulator's fidelity on the GPU against that profile, and its per-step errors on one replay;
 #   4. where a step's time goes (torch.profiler: kernels, launches, synchronisations per step);
 #   5. the kernel benchmark (decode at 16/8/4/2 bits, the Triton prefill, quantize-on-append).
@@ -25,31 +25,38 @@ ln -sfn "$PWD/skistune" "$IMPORT_DIR/skistune"
 export PYTHONPATH="$IMPORT_DIR"
 PY=${PYTHON:-python3}
 MODEL=llama-3-8b
-PROFILE="$OUT_DIR/cuda-$MODEL.json"
 # the Azure and Mooncake samples: ../shared does not travel to a lent GPU machine, so a copy is carried there
 TRACES=${SKISTUNE_TRACES:-../shared/traces}
 # fidelity.py's configs but int8 and no-chunking (int4 and chunk32 cover those families), to fit the time
 FIDELITY_CONFIGS="default seqs4 chunk32 no-prefix tight-kv-edf int4 int4-tight-kv h2o-50 snapkv-30-pyramid
     host-prefetch-blocks host-prefetch-layers"
 SECONDS=0
-step() { echo "== [$SECONDS s] $*"; }
+# each step's header carries the GPU's clocks and power as it begins: on 2026-12-04 the same runtime steps
+# timed 2.2x apart within one process (fidelity's speed checks), and the clocks are the first suspect
+step() {
+    echo "== [$SECONDS s] $*"
+    nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>&1 \
+        | sed 's/^/   gpu now (SM clock, memory clock, power, temperature): /'
+}
 
 step "machine" | tee "$OUT_DIR/gpu.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$OUT_DIR/gpu.txt"
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" 2>&1 | tee -a "$OUT_DIR/gpu.txt"
 
 step "kernel tests (compiled Triton)" | tee -a "$OUT_DIR/gpu.txt"
-timeout 100 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_triton.py tests/kernels/test_quant.py 2>&1 \
+timeout 100 $PY -m pytest -q --tb=line -p no:cacheprovider tests/kernels/test_triton.py tests/kernels/test_quant.py 2>&1 \
     | tail -30 | tee -a "$OUT_DIR/gpu.txt"
 
-step "hardware profile, $MODEL (PROFILE_GRID=quick for the quick grid)"
-QUICK=""
-if [ "${PROFILE_GRID:-full}" = quick ]; then QUICK=--quick; fi
-timeout 180 $PY -m skistune profile --device cuda --model $MODEL $QUICK --out "$PROFILE" > "$OUT_DIR/profile.txt" 2>&1
+# the quick grid by default: on 2026-12-04 the full grid did not finish in 180 s (the quick one took 22 s)
+step "hardware profile, $MODEL (PROFILE_GRID=full for the full grid, with a longer limit)"
+QUICK=--quick; LIMIT=120
+if [ "${PROFILE_GRID:-quick}" = full ]; then QUICK=""; LIMIT=400; fi
+PROFILE="$OUT_DIR/cuda-$MODEL${QUICK:+-quick}.json"
+timeout $LIMIT $PY -m skistune profile --device cuda --model $MODEL $QUICK --out "$PROFILE" > "$OUT_DIR/profile.txt" 2>&1
 echo "exit $?" >> "$OUT_DIR/profile.txt"
 tail -45 "$OUT_DIR/profile.txt"
 if [ ! -s "$PROFILE" ]; then  # the simulator still needs a profile of this GPU: the one shipped
-    echo "no new profile: fidelity reads profiles/cuda-$MODEL.json"; PROFILE="profiles/cuda-$MODEL.json"
+    echo "no new profile: fidelity reads profiles/cuda-$MODEL-quick.json"; PROFILE="profiles/cuda-$MODEL-quick.json"
 fi
 
 step "fidelity on the GPU"

@@ -4,7 +4,8 @@ profiler times them (`skistune.profile.steps.StepBench`), then run again under `
 For each point it prints the step's wall time, the host time inside the model step (the forward pass and
 sampling, waits for the GPU included), and on a GPU: the time the GPU spent in kernels (summed over the
 step's kernels, so ``busy`` is the share of the step during which a kernel ran, at most), the kernels
-launched and the host-device synchronisations per step. Then the operators that took the most host time.
+launched and the host-device synchronisations per step. Then the operators that took the most host time,
+and on a GPU the kernels that took the most GPU time.
 A GPU step whose kernels fill a small part of its wall time is bound by the host (Python and launches):
 CUDA graphs or fewer, larger kernels are the fix, not faster kernels.
 
@@ -97,7 +98,14 @@ def traced(bench: StepBench, p: Point, top: int) -> dict:
     steps = len(marks)
     inside = [e for e in events if e.name != MARK and any(
         m.time_range.start <= e.time_range.start and e.time_range.end <= m.time_range.end for m in marks)]
-    kernels_us = sum(e.time_range.elapsed_us() for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernel_events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels_us = sum(e.time_range.elapsed_us() for e in kernel_events)
+    by_kernel: dict[str, list] = {}
+    for e in kernel_events:
+        row = by_kernel.setdefault(e.name, [0, 0.0])
+        row[0] += 1
+        row[1] += e.time_range.elapsed_us()
+    top_kernels = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:top]
     count = lambda names: sum(e.name in names for e in inside) / steps  # noqa: E731
     table = {}
     for e in inside:
@@ -110,7 +118,9 @@ def traced(bench: StepBench, p: Point, top: int) -> dict:
             "kernel_ms": kernels_us / steps / 1e3 if cuda else None,
             "launches": count(LAUNCHES) if cuda else None, "syncs": count(SYNCS) if cuda else None,
             "host_reads": count(HOST_COPIES),
-            "ops": [{"op": name, "calls": n / steps, "self_host_ms": us / steps / 1e3} for name, (n, us) in ops]}
+            "ops": [{"op": name, "calls": n / steps, "self_host_ms": us / steps / 1e3} for name, (n, us) in ops],
+            "kernels": [{"kernel": name, "calls": n / steps, "device_ms": us / steps / 1e3}
+                        for name, (n, us) in top_kernels]}
 
 
 def main() -> None:
@@ -147,7 +157,9 @@ def main() -> None:
                      f"{row['launches']:.0f} launches, {row['syncs']:.1f} syncs")
         print(line + f", {row['host_reads']:.1f} host reads of a tensor per step")
         for op in row["ops"]:
-            print(f"    {op['op'][:60]:<60} {op['calls']:7.1f} calls {op['self_host_ms']:8.3f} ms")
+            print(f"    {op['op'][:60]:<60} {op['calls']:7.1f} calls {op['self_host_ms']:8.3f} ms host")
+        for k in row["kernels"]:
+            print(f"    kernel {k['kernel'][:53]:<53} {k['calls']:7.1f} calls {k['device_ms']:8.3f} ms on the GPU")
     if args.json:
         print_json({"benchmark": "step_trace", "model": model, "device": args.device, "dtype": str(dtype),
                     "torch": torch.__version__, "steps": args.steps, "points": rows})
