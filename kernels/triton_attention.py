@@ -52,6 +52,13 @@ DECODE_FULL = DecodeSetting(tile=64, warps=4, stages=3)
 DECODE_QUANTIZED = DecodeSetting(tile=128, warps=4, stages=3)
 
 
+# How the prefill kernel unpacks 4- and 2-bit codes (`DecodeSetting.unpack`). Compiled on an H200 the joins
+# (0) gave wrong results in the prefill, which feeds the tile to `tl.dot`, while the decode kernel passed with
+# them; the per-channel byte loads (1) avoid joins. Not yet compiled on a GPU: until the prefill tests pass
+# there, `attention.TRITON_PREFILL_BITS` keeps 4- and 2-bit chunks on the PyTorch path.
+PREFILL_UNPACK = 1
+
+
 def _scratch(*shape: int, device) -> torch.Tensor:
     """Partial-result buffers (a function, so that tests can poison them to prove every element is written)."""
     return torch.empty(*shape, device=device, dtype=torch.float32)
@@ -381,7 +388,7 @@ def _prefill_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLE, OUT,
         blk_rows = tl.load(TABLE + row_pos // BS, mask=row_pos < last, other=0)
         k = _load_tile(K, KS, KZ, KR, blk, blk_rows, row, h, pos, valid, fp_start, start + T, ring_tokens, offs_d,
                        s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krt, s_krh, T, NB, D, KBITS, True, VGROUP,
-                       q.dtype, 0, 0)
+                       q.dtype, PREFILL_UNPACK, 0)
         s = tl.dot(qf, tl.trans(k))  # [BM * GP, T]
         s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -391,7 +398,7 @@ def _prefill_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLE, OUT,
         l = l * alpha + tl.sum(p, 1)
         v = _load_tile(V, VS, VZ, VR, blk, blk_rows, row, h, pos, valid, fp_start, start + T, ring_tokens, offs_d,
                        s_vb, s_vt, s_vh, s_vsb, s_vst, s_vsh, s_vrt, s_vrh, T, NB, D, VBITS, False, VGROUP,
-                       q.dtype, 0, 0)
+                       q.dtype, PREFILL_UNPACK, 0)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
         m = m_new
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
