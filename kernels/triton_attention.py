@@ -22,6 +22,7 @@ Memory layout and quantization scheme: see `skistune.runtime.kv_store` and `skis
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,20 @@ DECODE_QUANTIZED = DecodeSetting(tile=128, warps=4, stages=3)
 # them; the per-channel byte loads (1) avoid joins. Not yet compiled on a GPU: until the prefill tests pass
 # there, `attention.TRITON_PREFILL_BITS` keeps 4- and 2-bit chunks on the PyTorch path.
 PREFILL_UNPACK = 1
+
+
+def _jit_unspecialized(*names: str):
+    """``triton.jit``, not specialized on the integer arguments ``names``, which change from step to step
+    (tiles per split, the block tables' width, a chunk's length and context). Triton compiles a kernel again
+    for each such argument that is 1, a multiple of 16, or neither: a serving run meets those classes one by
+    one, each costing a compile (about a second) inside the step that first meets it, where it lands in a
+    request's latency. Unspecialized, a kernel compiles once per setting of its constexprs."""
+    def jit(fn):
+        unknown = set(names) - set(inspect.signature(fn).parameters)
+        if unknown:  # (Triton ignores a name that is no parameter: the specialization would stay, silently)
+            raise TypeError(f"{fn.__name__}: no parameter {', '.join(sorted(unknown))}")
+        return triton.jit(do_not_specialize=names, do_not_specialize_on_alignment=names)(fn)
+    return jit
 
 
 def _scratch(*shape: int, device) -> torch.Tensor:
@@ -155,7 +170,7 @@ def _scaled_query(Q, s_qb, s_qh, scale, G: tl.constexpr, GP: tl.constexpr, D: tl
     return q, (q.to(tl.float32) * scale).to(q.dtype)
 
 
-@triton.jit
+@_jit_unspecialized("tiles_per_split", "n_splits", "s_tb")
 def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOTS, FIRSTS, ACC, ML,
                          scale, ring_tokens, tiles_per_split, n_splits,
                          s_qb, s_qh, s_tb,
@@ -211,7 +226,7 @@ def _decode_split_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLES, CTX, FPS, SLOT
     tl.store(ML + part * 2 * GP + GP + offs_g, l)
 
 
-@triton.jit
+@_jit_unspecialized("tiles_per_split", "stats_len", "s_tb")
 def _decode_stats_kernel(Q, K, KS, KZ, KR, TABLES, CTX, FPS, SLOTS, FIRSTS, MAXS, SUMS, PROBS,
                          scale, ring_tokens, tiles_per_split, stats_len,
                          s_qb, s_qh, s_tb, s_kb, s_kt, s_kh, s_ksb, s_kst, s_ksh, s_krs, s_krt, s_krh,
@@ -352,7 +367,7 @@ def paged_decode(q: torch.Tensor, key, value, meta, scale: float, layer: int = 0
     return out, probs
 
 
-@triton.jit
+@_jit_unspecialized("q_len", "ctx", "fp_start")
 def _prefill_kernel(Q, K, KS, KZ, KR, V, VS, VZ, VR, TABLE, OUT,
                     scale, ring_tokens, q_len, ctx, fp_start,
                     s_qt, s_qh, s_ot, s_oh,

@@ -237,3 +237,12 @@ def test_prefill_takes_the_triton_kernel_only_at_the_bits_it_passed_compiled(mon
     cpu_meta = build_attention_metadata(tables, [12], [37], BLOCK, ring(store, 1), "cpu")
     ref = attention.paged_attention(q.float().cpu(), _to_cpu(key), _to_cpu(value), cpu_meta, 0.17)
     assert ((out.float().cpu() - ref).norm() / ref.norm()).item() <= 1e-3
+
+
+def test_a_kernel_left_unspecialized_on_a_name_it_lacks_is_an_error():
+    """Triton ignores a do_not_specialize name that is no parameter; the decorator does not."""
+    def kernel(X, n):
+        pass
+
+    with pytest.raises(TypeError, match="kernel: no parameter width"):
+        ta._jit_unspecialized("n", "width")(kernel)
