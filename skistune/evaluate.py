@@ -84,21 +84,35 @@ def workload_requests(workload: Workload, model: str, seed: int = 0) -> list[Req
     return to_requests(fit_workload(workload, model), vocab_size=get_preset(model).vocab_size, seed=seed)
 
 
-RUNTIME_DTYPE_BYTES = 4  # the runtime serves in float32 on the CPU (`Runtime.from_preset`)
+def runtime_unavailable(model: str, device: str = "cpu") -> str | None:
+    """Why the runtime cannot serve ``model`` on ``device`` here, in a phrase (None: it can): no such device,
+    or weights larger than the device's memory as the runtime builds them (float32 on a CPU, bfloat16 on a
+    GPU; q/k/v and gate/up are fused, so those weights exist twice while it is built): an 8B preset on a
+    23 GiB host otherwise ends in the kernel's out-of-memory kill, with no message."""
+    import torch
+
+    from skistune.profile.fingerprint import host_memory_bytes
+    from skistune.profile.measure import DTYPES
+
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            return "this machine has no CUDA device"
+        memory, where = torch.cuda.mem_get_info()[1], "this GPU's"
+    else:
+        memory, where = host_memory_bytes(), "this machine's"
+    dtype = DTYPES[device]
+    need = 2 * get_preset(model).param_count() * dtype.itemsize
+    if memory is not None and need > memory:
+        return (f"model {model}: the runtime needs about {need / 2 ** 30:.1f} GiB of memory to build its weights "
+                f"({str(dtype).removeprefix('torch.')}), more than {where} {memory / 2 ** 30:.1f} GiB")
+    return None
 
 
 def check_runtime_memory(model: str) -> None:
-    """A ``ValueError`` unless ``model``'s weights fit this machine's memory as the runtime builds them
-    (float32; q/k/v and gate/up are fused, so those weights exist twice while it is built): an 8B preset on
-    a 23 GiB host otherwise ends in the kernel's out-of-memory kill, with no message."""
-    from skistune.profile.fingerprint import host_memory_bytes
-
-    need = 2 * get_preset(model).param_count() * RUNTIME_DTYPE_BYTES
-    memory = host_memory_bytes()
-    if memory is not None and need > memory:
-        raise ValueError(f"model {model}: the runtime needs about {need / 2 ** 30:.1f} GiB of memory to build its "
-                         f"weights (float32), more than this machine's {memory / 2 ** 30:.1f} GiB; predict it with the "
-                         "simulator instead (--mode simulate)")
+    """A ``ValueError`` (one line) unless the runtime can serve ``model`` on this machine's CPU."""
+    reason = runtime_unavailable(model)
+    if reason is not None:
+        raise ValueError(f"{reason}; predict it with the simulator instead (--mode simulate)")
 
 
 def hardware_profile(model: str, profile=None, device: str = "cpu"):

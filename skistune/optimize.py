@@ -1964,11 +1964,28 @@ def _measured_key(problem: Problem, v: Validation) -> tuple:
 
 
 def load_runtime(problem: Problem):
-    """The real model, with a small KV pool: each replay sizes its own (`Runtime.with_config`)."""
+    """The real model on the profile's device, with a small KV pool: each replay sizes its own
+    (`Runtime.with_config`)."""
+    from skistune.profile.measure import DTYPES
     from skistune.runtime.llm import Runtime
 
+    device = problem.profile.device
     return Runtime.from_preset(problem.model, problem.base.with_knobs(
-        {"offload.device_kv_bytes": VALIDATE_MIN_POOL_BYTES}))
+        {"offload.device_kv_bytes": VALIDATE_MIN_POOL_BYTES}), device=device, dtype=DTYPES[device])
+
+
+def validation_unavailable(problem: Problem) -> str | None:
+    """A note, when the winners cannot be replayed here: the profile describes a device this machine lacks,
+    or the model does not fit its memory (an 8B model's validation on a 23 GiB host was killed for memory
+    after the whole search, with nothing written). The search's own winner stands, unvalidated."""
+    from skistune.evaluate import runtime_unavailable
+
+    reason = runtime_unavailable(problem.model, problem.profile.device)
+    if reason is None:
+        return None
+    return (f"not validated on the real runtime ({reason}; profile {problem.profile.name} is of "
+            f"{problem.model} on {problem.profile.device}): the winner is the simulator's; run the same search on "
+            "the machine the profile describes to validate it")
 
 
 def load_runtime_in_background(problem: Problem):
@@ -2633,6 +2650,11 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
     sampling = _RunSampler(study, lambda s: make_sampler(sampler, seed=s, problem=problem, parallel=n_jobs > 1,
                                                          n_trials=n_trials), seed + existing)
     notes = list(problem.notes)
+    if validate and runtime is None:
+        blocked = validation_unavailable(problem)
+        if blocked is not None:
+            notes.append(blocked)
+            validate = 0
     if validate and runtime is None and n_jobs == 1:
         runtime = load_runtime_in_background(problem)
     if n_jobs == 1:

@@ -295,3 +295,27 @@ def test_a_broken_validation_times_the_profiles_steps_again_and_says_how_fast_th
         r = skistune.optimize(load_workload("chat", requests=16), slo="p99=200ms", profile=profile, n_trials=2,
                               storage=optuna.storages.InMemoryStorage(), validate=1)
         assert len(calls) == expected and ("timed again" in r.notes) == bool(expected)
+
+
+def test_a_profile_of_a_device_this_machine_lacks_is_searched_but_not_validated(monkeypatch):
+    """An H200 profile tuned on a CPU laptop: the search runs, and the winners are not replayed here (an 8B
+    model's validation on a 23 GiB host was killed for memory after the whole search, nothing written)."""
+    import warnings
+    from pathlib import Path
+
+    import torch
+
+    from skistune.profile import load_profile
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        h200 = load_profile(Path(opt.__file__).resolve().parents[1] / "profiles" / "cuda-llama-3-8b-quick.json")
+    loads = []
+    monkeypatch.setattr(opt, "load_runtime", lambda problem: loads.append(problem))
+    r = skistune.optimize(load_workload("chat", requests=16), slo="p99=200ms", model="llama-3-8b", profile=h200,
+                          n_trials=3, storage=optuna.storages.InMemoryStorage(), validate=2)
+    assert loads == [] and r.validated == []
+    assert ("not validated on the real runtime (this machine has no CUDA device; profile cuda-llama-3-8b-quick is of "
+            "llama-3-8b on cuda): the winner is the simulator's") in " ".join(r.notes)
+    assert opt.validation_unavailable(r.problem) is not None
