@@ -58,9 +58,12 @@ def nonnegative_float(text: str) -> float:
 
 def positive_float(text: str) -> float:
     """A finite number > 0."""
-    value = nonnegative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
+    try:
+        value = nonnegative_float(text)
+    except argparse.ArgumentTypeError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number above 0")
     return value
 
 

@@ -37,15 +37,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_args import existing_dir, existing_file, fail, hardware_profile, positive_float, positive_int, print_json
+from bench_args import existing_file, fail, hardware_profile, positive_float, positive_int, print_json
 from skistune.config import KVConfig
-from skistune.evaluate import FIDELITY_FIGURES, relative_error, sim_target, workload_requests
+from skistune.evaluate import FIDELITY_FIGURES, relative_error, runtime_unavailable, sim_target, workload_requests
 from skistune.profile.measure import DTYPES
 from skistune.runtime.kv_layout import kv_block_bytes
 from skistune.runtime.llm import Runtime
 from skistune.runtime.presets import PRESETS, get_preset
 from skistune.simulator import simulate
 from skistune.workloads import load_workload
+from skistune.workloads.load import _out_of_range
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / ".." / "shared" / "traces"
@@ -101,25 +102,48 @@ def prefix_sharing(w, n: int):
     return w.take(np.array(sorted(keep)[:n]))
 
 
-def workloads(n: int, rate_scale: float = 1.0, traces: Path = TRACES) -> dict:
+RATES = {"azure-conv": 0.8, "mooncake-prefix": 0.6, "bursty-chat": 1.0}  # req/s before --rate-scale
+WORKLOAD_NAMES = list(RATES)
+
+
+def workloads(n: int, rate_scale: float = 1.0, traces: Path = TRACES, names=WORKLOAD_NAMES) -> dict:
     """Scaled to what the small model serves on 2 CPU cores in real time (about a minute per run), their
-    rates times ``rate_scale``; the Azure and Mooncake samples read from ``traces``."""
-    return {
-        "azure-conv": load_workload(traces / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv", first=n,
-                                    length_scale=0.1, max_input=256, max_output=24, rate_rps=0.8 * rate_scale),
-        "mooncake-prefix": load_workload(prefix_sharing(load_workload(traces / "mooncake_conversation" /
-                                                                      "conversation_trace.head.jsonl"), n),
-                                         length_scale=1 / 32, max_input=384, max_output=24,
-                                         rate_rps=0.6 * rate_scale),
-        "bursty-chat": load_workload("chat", requests=n, burstiness=4.0, length_scale=0.1, max_input=256,
-                                     max_output=24, rate_rps=1.0 * rate_scale, seed=1),
+    rates times ``rate_scale``; the Azure and Mooncake samples read from ``traces``. Only ``names`` are built
+    (the synthetic one needs no trace). Bad input ends the script with a one-line error."""
+    build = {
+        "azure-conv": lambda rate: load_workload(
+            _trace(traces, "azure_llm_2023_conv/AzureLLMInferenceTrace_conv.csv"), first=n, length_scale=0.1,
+            max_input=256, max_output=24, rate_rps=rate),
+        "mooncake-prefix": lambda rate: load_workload(
+            prefix_sharing(load_workload(_trace(traces, "mooncake_conversation/conversation_trace.head.jsonl")), n),
+            length_scale=1 / 32, max_input=384, max_output=24, rate_rps=rate),
+        "bursty-chat": lambda rate: load_workload("chat", requests=n, burstiness=4.0, length_scale=0.1,
+                                                  max_input=256, max_output=24, rate_rps=rate, seed=1),
     }
+    for name in names:
+        if _out_of_range(RATES[name] * rate_scale):
+            fail(f"--rate-scale {rate_scale:g}: {name}'s {RATES[name]:g} req/s becomes "
+                 f"{RATES[name] * rate_scale:g} req/s, {_out_of_range(RATES[name] * rate_scale)}")
+    return {name: build[name](RATES[name] * rate_scale) for name in names}
+
+
+def _trace(traces: Path, relative: str) -> Path:
+    path = Path(traces) / relative
+    if not path.is_file():
+        fail(f"--traces {traces}: no {relative} there (the public trace samples; default ../shared/traces beside "
+             "the checkout)")
+    return path
 
 
 METRICS = [(name, f) for name, _, f in FIDELITY_FIGURES]  # (the figures `skistune evaluate --mode compare` prints)
 UNITS = {name: unit for name, unit, _ in FIDELITY_FIGURES}
 SCALE = {"ms": 1e3, "MiB": 2 ** -20, "tok/s": 1.0}  # seconds and bytes as printed (the JSON keeps s and bytes)
 CELL = 20
+
+
+def heading(name: str) -> str:
+    """A figure's column heading: its name and unit (once, where the name is the unit: tok/s)."""
+    return name if name.endswith(UNITS[name]) else f"{name} {UNITS[name]}"
 
 
 def cell(name: str, predicted: float, measured: float, error: float) -> str:
@@ -137,7 +161,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_target_args(ap)
     ap.add_argument("--requests", type=positive_int, default=16)
-    ap.add_argument("--traces", type=existing_dir, default=TRACES,
+    ap.add_argument("--traces", type=Path, default=TRACES,
                     help="the folder of the trace samples (default ../shared/traces beside the checkout)")
     ap.add_argument("--rate-scale", type=positive_float, default=1.0,
                     help="multiply the workloads' arrival rates (made for SmolLM2 on 2 CPU cores)")
@@ -152,8 +176,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     recorded = read_recorded(args) if args.measured else None
-    profile = profile_path(args, need_device=recorded is None)
-    target = sim_target(args.model, profile)
+    profile = profile_path(args, serving=recorded is None)
+    target = simulation_target(args.model, profile)
+    runs = workloads(args.requests, args.rate_scale, args.traces)  # (bad input found before the model loads)
     if recorded is None:
         rt = base_runtime(args.model, args.device)
         table = configs(block_bytes(rt))
@@ -161,7 +186,6 @@ def main() -> None:
         rt = None
         table = configs(kv_block_bytes(get_preset(args.model), KVConfig().prefix_reuse.block_size,
                                        DTYPES[args.device].itemsize))
-    runs = workloads(args.requests, args.rate_scale, Path(args.traces))
     if rt is not None and args.device == "cuda":  # Triton compiles each config's kernels on first use
         warm = workload_requests(next(iter(runs.values())), args.model)[:2]  # (not inside a timed replay)
         for cname in args.configs:
@@ -171,7 +195,7 @@ def main() -> None:
                 print(f"warm-up of {cname} failed: {exc!r}", flush=True)
     speed = [machine_speed(profile, rt, "before")] if args.speed_check and rt is not None else []
     rows, failed = [], []
-    print(f"{'workload':<16} {'config':<20} " + " ".join(f"{name + ' ' + UNITS[name]:>{CELL}}" for name, _ in METRICS))
+    print(f"{'workload':<16} {'config':<20} " + " ".join(f"{heading(name):>{CELL}}" for name, _ in METRICS))
     print(f"{'':<16} {'':<20} " + " ".join(f"{'predicted/measured':>{CELL}}" for _ in METRICS))
     for wname, w in runs.items():
         reqs = workload_requests(w, args.model)
@@ -245,17 +269,31 @@ def add_target_args(ap: argparse.ArgumentParser) -> None:
                     help="the hardware profile the simulator reads (default profiles/DEVICE-MODEL.json)")
 
 
-def profile_path(args, need_device: bool = True) -> str:
-    """``--profile``, else the profile shipped for ``--device`` and ``--model``, which must load."""
-    if need_device and args.device == "cuda" and not torch.cuda.is_available():
-        fail("--device cuda: no CUDA device here")
+def profile_path(args, serving: bool = True) -> str:
+    """``--profile``, else the profile shipped for ``--device`` and ``--model``, which must load. When the
+    script will serve requests, first: can this machine run the model there (else a one-line error, not the
+    kernel's out-of-memory kill)?"""
+    if serving:
+        reason = runtime_unavailable(args.model, args.device)
+        if reason is not None:
+            fail(f"--model {args.model} --device {args.device}: {reason}")
     if args.profile is not None:
         return args.profile
-    path = str(ROOT / "profiles" / f"{args.device}-{args.model}.json")
+    path = ROOT / "profiles" / f"{args.device}-{args.model}.json"
+    if not path.is_file():
+        fail(f"no profile of {args.model} on {args.device} ships in profiles/: give one with --profile")
     try:
-        return hardware_profile(path)
+        return hardware_profile(str(path))
     except argparse.ArgumentTypeError as exc:
         fail(f"--profile not given, and the default one {exc}")
+
+
+def simulation_target(model: str, profile: str):
+    """`sim_target`, or the script's end with its one-line reason (a profile of another model)."""
+    try:
+        return sim_target(model, profile)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def base_runtime(model: str, device: str) -> Runtime:

@@ -13,11 +13,12 @@ import statistics
 import time
 from pathlib import Path
 
-from bench_args import existing_dir, positive_float, positive_int, print_json
-from fidelity import CONFIG_NAMES, TRACES, add_target_args, base_runtime, block_bytes, configs, profile_path, workloads
+from bench_args import positive_float, positive_int, print_json
+from fidelity import (CONFIG_NAMES, TRACES, WORKLOAD_NAMES, add_target_args, base_runtime, block_bytes, configs,
+                      profile_path, simulation_target, workloads)
 
 from skistune.config import KVConfig
-from skistune.evaluate import sim_target, workload_requests
+from skistune.evaluate import workload_requests
 from skistune.profile.cost import step_shape
 from skistune.runtime.engine import Engine
 from skistune.runtime.kv_layout import kv_traffic
@@ -56,10 +57,10 @@ def summary(errors: list[float]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_target_args(ap)
-    ap.add_argument("--workload", default="mooncake-prefix", choices=["azure-conv", "mooncake-prefix", "bursty-chat"])
+    ap.add_argument("--workload", default="mooncake-prefix", choices=WORKLOAD_NAMES)
     ap.add_argument("--config", default="default", choices=CONFIG_NAMES)
     ap.add_argument("--requests", type=positive_int, default=12)
-    ap.add_argument("--traces", type=existing_dir, default=TRACES,
+    ap.add_argument("--traces", type=Path, default=TRACES,
                     help="the folder of the trace samples (default ../shared/traces beside the checkout)")
     ap.add_argument("--rate-scale", type=positive_float, default=1.0,
                     help="multiply the workload's arrival rate (as fidelity.py's --rate-scale)")
@@ -67,9 +68,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     args = ap.parse_args()
     args.profile = profile_path(args)
-    target = sim_target(args.model, args.profile)
+    target = simulation_target(args.model, args.profile)
+    workload = workloads(args.requests, args.rate_scale, args.traces, [args.workload])[args.workload]
     runtime = base_runtime(args.model, args.device)
-    requests = workload_requests(workloads(args.requests, args.rate_scale, Path(args.traces))[args.workload], args.model)
+    requests = workload_requests(workload, args.model)
     config = KVConfig().with_knobs(configs(block_bytes(runtime))[args.config])
     traffic = kv_traffic(config, target.spec, target.kv_itemsize)
     replays = []

@@ -23,12 +23,14 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from bench_args import fail, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.profile.measure import DTYPES
-from skistune.profile.steps import StepBench, fill_kv
+from skistune.evaluate import runtime_unavailable
+from skistune.profile.steps import SETUP_TOKENS, StepBench, fill_kv
 from skistune.runtime.kv_layout import kv_traffic
 from skistune.runtime.llm import Runtime
 from skistune.runtime.presets import PRESETS
 
 MARK = "skistune.model_step"
+WARMUP = 2  # untimed steps before a point's timed ones
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 SYNCS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 HOST_COPIES = ("aten::item", "aten::_local_scalar_dense")  # a tensor's value read on the host: waits for the GPU
@@ -45,7 +47,15 @@ class Point:
 
     def tokens(self, steps: int) -> int:
         """KV tokens the point holds at most, with room for its decode steps."""
-        return self.a * (self.b + steps + 32) if self.kind == "decode" else self.a + self.b + 32
+        return self.a * self.longest(steps) if self.kind == "decode" else self.a + self.b + 32
+
+    def longest(self, steps: int) -> int:
+        """The longest sequence the point makes: a decode's prompt, its setup steps (`StepBench` prefills the
+        batch 4,096 tokens a step) and its decode steps, with room to spare; a prefill's chunk, context and the
+        token it samples."""
+        if self.kind == "prefill":
+            return self.a + self.b + 1  # (the chunk ends its prompt, so it samples a token)
+        return self.b + -(-self.a * self.b // SETUP_TOKENS) + steps + 32
 
 
 def point(text: str) -> Point:
@@ -87,12 +97,13 @@ def traced(bench: StepBench, p: Point, top: int) -> dict:
 
     cuda = bench.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    runner.execute = marked
+    runner.execute, warmup = marked, bench.warmup
+    bench.warmup = 0  # (the untraced run of the same point warmed it: every traced step is a timed one)
     try:
         with profile(activities=activities) as prof:
             run_point(bench, p)
     finally:
-        runner.execute = plain
+        runner.execute, bench.warmup = plain, warmup
     events = prof.events()
     marks = [e for e in events if e.name == MARK]
     steps = len(marks)
@@ -139,12 +150,23 @@ def main() -> None:
     model = args.model or ("llama-3-8b" if args.device == "cuda" else "smollm2-135m")
     dtype = DTYPES[args.device]
     spec = PRESETS[model]
+    reason = runtime_unavailable(model, args.device)
+    if reason is not None:
+        fail(f"--model {model} --device {args.device}: {reason}")
+    steps = args.steps + 2 * WARMUP
+    for p in args.points:
+        if p.longest(steps) > spec.max_context:
+            fail(f"--points {p}: sequences of up to {p.longest(steps)} tokens, more than {model}'s context of "
+                 f"{spec.max_context}")
     per_token = kv_traffic(KVConfig(), spec, dtype.itemsize).bytes_per_token
-    pool = max(p.tokens(args.steps + 4) for p in args.points) * per_token
-    runtime = Runtime.from_preset(model, KVConfig().with_knobs({"offload.device_kv_bytes": pool}),
-                                  device=args.device, dtype=dtype)
+    pool = max(p.tokens(steps) for p in args.points) * per_token
+    try:
+        runtime = Runtime.from_preset(model, KVConfig().with_knobs({"offload.device_kv_bytes": pool}),
+                                      device=args.device, dtype=dtype)
+    except ValueError as exc:  # (a pool larger than this machine's memory)
+        fail(f"--points {' '.join(map(str, args.points))}: {exc}")
     fill_kv(runtime)
-    bench = StepBench(runtime, warmup=2, repeats=args.steps, max_repeats=args.steps, min_time_s=0.0)
+    bench = StepBench(runtime, warmup=WARMUP, repeats=args.steps, max_repeats=args.steps, min_time_s=0.0)
     rows = []
     print(f"{model} on {args.device} ({dtype}), torch {torch.__version__}")
     for p in args.points:
