@@ -87,13 +87,22 @@ def evaluate(
         return
     with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
         metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof, runtime=runtime)
-    label = "predicted (simulator)" if mode == "simulate" else "measured (runtime)"
+    label = f"predicted (simulator) for {profiled_machine(prof)}" if mode == "simulate" else "measured (runtime)"
     energy = energy_figure(metrics, power, measured_time=mode == "run")
     console.print(metrics_table(metrics, f"{model} on {w.label()}: {label}"))
     console.print(summary_table(metrics, energy))
     if json_out:
-        print_json({"mode": mode, "model": model, **_workload_fields(w), "metrics": metrics.to_dict(),
+        where = {"profile": prof.name, "device": prof.device, "machine": profiled_machine(prof)} if prof else {}
+        print_json({"mode": mode, "model": model, **where, **_workload_fields(w), "metrics": metrics.to_dict(),
                     "energy": energy})
+
+
+def profiled_machine(prof) -> str:
+    """The machine a prediction is for: the profile's GPU or CPU and its name (an H200 predicted from a
+    laptop says so, rather than leaving it to the warning that the profile was measured elsewhere)."""
+    fp = prof.fingerprint
+    chip = fp.gpu_model if prof.device == "cuda" and fp.gpu_model else f"{fp.cpu_model}, {fp.threads} threads"
+    return f"{chip} (profile {prof.name})"
 
 
 def _workload_fields(w) -> dict:

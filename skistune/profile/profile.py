@@ -440,7 +440,8 @@ def warn_if_elsewhere(profile: HardwareProfile, path: str | os.PathLike[str]) ->
     differences = fingerprint_diff(profile.fingerprint, machine_fingerprint(profile.device))
     if differences:
         warnings.warn(f"{path}: measured on a different machine or software ({'; '.join(differences)}); "
-                      "its timings may not hold here", FingerprintWarning, stacklevel=_caller_level())
+                      "its timings are that machine's and may not hold here", FingerprintWarning,
+                      stacklevel=_caller_level())
 
 
 def _caller_level() -> int:

@@ -43,3 +43,19 @@ def test_a_model_whose_weights_do_not_fit_memory_is_refused_before_it_is_built(t
         assert [line for line in r.output.splitlines() if not line.startswith("warning: ")] == [f"error: {message}"]
     with pytest.raises(ValueError, match=re.escape(message)):
         evaluate({}, load_workload("chat", requests=2), mode="run")
+
+
+def test_a_prediction_names_the_machine_it_is_for(tmp_path):
+    """An H200 predicted from a CPU host: the table's title and the JSON name the profile's GPU (the only word
+    on the machine had been the warning that the profile was measured elsewhere)."""
+    import json
+
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("{}\n")
+    r = CliRunner().invoke(app, ["evaluate", str(cfg), "--model", "llama-3-8b", "--requests", "20", "--profile",
+                                 str(PROFILES / "cuda-llama-3-8b-quick.json"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "predicted (simulator) for NVIDIA H200" in " ".join(r.output.split())
+    out = json.loads(r.output.strip().splitlines()[-1])
+    assert (out["profile"], out["device"], out["machine"]) == (
+        "cuda-llama-3-8b-quick", "cuda", "NVIDIA H200 (profile cuda-llama-3-8b-quick)")
