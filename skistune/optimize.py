@@ -501,12 +501,23 @@ def oversized_tier_notes(config: KVConfig, profile, target) -> list[str]:
     """Notes for a config's tiers that are larger than the profiled machine can give them (the limits the
     search keeps to): a simulation prices them as configured, which no replay there could."""
     notes = []
-    for knob, limit, _, tier, why in _tier_limits(profile, target):
+    for knob, limit, _, tier, why in [*_tier_limits(profile, target), _device_pool_limit(profile, target)]:
         size = _value(config, knob)
-        if limit is not None and size > limit:
+        if limit is not None and size is not None and size > limit:
             notes.append(f"{knob}: {format_bytes(size)} is more than the {format_bytes(limit)} the profiled machine "
                          f"can give {tier} ({why}): simulated as configured, but a replay there would not hold it")
     return notes
+
+
+def _device_pool_limit(profile, target) -> tuple[str, int | None, str, str, str]:
+    """`_tier_limits`' entry for a device pool given in bytes: a GPU's memory less the weights, or on a CPU
+    (where the runtime refuses a pool larger than the machine's memory) that memory."""
+    if profile.device == "cuda":
+        return ("offload.device_kv_bytes", target.device_free_bytes, "device memory", "its KV pool",
+                "the GPU's memory less the model's weights")
+    memory = host_tier_limit(profile, target)[1]
+    return ("offload.device_kv_bytes", memory, "memory", "its KV pool",
+            f"its {format_bytes(memory or 0)} of memory, where a CPU's KV pool lives")
 
 
 def fit_machine(space: SearchSpace, profile, target) -> tuple[SearchSpace, list[str]]:

@@ -116,3 +116,29 @@ def test_a_gpu_profile_sizes_the_kv_pool_from_the_memory_its_weights_leave():
     weights = target.spec.param_count() * 2  # bf16
     assert weights > 14 << 30  # (8.0 B parameters: 14.96 GiB)
     assert target.device_free_bytes == profile.fingerprint.gpu_memory_bytes - weights
+
+
+def test_a_device_pool_larger_than_the_profiled_machine_can_hold_gets_a_note(cpu_profile):
+    """A 64 GiB device pool on the 23 GiB CPU host (`--mode run` refuses it) was simulated without a word,
+    while a host tier too large had its note."""
+    import warnings
+
+    from dataclasses import replace
+
+    from skistune.optimize import oversized_tier_notes
+
+    host = replace(cpu_profile, fingerprint=replace(cpu_profile.fingerprint, host_memory_bytes=23 << 30))
+    big = KVConfig().with_knobs({"offload.device_kv_bytes": 64 << 30})
+    assert oversized_tier_notes(big, host, target_from_profile(host)) == [
+        "offload.device_kv_bytes: 64GiB is more than the 23GiB the profiled machine can give its KV pool (its 23GiB of "
+        "memory, where a CPU's KV pool lives): simulated as configured, but a replay there would not hold it"]
+    assert oversized_tier_notes(KVConfig(), host, target_from_profile(host)) == []
+    assert oversized_tier_notes(big, cpu_profile, target_from_profile(cpu_profile)) == []  # memory not recorded
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        h200 = load_profile(str(PROFILES / "cuda-llama-3-8b.json"))
+    target = target_from_profile(h200)
+    assert oversized_tier_notes(big, h200, target) == []  # 64 GiB fits the H200's 124.9 GiB left by the weights
+    huge = KVConfig().with_knobs({"offload.device_kv_bytes": 200 << 30})
+    [note] = oversized_tier_notes(huge, h200, target)
+    assert "(the GPU's memory less the model's weights)" in note
