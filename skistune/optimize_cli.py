@@ -628,11 +628,15 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
 
 def _say_resumed(study, name: str, trials: int) -> None:
     """One line when the study has trials already: the search adds to them, and the result ranks them all."""
+    import optuna
+
     from skistune.optimize import _search_trials
 
-    done = _search_trials(study)
+    done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    searched = _search_trials(study)  # (the rest tried a winner's knob groups at the baseline's values)
     if done:
-        err_console.print(escape(f"resuming study {name}: {done} finished trial{'s' * (done != 1)}, running "
+        split = f" ({searched} searched, {done - searched} simplifying a winner)" if searched != done else ""
+        err_console.print(escape(f"resuming study {name}: {done} finished trial{'s' * (done != 1)}{split}, running "
                                  f"{trials} more"), highlight=False, soft_wrap=True)
 
 

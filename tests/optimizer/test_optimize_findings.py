@@ -225,3 +225,24 @@ def test_each_validation_record_names_the_ranked_config_it_replayed(here):
             opt.Validation(problem.base, 0.2, result.baseline, result.baseline, 1.0, role="baseline")]
     validated = replace(result, validated=runs)
     assert [opt.replayed_as(validated, v) for v in runs] == [{"rank": 1, "trial": 3}, {"rank": None, "trial": None}]
+
+
+def test_a_resumed_study_counts_the_trials_that_simplified_a_winner_too(monkeypatch):
+    """`report` counted every finished trial and the resume line only the searched ones (20 of 23)."""
+    import io
+
+    import optuna
+    from rich.console import Console
+
+    import skistune.optimize_cli as cli
+
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    for i in range(3):
+        trial = study.ask()
+        if i == 2:
+            trial.set_user_attr(opt.SIMPLIFIES_ATTR, 0)
+        study.tell(trial, 1.0)
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "err_console", Console(file=out, width=200))
+    cli._say_resumed(study, "s", 5)
+    assert out.getvalue().strip() == "resuming study s: 3 finished trials (2 searched, 1 simplifying a winner), running 5 more"
