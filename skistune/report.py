@@ -76,11 +76,12 @@ class Report:
     search's precision) but for the baseline's config, refined as ``baseline`` is; ``evaluations``: every
     trial, those of refined configs with the refined figures (`optimize.with_refined`: one set of figures per
     config in every table and plot); ``pareto``: the feasible configs no other beats on the throughput axis,
-    J/token, quality loss and the study's other objectives together, from ``evaluations``; ``baseline``:
-    vLLM's defaults, refined where optimize refined them; ``validated``: the last validation's records
-    (`optimize.validation_record`), winner first, baseline last; ``binding``/``closest``: trials each constraint
-    ruled out, configs closest to feasible; ``importance``: each knob's share of the first objective's variance
-    (empty with ``importance_note`` saying why); ``why``: why no config was feasible, where it can be told, as `skistune optimize` says it
+    J/token, quality loss and the study's other objectives together, from ``evaluations``; ``baseline``: the target
+    engine's defaults (`baseline_label`), refined where optimize refined them; ``validated``: the last validation's
+    records (`optimize.validation_record`), winner first, baseline last; ``binding``/``closest``: trials each
+    constraint ruled out, configs closest to feasible; ``importance``: each knob's share of the first objective's
+    variance (empty with ``importance_note`` saying why); ``why``: why no config was feasible, where it can be told,
+    as `skistune optimize` says it
     (`optimize_cli.why_no_rate_line` and `energy_line`)."""
 
     problem: Problem
@@ -401,10 +402,16 @@ def pareto_table(report: Report):
     return t
 
 
+def baseline_label(report: Report) -> str:
+    """The baseline's name, ``SGLang defaults`` in a study made with ``--target sglang``: the engine the footer's
+    ``base:`` line names (`Problem.baseline_engine`), so no table or legend calls it another's."""
+    return f"{report.problem.baseline_engine} defaults"
+
+
 def _best_label(report: Report, e: Evaluation) -> str:
-    """``#k`` where the config is the k-th best, vLLM's defaults for the baseline, else its knob line below."""
+    """``#k`` where the config is the k-th best, `baseline_label` for the baseline, else its knob line below."""
     if e is report.baseline:
-        return "vLLM defaults"
+        return baseline_label(report)
     k = next((i for i, b in enumerate(report.best) if b.trial == e.trial), None)
     return f"#{k + 1}" if k is not None else f"trial {e.trial}, below"
 
@@ -611,7 +618,7 @@ def plot_pareto(report: Report) -> bytes:
         fig.colorbar(points, ax=ax, label="predicted quality loss, Δppl mean (%)")
     base = report.baseline
     ax.plot([rate(base)], [base.figures["energy_j_per_token"]], "*", color="tab:red", ms=16, zorder=3,
-            label="baseline (vLLM defaults)")
+            label=f"baseline ({baseline_label(report)})")
     # configs that meet no rate are scored at the lowest one, where idle power over hours of trace makes
     # their J/token thousands of times the others': a log axis keeps the feasible ones apart
     energies = [e.figures.get("energy_j_per_token", math.nan) for e in [*report.evaluations, base]]

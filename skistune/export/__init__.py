@@ -12,7 +12,8 @@ the nearest setting written instead (``strict=True`` makes that an error). See d
 """
 from skistune.export.base import Companion, EngineVersion, Exporter, ExportResult, ExportWarning, relevant_knobs
 from skistune.export.layers import layer_budgets
-from skistune.export.registry import DEFAULT_MODEL, EXPORTERS, export, exporter_names, get_exporter
+from skistune.export.registry import (DEFAULT_MODEL, EXPORTERS, FALLBACK_MODEL, export, exporter_names,
+                                      get_exporter)
 
 __all__ = ["Companion", "DEFAULT_MODEL", "EXPORTERS", "EngineVersion", "ExportResult", "ExportWarning", "Exporter",
-           "export", "exporter_names", "get_exporter", "layer_budgets", "relevant_knobs"]
+           "FALLBACK_MODEL", "export", "exporter_names", "get_exporter", "layer_budgets", "relevant_knobs"]

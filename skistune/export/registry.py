@@ -1,8 +1,11 @@
 """Export targets by name, and `export`, the one entry point the CLI and the Python API call."""
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from skistune.config import KVConfig, load_config
 from skistune.export.base import Exporter, ExportResult, show
@@ -12,9 +15,13 @@ from skistune.export.native import NativeExporter
 from skistune.export.sglang import SglangExporter
 from skistune.export.trtllm import TrtllmExporter
 from skistune.export.vllm import VllmExporter
-from skistune.runtime.presets import get_preset
+from skistune.runtime.presets import PRESETS, get_preset
 
-DEFAULT_MODEL = "smollm2-135m"
+FALLBACK_MODEL = "smollm2-135m"  # for a config that records no model (written by hand, or a KVConfig)
+# `export`'s model (and the command line's --model) when none is given: None, the model the tuned file records
+# in its provenance (`skistune optimize --model`), else FALLBACK_MODEL. A fixed preset here had exported a
+# config tuned for llama-3-8b with SmolLM2's layer count and KV bytes per token.
+DEFAULT_MODEL: str | None = None
 
 EXPORTERS: dict[str, Exporter] = {e.name: e for e in (NativeExporter(), VllmExporter(), SglangExporter(),
                                                       LMCacheExporter(), TrtllmExporter(), LayersExporter())}
@@ -34,31 +41,61 @@ def get_exporter(target: str) -> Exporter:
 SERVING_ENGINES = ("vllm", "sglang", "lmcache", "trtllm")  # (native and layers are skistune's own files)
 
 
-def _tuned_on(path: str | Path) -> tuple[str, str] | None:
-    """(profile name, device) from the provenance `skistune optimize` writes into a tuned file, or None (a
-    config written by hand, or unreadable: `load_config` has read its knobs already). Files written before
-    the device was recorded name it as the profile's prefix (cpu-..., cuda-...)."""
+def _provenance(path: str | Path) -> Mapping[str, Any]:
+    """The provenance `skistune optimize` writes into a tuned file, or {} (a config written by hand, or
+    unreadable: `load_config` has read its knobs already)."""
     import yaml
 
     try:
-        profile = yaml.safe_load(Path(path).read_text(encoding="utf-8"))["provenance"]["profile"]
+        provenance = yaml.safe_load(Path(path).read_text(encoding="utf-8"))["provenance"]
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
+        return {}
+    return provenance if isinstance(provenance, Mapping) else {}
+
+
+def _tuned_on(provenance: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(profile name, device) the config was tuned with, or None. Files written before the device was
+    recorded name it as the profile's prefix (cpu-..., cuda-...)."""
+    try:
+        profile = provenance["profile"]
         name = str(profile["name"])
         return name, str(profile.get("device") or name.split("-", 1)[0])
-    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
+    except (TypeError, KeyError, AttributeError):
         return None
 
 
+def _model(asked: str | None, provenance: Mapping[str, Any], config: str | Path) -> str:
+    """The model preset to export for: ``asked``, else the one the config was tuned for, else
+    `FALLBACK_MODEL`. Asking for another model than the recorded one is allowed (a config tuned on a small
+    model, deployed on a larger one) but warned about: byte pools become other token counts."""
+    recorded = provenance.get("model")
+    recorded = recorded if isinstance(recorded, str) else None
+    if asked is None:
+        if recorded is not None and recorded not in PRESETS:
+            raise ValueError(f"{config}: tuned for model {recorded!r} (its provenance), which is not a preset here "
+                             f"(known: {', '.join(PRESETS)}): give --model")
+        return recorded or FALLBACK_MODEL
+    if recorded is not None and asked != recorded:
+        warnings.warn(f"exporting for model {asked} (--model), but {config} was tuned for {recorded} (its "
+                      "provenance): its byte sizes and per-layer settings were chosen for that model", stacklevel=3)
+    return asked
+
+
 def export(config: KVConfig | str | Path, target: str, engine_version: str | None = None, strict: bool = False,
-           *, model: str = DEFAULT_MODEL, file_name: str | None = None) -> ExportResult:
+           *, model: str | None = DEFAULT_MODEL, file_name: str | None = None) -> ExportResult:
     """Write ``config`` (a `KVConfig` or a config file's path) in ``target``'s own format for one engine
     version (default: the newest the exporter knows). ``model`` (a preset name) gives the layer count and
-    the KV bytes per token where a target needs them; ``file_name`` is the name the command line uses for
-    the written file. With ``strict``, any knob the target cannot express raises ``ValueError``."""
+    the KV bytes per token where a target needs them; None: the model a tuned file's provenance records, else
+    `FALLBACK_MODEL` (another model than the recorded one is warned about). ``file_name`` is the name the
+    command line uses for the written file. With ``strict``, any knob the target cannot express raises
+    ``ValueError``."""
     exporter = get_exporter(target)
     version = exporter.version(engine_version)
     cfg = config if isinstance(config, KVConfig) else load_config(str(config))
-    result = exporter.export(cfg, version, get_preset(model), file_name or exporter.default_file)
-    tuned_on = None if isinstance(config, KVConfig) else _tuned_on(config)
+    provenance = {} if isinstance(config, KVConfig) else _provenance(config)
+    spec = get_preset(_model(model, provenance, config))
+    result = exporter.export(cfg, version, spec, file_name or exporter.default_file)
+    tuned_on = _tuned_on(provenance)
     if tuned_on is not None and tuned_on[1] == "cpu" and target in SERVING_ENGINES:
         result = replace(result, notes=result.notes + (
             f"this config was tuned with profile {tuned_on[0]}, measured on a CPU: its memory fraction and batch "

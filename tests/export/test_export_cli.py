@@ -7,6 +7,7 @@ import os
 import shlex
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from export_cases import CONFIGS
@@ -215,3 +216,50 @@ def test_a_config_tuned_on_a_cpu_profile_says_so_in_a_gpu_engines_export(tmp_pat
     if noted:
         assert f"tuned with profile {name}, measured on a CPU" in said[0]
     assert not [n for n in export(path, "native").notes if "measured on a CPU" in n]  # (skistune's own file)
+
+
+GIB = 1 << 30
+
+
+def tuned_file(tmp_path, model: str):
+    """A config as `skistune optimize --model MODEL` writes it: the knobs, then its provenance (`to_yaml`)."""
+    from skistune.config import KVConfig
+
+    config = KVConfig().with_knobs({"offload.device_kv_bytes": 40 * GIB, "offload.host_kv_bytes": 8 * GIB})
+    path = tmp_path / "tuned.yaml"
+    path.write_text(config.to_yaml(provenance={"model": model, "profile": {"name": f"cuda-{model}",
+                                                                         "device": "cuda"}}))
+    return str(path)
+
+
+def test_without_model_the_export_is_for_the_model_the_file_was_tuned_for(tmp_path):
+    """A config tuned for llama-3-8b had been exported for SmolLM2: its checkpoint, 30 layers, and byte pools
+    turned into tokens at SmolLM2's 23040 bytes per token (num_cpu_blocks 23301, max_tokens 1864135)."""
+    path = tuned_file(tmp_path, "llama-3-8b")
+    r = run(path, "--to", "vllm", "--engine-version", "0.11")
+    assert r.exit_code == 0, r.output
+    assert "vllm serve meta-llama/Meta-Llama-3-8B-Instruct " in r.stderr and "tuned for" not in r.stderr
+    assert json.loads(yaml.safe_load(r.stdout)["kv-transfer-config"])["kv_connector_extra_config"][
+        "num_cpu_blocks"] == 4096  # 8 GiB / (131072 bytes per token x 16)
+    assert yaml.safe_load(run(path, "--to", "sglang").stdout)["max-total-tokens"] == 327680  # 40 GiB / 131072
+    assert yaml.safe_load(run(path, "--to", "trtllm").stdout)["kv_cache_config"]["max_tokens"] == 327680
+    assert run(path, "--to", "layers").stdout.count("nbits_key") == 32
+    assert "meta-llama/Meta-Llama-3-8B-Instruct" in export(path, "sglang").command  # (the Python API alike)
+
+
+def test_another_model_than_the_recorded_one_is_exported_as_asked_with_a_one_line_warning(tmp_path):
+    path = tuned_file(tmp_path, "llama-3-8b")
+    r = run(path, "--to", "sglang", "--model", "smollm2-135m", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["command"].startswith(
+        "python -m sglang.launch_server --model-path HuggingFaceTB/SmolLM2-135M-Instruct ")
+    [line] = [x for x in r.stderr.splitlines() if "tuned for" in x]
+    assert line.startswith("warning: exporting for model smollm2-135m") and "tuned for llama-3-8b" in line
+    assert run(path, "--to", "layers", "--model", "smollm2-135m", "--strict").exit_code == 0  # (not a knob warning)
+    assert "tuned for" not in run(path, "--to", "sglang", "--model", "llama-3-8b").stderr
+    with pytest.warns(UserWarning, match="exporting for model mistral-7b .* tuned for llama-3-8b"):
+        export(path, "layers", model="mistral-7b")
+
+
+def test_a_recorded_model_that_is_no_preset_is_one_line_and_exit_2(tmp_path):
+    one_line_error(run(tuned_file(tmp_path, "gpt-5"), "--to", "vllm"), "tuned for model 'gpt-5' (its provenance)")

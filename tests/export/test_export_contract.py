@@ -9,7 +9,7 @@ import yaml
 from export_cases import (GOLDEN_CONFIGS, KNOB_CASES, KNOB_IDS, TARGET_VERSIONS, TV_IDS, config_of,
                           golden_config)
 from skistune.config import knob_fields
-from skistune.export import DEFAULT_MODEL, EXPORTERS, export, relevant_knobs
+from skistune.export import EXPORTERS, FALLBACK_MODEL, export, relevant_knobs
 from skistune.export.base import Plan
 from skistune.runtime.presets import get_preset
 
@@ -48,7 +48,7 @@ def test_every_relevant_knob_is_accounted_for(target, version, knob, base, chang
     config = config_of({**base, **change})
     exporter = EXPORTERS[target]
     plan = Plan(config, target, exporter.scope)
-    exporter.render(plan, exporter.version(version), get_preset(DEFAULT_MODEL), exporter.default_file)
+    exporter.render(plan, exporter.version(version), get_preset(FALLBACK_MODEL), exporter.default_file)
     assert plan.unaccounted() == [], f"{target} {version} maps no behaviour for these knobs"
     result = export(config, target, version)
     in_scope = relevant_knobs(config) & EXPORTERS[target].scope

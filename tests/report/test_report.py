@@ -403,3 +403,19 @@ def test_the_number_one_label_is_anchored_at_its_ring_and_covers_no_other_dot(re
     dots = [(e.values[0], e.figures["energy_j_per_token"]) for e in (*crowded.evaluations, crowded.baseline)]
     pixels = ax.transData.transform([d for d in dots if all(map(math.isfinite, d))])
     assert not box.count_contains(pixels)
+
+
+def test_a_sglang_study_names_its_baseline_sglangs_defaults_everywhere(tmp_path, monkeypatch):
+    """A study made with --target sglang had its baseline called "vLLM defaults" in the Pareto table and the
+    pareto.png legend, under a footer that said "base: SGLang defaults (...)"."""
+    import skistune.report as rep
+
+    _, storage = make_study(tmp_path, name="sg", n_trials=2, target="sglang")
+    report = build_report("sg", storage=storage)
+    assert list(report_tables(report)[1].columns[1].cells)[-1] == "SGLang defaults"
+    assert any(line.startswith("base: SGLang defaults (") for line in report_lines(report))
+    figures = []
+    monkeypatch.setattr(rep, "_png", lambda fig: figures.append(fig) or b"")
+    rep.plot_pareto(report)
+    legend = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
+    assert "baseline (SGLang defaults)" in legend and not any("vLLM" in text for text in legend)
