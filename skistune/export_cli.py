@@ -19,9 +19,11 @@ from rich.syntax import Syntax
 
 from skistune.cli import cli_errors, console, err_console, print_json, print_warning
 from skistune.export import DEFAULT_MODEL, Companion, ExportResult, exporter_names, get_exporter
-from skistune.optimize_cli import JsonOpt, ModelOpt
+from skistune.optimize_cli import JsonOpt
 from skistune.paths import check_out_file, write_atomic
 
+ExportModelOpt = Annotated[Optional[str], typer.Option(
+    "--model", help="model preset (default: the one the tuned file records, else smollm2-135m)")]
 ToOpt = Annotated[str, typer.Option("--to", help=f"export target: {', '.join(exporter_names())}")]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
     "--engine-version", help="engine version to write for (default: the newest the exporter knows; an unknown "
@@ -75,7 +77,7 @@ def export(
     config: Annotated[Path, typer.Argument(help="KV config file (YAML/JSON), e.g. one written by optimize")],
     to: ToOpt,
     engine_version: EngineVersionOpt = None,
-    model: ModelOpt = DEFAULT_MODEL,
+    model: ExportModelOpt = DEFAULT_MODEL,
     out: ExportOutOpt = None,
     strict: StrictOpt = False,
     json_out: JsonOpt = False,

@@ -114,12 +114,15 @@ def sglang_baseline_config() -> KVConfig:
     """What an SGLang user gets by default (shared/reference/engines-and-algorithms.md §2, server_args.py;
     knob -> flag as in searchspace/sglang.yaml): 16-bit KV (--kv-cache-dtype auto), no eviction, no HiCache
     host tier, the radix cache on with --page-size 1 (automatic: 1 for the usual attention backends),
-    --max-prefill-tokens 16384, --chunked-prefill-size 8192 (automatic: SGLang's value on GPUs of 35-160
+    --max-prefill-tokens 16384 and --chunked-prefill-size 8192 (automatic: SGLang's value on GPUs of 35-160
     GiB, A100 to H200; 2048 below), fcfs, retraction by recompute, --mem-fraction-static 0.9 (automatic:
     "about 0.9" in its docs). --max-running-requests is automatic too: the pool's tokens / 2, capped by the
-    request pool of 2048-4096 slots, so 2048 wherever the KV pool holds 4096 tokens or more."""
+    request pool of 2048-4096 slots, so 2048 wherever the KV pool holds 4096 tokens or more. SGLang takes each
+    request's chunk from what is left of --chunked-prefill-size in the batch, so a step prefills at most
+    8192 tokens: a budget of 8192 and a chunk of 8192 here (a budget of 16384 had let the simulator prefill
+    twice what SGLang does)."""
     return KVConfig().with_knobs({
-        "batching.max_num_seqs": 2048, "batching.max_num_batched_tokens": 16384, "batching.chunked_prefill": True,
+        "batching.max_num_seqs": 2048, "batching.max_num_batched_tokens": 8192, "batching.chunked_prefill": True,
         "batching.chunk_size": 8192, "batching.policy": "fcfs", "batching.preemption": "recompute",
         "prefix_reuse.enabled": True, "prefix_reuse.block_size": 1, "offload.device_memory_fraction": 0.9,
     })

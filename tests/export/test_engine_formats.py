@@ -392,6 +392,27 @@ def test_sglang_chunk_size_is_a_batch_budget_and_warned():
         assert not export(config_of(knobs), "sglang").warnings
 
 
+def test_chunk_sizes_of_the_sglang_search_space_and_its_baseline_export_to_sglang_as_tuned():
+    """As `skistune optimize --target vllm`'s configs export to vLLM without warnings, those of --target sglang
+    (its baseline, SGLang's own defaults, included) should deploy their chunk size as tuned (`--strict`)."""
+    import optuna
+
+    from skistune.optimize import sglang_baseline_config
+    from skistune.searchspace import load_space, suggest_config
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = load_space("sglang")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    warned = []
+    for _ in range(40):
+        trial = study.ask()
+        config = suggest_config(trial, space)
+        warned += [w for w in export(config, "sglang").warnings if w.knob == "batching.chunk_size"]
+        study.tell(trial, 0.0)
+    assert not warned
+    assert not export(sglang_baseline_config(), "sglang").warnings
+
+
 @pytest.mark.parametrize(("target", "version", "how"), [
     ("vllm", "0.11", "--calculate-kv-scales"),
     ("vllm", "main-002f10e0", "k_scale/v_scale from a calibrated checkpoint"),

@@ -152,11 +152,11 @@ def test_the_baseline_is_the_target_engines_defaults_and_says_so():
     assert sglang.base == opt.baseline_config("sglang") and sglang.baseline_engine == "SGLang"
     b = sglang.base
     assert (b.prefix_reuse.block_size, b.batching.max_num_batched_tokens, b.batching.chunk_size,
-            b.batching.max_num_seqs, b.batching.policy) == (1, 16384, 8192, 2048, "fcfs")
+            b.batching.max_num_seqs, b.batching.policy) == (1, 8192, 8192, 2048, "fcfs")
     assert opt.baseline_outside_space(sglang) == {}  # the SGLang space holds SGLang's defaults
     assert knob_lines(_result(sglang, 0.2, 0.1))[-1] == (
         "base: SGLang defaults (16-bit KV, no eviction or offload, prefix caching, block 1, max_num_seqs 2048, "
-        "max_num_batched_tokens 16384, chunk 8192, fcfs, memory fraction 0.9)")
+        "max_num_batched_tokens 8192, chunk 8192, fcfs, memory fraction 0.9)")
     vllm = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", target="vllm", profile=PROFILE)
     assert vllm.base == opt.baseline_config() and knob_lines(_result(vllm, 0.2, 0.1))[-1].startswith(
         "base: vLLM defaults (16-bit KV, no eviction or offload, prefix caching, block 16, max_num_seqs 256, ")
