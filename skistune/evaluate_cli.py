@@ -100,9 +100,7 @@ def evaluate(
 def profiled_machine(prof) -> str:
     """The machine a prediction is for: the profile's GPU or CPU and its name (an H200 predicted from a
     laptop says so, rather than leaving it to the warning that the profile was measured elsewhere)."""
-    fp = prof.fingerprint
-    chip = fp.gpu_model if prof.device == "cuda" and fp.gpu_model else f"{fp.cpu_model}, {fp.threads} threads"
-    return f"{chip} (profile {prof.name})"
+    return f"{prof.fingerprint.chip} (profile {prof.name})"
 
 
 def _workload_fields(w) -> dict:

@@ -148,8 +148,7 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
 
 def profile_table(profile: HardwareProfile, path: Path) -> Table:
     fp = profile.fingerprint
-    machine = fp.gpu_model or fp.cpu_model
-    table = Table(title=f"{profile.name}: {profile.model} on {machine}, {fp.threads} threads, measured {fp.date} "
+    table = Table(title=f"{profile.name}: {profile.model} on {fp.chip}, {fp.threads} threads, measured {fp.date} "
                         f"in {profile.duration_s:.0f} s", show_header=False)
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")

@@ -41,6 +41,11 @@ class Fingerprint:
     date: str  # ISO 8601, UTC
     host_memory_bytes: int | None = None  # `host_memory_bytes()`; None in profiles written before it was recorded
 
+    @property
+    def chip(self) -> str:
+        """What the profile's timings are of: the GPU where one was used, else the CPU."""
+        return self.gpu_model or self.cpu_model
+
     def to_dict(self) -> dict:
         return asdict(self)
 
