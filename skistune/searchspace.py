@@ -443,12 +443,15 @@ def _is_active(p: Param, decided: Mapping[str, Any], fixed: Mapping[str, Any]) -
 
 
 def _settle_inactive(p: Param, values: dict[str, Any], base: KVConfig) -> None:
-    """An inactive knob is null when it may be (the budget of policy 'none'); otherwise it keeps the
-    base value, pulled under its bound so the config stays valid."""
+    """An inactive knob is null when it may be (the budget of policy 'none'); a tied one keeps its tie (SGLang's
+    chunk size is its prefill budget, chunked or not: the base's 8192 under a budget of 3531 was no valid
+    config); otherwise it keeps the base value, pulled under its bound so the config stays valid."""
     if p.is_switch:
         return
     if p.nullable:
         values[p.name] = None
+    elif p.kind == "same_as":
+        values[p.name] = _current(p.same_as, values, base)
     elif p.at_most is not None:
         cap, value = _current(p.at_most, values, base), _current(p.name, values, base)
         if cap is not None and value > cap:
