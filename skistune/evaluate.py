@@ -108,9 +108,9 @@ def runtime_unavailable(model: str, device: str = "cpu") -> str | None:
     return None
 
 
-def check_runtime_memory(model: str) -> None:
-    """A ``ValueError`` (one line) unless the runtime can serve ``model`` on this machine's CPU."""
-    reason = runtime_unavailable(model)
+def check_runtime_memory(model: str, device: str = "cpu") -> None:
+    """A ``ValueError`` (one line) unless the runtime can serve ``model`` on ``device`` here."""
+    reason = runtime_unavailable(model, device)
     if reason is not None:
         raise ValueError(f"{reason}; predict it with the simulator instead (--mode simulate)")
 

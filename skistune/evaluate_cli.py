@@ -67,14 +67,16 @@ def evaluate(
     power = prof.power if prof is not None else power_model(model, profile)
     runtime = None
     if mode != "simulate":
+        from skistune.profile.measure import DTYPES
         from skistune.runtime.kv_store import check_fits_memory
         from skistune.runtime.llm import Runtime
 
         # (the engine checks the tier it sizes from this when a replay starts: after the notes)
         check_fits_memory(cfg.offload.host_kv_bytes, "offload.host_kv_bytes", "host tier")
-        check_runtime_memory(model)
+        device = prof.device if prof is not None else "cpu"  # a comparison replays where the profile was measured
+        check_runtime_memory(model, device)
         with console.status(f"loading {model}"):
-            runtime = Runtime.from_preset(model, cfg)
+            runtime = Runtime.from_preset(model, cfg, device=device, dtype=DTYPES[device])
     print_notes(w)
     if target is not None:  # (a run refuses such a tier before this: `check_fits_memory`, the disk pool)
         from skistune.optimize import oversized_tier_notes

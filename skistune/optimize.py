@@ -2499,7 +2499,9 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
     if best is first:
         return refined, []
     name = problem.objectives[0].name
-    within = f"within {REFINE_PRECISION:.0%} of its {name} ({best.values[0]:.4g} vs {first.values[0]:.4g})" \
+    compared = "better on its" if beats(problem, best.values[0], first.values[0]) else \
+        f"within {REFINE_PRECISION:.0%} of its"  # (the refined figures may favour the simpler config outright)
+    within = f"{compared} {name} ({best.values[0]:.4g} vs {first.values[0]:.4g})" \
         if len(problem.objectives) == 1 else \
         f"no more than {REFINE_PRECISION:.0%} worse on any objective ({_values_text(problem, best, first)})"
     note = (f"trial {first.trial} with its {', '.join(reverted)} as the baseline's (trial {best.trial}) is predicted "

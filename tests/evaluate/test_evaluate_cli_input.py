@@ -59,3 +59,20 @@ def test_a_prediction_names_the_machine_it_is_for(tmp_path):
     out = json.loads(r.output.strip().splitlines()[-1])
     assert (out["profile"], out["device"], out["machine"]) == (
         "cuda-llama-3-8b-quick", "cuda", "NVIDIA H200 (profile cuda-llama-3-8b-quick)")
+
+
+def test_a_comparison_replays_on_the_profiles_device(tmp_path, monkeypatch):
+    """`--mode compare` with an H200 profile set its prediction against a float32 replay on this CPU."""
+    import torch
+
+    from skistune.runtime.llm import Runtime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(Runtime, "from_preset", classmethod(lambda *a, **k: pytest.fail("built the model")))
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("{}\n")
+    r = CliRunner().invoke(app, ["evaluate", str(cfg), "--mode", "compare", "--model", "llama-3-8b", "--requests",
+                                 "2", "--profile", str(PROFILES / "cuda-llama-3-8b-quick.json")])
+    assert r.exit_code == 2
+    assert r.output.splitlines()[-1] == ("error: this machine has no CUDA device; predict it with the simulator "
+                                         "instead (--mode simulate)")
