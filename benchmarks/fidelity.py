@@ -243,17 +243,24 @@ def main() -> None:
 def read_recorded(args) -> dict[tuple[str, str], dict]:
     """``--measured``: the recorded rows by (workload, config); the run's model, device, requests, rate
     scale and configs go into ``args`` (runs recorded before the JSON named its requests served 12)."""
+    if not Path(args.measured).is_file():
+        fail(f"--measured {args.measured}: not a file")
     try:
-        run = json.loads(Path(args.measured).read_text().strip().splitlines()[-1])
+        lines = Path(args.measured).read_text().strip().splitlines()
+        run = json.loads(lines[-1]) if lines else None
+        if not isinstance(run, dict) or "rows" not in run:
+            raise ValueError("its last line is no JSON object with rows" if lines else "the file is empty")
         rows = {(r["workload"], r["config"]): r for r in run["rows"]}
         args.model, args.device, args.rate_scale = run["model"], run["device"], float(run["rate_scale"])
         args.requests = int(run.get("requests", RECORDED_REQUESTS))
-        unknown = sorted({c for _, c in rows} - set(CONFIG_NAMES))
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+    except KeyError as exc:
+        fail(f"--measured {args.measured}: not a fidelity run's --json output (no {exc.args[0]!r})")
+    except (OSError, ValueError, TypeError) as exc:
         fail(f"--measured {args.measured}: not a fidelity run's --json output ({exc})")
-    if unknown or args.model not in PRESETS or args.device not in DTYPES:
-        fail(f"--measured {args.measured}: a run of configs, model or device this script does not know "
-             f"({', '.join(unknown) or args.model + ' on ' + args.device})")
+    unknown = sorted({c for _, c in rows} - set(CONFIG_NAMES)) + sorted({w for w, _ in rows} - set(WORKLOAD_NAMES))
+    if unknown or args.model not in PRESETS or args.device not in DTYPES or args.requests < 1:
+        fail(f"--measured {args.measured}: a run of workloads, configs, a model, device or request count this "
+             f"script does not know ({', '.join(unknown) or f'{args.model} on {args.device}, {args.requests} requests'})")
     args.configs = [c for c in CONFIG_NAMES if any(c == rc for _, rc in rows)]
     return rows
 

@@ -1,5 +1,7 @@
-"""Where a runtime step's time goes: decode steps and prefill chunks of the real runtime, timed as the
-profiler times them (`skistune.profile.steps.StepBench`), then run again under ``torch.profiler``.
+"""Where a runtime step's time goes, by torch.profiler: host time, GPU kernels, launches and syncs per step.
+
+Decode steps and prefill chunks of the real runtime are timed as the profiler times them
+(`skistune.profile.steps.StepBench`), then run again under ``torch.profiler``.
 
 For each point it prints the step's wall time, the host time inside the model step (the forward pass and
 sampling, waits for the GPU included), and on a GPU: the time the GPU spent in kernels (summed over the

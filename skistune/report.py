@@ -248,7 +248,7 @@ def latency_samples(report: Report) -> dict[str, dict[str, np.ndarray]] | None:
         return None
     best = report.best[0]
     out = {}
-    for label, config in (("best (#1)", best.config), ("baseline", report.problem.base)):
+    for label, config in (("best (#1)", best.config), (f"baseline ({baseline_label(report)})", report.problem.base)):
         engine, _ = build_engine(config, report.problem.target)
         engine.replay(with_rate_scale(report.problem.search.requests, best.rate_scale))
         done = [r for r in engine.records if r.finish_s is not None]

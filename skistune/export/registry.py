@@ -75,6 +75,7 @@ def _model(asked: str | None, provenance: Mapping[str, Any], config: str | Path)
             raise ValueError(f"{config}: tuned for model {recorded!r} (its provenance), which is not a preset here "
                              f"(known: {', '.join(PRESETS)}): give --model")
         return recorded or FALLBACK_MODEL
+    get_preset(asked)  # (an unknown preset is the error, before any warning about it)
     if recorded is not None and asked != recorded:
         warnings.warn(f"exporting for model {asked} (--model), but {config} was tuned for {recorded} (its "
                       "provenance): its byte sizes and per-layer settings were chosen for that model", stacklevel=3)

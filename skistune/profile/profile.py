@@ -458,8 +458,8 @@ def _caller_level() -> int:
 def check_profile_model(profile: HardwareProfile, model: str) -> None:
     """A ``ValueError`` unless ``profile`` was measured for the model preset ``model``."""
     if model != profile.model:
-        raise ValueError(f"profile {profile.name!r} was measured for {profile.model}, not {model}: measure one with "
-                         f"`skistune profile --model {model}`")
+        raise ValueError(f"profile {profile.name!r} was measured for {profile.model}, not {model}: give --model "
+                         f"{profile.model} to use it, or measure one with `skistune profile --model {model}`")
 
 
 def cache_dir() -> Path:

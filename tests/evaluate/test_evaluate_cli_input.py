@@ -18,8 +18,8 @@ def test_a_profile_of_another_model_is_refused_before_the_workload_notes(tmp_pat
     cfg.write_text("{}\n")
     r = CliRunner().invoke(app, ["evaluate", str(cfg), "--profile", str(PROFILES / "cuda-llama-3-8b.json")])
     assert r.exit_code == 2
-    assert r.output.splitlines() == ["error: profile 'cuda-llama-3-8b' was measured for llama-3-8b, not smollm2-135m: measure one "
-                     "with `skistune profile --model smollm2-135m`"]
+    assert r.output.splitlines() == ["error: profile 'cuda-llama-3-8b' was measured for llama-3-8b, not smollm2-135m: give "
+                     "--model llama-3-8b to use it, or measure one with `skistune profile --model smollm2-135m`"]
 
 
 def test_a_model_whose_weights_do_not_fit_memory_is_refused_before_it_is_built(tmp_path, monkeypatch):
