@@ -1138,22 +1138,11 @@ def _tagged(score_trial: Callable, tag_of: Callable[[], Mapping[str, Any]]) -> C
     """The trial function, recording the tag of the process that runs it with each trial."""
 
     def objective(trial):
-        _first_heartbeat(trial)
         trial.set_user_attr("worker", dict(tag_of()))
         return score_trial(trial)
 
     objective.failures = score_trial.failures
     return objective
-
-
-def _first_heartbeat(trial) -> None:
-    """The trial's first heartbeat, recorded before anything else of it is stored. Optuna's heartbeat thread
-    records its first beat while the trial function already runs, and a trial without a beat is never found
-    stale: a worker killed in between (SIGKILL just as a trial began, on a loaded host) left it RUNNING for
-    good, where the next worker fails it and retries its parameters."""
-    storage = trial.study._storage
-    if getattr(storage, "get_heartbeat_interval", lambda: None)() is not None:
-        storage.record_heartbeat(trial._trial_id)
 
 
 def _ran_here(trial, pids: set[int]) -> bool:

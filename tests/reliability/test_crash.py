@@ -59,28 +59,3 @@ def test_sigkill_mid_trial_then_resume_loses_nothing(storage_url, profile):
     assert not [t for t in trials if t.state not in (COMPLETE, FAIL)]
     final = finish(run.job.problem, run.job.study, top_k=0)
     assert final["best"] and final["trials"] == len(after)
-
-
-def test_a_trial_has_a_heartbeat_before_its_parameters_are_stored(tmp_path):
-    """Optuna's heartbeat thread beats while the trial function already runs: a worker killed before its
-    first beat left a trial that no heartbeat check finds stale (the crash test above, on a loaded CI host)."""
-    import time
-
-    import optuna
-
-    import skistune.optimize as opt
-
-    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}", heartbeat_interval=1, grace_period=1)
-    study = optuna.create_study(storage=storage)
-    trial = study.ask()  # RUNNING, as `study.optimize` leaves it before its heartbeat thread starts
-
-    def score(t):
-        t.suggest_int("x", 0, 9)
-        raise SystemExit  # the worker dies here: nothing more of this trial is stored
-
-    score.failures = []
-    with pytest.raises(SystemExit):
-        opt._tagged(score, lambda: {"pid": 0})(trial)
-    time.sleep(2.5)  # past the grace period (SQLite's clock has whole seconds)
-    optuna.storages.fail_stale_trials(study)
-    assert study.get_trials(deepcopy=False)[0].state == optuna.trial.TrialState.FAIL
