@@ -25,6 +25,16 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
+def check_runtime(model: str, device: str) -> None:
+    """Before a script builds the runtime: a model the device here cannot hold (or no such device) is one
+    ``error:`` line and exit code 2, not the kernel's out-of-memory kill."""
+    from skistune.evaluate import runtime_unavailable
+
+    reason = runtime_unavailable(model, device)
+    if reason is not None:
+        fail(f"--model {model} --device {device}: {reason}")
+
+
 def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)

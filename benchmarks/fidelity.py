@@ -37,16 +37,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_args import existing_file, fail, hardware_profile, positive_float, positive_int, print_json
+from bench_args import check_runtime, existing_file, fail, hardware_profile, positive_float, positive_int, print_json
 from skistune.config import KVConfig
-from skistune.evaluate import FIDELITY_FIGURES, relative_error, runtime_unavailable, sim_target, workload_requests
+from skistune.evaluate import FIDELITY_FIGURES, relative_error, sim_target, workload_requests
 from skistune.profile.measure import DTYPES
 from skistune.runtime.kv_layout import kv_block_bytes
 from skistune.runtime.llm import Runtime
 from skistune.runtime.presets import PRESETS, get_preset
 from skistune.simulator import simulate
 from skistune.workloads import load_workload
-from skistune.workloads.load import _out_of_range
+from skistune.workloads.load import rate_out_of_range
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / ".." / "shared" / "traces"
@@ -121,9 +121,9 @@ def workloads(n: int, rate_scale: float = 1.0, traces: Path = TRACES, names=WORK
                                                   max_input=256, max_output=24, rate_rps=rate, seed=1),
     }
     for name in names:
-        if _out_of_range(RATES[name] * rate_scale):
+        if rate_out_of_range(RATES[name] * rate_scale):
             fail(f"--rate-scale {rate_scale:g}: {name}'s {RATES[name]:g} req/s becomes "
-                 f"{RATES[name] * rate_scale:g} req/s, {_out_of_range(RATES[name] * rate_scale)}")
+                 f"{RATES[name] * rate_scale:g} req/s, {rate_out_of_range(RATES[name] * rate_scale)}")
     return {name: build[name](RATES[name] * rate_scale) for name in names}
 
 
@@ -179,13 +179,8 @@ def main() -> None:
     profile = profile_path(args, serving=recorded is None)
     target = simulation_target(args.model, profile)
     runs = workloads(args.requests, args.rate_scale, args.traces)  # (bad input found before the model loads)
-    if recorded is None:
-        rt = base_runtime(args.model, args.device)
-        table = configs(block_bytes(rt))
-    else:
-        rt = None
-        table = configs(kv_block_bytes(get_preset(args.model), KVConfig().prefix_reuse.block_size,
-                                       DTYPES[args.device].itemsize))
+    rt = base_runtime(args.model, args.device) if recorded is None else None
+    table = configs(block_bytes(args.model, args.device))
     if rt is not None and args.device == "cuda":  # Triton compiles each config's kernels on first use
         warm = workload_requests(next(iter(runs.values())), args.model)[:2]  # (not inside a timed replay)
         for cname in args.configs:
@@ -281,9 +276,7 @@ def profile_path(args, serving: bool = True) -> str:
     script will serve requests, first: can this machine run the model there (else a one-line error, not the
     kernel's out-of-memory kill)?"""
     if serving:
-        reason = runtime_unavailable(args.model, args.device)
-        if reason is not None:
-            fail(f"--model {args.model} --device {args.device}: {reason}")
+        check_runtime(args.model, args.device)
     if args.profile is not None:
         return args.profile
     path = ROOT / "profiles" / f"{args.device}-{args.model}.json"
@@ -310,9 +303,10 @@ def base_runtime(model: str, device: str) -> Runtime:
                                device=device, dtype=DTYPES[device])
 
 
-def block_bytes(runtime: Runtime) -> int:
-    """A 16-token block of the runtime's model at 16 bits (its dtype's bytes), what `configs` sizes pools in."""
-    return kv_block_bytes(runtime.spec, KVConfig().prefix_reuse.block_size, runtime.model.dtype.itemsize)
+def block_bytes(model: str, device: str) -> int:
+    """A 16-token block of ``model``'s 16-bit KV at the dtype the runtime serves with on ``device`` (what
+    `configs` sizes pools in)."""
+    return kv_block_bytes(get_preset(model), KVConfig().prefix_reuse.block_size, DTYPES[device].itemsize)
 
 
 def replay(runtime: Runtime, config: KVConfig, requests):

@@ -72,7 +72,7 @@ def main() -> None:
     workload = workloads(args.requests, args.rate_scale, args.traces, [args.workload])[args.workload]
     runtime = base_runtime(args.model, args.device)
     requests = workload_requests(workload, args.model)
-    config = KVConfig().with_knobs(configs(block_bytes(runtime))[args.config])
+    config = KVConfig().with_knobs(configs(block_bytes(args.model, args.device))[args.config])
     traffic = kv_traffic(config, target.spec, target.kv_itemsize)
     replays = []
     print(f"{args.workload} x {args.config}: predicted / measured - 1 per real step (profile {args.profile})")

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from bench_args import fail, positive_int, print_json
+from bench_args import check_runtime, fail, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.profile.measure import DTYPES
-from skistune.evaluate import runtime_unavailable
 from skistune.profile.steps import SETUP_TOKENS, StepBench, fill_kv
 from skistune.runtime.kv_layout import kv_traffic
 from skistune.runtime.llm import Runtime
@@ -152,9 +151,7 @@ def main() -> None:
     model = args.model or ("llama-3-8b" if args.device == "cuda" else "smollm2-135m")
     dtype = DTYPES[args.device]
     spec = PRESETS[model]
-    reason = runtime_unavailable(model, args.device)
-    if reason is not None:
-        fail(f"--model {model} --device {args.device}: {reason}")
+    check_runtime(model, args.device)
     steps = args.steps + 2 * WARMUP
     for p in args.points:
         if p.longest(steps) > spec.max_context:

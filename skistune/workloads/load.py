@@ -42,8 +42,8 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
         # (inf would put every arrival at 0, nan none anywhere: refused by name before anything is read)
         if value is not None and not (isinstance(value, numbers.Real) and value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
-    if rate_rps is not None and _out_of_range(rate_rps):
-        raise ValueError(f"--rate (rate_rps=) {rate_rps:g} req/s: {_out_of_range(rate_rps)}")
+    if rate_rps is not None and rate_out_of_range(rate_rps):
+        raise ValueError(f"--rate (rate_rps=) {rate_rps:g} req/s: {rate_out_of_range(rate_rps)}")
     workload = _source(spec, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests,
                        rate_rps=rate_rps, burstiness=burstiness, block_tokens=block_tokens)
     if jitter_s is not None:
@@ -63,13 +63,13 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
         workload = transforms.scale_rate(workload, rate_scale)
         rate = len(workload) / workload.duration_s if workload.duration_s > 0 else 0.0
         # (blamed on the scale only in the direction it moved the rate: a scale below 1 never made it too high)
-        if rate > 0 and _out_of_range(rate) and (rate > MAX_RATE_RPS) == (rate_scale > 1):
+        if rate > 0 and rate_out_of_range(rate) and (rate > MAX_RATE_RPS) == (rate_scale > 1):
             raise ValueError(f"--rate-scale (rate_scale=) {rate_scale:g}: gives {rate:.3g} req/s, "
-                             f"{_out_of_range(rate)}")
+                             f"{rate_out_of_range(rate)}")
     return workload
 
 
-def _out_of_range(rate_rps: float) -> str | None:
+def rate_out_of_range(rate_rps: float) -> str | None:
     """Why an arrival rate is no serving workload's (`MIN_RATE_RPS`, `MAX_RATE_RPS`), or None."""
     if rate_rps > MAX_RATE_RPS:
         return f"above {MAX_RATE_RPS:g} req/s (a mean gap under a microsecond), which no server sustains"
