@@ -6,11 +6,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from profile_tiny import tiny_runtime
+from profile_tiny import TINY_GRID, tiny_runtime
 from typer.testing import CliRunner
 
 from skistune.cli import app
 from skistune.profile.check import MAX_KV_TOKENS, check_points, speed_check
+from skistune.profile.measure import measure_profile
 from skistune.profile.records import kv_bits
 
 
@@ -25,11 +26,19 @@ def test_the_checked_points_are_16_bit_steps_of_every_kind(tiny_profile):
     assert [p.kind for p in check_points(tiny_profile, per_kind=1)] == ["decode", "prefill", "mixed"]
 
 
-def test_a_profile_timed_again_on_its_machine_reads_near_one_and_a_scaled_one_reads_its_scale(tiny_profile):
+def test_a_profile_timed_again_on_its_machine_reads_near_one_and_a_scaled_one_reads_its_scale():
+    """The profile is measured here, just before its check, not taken from the session's fixture: on a loaded
+    2-core CI machine the fixture's steps were once timed at 5x today's (x0.07). Up to three measure-then-check
+    rounds, so that one burst of load on the machine cannot fail the test; a check that misreads its own
+    machine misreads every round."""
     runtime = tiny_runtime()
-    check = speed_check(tiny_profile, runtime, per_kind=1)
+    for _ in range(3):
+        tiny_profile = measure_profile(runtime, TINY_GRID, name="cpu-tiny", model="tiny", quick=True)
+        check = speed_check(tiny_profile, runtime, per_kind=1)
+        if 0.2 < check.ratio < 5:  # the same machine (steps of the tiny model are noisy: ~1 ms)
+            break
     assert len(check.points) == 3 and all(p.now_s > 0 for p in check.points)
-    assert 0.2 < check.ratio < 5  # the same machine (steps of the tiny model are noisy: ~1 ms)
+    assert 0.2 < check.ratio < 5, check.points
     # a profile whose steps took half as long as today's reads about twice as slow now
     halved = replace(tiny_profile, steps=tuple(replace(p, timing=replace(p.timing, median_s=p.timing.median_s / 2))
                                                for p in tiny_profile.steps))
