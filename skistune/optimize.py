@@ -32,6 +32,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -893,6 +894,53 @@ def _retry_stale_trials() -> dict[str, Any]:
     return {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=1)}
 
 
+def fail_trials_that_never_beat(study, now: datetime | None = None) -> list[int]:
+    """Fail, and retry once as a stale trial is, each running trial that never recorded a heartbeat and
+    started more than the grace period ago; returns their numbers. Optuna's heartbeat thread records its
+    first beat while the trial function already runs, and its stale check skips a trial with no beat: a
+    worker killed in between would leave its trial running for ever. A live trial beats within its first
+    interval, so one silent past the grace is dead (whatever host ran it). Reads Optuna's heartbeat table
+    (no public call says whether a trial has a beat); on a storage without one, nothing is done."""
+    import copy
+
+    import optuna
+    import sqlalchemy.exc
+
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # (a study wraps an RDB storage in a cache)
+    interval = getattr(backend, "heartbeat_interval", None)
+    if not isinstance(backend, optuna.storages.RDBStorage) or interval is None:
+        return []
+    grace = backend.grace_period or 2 * interval
+    now = now or datetime.now()  # (Optuna stamps a trial's start with its process's local time)
+    old = {t._trial_id: t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+           if t.datetime_start is not None and (now - t.datetime_start).total_seconds() > grace}
+    if not old:
+        return []
+    try:
+        from optuna.storages._rdb.models import TrialHeartbeatModel
+
+        session = backend.scoped_session()
+        try:
+            beaten = {row[0] for row in session.query(TrialHeartbeatModel.trial_id)
+                      .filter(TrialHeartbeatModel.trial_id.in_(list(old)))}
+        finally:
+            backend.scoped_session.remove()
+    except (ImportError, AttributeError, sqlalchemy.exc.SQLAlchemyError):  # (another Optuna's tables, a lost
+        return []  # connection: the heartbeat's own check stays)
+    failed = []
+    for trial_id in sorted(set(old) - beaten):
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # (another process failed it first)
+            if storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
+                failed.append(trial_id)
+    retry = getattr(backend, "get_heartbeat_stale_trial_callback", None) or backend.get_failed_trial_callback
+    callback = retry()
+    for trial_id in failed:
+        if callback is not None:
+            callback(study, copy.deepcopy(storage.get_trial(trial_id)))
+    return [old[t] for t in failed]
+
+
 def _with_installed_driver(url: str) -> str:
     """A bare ``postgresql://`` URL with a driver that is installed: SQLAlchemy 2.0 defaults to psycopg2
     and 2.1 to psycopg (3); the ``[postgres]`` extra installs psycopg2-binary."""
@@ -1098,7 +1146,9 @@ def _trial_function(problem: Problem, study) -> Callable:
 
 
 def _optimize(study, trial_function: Callable, **kwargs: Any) -> None:
-    """``study.optimize``, then the error of a user's objective or constraint that stopped it, if any."""
+    """``study.optimize``, then the error of a user's objective or constraint that stopped it, if any. Trials
+    left running by a worker killed before its first heartbeat are failed and queued again first."""
+    fail_trials_that_never_beat(study)
     study.optimize(trial_function, **kwargs)
     failures = getattr(trial_function, "failures", None)
     if failures:

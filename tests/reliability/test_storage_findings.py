@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import optuna
@@ -277,3 +278,25 @@ def test_a_journal_file_is_refused_saying_what_is_supported(tmp_path):
                                          r"journal files are not supported: .*\); give a SQLite file"):
         open_storage(url)
     assert not (tmp_path / "j.log").exists()
+
+
+# ---- a trial whose worker died before its first heartbeat ---------------------------------------------
+def test_a_running_trial_that_never_beat_is_failed_and_retried_once_it_is_older_than_the_grace(tmp_path):
+    """Optuna's stale check skips a trial with no heartbeat: a worker killed between a trial's start and its
+    heartbeat thread's first beat left that trial running for ever (a crash test caught it in CI)."""
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    silent = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})  # (ask starts no heartbeat thread)
+    beating = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})
+    storage.record_heartbeat(beating._trial_id)
+    grace = storage.grace_period
+    start = study.trials[silent.number].datetime_start
+    young = start + timedelta(seconds=grace - 1)
+    assert opt.fail_trials_that_never_beat(study, now=young) == []  # it may still beat
+    old = start + timedelta(seconds=grace + 1)
+    assert opt.fail_trials_that_never_beat(study, now=old) == [silent.number]
+    trials = study.get_trials(deepcopy=False)
+    assert trials[silent.number].state == FAIL and trials[beating.number].state == RUNNING  # the heartbeat's to judge
+    retried = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert len(retried) == 1 and retried[0].params == silent.params  # queued again, once, with its config
+    assert opt.fail_trials_that_never_beat(study, now=old) == []  # nothing twice
