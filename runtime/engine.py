@@ -232,6 +232,8 @@ class Engine:
     def step(self) -> list[Sequence]:
         out = self.scheduler.schedule()
         if not out:
+            if out.dropped:  # requests that can never be served were given up (their records say why)
+                return []
             raise RuntimeError("scheduler made no progress with work pending")
         started_s = self.clock.now()
         sampled = self.executor.execute(out, self.kv)

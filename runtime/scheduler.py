@@ -152,6 +152,7 @@ class SchedulerOutput:
     swapped_in: list[Sequence] = field(default_factory=list)  # swapped sequences resumed in this step
     compactions: list[Compaction] = field(default_factory=list)
     finished_seq_ids: list[str] = field(default_factory=list)  # finished since the previous step
+    dropped: list[Sequence] = field(default_factory=list)  # waiting ones that can never be served (`_drop`)
     # tier moves (see `tiers`): ``transfers`` run in order before the forward pass; ``prefetch`` (blocks of
     # waiting sequences brought up ahead of use) may overlap it and must be done before the next step's
     transfers: list[Transfer] = field(default_factory=list)
@@ -336,6 +337,9 @@ class Scheduler:
             num_computed = len(hits) * self.kv.block_size
             n = self._chunk(seq, num_computed, budget)
             if n == 0 or self.kv.allocate_slots(seq, n, hits) is None:
+                if self._never_fits(budget):
+                    self._drop(seq, n or seq.num_tokens - num_computed, out)
+                    continue
                 break
             self.waiting.remove(seq)
             seq.num_computed_tokens = num_computed
@@ -349,6 +353,29 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq.of(seq, num_computed, n, num_computed))
             budget -= n
+
+    def _never_fits(self, budget: int) -> bool:
+        """Whether the head of the queue, refused its next chunk, is refused with nothing else running and
+        every block free: no later step can give it more."""
+        return not self.running and budget == self.limits.max_num_batched_tokens and \
+            self.kv.pool.num_free() == self.kv.pool.num_blocks
+
+    def _drop(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> None:
+        """Give up a waiting sequence that can never be served (`_never_fits`), recording why. Admission
+        refuses what cannot be served alone (`Engine._rejection`); what is left is a sequence preempted with
+        recompute whose prompt and outputs, in one step without chunked prefill, need more blocks than the
+        pool has, which its eviction budget had kept it under. It would wait for ever, and the engine with it."""
+        self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        self.kv.forget(seq)
+        needed = self.kv.blocks_for(num_tokens)
+        why = (f"its next step of {num_tokens} tokens needs {needed} KV blocks, the cache holds "
+               f"{self.kv.pool.num_blocks}")
+        if seq.record.preemptions:
+            why = (f"preempted after {seq.num_output_tokens} output tokens and recomputed in one step (chunked "
+                   f"prefill {'on' if self.limits.chunked_prefill else 'off'}): {why}; dropped")
+        seq.record.rejected_reason = why
+        out.dropped.append(seq)
 
     def _usable_hits(self, seq: Sequence, hits: list[int]) -> list[int]:
         """The prefix hits a waiting sequence may take: all of them, unless with eviction the hit and the chunk

@@ -170,6 +170,24 @@ def test_a_lone_prefill_runs_on_in_one_event_as_its_steps_would():
     assert events == [4, 3]
 
 
+def test_a_sequence_whose_recompute_can_never_fit_the_pool_is_dropped_with_its_reason():
+    """A tester's config that passes validation crashed `evaluate` ("scheduler made no progress with work
+    pending"): under H2O a sequence holds its budget, not its context, so it was admitted; preempted with
+    recompute and chunked prefill off, its prompt and 493 outputs came back as one 749-token step needing 24
+    blocks of a pool of 18 (most of the memory went to the full-precision rings of 799 sequences)."""
+    config = KVConfig().with_knobs({"eviction.policy": "h2o", "eviction.budget_fraction": 0.32,
+                                    "bitwidth.key_bits": 8, "bitwidth.full_precision_window": 128,
+                                    "offload.device_memory_fraction": 0.69, "batching.max_num_seqs": 799,
+                                    "batching.chunked_prefill": False, "prefix_reuse.block_size": 32})
+    reqs = to_requests(load_workload("chat", requests=100, max_input=256, rate_scale=0.05, seed=0),
+                       vocab_size=SPEC.vocab_size)
+    m = simulate(config, reqs, target(cost(fixed=5e-2, seqs=1e-4, tokens=2e-4, kv=1e-11, samples=1e-5),
+                                      device_bytes=2050 << 20))  # (a pool of 18 blocks, as the tester's)
+    assert m.num_finished + m.num_rejected == 100 and m.num_finished > 90
+    dropped = [why for why in m.rejections.values() if "recomputed in one step" in why]
+    assert dropped and all(why.endswith("; dropped") and "the cache holds" in why for why in dropped)
+
+
 def test_a_config_without_chunking_and_a_small_budget_finishes_its_replay():
     """A tester's search crashed on this config ("scheduler made no progress with work pending"): a sequence
     preempted past the step budget could never be recomputed in one step. Such requests are refused now."""
