@@ -108,3 +108,16 @@ def test_the_tuned_files_provenance_says_lossy_knobs_were_not_searched(workload,
     space = r.provenance()["search_space"]
     assert space["not_modeled"] == []  # every knob of the default space is modeled
     assert "eviction.policy" in space["not_searched_lossless"] and "bitwidth.key_bits" in space["not_searched_lossless"]
+
+
+def test_goodput_checks_a_tbt_slo_at_p99_9_of_each_requests_own_gaps():
+    """`tbt:p99.9<=200ms` crashed the search after it ran (int('99.9')); the README lists p99.9."""
+    from skistune.objectives import goodput_rps
+    from skistune.runtime.request import RequestRecord
+    from skistune.slo import parse_slo
+
+    ticks = [0.1 * i for i in range(1, 101)]  # 99 gaps of 100 ms
+    steady = RequestRecord("a", 0.0, 4, ticks, finish_s=10.0)
+    spiky = RequestRecord("b", 0.0, 4, ticks + [10.5], finish_s=10.5)  # and one of 500 ms
+    assert goodput_rps([steady, spiky], 10.0, [parse_slo("tbt:p99.9<=200ms")]) == 0.1  # b's p99.9 is ~460 ms
+    assert goodput_rps([steady, spiky], 10.0, [parse_slo("p99=200ms")]) == 0.2  # its p99, ~104 ms, holds
