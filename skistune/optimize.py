@@ -440,7 +440,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
         sim_target = replace(sim_target, device_free_bytes=kv_bytes)
     check_slo_floor(slos, sim_target)
     cut, machine_notes = fit_machine(cut, prof, sim_target)
-    notes = notes + machine_notes
+    notes = notes + machine_notes + _capacity_point_note(objectives)
     problem = Problem(w, model, request_set(requests), sim_target, prof, slos, objectives,
                       _constraints(slos, max_queue_s, budget, floors, _as_list(constraints)), cut, full_space,
                       left_out, base, max_queue_s, qp, kv_memory=kv_bytes)
@@ -499,6 +499,18 @@ def _tier_limits(profile, target) -> list[tuple[str, int | None, str, str, str]]
              f"space{weights}"),
             ("offload.disk_kv_bytes", disk_limit, "free disk space", "a disk tier",
              f"{DISK_TIER_SHARE:.0%} of the {format_bytes(free or 0)} free on the profiled disk")]
+
+
+def _capacity_point_note(objectives) -> list[str]:
+    """With capacity among several objectives, every config is scored at its own capacity: the others are
+    judged there, each config at its own rate, not at the workload's (a user who set --rate expects that)."""
+    others = [o.name for o in objectives if o.name != "capacity"]
+    if len(others) == len(objectives) or not others:
+        return []
+    names = ", ".join(others)
+    return [f"{names}: judged at each config's capacity (the highest rate its constraints allow), so two configs' "
+            f"figures are at two rates; optimize {names} without capacity to judge {'it' if len(others) == 1 else 'them'} "
+            "at the workload's own rate (--rate sets it)"]
 
 
 def oversized_tier_notes(config: KVConfig, profile, target) -> list[str]:

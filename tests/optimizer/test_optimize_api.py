@@ -381,3 +381,13 @@ def test_closest_to_feasible_ranks_configs_that_serve_every_request_first():
     binding, closest = infeasibility([serves_none, late, later, drops_some], k=4)
     assert [e.trial for e in closest] == [1, 2, 3, 0]
     assert binding == {"tbt": 4 - 1, "queue": 4, "served": 2}
+
+
+def test_objectives_beside_capacity_are_noted_as_judged_at_each_configs_capacity(workload, profile):
+    """A tester read `--objective capacity,energy` as judging energy at the workload's rate (--rate 0.01) and
+    got each config's energy at its own capacity: the run says which."""
+    notes = build_problem(workload, slo="p99=200ms", objective="capacity,energy", profile=profile).notes
+    assert any(n.startswith("energy: judged at each config's capacity") for n in notes)
+    for objective in ("capacity", "energy"):
+        assert not any("judged at each config's capacity" in n
+                       for n in build_problem(workload, slo="p99=200ms", objective=objective, profile=profile).notes)
