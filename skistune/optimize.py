@@ -2592,7 +2592,8 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
         return {"best": [], "pareto": [], "baseline": baseline, "binding": binding, "closest": closest,
                 "trials": _search_trials(study), "notes": []}
     pool = front if len(problem.objectives) > 1 else ranked(problem, evaluations)
-    refined = _with_baseline(problem, _refine(problem, pool[:top_k or DEFAULT_TOP_K]), baseline, evaluations)
+    # (the same candidates whatever the validation count: a user validating one still sees the top three)
+    refined = _with_baseline(problem, _refine(problem, pool[:max(top_k, DEFAULT_TOP_K)]), baseline, evaluations)
     refined, tie_notes = _baseline_on_ties(problem, refined, baseline, evaluations)
     refined, simple_notes = _simplify(problem, study, refined, stage)
     tie_notes += simple_notes

@@ -532,8 +532,10 @@ SpaceOpt = Annotated[Optional[str], typer.Option(
     "--space", help="search space: a shipped name (default, vllm, sglang, memory-constrained, long-context) or a "
                     "YAML file")]
 TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="trials this run adds to the study")]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="stop the search after this "
-                                                                                  "many seconds")]
+TimeoutOpt = Annotated[Optional[float], typer.Option(
+    "--timeout", min=0.001,
+    help="stop the search's trials after this many seconds (refining, simplifying and validating the "
+         "winners follow)")]
 StorageOpt = Annotated[Optional[str], typer.Option(
     "--storage", help="Optuna storage URL (default: sqlite:///skistune-STUDY.db in this folder)")]
 StudyOpt = Annotated[Optional[str], typer.Option(
@@ -621,8 +623,8 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     for note in running_notes(existing):  # (another process's trials, or a killed one's)
         err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     _warn_broken_alone(problem)
-    result = _solve_with_progress(problem, n_trials=trials, timeout=timeout, storage=storage, study_name=name,
-                                  n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
+    result = _solve_with_progress(problem, json_out=json_out, n_trials=trials, timeout=timeout, storage=storage,
+                                  study_name=name, n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
     _report(result, out, json_out, resume)
 
 
@@ -654,7 +656,7 @@ def _warn_broken_alone(problem) -> None:
                       "its trials)")
 
 
-def _solve_with_progress(problem, *, n_trials: int, **options: Any):
+def _solve_with_progress(problem, *, n_trials: int, json_out: bool = False, **options: Any):
     """`skistune.optimize.solve` under a progress bar (trials done, feasible count, best so far, then the
     refinement and validation stages); Ctrl-C (exit 130) or SIGTERM (exit 143) keeps the finished trials and
     says how to resume."""
@@ -678,6 +680,9 @@ def _solve_with_progress(problem, *, n_trials: int, **options: Any):
         stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
         err_console.print(f"{stopped}: finished trials are kept in the study; run the same command (or pass "
                           "--study) to resume", highlight=False)
+        if json_out:  # (a script reading the last line learns why there is no result, and where the trials are)
+            print_json({"stopped": stopped, "exit_code": interrupted_exit_code(exc), "out": None,
+                        "study": options.get("study_name"), "storage": options.get("storage")})
         raise typer.Exit(interrupted_exit_code(exc)) from None
 
 

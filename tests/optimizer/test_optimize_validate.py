@@ -319,3 +319,13 @@ def test_a_profile_of_a_device_this_machine_lacks_is_searched_but_not_validated(
     assert ("not validated on the real runtime (this machine has no CUDA device; profile cuda-llama-3-8b-quick is of "
             "llama-3-8b on cuda): the winner is the simulator's") in " ".join(r.notes)
     assert opt.validation_unavailable(r.problem) is not None
+
+
+def test_the_best_configs_are_the_same_whatever_the_validation_count(monkeypatch, profile):
+    """A tester saw the table shrink to the --validate count (#1 only with --validate 1, out of 6 feasible
+    trials): the top three are refined and shown whatever number of them is replayed."""
+    monkeypatch.setattr(opt, "validate", lambda p, configs, **k: [_validation(p, configs[0], 1.0, -0.5)])
+    runs = {v: skistune.optimize(load_workload("chat", requests=16), slo="p99=200ms", profile=profile, n_trials=8,
+                                 storage=optuna.storages.InMemoryStorage(), validate=v) for v in (0, 1)}
+    assert len(runs[0].best) == opt.DEFAULT_TOP_K
+    assert [e.config for e in runs[1].best] == [e.config for e in runs[0].best]

@@ -4,6 +4,7 @@ trial records the process that ran it; a resumed study says which trials a stopp
 SIGTERM stops a search as Ctrl-C does; the workers of `--jobs` stop when their parent is killed and share
 one timeout with it; `skistune worker` takes its study as `skistune report` does; storage errors name
 the missing driver, or say that journal files are not supported."""
+import json
 import os
 import signal
 import socket
@@ -156,12 +157,12 @@ def _complete(url, study, n):
 
 def test_sigterm_stops_a_search_as_ctrl_c_does(tmp_path):
     url = f"sqlite:///{tmp_path / 'sig.db'}"
-    proc = subprocess.Popen(_optimize_cmd(tmp_path, "t"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=subprocess_env())
+    proc = subprocess.Popen(_optimize_cmd(tmp_path, "t", "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=subprocess_env())
     try:
         wait_for(_complete(url, "t", 2), timeout_s=120, every_s=0.1)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -171,6 +172,9 @@ def test_sigterm_stops_a_search_as_ctrl_c_does(tmp_path):
     states = [t.state for t in stored_trials(url, "t")]
     assert RUNNING not in states and states.count(COMPLETE) >= 2  # the trial it stopped in is failed, not left
     assert not (tmp_path / "never.yaml").exists()
+    # with --json, the last line says why there is no result, and where the kept trials are
+    assert json.loads(out.splitlines()[-1]) == {"stopped": "terminated", "exit_code": 143, "out": None, "study": "t",
+                                                "storage": url}
 
 
 def _children(pid: int) -> list[int]:
@@ -281,6 +285,7 @@ def test_a_journal_file_is_refused_saying_what_is_supported(tmp_path):
 
 
 # ---- a trial whose worker died before its first heartbeat ---------------------------------------------
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 def test_a_running_trial_that_never_beat_is_failed_and_retried_once_it_is_older_than_the_grace(tmp_path):
     """Optuna's stale check skips a trial with no heartbeat: a worker killed between a trial's start and its
     heartbeat thread's first beat left that trial running for ever (a crash test caught it in CI)."""
