@@ -22,6 +22,20 @@ from ..config import format_bytes
 
 # errors of a write that the disk, not the program, causes: the block is lost, serving goes on
 DISK_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
+# where the disk tier's file lives: a deployment's choice (the drive), not a knob the search tunes; the
+# profiler times the same folder by default (`skistune profile --disk-dir` overrides it)
+DISK_DIR_ENV = "SKISTUNE_DISK_DIR"
+
+
+def default_disk_dir() -> str | None:
+    """The folder named by ``$SKISTUNE_DISK_DIR``, checked (None when unset: the system's temporary
+    directory). A folder that is missing is an error, not a silent fall back to another drive."""
+    folder = os.environ.get(DISK_DIR_ENV)
+    if not folder:
+        return None
+    if not os.path.isdir(folder):
+        raise ValueError(f"{DISK_DIR_ENV}={folder}: not a directory (it names where the disk tier's file lives)")
+    return folder
 
 
 def _close(fd: int, path: str) -> None:
@@ -36,6 +50,7 @@ class DiskPool:
     def __init__(self, num_blocks: int, block_bytes: int, directory: str | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
+        directory = directory if directory is not None else default_disk_dir()
         size, where = num_blocks * block_bytes, directory or tempfile.gettempdir()
         try:
             self.fd, self.path = tempfile.mkstemp(prefix="skistune-kv-", suffix=".bin", dir=directory)

@@ -377,7 +377,10 @@ def _notes(runtime: Runtime, disk_dir: Path | None, busy: str | None = None) -> 
 def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quick: bool,
                     disk_dir: Path | None = None, progress: Progress | None = None) -> HardwareProfile:
     """Measure every stage on ``runtime`` (its model, KV store and device) and fit the cost functions."""
+    from skistune.runtime.disk_pool import default_disk_dir
+
     started = time.perf_counter()
+    disk_dir = disk_dir if disk_dir is not None else default_disk_dir()  # (the drive the runtime's tier will use)
     busy = busy_note(load_average(), os.cpu_count() or 1)  # (before this process adds to the load)
     device = runtime.model.device
     tick = _Tracker(grid.units(), progress)

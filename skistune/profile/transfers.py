@@ -63,6 +63,9 @@ def block_copy_timings(device: torch.device, block_bytes: int, block_counts: Seq
 @contextmanager
 def disk_file(directory: Path | None) -> Iterator[int]:
     """An open scratch file in ``directory`` (a new temp dir when None), removed afterwards."""
+    from skistune.runtime.disk_pool import default_disk_dir
+
+    directory = directory if directory is not None else default_disk_dir()  # (where the runtime's tier will be)
     own_dir = directory is None
     folder = Path(tempfile.mkdtemp(prefix="skistune-disk-")) if own_dir else Path(directory)
     if not folder.is_dir():
@@ -123,9 +126,12 @@ def disk_timings(directory: Path | None, sizes_bytes: Sequence[int], *, warmup: 
 
 def disk_free_bytes(directory: Path | str | None) -> int | None:
     """Free space of the filesystem holding ``directory`` (default: the temporary directory, where the
-    runtime's disk tier lives); None where it cannot be read."""
+    runtime's disk tier lives: ``$SKISTUNE_DISK_DIR`` or the temporary directory); None where it cannot be read."""
+    from skistune.runtime.disk_pool import default_disk_dir
+
     try:
-        return shutil.disk_usage(directory if directory is not None else tempfile.gettempdir()).free
+        directory = directory if directory is not None else default_disk_dir() or tempfile.gettempdir()
+        return shutil.disk_usage(directory).free
     except OSError:
         return None
 

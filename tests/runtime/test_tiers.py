@@ -316,6 +316,25 @@ def test_a_disk_pool_that_cannot_be_set_up_leaves_nothing_and_names_the_knob(mon
                              "(No such file or directory)"
 
 
+def test_the_disk_tier_lives_where_SKISTUNE_DISK_DIR_says_and_a_missing_folder_is_an_error(monkeypatch, tmp_path):
+    """A tester found no way to put the disk tier on the drive `skistune profile --disk-dir` timed: it was
+    always the temporary directory (and a missing TMPDIR fell back to /tmp silently)."""
+    from skistune.profile.transfers import disk_free_bytes
+    from skistune.runtime import disk_pool
+
+    monkeypatch.setenv("SKISTUNE_DISK_DIR", str(tmp_path))
+    pool = disk_pool.DiskPool(4, 1024)
+    assert os.path.dirname(pool.path) == str(tmp_path)
+    pool.close()
+    assert disk_free_bytes(None) is not None
+    monkeypatch.setenv("SKISTUNE_DISK_DIR", str(tmp_path / "gone"))
+    with pytest.raises(ValueError) as err:
+        disk_pool.DiskPool(4, 1024)
+    assert str(err.value) == f"SKISTUNE_DISK_DIR={tmp_path / 'gone'}: not a directory (it names where the disk " \
+                             "tier's file lives)"
+    assert os.path.dirname(disk_pool.DiskPool(4, 1024, directory=str(tmp_path)).path) == str(tmp_path)  # (named)
+
+
 def test_a_full_disk_loses_blocks_not_the_run(monkeypatch):
     """Writes the disk refuses (ENOSPC) lose their blocks, which are recomputed: same outputs, one warning."""
     import errno
