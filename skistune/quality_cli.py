@@ -47,7 +47,7 @@ def quality_table(profile) -> tuple[Table, list[dict]]:
                         f"{profile.data['protocol']['windows']} windows of {corpus['window_tokens']} tokens, "
                         f"Python {corpus['python']} docstrings): single knobs",
                   title_justify="left")
-    for col in ("config", "ppl Δ mean", "ppl Δ worst window", "ppl Δ source", "passkey kept"):
+    for col in ("config", "ppl Δ mean", "95% bound", "ppl Δ worst window", "ppl Δ source", "passkey kept"):
         table.add_column(col, justify="left" if col == "config" else "right")
     rows = []
     for name, knobs in _headline(profile):
@@ -56,13 +56,17 @@ def quality_table(profile) -> tuple[Table, list[dict]]:
         finite = math.isfinite(loss.ppl_mean)  # outside the profile's grid: null in JSON, ∞ in the table
         basis = "measured" if profile.perplexity_measured(config) else "predicted" if finite else "outside grid"
         needle = profile.needle_measured(config)
+        bound = loss.guarded_mean  # (what a mean-window floor is checked against: few windows, a wide bound)
         rows.append({"config": name, "knobs": knobs, "ppl_mean": loss.ppl_mean if finite else None,
+                     "ppl_mean_bound": bound if math.isfinite(bound) else None,
                      "ppl_worst": loss.ppl_worst if finite else None, "ppl_basis": basis,
                      "needle_retained": None if needle is None else needle[2],
                      "needle_found": None if needle is None else needle[0],
                      "needle_trials": None if needle is None else needle[1]})
-        table.add_row(name, _pct(loss.ppl_mean), _pct(loss.ppl_worst), basis, _passkey(needle))
-    table.caption = ("ppl Δ: perplexity increase over the baseline; measured: this config is a grid point; "
+        table.add_row(name, _pct(loss.ppl_mean), _pct(bound), _pct(loss.ppl_worst), basis, _passkey(needle))
+    table.caption = ("ppl Δ: perplexity increase over the baseline (a loss measured below 0 reads 0); 95% bound: "
+                     "the one-sided upper bound of the mean from the spread between windows, which a perplexity "
+                     "floor (--quality ppl+X%) is checked against; measured: this config is a grid point; "
                      "predicted: by the quality model from the single-knob measurements (keys and values are "
                      "measured apart). "
                      "passkey kept: found / trials of this config, as a share of the baseline's; not measured: "
