@@ -324,8 +324,8 @@ def synthesize(preset: str | Preset, *, requests: int | None = None, seed: int =
               f"block_tokens={block_tokens}")
     reached = session_reuse(input_tokens, prev_turn, block_tokens)
     notes = () if reached >= preset.prefix_reuse - 0.05 else (
-        f"prefix reuse {reached:.3f} as generated (before any length cap) falls short of the preset's {preset.prefix_reuse:g}: too few requests "
-        f"({n}) for sessions to grow; use more",)
+        f"prefix reuse {reached:.3f} as generated (before any length cap) falls short of the preset's "
+        f"{preset.prefix_reuse:g}: too few requests ({n}) for sessions to grow; use more",)
     return Workload(name=preset.name, arrival_s=arrival_s, input_tokens=input_tokens, output_tokens=output_tokens,
                     block_offsets=block_offsets, block_ids=block_ids, session_ids=session_numbers(prev_turn),
                     request_ids=np.arange(n), block_tokens=block_tokens, source=source,
