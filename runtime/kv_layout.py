@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import KVConfig
+from ..config import KVConfig, format_bytes
 from .presets import ModelSpec
 
 # With no explicit device_kv_bytes, the device pool is device_memory_fraction of the free device
@@ -31,6 +31,20 @@ FULL_PRECISION_BITS = 16
 def value_group(config: KVConfig, spec: ModelSpec) -> int:
     """Channels per value group: the configured group size, at most one head."""
     return min(config.bitwidth.group_size, spec.head_dim)
+
+
+def layout_notes(config: KVConfig, spec: ModelSpec) -> list[str]:
+    """What this model's shape changes in the config's layout, for the notes shown beside a run's results. A
+    config may be written for no model in particular, so a value group wider than a head is clamped to the
+    head (`value_group`) rather than refused; this says so instead of clamping silently."""
+    bw = config.bitwidth
+    # pairs as configured, not `layer_bits`: a note must not raise on a layer count the pool check reports
+    pairs = bw.layer_bits if bw.layer_bits is not None else ((bw.key_bits, bw.value_bits),)
+    values_quantized = any(vb != FULL_PRECISION_BITS for _, vb in pairs)  # keys are grouped per channel
+    if values_quantized and bw.group_size > spec.head_dim:
+        return [f"bitwidth.group_size {bw.group_size} is more than a head's {spec.head_dim} channels: values are "
+                f"grouped per head ({spec.head_dim})"]
+    return []
 
 
 def side_block_bytes(spec: ModelSpec, block_size: int, itemsize: int, bits: int, is_key: bool,
@@ -140,8 +154,31 @@ def kv_pool_blocks(config: KVConfig, spec: ModelSpec, itemsize: int, device_free
     """(number of blocks, bytes per block) of the device pool, after the full-precision rings."""
     block_bytes = kv_block_bytes(spec, config.prefix_reuse.block_size, itemsize, config)
     rings = ring_bytes(config, spec, itemsize)
-    num_blocks = (kv_pool_bytes(config, device_free_bytes) - rings) // block_bytes
+    pool = kv_pool_bytes(config, device_free_bytes)
+    num_blocks = (pool - rings) // block_bytes
     if num_blocks < 1:
-        raise KVPoolTooSmall(f"offload.device_kv_bytes: smaller than one KV block ({block_bytes} bytes) plus the "
-                         f"full-precision rings of quantized KV ({rings} bytes)")
+        raise KVPoolTooSmall(pool_too_small_message(config, pool, device_free_bytes, block_bytes, rings))
     return num_blocks, block_bytes
+
+
+def pool_too_small_message(config: KVConfig, pool: int, device_free_bytes: int, block_bytes: int,
+                           rings: int) -> str:
+    """Why the pool holds no block, in one line naming knobs the user can change: the one the pool is sized
+    by (device_kv_bytes only when set: a tester was told to shrink a device_kv_bytes they never gave) and,
+    when the rings take the room, the two that size the rings."""
+    off = config.offload
+    if off.device_kv_bytes is not None:
+        knob, pool_text = "offload.device_kv_bytes", format_bytes(pool)
+    else:
+        knob = "offload.device_memory_fraction"
+        pool_text = (f"{off.device_memory_fraction} of the {format_bytes(device_free_bytes)} of device memory "
+                     f"free for KV ({format_bytes(pool)})")
+    message = f"{knob}: {pool_text} is less than one KV block ({format_bytes(block_bytes)})"
+    if rings:
+        message += (f" plus the full-precision rings of quantized KV ({format_bytes(rings)}: "
+                    f"{full_precision_ring_tokens(config)} tokens, bitwidth.full_precision_window "
+                    f"{config.bitwidth.full_precision_window} and the block being filled, for each of "
+                    f"batching.max_num_seqs {config.batching.max_num_seqs} sequences)")
+    if rings and pool >= block_bytes:  # the rings alone leave no room: shrinking them is a fix too
+        return message + f"; lower bitwidth.full_precision_window or batching.max_num_seqs, or raise {knob}"
+    return message + f"; raise {knob}"

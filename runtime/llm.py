@@ -9,7 +9,7 @@ import torch
 from ..config import KVConfig
 from ..kernels import cpu_native
 from .engine import Clock, Engine, WallClock, layerwise_depth
-from .kv_layout import CPU_KV_SPACE_BYTES, kv_pool_blocks
+from .kv_layout import CPU_KV_SPACE_BYTES, kv_pool_blocks, layout_notes
 from .kv_store import PagedKVStore
 from .metrics import Metrics
 from .model import LlamaModel
@@ -77,7 +77,8 @@ class Runtime:
         return Engine(self.config, num_blocks=self.store.num_blocks, block_bytes=self.store.block_bytes,
                       max_context=self.spec.max_context,
                       executor=ModelRunner(self.model, self.store, self.config.eviction, layerwise_depth(self.config)),
-                      clock=clock or WallClock(), eos_token_id=eos, notes=self.notes, n_layers=self.spec.n_layers,
+                      clock=clock or WallClock(), eos_token_id=eos,
+                      notes=self.notes + tuple(layout_notes(self.config, self.spec)), n_layers=self.spec.n_layers,
                       vocab_size=self.spec.vocab_size)
 
     def replay(self, requests: Sequence[Request]) -> Metrics:

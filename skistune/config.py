@@ -35,8 +35,10 @@ def knob(default: Any, help: str, *, unit: str = "", choices: tuple | None = Non
     return field(default=default, metadata=meta)
 
 
-# byte sizes as people write them (config files, search spaces, --kv-memory): 8GiB, 500MB, 17179869184
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
+# byte sizes as people write them (config files, search spaces, --kv-memory): 8GiB, 500MB, 17179869184, and a
+# plain number in scientific notation, 1e9: YAML reads 1e9 (no dot) as a string, not as the float 1.0e9 is.
+# The exponent has at most 3 digits: Fraction("1e999999999") would build a billion-digit integer.
+_BYTES = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?|(\d+(?:\.\d+)?[eE][+-]?\d{1,3}))\s*$")
 _BYTE_UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -47,7 +49,7 @@ def parse_bytes(name: str, text: str) -> int:
         raise ValueError(f"{name}: {text!r} is not a byte size (write e.g. 16GiB, 500MB or 17179869184)")
     # exact: a float would turn 0.5B into 0 (a tier silently off) and 1.0001KiB into 1024; a size that
     # comes out fractional is refused, as a float byte count (1.5) is, while 1.5GiB and 0.3KB are whole
-    size = Fraction(m.group(1)) * _BYTE_UNITS[m.group(2)]
+    size = Fraction(m.group(1) or m.group(3)) * _BYTE_UNITS[m.group(2)]
     if size.denominator != 1:
         raise ValueError(f"{name}: {text!r} is not a whole number of bytes")
     return int(size)
@@ -366,9 +368,25 @@ class KVConfig:
     prefix_reuse: PrefixReuseConfig = field(default_factory=PrefixReuseConfig)
 
     def __post_init__(self) -> None:
-        if self.batching.chunk_size > self.batching.max_num_batched_tokens:
-            raise ValueError(f"batching.chunk_size: {self.batching.chunk_size} exceeds "
-                             f"batching.max_num_batched_tokens ({self.batching.max_num_batched_tokens})")
+        for f in fields(self):
+            family = getattr(self, f.name)
+            # KVConfig(batching={"max_num_seqs": 4}): a mapping is read as a file's family is (validated,
+            # defaults for the rest); anything else but the family's type had failed later, far from here
+            if isinstance(family, Mapping):
+                object.__setattr__(self, f.name, FAMILIES[f.name].from_dict(family))
+            elif not isinstance(family, FAMILIES[f.name]):
+                raise TypeError(f"{f.name}: expected a {FAMILIES[f.name].__name__} or a mapping of knobs, "
+                                f"got {type(family).__name__}")
+        b = self.batching
+        # without chunked prefill the chunk size is never used (the scheduler computes a whole prompt, the
+        # exporters drop the knob): the default 512 had refused max_num_batched_tokens: 64 with chunking off
+        if b.chunked_prefill and b.chunk_size > b.max_num_batched_tokens:
+            if b.chunk_size == _default("batching", "chunk_size"):  # likely never set: say which knob to set
+                raise ValueError(f"batching.chunk_size: {b.chunk_size} (the default) exceeds "
+                                 f"batching.max_num_batched_tokens ({b.max_num_batched_tokens}); set "
+                                 f"batching.chunk_size to at most {b.max_num_batched_tokens}")
+            raise ValueError(f"batching.chunk_size: {b.chunk_size} exceeds "
+                             f"batching.max_num_batched_tokens ({b.max_num_batched_tokens})")
 
     # ---- conversion -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -451,6 +469,10 @@ class KVConfig:
         for family, values in by_family.items():
             data[family].update(values)
         return KVConfig.from_dict(data)
+
+
+def _default(family: str, name: str) -> Any:
+    return next(f.default for f in fields(FAMILIES[family]) if f.name == name)
 
 
 def knob_fields() -> dict[str, dataclasses.Field]:

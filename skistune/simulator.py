@@ -25,7 +25,7 @@ import numpy as np
 from skistune.config import KVConfig
 from skistune.profile.cost import StepCostModel, decode_shape, step_shape
 from skistune.runtime.engine import Engine, VirtualClock, layerwise_depth
-from skistune.runtime.kv_layout import KVTraffic, kv_pool_blocks, kv_traffic, ring_bytes_per_seq
+from skistune.runtime.kv_layout import KVTraffic, kv_pool_blocks, kv_traffic, layout_notes, ring_bytes_per_seq
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
@@ -333,7 +333,8 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
     extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
                     executor=executor, clock=clock,
-                    notes=target.notes + _link_notes(links, target) + extrapolated + _poor_link_fits(links, target),
+                    notes=target.notes + _link_notes(links, target) + extrapolated + _poor_link_fits(links, target)
+                    + tuple(layout_notes(config, target.spec)),
                     fast_forward=executor.fast_forward if fast_forward else None, n_layers=target.spec.n_layers)
     return engine, executor
 

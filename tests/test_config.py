@@ -189,3 +189,54 @@ def test_yaml_nan_and_float_tokens_fail_through_the_cli_in_one_line(tmp_path):
         r = CliRunner().invoke(app, ["evaluate", str(path), "--requests", "2"])
         assert r.exit_code == 2 and message in r.output and r.output.startswith("error:")
         assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_chunk_size_is_checked_only_with_chunked_prefill_and_a_default_one_says_so(tmp_path):
+    """A tester's `{chunked_prefill: false, max_num_batched_tokens: 64}` was refused over the default chunk size
+    512, which nothing reads with chunked prefill off (the scheduler computes whole prompts)."""
+    p = tmp_path / "c.yaml"
+    p.write_text("batching:\n  chunked_prefill: false\n  max_num_batched_tokens: 64\n")
+    assert load_config(str(p)).batching.chunk_size == 512
+    p.write_text("batching:\n  max_num_batched_tokens: 64\n")
+    with pytest.raises(ValueError) as err:
+        load_config(str(p))
+    assert str(err.value) == (f"{p}: batching.chunk_size: 512 (the default) exceeds batching.max_num_batched_tokens "
+                              "(64); set batching.chunk_size to at most 64")
+    # turning chunked prefill on checks the chunk size it then uses
+    off = KVConfig().with_knobs({"batching.chunked_prefill": False, "batching.max_num_batched_tokens": 64})
+    with pytest.raises(ValueError, match="512 \\(the default\\) exceeds"):
+        off.with_knobs({"batching.chunked_prefill": True})
+
+
+@pytest.mark.parametrize("text, size", [("1e9", 10**9), ("2.5e3", 2500), ("1E+3", 1000), ("10e-1", 1),
+                                        (" 1e9 ", 10**9)])
+def test_a_plain_number_in_scientific_notation_is_a_byte_size(tmp_path, text, size):
+    """PyYAML reads 1e9 (no dot) as the string '1e9', while 1.0e9 is a float and was accepted."""
+    p = tmp_path / "c.yaml"
+    p.write_text(f"offload:\n  host_kv_bytes: {text}\n" if text.strip() == text else
+                 f"offload:\n  host_kv_bytes: '{text}'\n")
+    assert load_config(str(p)).offload.host_kv_bytes == size
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1.5e0", "'1.5e0' is not a whole number of bytes"), ("1e-3", "'1e-3' is not a whole number of bytes"),
+    ("1e3MiB", "'1e3MiB' is not a byte size"), ("1e", "'1e' is not a byte size"),
+    ("1e999999999", "'1e999999999' is not a byte size"),  # refused at once, not computed
+])
+def test_scientific_notation_that_is_not_whole_bytes_is_refused(text, message):
+    with pytest.raises(ValueError) as err:
+        KVConfig().with_knobs({"offload.host_kv_bytes": text})
+    assert str(err.value).startswith(f"offload.host_kv_bytes: {message}")
+
+
+def test_the_constructor_takes_a_family_as_a_mapping_validated_like_a_file():
+    """`KVConfig(batching={"max_num_seqs": 4})` failed with an AttributeError about a dict."""
+    cfg = KVConfig(batching={"max_num_seqs": 4}, offload={"host_kv_bytes": "1GiB"})
+    assert cfg == KVConfig().with_knobs({"batching.max_num_seqs": 4, "offload.host_kv_bytes": 1 << 30})
+    assert KVConfig.from_yaml(cfg.to_yaml()) == cfg
+    with pytest.raises(ValueError, match="batching.nope: unknown knob"):
+        KVConfig(batching={"nope": 1})
+    with pytest.raises(ValueError, match="batching.chunk_size: 4096 exceeds"):
+        KVConfig(batching={"chunk_size": 4096})
+    with pytest.raises(TypeError, match="^batching: expected a BatchingConfig or a mapping of knobs, got int$"):
+        KVConfig(batching=5)
