@@ -1,6 +1,7 @@
 """Rich tables of the figures commands print (one layout for measured and simulated metrics)."""
 from __future__ import annotations
 
+import math
 import re
 
 from rich.table import Table
@@ -28,9 +29,10 @@ def metrics_table(m: Metrics, title: str = "Metrics") -> Table:
     return lat
 
 
-def summary_table(m: Metrics, energy: dict | None = None) -> Table:
+def summary_table(m: Metrics, energy: dict | None = None, prefetch: str | None = None) -> Table:
     """Counts, duration, throughput, memory and (``energy``: an `evaluate.energy_figure`) J/token; why
-    requests were rejected, grouped by reason."""
+    requests were rejected, grouped by reason. ``prefetch``: the config's prefetch (`prefetch_mode`), which
+    says why a tier's prefetch hit rate is n/a (None: not known)."""
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column(justify="right")
@@ -38,7 +40,8 @@ def summary_table(m: Metrics, energy: dict | None = None) -> Table:
         ("requests (finished / rejected)", f"{m.num_finished} / {m.num_rejected} of {m.num_requests}"),
         *(("why rejected" if i == 0 else "", line) for i, line in enumerate(rejection_lines(m))),
         ("duration", f"{m.duration_s:,.2f} s"),
-        ("throughput", f"{m.throughput_tok_per_s:,.1f} tok/s, {m.throughput_req_per_s:,.2f} req/s"),
+        # (req/s to 3 significant digits: a long trace's 0.01548 req/s printed to 2 decimals read 0.02)
+        ("throughput", f"{m.throughput_tok_per_s:,.1f} tok/s, {significant(m.throughput_req_per_s)} req/s"),
         ("KV peak / capacity", f"{m.kv_peak_bytes / 2**20:,.1f} / {m.kv_capacity_bytes / 2**20:,.1f} MiB"),
         ("preemptions", f"{m.preemptions}"),
         ("prefix-hit tokens", prefix_hits(m)),
@@ -48,7 +51,7 @@ def summary_table(m: Metrics, energy: dict | None = None) -> Table:
     if m.evicted_tokens:
         rows.append(("evicted KV tokens", f"{m.evicted_tokens:,}"))
     if m.tiers is not None:
-        rows += tier_rows(m.tiers)
+        rows += tier_rows(m.tiers, prefetch)
     for label, value in rows:
         t.add_row(label, value)
     for note in m.notes:
@@ -71,6 +74,24 @@ def format_figure(x: float, digits: int = 1) -> str:
     """A figure with thousands separators, or ``-`` where there is none (NaN: no request finished, or no
     token gap with one output token; infinite: no token generated to divide by)."""
     return "-" if x != x or x in (float("inf"), float("-inf")) else f"{x:,.{digits}f}"
+
+
+def significant(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits in plain notation (0.0155, 1.55, 15.5, 155; 1,548 as 1,550,
+    not 1.55e+03), or ``-`` where there is no figure (see `format_figure`)."""
+    if x != x or x in (float("inf"), float("-inf")):
+        return "-"
+    rounded = float(f"{x:.{digits}g}")  # (rounded first: 0.09996 is 0.100, three digits, not 0.1000)
+    if rounded == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(rounded))))
+    return f"{rounded:,.{decimals}f}"
+
+
+def prefetch_mode(config) -> str:
+    """What a config's prefetch does, for `tier_rows`: off, blocks (the hit rate counts those) or layers
+    (a step's own copies overlapped layer by layer: no block is prefetched ahead, so there is no hit rate)."""
+    return config.prefetch.unit if config.prefetch.enabled else "off"
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -106,8 +127,9 @@ def _requests(n: int) -> str:
     return f"{n} request{'s' if n != 1 else ''}"
 
 
-def tier_rows(tiers) -> list[tuple[str, str]]:
-    """What the host and disk tiers did: their peaks, the bytes moved each way, swaps and transfer time."""
+def tier_rows(tiers, prefetch: str | None = None) -> list[tuple[str, str]]:
+    """What the host and disk tiers did: their peaks, the bytes moved each way, swaps (and those that fell
+    back to recomputing), transfer time and the prefetch hit rate (``prefetch``: see `summary_table`)."""
     mib = (lambda n: f"{n / 2**20:,.1f}")
     rows = [(f"{tier} tier peak / capacity", f"{mib(tiers.peak_bytes[tier])} / {mib(cap)} MiB")
             for tier, cap in tiers.capacity_bytes.items() if cap]
@@ -115,6 +137,20 @@ def tier_rows(tiers) -> list[tuple[str, str]]:
         rows.append(("KV moved", ", ".join(f"{link} {mib(n)} MiB" for link, n in tiers.moved_bytes.items())))
     rows.append(("swapped out / in, demoted / promoted", f"{tiers.swapped_out:,} / {tiers.swapped_in:,}, "
                                                           f"{tiers.demotions:,} / {tiers.promotions:,}"))
-    hit = "-" if tiers.prefetch_hit_rate is None else f"{tiers.prefetch_hit_rate:.0%}"
-    rows.append(("transfers / stalls, prefetch hits", f"{tiers.transfer_s:.3f} / {tiers.stall_s:.3f} s, {hit}"))
+    if tiers.swap_fallbacks:  # (in the JSON only, before: a swap config that mostly recomputed looked fine)
+        rows.append(("swaps recomputed instead (no host room)", f"{tiers.swap_fallbacks:,}"))
+    rows.append(("transfers / stalls, prefetch hits",
+                 f"{tiers.transfer_s:.3f} / {tiers.stall_s:.3f} s, {_prefetch_hits(tiers, prefetch)}"))
     return rows
+
+
+def _prefetch_hits(tiers, prefetch: str | None) -> str:
+    """The share of promoted blocks that a prefetch brought up, or why there is none. The rate counts blocks
+    promoted on demand as misses, so with nothing prefetched (prefetch off, among others) it was 0%, as if
+    prefetching had failed."""
+    if tiers.prefetched == 0:
+        why = {"off": "prefetch off", "layers": "layer-wise prefetch"}.get(prefetch, "nothing prefetched")
+        return f"n/a ({why})"
+    if tiers.prefetch_hit_rate is None:
+        return "n/a (no promoted block used)"
+    return f"{tiers.prefetch_hit_rate:.0%}"

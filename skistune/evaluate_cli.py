@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-from skistune.cli import cli_errors, console, print_json
+from rich.markup import escape
+
+from skistune.cli import cli_errors, console, err_console, print_json
 from skistune.optimize_cli import ModelOpt, ProfileOpt, profile_or_measure
 from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt, JsonOpt,
                                     LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, RequestsOpt,
@@ -46,7 +48,7 @@ def evaluate(
     """Metrics of one config on one workload: predicted by the simulator or measured on the real runtime
     (same table, same JSON), so that any prediction can be checked."""
     from skistune.config import load_config
-    from skistune.display import metrics_table, summary_table
+    from skistune.display import metrics_table, prefetch_mode, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
                                    check_runtime_memory, power_model, sim_target, workload_requests)
     from skistune.workloads import load_workload
@@ -78,25 +80,47 @@ def evaluate(
         with console.status(f"loading {model}"):
             runtime = Runtime.from_preset(model, cfg, device=device, dtype=DTYPES[device])
     print_notes(w)
+    notes = []
     if target is not None:  # (a run refuses such a tier before this: `check_fits_memory`, the disk pool)
-        from skistune.optimize import oversized_tier_notes
+        from skistune.optimize import oversized_tier_notes  # (lazily: it imports the search's modules)
 
-        for note in oversized_tier_notes(cfg, prof, target):
-            console.print(f"note: {note}", highlight=False, soft_wrap=True)
+        notes = oversized_tier_notes(cfg, prof, target)
+        # (on stderr, as the workload's notes and optimize's: --json's last line stays the one object)
+        for note in notes:
+            err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     reqs = workload_requests(w, model, seed)
     if mode == "compare":
-        _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out)
+        _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out, notes)
         return
     with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
         metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof, runtime=runtime)
+    if mode == "run":
+        metrics = with_machine_notes(metrics, cfg, runtime)
     label = f"predicted (simulator) for {profiled_machine(prof)}" if mode == "simulate" else "measured (runtime)"
     energy = energy_figure(metrics, power, measured_time=mode == "run")
     console.print(metrics_table(metrics, f"{model} on {w.label()}: {label}"))
-    console.print(summary_table(metrics, energy))
+    console.print(summary_table(metrics, energy, prefetch_mode(cfg)))
     if json_out:
         where = {"profile": prof.name, "device": prof.device, "machine": profiled_machine(prof)} if prof else {}
         print_json({"mode": mode, "model": model, **where, **_workload_fields(w), "metrics": metrics.to_dict(),
-                    "energy": energy})
+                    "energy": energy, "notes": notes})
+
+
+def with_machine_notes(measured, cfg, runtime):
+    """A run's metrics with the notes on this machine that a prediction of the same config carries (the
+    profile's `tier_notes`, added where the config's tiers cross the link): on a CPU, that device <-> host
+    transfers are copies within host memory, for a config with a host or disk tier (a disk tier's blocks
+    cross device <-> host too). A run had said nothing where the prediction of the same config said so. The
+    profile's disk-tier notes are not added: they tell how the profiler timed its scratch file, and a run
+    times the tier's own disk."""
+    from dataclasses import replace
+
+    from skistune.profile.profile import CPU_HOST_NOTE
+
+    tiered = cfg.offload.host_kv_bytes or cfg.offload.disk_kv_bytes
+    if not tiered or runtime.model.device.type != "cpu" or CPU_HOST_NOTE in measured.notes:
+        return measured
+    return replace(measured, notes=(*measured.notes, CPU_HOST_NOTE))
 
 
 def profiled_machine(prof) -> str:
@@ -112,17 +136,19 @@ def _workload_fields(w) -> dict:
             "workload_digest": w.digest()}
 
 
-def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_out: bool) -> None:
+def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_out: bool,
+             notes: tuple[str, ...] | list[str] = ()) -> None:
     """The prediction and the measurement of the same requests, each figure's error, and (``speed_check``)
     how fast this machine runs the profile's own steps now: on a shared host that drift alone can be tens of
-    percent, which the error table cannot tell from the simulator's."""
+    percent, which the error table cannot tell from the simulator's. ``notes``: printed before, for --json."""
     from skistune.display import rejection_lines
     from skistune.evaluate import compare_metrics, energy_figure, evaluate as run_evaluate, relative_error
 
     with console.status(f"simulating {len(reqs)} requests"):
         predicted = run_evaluate(cfg, reqs, model=model, mode="simulate", profile=prof)
     with console.status(f"serving {len(reqs)} requests"):
-        measured = run_evaluate(cfg, reqs, model=model, mode="run", runtime=runtime)
+        measured = with_machine_notes(run_evaluate(cfg, reqs, model=model, mode="run", runtime=runtime), cfg,
+                                      runtime)
     check = None
     if speed_check:
         from skistune.profile.check import speed_check as time_again
@@ -147,10 +173,25 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
     for note in predicted.notes:
         console.print(f"note (prediction): {note}", highlight=False, soft_wrap=True)
     if json_out:
+        # (the tier rows' errors too, as the table shows them: they had been in the table only)
+        tiers = {name: relative_error(f(predicted), f(measured)) for name, _, f, _ in tier_figures(predicted, measured)}
         print_json({"mode": "compare", "model": model, **_workload_fields(w),
                     "predicted": predicted.to_dict(), "measured": measured.to_dict(),
-                    "errors": {**{r["figure"]: r["error"] for r in rows}, "energy": energy["error"]},
-                    "energy": energy, "speed_check": check.to_dict() if check is not None else None})
+                    "errors": {**{r["figure"]: r["error"] for r in rows}, "energy": energy["error"], **tiers},
+                    "energy": energy, "speed_check": check.to_dict() if check is not None else None,
+                    "notes": list(notes)})
+
+
+# what the tiers did, in the compare table and its JSON errors: (figure, unit, value in that unit, decimals);
+# to the microsecond: a run's few block copies take tens of them, which 0.1 ms would show as 0.0
+TIER_FIGURES = (("tier transfer time", "ms", lambda m: 1e3 * m.tiers.transfer_s, 3),
+                ("tier stall time", "ms", lambda m: 1e3 * m.tiers.stall_s, 3),
+                ("tier bytes moved", "MiB", lambda m: sum(m.tiers.moved_bytes.values()) / 2 ** 20, 1))
+
+
+def tier_figures(predicted, measured) -> tuple:
+    """`TIER_FIGURES` where both sides have tiers (each fits its own), else none."""
+    return TIER_FIGURES if predicted.tiers is not None and measured.tiers is not None else ()
 
 
 def comparison_table(rows: list[dict], predicted, measured, title: str, energy: dict | None = None):
@@ -179,14 +220,10 @@ def comparison_table(rows: list[dict], predicted, measured, title: str, energy: 
                   format_figure(energy["predicted"]["j_per_token"], 3),
                   format_figure(energy["measured"]["j_per_token"], 3),
                   "-" if energy["error"] is None else f"{energy['error']:+.1%}")
-    if predicted.tiers is not None and measured.tiers is not None:  # what the tiers did (their own fits)
-        # (to the microsecond: a run's few block copies take tens of them, which 0.1 ms would show as 0.0)
-        for name, f, digits in (("tier transfer time (ms)", lambda m: 1e3 * m.tiers.transfer_s, 3),
-                                ("tier stall time (ms)", lambda m: 1e3 * m.tiers.stall_s, 3),
-                                ("tier bytes moved (MiB)", lambda m: sum(m.tiers.moved_bytes.values()) / 2 ** 20, 1)):
-            error = relative_error(f(predicted), f(measured))
-            t.add_row(name, format_figure(f(predicted), digits), format_figure(f(measured), digits),
-                      "-" if error is None else f"{error:+.1%}")
+    for name, unit, f, digits in tier_figures(predicted, measured):  # what the tiers did (their own fits)
+        error = relative_error(f(predicted), f(measured))
+        t.add_row(f"{name} ({unit})", format_figure(f(predicted), digits), format_figure(f(measured), digits),
+                  "-" if error is None else f"{error:+.1%}")
     for name, f in (("finished", lambda m: m.num_finished), ("rejected", lambda m: m.num_rejected),
                     ("preemptions", lambda m: m.preemptions), ("prefix-hit tokens", lambda m: m.prefix_hit_tokens),
                     ("... at re-admissions", lambda m: m.readmission_hit_tokens)):

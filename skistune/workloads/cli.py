@@ -28,8 +28,11 @@ WorkloadOpt = Annotated[str, typer.Option(
     "--workload", help=f"a preset ({', '.join(PRESETS)}) or a trace file ({', '.join(FORMATS)}; detected by content)")]
 FormatOpt = Annotated[Optional[str], typer.Option("--format", help=f"force the trace format: {', '.join(FORMATS)}")]
 SkipBadRowsOpt = Annotated[bool, typer.Option("--skip-bad-rows", help="skip malformed rows and report how many")]
-SeedOpt = Annotated[int, typer.Option("--seed", min=0,
-                                      help="seed for presets, generated arrivals, --sample and --jitter")]
+# (--workload-seed too: `skistune optimize` names it so, its --seed being the search's, and a user repeating
+# a tuned file's workload options here had typed it and got "No such option")
+SeedOpt = Annotated[int, typer.Option("--seed", "--workload-seed", min=0,
+                                      help="seed for presets, generated arrivals, --sample and --jitter "
+                                           "(optimize's --workload-seed)")]
 RequestsOpt = Annotated[Optional[int], typer.Option("--requests", min=1, help="requests in a preset (default 2000)")]
 def _positive_finite(what: str) -> Callable[[Optional[float]], Optional[float]]:
     """A parse-time check of a rate or scale option: ``inf`` would put every arrival at 0 (or overflow token
@@ -66,10 +69,11 @@ MaxInputOpt = Annotated[Optional[int], typer.Option("--max-input", min=1, help="
 MaxOutputOpt = Annotated[Optional[int], typer.Option("--max-output", min=1, help="cap outputs at this many tokens")]
 RateScaleOpt = Annotated[float, typer.Option("--rate-scale", callback=_positive_finite("rate scale"),
                                              help="multiply the arrival rate (arrivals x k)")]
-PlotOpt = Annotated[Optional[Path], typer.Option(
+# (a str, not a Path: a Path drops the trailing separator that says DIR/ names a folder, not DIR.png)
+PlotOpt = Annotated[Optional[str], typer.Option(
     "--plot", help="write histograms of lengths and arrivals as a PNG file (FILE.png; a name without a suffix "
-                   "gets .png, another suffix is refused); an existing folder DIR gets DIR/WORKLOAD.png (e.g. "
-                   "DIR/chat.png; a trace's name is its file name up to the first dot)")]
+                   "gets .png, another suffix is refused); an existing folder DIR, or DIR/, gets DIR/WORKLOAD.png "
+                   "(e.g. DIR/chat.png; a trace's name is its file name up to the first dot); DIR/ must exist")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the figures as one JSON object")]
 
 

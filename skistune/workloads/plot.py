@@ -1,6 +1,7 @@
 """Histograms of a workload's lengths and arrivals, as one PNG (matplotlib's Agg renderer, off-screen)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -110,9 +111,19 @@ def png_path(path: str | Path) -> Path:
 
 def plot_path(path: str | Path, name: str) -> Path:
     """The file a plot of workload ``name`` is written to: NAME.png inside ``path`` when that is an existing
-    folder (as `cp FILE DIR` puts FILE in it; ``DIR.png`` beside it surprised), else `png_path` (``path``)."""
+    folder (as `cp FILE DIR` puts FILE in it; ``DIR.png`` beside it surprised), else `png_path` (``path``).
+    A ``path`` typed with a trailing separator names a folder: one that is missing is refused (ValueError),
+    as `cp FILE DIR/` refuses it, rather than written to as ``DIR.png``."""
+    typed = str(path)  # (before Path(): it drops the trailing separator)
     path = Path(path)
-    return path / f"{name}.png" if path.is_dir() else png_path(path)
+    if path.is_dir():
+        return path / f"{name}.png"
+    if typed.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+        existing = next((p for p in (path, *path.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise ValueError(f"--plot {typed}: {existing} is a file, not a folder")
+        raise ValueError(f"--plot {typed}: folder {path} does not exist")
+    return png_path(path)
 
 
 def plot_workload(workload: Workload, path: str | Path) -> Path:

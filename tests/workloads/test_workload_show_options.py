@@ -155,3 +155,16 @@ def test_show_says_n_a_for_two_requests():
     result = _run("chat", "--requests", "2")
     assert result.exit_code == 0 and "n/a (needs 11+ requests)" in result.stdout
     assert not math.isnan(show_json("chat", "--requests", "11")["burstiness"])
+
+
+# ---- --workload-seed: `skistune optimize`'s name for the workload seed, accepted here too ----
+
+def test_workload_seed_is_the_seed_option_under_optimizes_name():
+    """A user repeating a tuned file's workload options typed optimize's --workload-seed and got "No such
+    option"; --seed keeps working."""
+    aliased = show_json("chat", "--requests", "20", "--workload-seed", "3")
+    assert aliased == show_json("chat", "--requests", "20", "--seed", "3")
+    assert aliased["digest"] != show_json("chat", "--requests", "20")["digest"]
+    assert "seed=3" in aliased["source"]
+    one_line_error(_run("chat", "--workload-seed", "-1"), "'--seed' / '--workload-seed'")
+    assert "--seed,--workload-seed" in _run("--help").output

@@ -147,3 +147,43 @@ def test_requests_without_a_session_id_are_not_in_multi_turn_sessions(write):
     stats = workload_stats(load_workload(str(write("sessions.csv", header + "\n".join(rows) + "\n"))))
     assert (stats.multi_turn_sessions, stats.multi_turn_requests) == (1, 2)
     assert stats.sessions == 4  # unchanged meaning: distinct ids, a lone request (with or without an id) its own
+
+
+# ---- --plot DIR/: a trailing separator names a folder (a user test found nodir2/ written as ./nodir2.png) ----
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_plot_into_a_missing_folder_named_with_a_trailing_slash_is_refused(tmp_path, monkeypatch, json_flag):
+    monkeypatch.chdir(tmp_path)
+    for typed, folder in (("nodir2/", "nodir2"), ("no/sub/", "no/sub"), (f"{tmp_path}/abs/", f"{tmp_path}/abs")):
+        result = CliRunner().invoke(app, ["workload", "show", "chat", "--requests", "20", "--plot", typed, *json_flag])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip().splitlines() == [f"error: --plot {typed}: folder {folder} does not exist"]
+        assert "Traceback" not in result.output and result.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no nodir2.png, no folder made
+
+
+def test_plot_into_an_existing_folder_named_with_a_trailing_slash_writes_inside_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    result = CliRunner().invoke(app, ["workload", "show", "chat", "--requests", "20", "--plot", "out/", "--json"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "chat.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_plot_into_a_file_named_with_a_trailing_slash_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("x")
+    result = CliRunner().invoke(app, ["workload", "show", "chat", "--requests", "20", "--plot", "notes.txt/"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == ["error: --plot notes.txt/: notes.txt is a file, not a folder"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_plot_path_reads_the_trailing_separator_of_the_text_typed(tmp_path):
+    from skistune.workloads.plot import plot_path
+
+    assert plot_path(f"{tmp_path}/", "chat") == tmp_path / "chat.png"
+    assert plot_path(str(tmp_path / "x"), "chat") == tmp_path / "x.png"  # no separator: a file, as before
+    with pytest.raises(ValueError, match="does not exist"):
+        plot_path(f"{tmp_path / 'x'}/", "chat")
