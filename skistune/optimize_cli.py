@@ -77,8 +77,10 @@ def _fmt(x: float | None, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def _value(o, v: float) -> str:
-    if o.name == "capacity" or o.name == "goodput":
-        return f"{v:.4g} req/s"
+    if o.name == "capacity" or o.name == "goodput":  # (4 digits, trailing zeros kept: 0.01490 beside 0.01556)
+        from skistune.display import significant
+
+        return f"{significant(v, 4)} req/s"
     if o.name == "energy":
         return f"{v:.3g} J/token"
     if o.name == "memory":

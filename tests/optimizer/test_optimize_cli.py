@@ -358,3 +358,12 @@ def test_a_capacity_search_of_one_request_is_bad_input_before_the_search(here, m
     assert r.exit_code == 2, r.output
     assert "a single request has none: give requests that arrive over time" in " ".join(r.output.split())
     assert not list(here.glob("skistune-*.db"))
+
+
+def test_capacities_print_four_significant_digits_with_their_trailing_zeros():
+    """A tester read 0.0149 req/s beside 0.01556: `.4g` had dropped the zero of 0.01490."""
+    from skistune.objectives import NAMED
+    from skistune.optimize_cli import _value
+
+    capacity = NAMED["capacity"]
+    assert [_value(capacity, v) for v in (0.0149, 0.015564, 5663.2)] == ["0.01490 req/s", "0.01556 req/s", "5,663 req/s"]
