@@ -507,10 +507,10 @@ def _capacity_point_note(objectives) -> list[str]:
     others = [o.name for o in objectives if o.name != "capacity"]
     if len(others) == len(objectives) or not others:
         return []
-    names = ", ".join(others)
+    names, them = ", ".join(others), "it" if len(others) == 1 else "them"
     return [f"{names}: judged at each config's capacity (the highest rate its constraints allow), so two configs' "
-            f"figures are at two rates; optimize {names} without capacity to judge {'it' if len(others) == 1 else 'them'} "
-            "at the workload's own rate (--rate sets it)"]
+            f"figures are at two rates; optimize {names} without capacity to judge {them} at the workload's own "
+            "rate (--rate sets it)"]
 
 
 def oversized_tier_notes(config: KVConfig, profile, target) -> list[str]:

@@ -3,7 +3,6 @@ every command's ``--workload`` options apply. The options are `Annotated` aliase
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Annotated, Callable, Optional
 
 import typer

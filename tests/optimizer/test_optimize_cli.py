@@ -366,4 +366,5 @@ def test_capacities_print_four_significant_digits_with_their_trailing_zeros():
     from skistune.optimize_cli import _value
 
     capacity = NAMED["capacity"]
-    assert [_value(capacity, v) for v in (0.0149, 0.015564, 5663.2)] == ["0.01490 req/s", "0.01556 req/s", "5,663 req/s"]
+    assert [_value(capacity, v) for v in (0.0149, 0.015564, 5663.2)] == ["0.01490 req/s", "0.01556 req/s",
+                                                                       "5,663 req/s"]

@@ -62,7 +62,8 @@ def test_show_labels_what_was_measured_and_what_is_predicted(synthetic):
     wide = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["quality", "--show", str(synthetic)])
     table = [" ".join(line.replace("│", " ").split()) for line in wide.stdout.splitlines()]
     # mean, its one-sided 95% bound (two windows: wide), worst window
-    assert "int4 keys+values +3.05% +9.76% +4.08% predicted 75% (3/4)" in table  # (NLL +0.02 and +0.04 on the two windows)
+    # (NLL +0.02 and +0.04 on the two windows)
+    assert "int4 keys+values +3.05% +9.76% +4.08% predicted 75% (3/4)" in table
     assert "h2o 25% +6.18% +20.48% +8.33% measured 25% (1/4)" in table
     assert "h2o 10% ∞ ∞ ∞ outside grid not measured" in table
     assert rows["h2o 25%"]["ppl_mean_bound"] > rows["h2o 25%"]["ppl_mean"] and rows["h2o 10%"]["ppl_mean_bound"] is None
