@@ -2560,13 +2560,21 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
     return [best] + [e for e in refined if e.config != best.config][:len(refined) - 1], [note]
 
 
-def front_with(problem: Problem, front: list[Evaluation], chosen: Evaluation) -> list[Evaluation]:
+def front_with(problem: Problem, front: list[Evaluation], chosen: Evaluation,
+               gains: Callable[[Evaluation], Sequence[float]] | None = None) -> list[Evaluation]:
     """The front with the chosen (written) config on it. It is missing where it ranks first on a tie with a
     config that beats it by less than the resolution (`_baseline_on_ties`, `_simplify`): those configs are
-    the same point as it, as the front rule keeps one of equal points, and leave the front for it."""
+    the same point as it, as the front rule keeps one of equal points, and leave the front for it. ``gains``:
+    the front's axes where they are more than the objectives (the report's J/token and quality loss, "higher
+    is better"): a config that beats the chosen one there by more than the resolution stays (a tester saw a
+    config at the chosen one's capacity and 2.8% less energy left off the report's front)."""
     if not chosen.feasible or any(e.config == chosen.config for e in front):
         return front
-    return [chosen] + [e for e in front if beats_anywhere(problem, e, chosen)]
+
+    def beats_on_gains(e: Evaluation) -> bool:
+        return gains is not None and any(x > y + REFINE_PRECISION * abs(y) for x, y in zip(gains(e), gains(chosen)))
+
+    return [chosen] + [e for e in front if beats_anywhere(problem, e, chosen) or beats_on_gains(e)]
 
 
 def _search_trials(study) -> int:

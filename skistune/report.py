@@ -139,7 +139,7 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
         why = " ".join(filter(None, (why_no_rate_line(problem, closest), energy_line(seen)))) or None
     front = tradeoff_front(problem, pool)
     if refined is not None and best:  # the written config on the front, as optimize shows it (a tie it won)
-        front = front_with(problem, front, best[0])
+        front = front_with(problem, front, best[0], gains=lambda e: _gains(problem, e))
     return Report(problem, study, label, tuple(pool), best, tuple(front),
                   baseline or score(problem, problem.base), validated, binding, tuple(closest), importance, method,
                   note, why, refined=0 if refined is None else len(refined["best"]))
