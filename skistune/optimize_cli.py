@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from skistune.display import significant
 from skistune.objectives import parse_max_queue
 from skistune.optimize import DEFAULT_MAX_QUEUE_S, DEFAULT_REQUESTS, DEFAULT_TOP_K, DEFAULT_TRIALS
 
@@ -78,8 +79,6 @@ def _fmt(x: float | None, scale: float = 1.0, digits: int = 1) -> str:
 
 def _value(o, v: float) -> str:
     if o.name == "capacity" or o.name == "goodput":  # (4 digits, trailing zeros kept: 0.01490 beside 0.01556)
-        from skistune.display import significant
-
         return f"{significant(v, 4)} req/s"
     if o.name == "energy":
         return f"{v:.3g} J/token"
@@ -293,7 +292,7 @@ def validation_table(result) -> Table:
             f"[red]no[/] ({', '.join([*v.measured.binding, *replays])})"
         quality = [f"{_loss(v.predicted.figures['quality_loss'])} / {_loss(v.measured.figures['quality_loss'])}"
                    if v.held_out_quality is not None else "lossless"] if lossy else []
-        t.add_row(label, f"{v.rate_rps:.3g}", *cells, energy, *quality, holds)
+        t.add_row(label, significant(v.rate_rps), *cells, energy, *quality, holds)
     return t
 
 
@@ -327,8 +326,8 @@ def gain_lines(result) -> list[str]:
     for o, tuned, base in zip(p.objectives, result.best[0].values, result.baseline.values):
         name, ratio = o.name, gain[o.name]
         if name == "capacity" and ratio == float("inf"):  # a number of times more than nothing says nothing
-            lines.append(f"gain over the baseline ({label}), predicted: capacity {tuned:.4g} req/s where "
-                         "the baseline meets the constraints at no rate tried")
+            lines.append(f"gain over the baseline ({label}), predicted: capacity {significant(tuned, 4)} req/s "
+                         "where the baseline meets the constraints at no rate tried")
         elif tie(p, o, tuned, base):  # (the rule that ranks the baseline first: no gain to claim)
             lines.append(f"against the baseline ({label}), predicted: {name} a tie ({_value(o, tuned)} vs "
                          f"{_value(o, base)}, within {REFINE_PRECISION:.0%}: below what the search resolves)")
@@ -342,7 +341,8 @@ def gain_lines(result) -> list[str]:
         base = f"holds every constraint{' too' if measured['tuned_holds'] else ''}" if measured["baseline_holds"] \
             else f"breaks {', '.join(measured['baseline_binding'])}"
         tuned = "holds every constraint" if measured["tuned_holds"] else "breaks a constraint"
-        lines.append(f"measured at {measured['rate_rps']:.3g} req/s: the tuned config {tuned}; the baseline {base}")
+        lines.append(f"measured at {significant(measured['rate_rps'])} req/s: the tuned config {tuned}; the baseline "
+                     f"{base}")
         if measured["same_schedule"]:  # near the SLO's edge a few percent of the machine's speed flips a verdict
             lines.append("  (on the validation slice the simulator predicts both to run the same schedule: what "
                          "tells these replays apart is the machine's noise, not the configs)")
@@ -737,7 +737,7 @@ def validation_warning(result) -> str | None:
         else:  # (no latency figure by that name: the margins, <= 0 met)
             parts.append(f"{name} (margin predicted {v.predicted.violations.get(name, 0.0):+.3g}, measured "
                          f"{v.measured.violations[name]:+.3g}; <= 0 is met)")
-    return (f"the written config broke {', '.join(parts)} on the real runtime at {v.rate_rps:.3g} req/s: it "
+    return (f"the written config broke {', '.join(parts)} on the real runtime at {significant(v.rate_rps)} req/s: it "
             f"is the search's best, met in prediction only (exit {EXIT_BROKE_WHEN_VALIDATED})")
 
 

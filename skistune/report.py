@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from skistune.config import KVConfig
+from skistune.display import significant
 from skistune.objectives import structural_changes
 from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINED_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed,
                                front_with, infeasibility, nondominated, ranked, score, with_refined)
@@ -331,7 +332,7 @@ def memory_timeline(report: Report) -> Timeline | None:
         scale = winner["rate_rps"] / requests.base_rps
         predicted = score_at(p, KVConfig.from_dict(winner["config"]), requests, scale)
         label = (f"simulated replay of the validation slice ({len(requests.requests)} requests at "
-                 f"{winner['rate_rps']:.3g} req/s), " + ("validated winner" if winner["holds"] else
+                 f"{significant(winner['rate_rps'])} req/s), " + ("validated winner" if winner["holds"] else
                                                          "winner (its runtime replay broke a constraint)"))
         try:
             config = replay_config(p, predicted, requests)
@@ -347,7 +348,7 @@ def memory_timeline(report: Report) -> Timeline | None:
         return None
     best = report.best[0]
     label = (f"simulated replay of the search workload ({len(p.search.requests)} requests at "
-             f"{best.figures['rate_rps']:.3g} req/s), best config #1; no validated run in the study")
+             f"{significant(best.figures['rate_rps'])} req/s), best config #1; no validated run in the study")
     return sampled_replay(best.config, p.search.requests, p.target, best.rate_scale, label)
 
 
@@ -396,7 +397,7 @@ def pareto_table(report: Report):
                          ("KV peak (MiB)", "right"), ("quality Δppl mean / worst", "right")):
         t.add_column(col, justify=justify, overflow="fold")
     for e in [*report.pareto, report.baseline]:
-        t.add_row("base" if e is report.baseline else str(e.trial), _best_label(report, e), f"{rate(e):.4g}",
+        t.add_row("base" if e is report.baseline else str(e.trial), _best_label(report, e), significant(rate(e), 4),
                   _fmt(e.figures["energy_j_per_token"], digits=3), _fmt(e.figures["kv_peak_bytes"], 2**-20),
                   _quality_cell(e.figures))
     return t
@@ -476,7 +477,7 @@ def validation_fidelity_table(report: Report):
         config = KVConfig.from_dict(v["config"])
         label = "base" if v["role"] == "baseline" else labels.get(config, "candidate")
         holds = "[green]yes[/]" if v["holds"] else f"[red]no[/] ({', '.join(v['binding'])})"
-        t.add_row(label, f"{v['rate_rps']:.3g}",
+        t.add_row(label, significant(v['rate_rps']),
                   *(_versus(v["predicted"].get(key), v["measured"].get(key), scale) for _, key, scale in _FIDELITY),
                   holds)
     return t
@@ -665,7 +666,7 @@ def plot_latency_cdf(report: Report, samples: Mapping[str, Mapping[str, np.ndarr
     for ax, metric in zip(fig.subplots(1, len(LATENCY_METRICS)), LATENCY_METRICS):
         _cdf_panel(ax, metric, samples, report.problem.slos)
     fig.suptitle(f"Latency CDFs, simulated on {len(report.problem.search.requests)} requests at the best config's "
-                 f"operating rate ({best.figures['rate_rps']:.3g} req/s)", fontsize=10)
+                 f"operating rate ({significant(best.figures['rate_rps'])} req/s)", fontsize=10)
     return _png(fig)
 
 

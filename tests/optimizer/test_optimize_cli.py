@@ -264,7 +264,7 @@ def test_a_baseline_that_meets_no_rate_is_reported_with_what_breaks_not_as_an_in
                             storage="")
     lines = gain_lines(result)
     assert not any("xinf" in line for line in lines)
-    assert "capacity 0.25 req/s where the baseline meets the constraints at no rate tried" in lines[0]
+    assert "capacity 0.2500 req/s where the baseline meets the constraints at no rate tried" in lines[0]
     lowest = f"{MIN_RATE_SCALE * problem.search.base_rps:.2g}"
     assert any(line.startswith(f"base meets the constraints at no rate down to {lowest} req/s")
                and "breaks queue<=5s," in line for line in knob_lines(result))

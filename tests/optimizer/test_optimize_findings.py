@@ -69,7 +69,7 @@ def test_a_gain_within_the_tie_rule_is_a_tie_and_an_inexpressible_baseline_is_sa
     lines = gain_lines(_result(problem, 0.0922, 0.0921))
     assert lines == ["the long-context space cannot express the baseline (vLLM defaults): batching.max_num_seqs 256 "
                      "is outside it, so the search never tried it and it cannot rank first on a tie",
-                     "against the baseline (vLLM defaults), predicted: capacity a tie (0.0922 req/s vs 0.0921 req/s, "
+                     "against the baseline (vLLM defaults), predicted: capacity a tie (0.09220 req/s vs 0.09210 req/s, "
                      "within 2%: below what the search resolves)"]
     assert not any("x1.00" in line for line in lines)
     # the same rule as the ranking's (`beats`): 3% more is a gain, in a space that holds the baseline too
