@@ -187,12 +187,20 @@ def demo(
     eos = rt.tokenizer.eos_token_id
     completions = [rt.tokenizer.decode(r.output_token_ids[:-1] if r.output_token_ids[-1:] == [eos]
                                        else r.output_token_ids) for r in engine.records]
-    for p, c in zip(prompts, completions):
-        console.print(f"[bold]{escape(p)}[/]{escape(c)}", highlight=False)
+    from skistune.config import knob_fields
+    from skistune.optimize_cli import _diff
+
+    # which knobs served these prompts: a tuned file's changes, as optimize's "#1:" line names them
+    knobs = _diff(cfg, KVConfig(), list(knob_fields()))
+    console.print(escape(f"config: {config or 'none'}; knobs off their defaults: "
+                         f"{'none' if knobs == '(baseline)' else knobs}"), highlight=False, soft_wrap=True)
+    for p, c in zip(prompts, completions):  # (the arrow: a completion need not start with a space)
+        console.print(f"[bold]{escape(p)}[/] [dim]→[/] {escape(c.lstrip())}", highlight=False)
     console.print(metrics_table(metrics, "Measured on this machine"))
     console.print(summary_table(metrics))
     if json_out:
-        print_json({"completions": completions, "metrics": metrics.to_dict()})
+        print_json({"config": str(config) if config else None, "knobs": None if knobs == "(baseline)" else knobs,
+                    "completions": completions, "metrics": metrics.to_dict()})
 
 
 PIPED_WIDTH = 200  # columns of tables written to a file or a pipe (rich's 80 cut cells short in logs)
