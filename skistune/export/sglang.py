@@ -90,7 +90,10 @@ class SglangExporter(Exporter):
         b = plan.config.batching
         flags = {"max-running-requests": b.max_num_seqs, "max-prefill-tokens": b.max_num_batched_tokens,
                  "chunked-prefill-size": b.chunk_size if b.chunked_prefill else -1,
-                 "schedule-policy": "lpm" if b.policy == "prefix" else "fcfs"}
+                 "schedule-policy": "lpm" if b.policy == "prefix" and plan.config.prefix_reuse.enabled else "fcfs"}
+        if b.policy == "prefix" and not plan.config.prefix_reuse.enabled:  # (lpm orders by radix-cache matches)
+            plan.notes.append("batching.policy prefix with prefix reuse off is written as --schedule-policy fcfs: "
+                              "with the radix cache disabled no request has a prefix match to order by")
         plan.express("batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunked_prefill")
         if b.chunked_prefill and b.chunk_size != b.max_num_batched_tokens:
             plan.instead("batching.chunk_size", f"chunked-prefill-size {b.chunk_size} (for the whole prefill batch)",

@@ -121,7 +121,11 @@ def test_sglang_mappings():
     data = yaml.safe_load(export(config_of({"prefix_reuse.enabled": False, "batching.chunked_prefill": False,
                                             "batching.policy": "prefix"}), "sglang").text)
     assert data["disable-radix-cache"] is True and data["chunked-prefill-size"] == -1
-    assert data["schedule-policy"] == "lpm"
+    # longest-prefix-first over a disabled radix cache has nothing to match: fcfs, said in a note (a tester)
+    assert data["schedule-policy"] == "fcfs"
+    on = export(config_of({"batching.policy": "prefix"}), "sglang")
+    assert yaml.safe_load(on.text)["schedule-policy"] == "lpm" and not any("lpm" in n or "prefix match" in n
+                                                                            for n in on.notes)
     hicache = export(config_of({**HOST, "offload.host_kv_bytes": 32 * 10**9}), "sglang")
     data = yaml.safe_load(hicache.text)
     assert data["enable-hierarchical-cache"] is True and data["hicache-size"] == 32
