@@ -159,9 +159,10 @@ def best_table(result) -> Table:
 
 
 def _limit_cell(figures) -> str:
-    """What sets a capacity: blank for a row not refined (the search's figures do not say), none at the ceiling."""
+    """What sets a capacity: "not refined" for a row at the search's precision (its figures do not say; a blank
+    cell read as a missing figure), none at the ceiling."""
     if "limited_by" not in figures:
-        return ""
+        return "not refined"
     return ", ".join(figures["limited_by"]) or "none (the search's ceiling)"
 
 

@@ -376,7 +376,7 @@ def best_configs_table(report: Report):
     precision = ("at the search's precision" if not report.refined else
                  f"{', '.join(ranks)} and base at {REFINE_PRECISION:.0%} precision as optimize printed them"
                  + (f", {', '.join(coarse)} at the search's" if coarse else ""))
-    table.title = (f"Best configs of study {report.name} ({len(report.evaluations)} trials), predicted on "
+    table.title = (f"Best configs of study {report.name} ({_count(len(report.evaluations), 'trial')}), predicted on "
                    f"{len(p.workload)} requests of {p.workload.name}, {precision}")
     return table
 
