@@ -627,13 +627,35 @@ def plot_pareto(report: Report) -> bytes:
     if positive and wants_log(min(positive), max(positive)):
         log_axis(ax.yaxis, ax.set_yscale, min(positive), max(positive))
     _mark_front(ax, report, rate, axis)
+    hidden = _zoom_to_served(ax, [*report.evaluations, base], rate)
     ax.set_xlabel(axis)
     ax.set_ylabel(f"J/token ({report.problem.profile.power.source})")
-    ax.set_title(f"Study {report.name}: {len(report.evaluations)} trials, predicted by the simulator",
+    ax.set_title(f"Study {report.name}: {_count(len(report.evaluations), 'trial')}, predicted by the simulator"
+                 + (f" ({_count(hidden, 'trial')} meeting no rate, at 0, out of view)" if hidden else ""),
                  fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _png(fig)
+
+
+def _zoom_to_served(ax, evaluations: Sequence[Evaluation], rate: Callable[[Evaluation], float]) -> int:
+    """Limit the axes to the configs that meet some rate, where others meet none: those sit at rate 0 with the
+    J/token of the lowest rate, and a tester's one such cross squashed every feasible point into a corner.
+    Returns how many are out of view (0: the axes are left as they are)."""
+    served = [(rate(e), e.figures.get("energy_j_per_token", math.nan)) for e in evaluations if rate(e) > 0]
+    served = [(x, y) for x, y in served if math.isfinite(x) and math.isfinite(y) and y > 0]
+    hidden = sum(1 for e in evaluations[:-1] if not rate(e) > 0)  # (the last is the baseline: not a trial)
+    if not hidden or not served:
+        return 0
+    xs, ys = [x for x, _ in served], [y for _, y in served]
+    pad_x = 0.08 * (max(xs) - min(xs)) or 0.08 * max(xs)
+    ax.set_xlim(max(0.0, min(xs) - pad_x), max(xs) + pad_x)
+    if ax.get_yscale() == "log":
+        ax.set_ylim(min(ys) / 1.15, max(ys) * 1.15)
+    else:
+        pad_y = 0.08 * (max(ys) - min(ys)) or 0.08 * max(ys)
+        ax.set_ylim(max(0.0, min(ys) - pad_y), max(ys) + pad_y)
+    return hidden
 
 
 def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]], slos) -> None:

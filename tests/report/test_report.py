@@ -178,6 +178,27 @@ def test_pareto_plot_goes_log_when_a_config_that_meets_no_rate_dwarfs_the_others
     assert figures[-1].axes[0].get_yscale() == "log"
 
 
+def test_pareto_plot_zooms_to_the_configs_that_meet_a_rate(report, monkeypatch):
+    """A tester's one config meeting no rate (a cross at 0 req/s, 3.6 J/token) squashed the feasible points
+    (0.014-0.016 req/s, ~1.5 J/token) into a corner: the axes hold the configs that meet a rate, and the
+    title says how many are out of view."""
+    import skistune.report as rep
+
+    figures = []
+    monkeypatch.setattr(rep, "_png", lambda fig: figures.append(fig) or b"")
+    _, rate = rep.plot_x_axis(report)
+    served = [e for e in report.evaluations if rate(e) > 0]
+    none = dataclasses.replace(served[0], values=tuple(0.0 for _ in served[0].values),
+                               figures={**served[0].figures, "energy_j_per_token": 2.5 * max(
+                                   e.figures["energy_j_per_token"] for e in served)})
+    rep.plot_pareto(dataclasses.replace(report, evaluations=(*served, none)))
+    ax = figures[-1].axes[0]
+    assert ax.get_xlim()[0] > 0 and ax.get_ylim()[1] < none.figures["energy_j_per_token"]
+    assert ax.get_title().endswith("(1 trial meeting no rate, at 0, out of view)")
+    rep.plot_pareto(dataclasses.replace(report, evaluations=tuple(served)))
+    assert "out of view" not in figures[-1].axes[0].get_title()
+
+
 def test_write_report_writes_three_pngs_and_a_self_contained_html(report, tmp_path):
     files, missing = write_report(report, tmp_path / "out")
     assert missing == [] and set(files) == set(FILES)
