@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from skistune.display import significant
@@ -506,8 +506,11 @@ def _summary(result, out: Path | None) -> dict:
 
 
 def _search_bar() -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=err_console)
+    # (the trial count is a field, not rich's M/N column: under the stages after the search, "simplifying the
+    # best config 6/6" read as six simplifications)
+    return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                    TextColumn("{task.fields[count]}"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+                    console=err_console)
 
 
 def _best_text(objective, best: float | None) -> str:
@@ -665,19 +668,19 @@ def _solve_with_progress(problem, *, n_trials: int, json_out: bool = False, **op
     says how to resume."""
     from skistune.optimize import Terminated, interrupted_exit_code, sigterm_as_interrupt, solve
 
-    feasible = [0]
+    feasible, done = [0], [0]
 
     def on_progress(p) -> None:
-        feasible[0] = p.feasible
-        bar.update(task, completed=p.done, status=f"feasible {p.feasible}  best "
-                                                  f"{_best_text(problem.objectives[0], p.best)}")
+        feasible[0], done[0] = p.feasible, p.done
+        bar.update(task, completed=p.done, count=f"{p.done}/{n_trials}",
+                   status=f"feasible {p.feasible}  best {_best_text(problem.objectives[0], p.best)}")
 
     def on_stage(message: str) -> None:  # (the search's best, at its precision, is not what the table shows)
-        bar.update(task, description=message, status=f"feasible {feasible[0]}")
+        bar.update(task, description=message, count="", status=f"after {done[0]} trials, feasible {feasible[0]}")
 
     try:
         with sigterm_as_interrupt(), _search_bar() as bar:
-            task = bar.add_task("search", total=n_trials, status="")
+            task = bar.add_task("search", total=n_trials, status="", count=f"0/{n_trials}")
             return solve(problem, n_trials=n_trials, progress=on_progress, on_stage=on_stage, **options)
     except KeyboardInterrupt as exc:
         stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
