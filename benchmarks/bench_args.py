@@ -1,14 +1,41 @@
 """Argument types shared by the benchmark scripts: each turns bad input into argparse's own error (a usage
-line and ``error: ...`` on stderr, exit code 2) instead of a traceback later; and ``print_json``, the one way
-a script prints its ``--json`` figures. The scripts run as ``python benchmarks/NAME.py``, which puts this
+line and ``error: ...`` on stderr, exit code 2) instead of a traceback later. Also what every script shares
+around them: ``description`` and ``add_json`` for its parser, ``fail``, ``check_device`` and ``check_runtime``
+for input found bad after parsing, ``console`` for its tables and ``print_json``, the one way a script prints
+its ``--json`` figures. The scripts run as ``python benchmarks/NAME.py``, which puts this
 folder first on ``sys.path``; so no script here may be named like an installed package or a standard-library
 module (``kernels.py`` once shadowed Hugging Face's ``kernels``, which transformers imports)."""
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Iterable, NoReturn
+
+JSON_HELP = "end with the figures as one JSON object on the last line"
+# a sentence ends at . ! or ? before a space or the end of its paragraph, not after an abbreviation
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)(?<!\betc)(?<!\bcf)[.!?](?=\s|$)")
+
+
+def description(doc: str) -> str:
+    """A script's ``--help`` description: the first sentence of its docstring, joined across lines (the first
+    line alone stopped mid-sentence in most scripts). The sentence ends at its paragraph's end at the latest
+    (a blank line, or the indented usage line)."""
+    lines = []
+    for line in doc.strip().splitlines():
+        if not line.strip() or (lines and line[:1].isspace()):
+            break
+        lines.append(line.strip())
+    paragraph = " ".join(lines)
+    end = _SENTENCE_END.search(paragraph)
+    return paragraph if end is None else paragraph[:end.end()]
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    """The ``--json`` option, with the same help in every script."""
+    parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def print_json(figures: dict) -> None:
@@ -33,6 +60,29 @@ def check_runtime(model: str, device: str) -> None:
     reason = runtime_unavailable(model, device)
     if reason is not None:
         fail(f"--model {model} --device {device}: {reason}")
+
+
+def check_device(device: str) -> None:
+    """``--device cuda`` on a machine without one (or a torch built without CUDA): one ``error:`` line, exit
+    code 2, before any tensor is made there (torch's own answer is an AssertionError's traceback)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: no CUDA device here")
+
+
+def console(stderr: bool = False):
+    """A rich Console for a script's tables: a terminal's own width, but 200 columns (the CLI's
+    ``skistune.cli.PIPED_WIDTH``) when written to a pipe or a file, where rich's default of 80 wraps a table's
+    rows mid-row; ``COLUMNS`` still decides where it is set."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    if "COLUMNS" in os.environ or stream.isatty():
+        return Console(stderr=stderr)
+    from skistune.cli import PIPED_WIDTH
+
+    return Console(stderr=stderr, width=PIPED_WIDTH)
 
 
 def _int_at_least(text: str, low: int) -> int:
@@ -91,12 +141,38 @@ def existing_dir(text: str) -> str:
     return text
 
 
+def writable_dir(text: str) -> str:
+    """A folder to write into: one that exists, or a path where one can be made (returned as given). Checked
+    when parsing: a file in its place was found only when the first result was saved, after the work."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: not a folder")
+    parent = path
+    while not parent.exists():  # the nearest part of the path that exists: the folder is made under it
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: {parent} is not writable")
+    return text
+
+
+def nonempty(text: str) -> str:
+    """A string with something in it (an empty one had silently meant the option was not given)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: empty")
+    return text
+
+
 def name_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
-    """A type for a comma-separated list of names, each one of ``choices`` (empty items are skipped)."""
+    """A type for a comma-separated list of names, each one of ``choices`` (empty items are skipped; a list
+    that names nothing is refused: taken as no option at all, it had meant every name)."""
     allowed = list(choices)
 
     def parse(text: str) -> list[str]:
         names = [n.strip() for n in text.split(",") if n.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"{text!r} names nothing (choose from {', '.join(allowed)})")
         unknown = [n for n in names if n not in allowed]
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {', '.join(map(repr, unknown))} "

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from bench_args import positive_int, print_json
+from bench_args import add_json, description, positive_int, print_json
 
 POLICIES = {"spin": {"SKISTUNE_OMP_WAIT": "spin"}, "passive": {"SKISTUNE_OMP_WAIT": "passive"}}
 SCENARIOS = ("alone", "beside a busy loop", "beside a second replay")
@@ -65,10 +65,10 @@ def measure(policy: str, scenario: str, replays: int) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--rounds", type=positive_int, default=2, help="alternations of the two policies per scenario")
     ap.add_argument("--replays", type=positive_int, default=3, help="replays timed per process")
-    ap.add_argument("--json", action="store_true")
+    add_json(ap)
     args = ap.parse_args()
     tbt: dict[str, dict[str, list[float]]] = {s: {p: [] for p in POLICIES} for s in SCENARIOS}
     for scenario in SCENARIOS:

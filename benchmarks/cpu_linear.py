@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench_args import positive_int, print_json
+from bench_args import add_json, description, positive_int, print_json
 from skistune.kernels.linear import machine_rule, oriented_product
 from skistune.runtime.presets import PRESETS, get_preset
 
@@ -55,14 +55,14 @@ def compare(pairs, rounds: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--model", default="smollm2-135m", choices=list(PRESETS))
     ap.add_argument("--tokens", type=positive_int, nargs="+",
                     default=[1, 2, 4, 7, 9, 13, 16, 17, 24, 32, 37, 47, 63, 64, 96, 131, 192, 256, 512])
     ap.add_argument("--rounds", type=positive_int, default=5, help="alternating rounds of the orientations (median ratio)")
     ap.add_argument("--weights", choices=["streamed", "hot"], default="streamed",
                     help="streamed: every layer's own weights, as a step reads them; hot: one layer's, reused")
-    ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    add_json(ap)
     args = ap.parse_args()
     torch.manual_seed(0)
     spec = get_preset(args.model)

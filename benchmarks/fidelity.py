@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_args import check_runtime, existing_file, fail, hardware_profile, positive_float, positive_int, print_json
+from bench_args import (add_json, check_runtime, description, existing_file, fail, hardware_profile, positive_float,
+                        positive_int, print_json)
 from skistune.config import KVConfig
 from skistune.evaluate import FIDELITY_FIGURES, relative_error, sim_target, workload_requests
 from skistune.profile.measure import DTYPES
@@ -158,7 +159,7 @@ def _num(x: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     add_target_args(ap)
     ap.add_argument("--requests", type=positive_int, default=16)
     ap.add_argument("--traces", type=Path, default=TRACES,
@@ -173,7 +174,7 @@ def main() -> None:
                          "and configs replace those options")
     ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
                     help="do not time the profile's own steps again before and after the replays")
-    ap.add_argument("--json", action="store_true")
+    add_json(ap)
     args = ap.parse_args()
     recorded = read_recorded(args) if args.measured else None
     profile = profile_path(args, serving=recorded is None)

@@ -1,7 +1,8 @@
 """Simulator fidelity step by step: one fidelity workload x config served by the real runtime, each real
 step's time against the hardware profile's prediction for the same step's shape, by kind of step (pure
-decode, one prefill, prefill with decodes), and for the steps that follow an idle gap apart from the rest.
-Shows where `benchmarks/fidelity.py`'s latency errors come from.
+decode, one prefill, prefill with decodes), and for the steps that follow an idle gap apart from the rest
+(and from the replay's first step, which follows nothing). Shows where `benchmarks/fidelity.py`'s latency
+errors come from.
     python benchmarks/fidelity_steps.py [--model smollm2-135m] [--device cpu] [--profile P]
                                         [--workload mooncake-prefix] [--config default] [--rate-scale 1]
                                         [--replays 2] [--json]
@@ -13,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench_args import positive_float, positive_int, print_json
+from bench_args import add_json, description, positive_float, positive_int, print_json
 from fidelity import (CONFIG_NAMES, TRACES, WORKLOAD_NAMES, add_target_args, base_runtime, block_bytes, configs,
                       profile_path, simulation_target, workloads)
 
@@ -56,8 +57,24 @@ def summary(errors: list[float]) -> dict:
             "p90": errors[len(errors) * 9 // 10]}
 
 
+def step_groups(rows: list[dict]) -> dict[str, dict]:
+    """The replay's steps summarized by kind, then again by what came before each: the first step of the
+    replay follows nothing (it is neither after a gap nor back to back, and had been in no group: the groups'
+    counts fell a step short of the replay's), the others an idle gap or the previous step."""
+    def errors(part):
+        return [r["predicted_s"] / r["measured_s"] - 1 for r in part]
+
+    groups = {k: summary(errors([r for r in rows if r["kind"] == k]))
+              for k in KINDS if any(r["kind"] == k for r in rows)}
+    for label, part in (("first step", rows[:1]), ("after an idle gap", [r for r in rows[1:] if r["after_idle"]]),
+                        ("back to back", [r for r in rows[1:] if not r["after_idle"]])):
+        if part:
+            groups[label] = summary(errors(part))
+    return groups
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     add_target_args(ap)
     ap.add_argument("--workload", default="mooncake-prefix", choices=WORKLOAD_NAMES)
     ap.add_argument("--config", default="default", choices=CONFIG_NAMES)
@@ -67,7 +84,7 @@ def main() -> None:
     ap.add_argument("--rate-scale", type=positive_float, default=1.0,
                     help="multiply the workload's arrival rate (as fidelity.py's --rate-scale)")
     ap.add_argument("--replays", type=positive_int, default=2)
-    ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    add_json(ap)
     args = ap.parse_args()
     args.profile = profile_path(args)
     target = simulation_target(args.model, args.profile)
@@ -90,12 +107,7 @@ def main() -> None:
                          "measured_s": measured_s, "predicted_s": target.step_cost.predict_s(shape),
                          "after_idle": previous_end is not None and start - previous_end > IDLE_GAP_S})
             previous_end = end
-        groups = {k: summary([r["predicted_s"] / r["measured_s"] - 1 for r in rows if r["kind"] == k])
-                  for k in KINDS if any(r["kind"] == k for r in rows)}
-        for label, flag in (("after an idle gap", True), ("back to back", False)):
-            errors = [r["predicted_s"] / r["measured_s"] - 1 for r in rows[1:] if r["after_idle"] == flag]
-            if errors:
-                groups[label] = summary(errors)
+        groups = step_groups(rows)
         replays.append({"steps": len(rows), "groups": groups})
         print(f"replay {replay + 1}: {len(rows)} steps")
         for label, g in groups.items():

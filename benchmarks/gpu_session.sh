@@ -13,13 +13,57 @@
 # one link, skistune -> this copy's skistune/, not the repository root: tests/conftest.py takes the root off
 # sys.path (from there the root's kernels/ would shadow Hugging Face's `kernels` package), and the kernel
 # tests would then find no skistune.
+# The links are made only once every check below passed, and removed when the script exits, however it exits:
+# left behind, they sat in a checkout as untracked files (a tester's --help had run the whole session).
 set -u
+usage() {
+    cat <<'USAGE'
+usage: [SKISTUNE_TRACES=DIR] [PROFILE_GRID=full] [PYTHON=python3] bash benchmarks/gpu_session.sh [OUT_DIR]
+
+Everything GPU-side in one run, on a machine with an NVIDIA GPU, from the repository's root: the Triton
+kernel tests, a hardware profile of Llama-3-8B (random weights), the simulator's fidelity against it (and
+step by step), where a step's time goes, and the kernel benchmark. Each step's output is written to
+OUT_DIR (default $OUT, else /tmp/skistune-gpu).
+
+  -h, --help  show this help and exit
+USAGE
+}
+refuse() {  # bad input or the wrong machine: one line, exit code 2, nothing made or written
+    echo "error: $*" >&2
+    exit 2
+}
+case "${1:-}" in
+    -h|--help) usage; exit 0 ;;
+    -*) refuse "unknown option $1 (bash benchmarks/gpu_session.sh --help)" ;;
+esac
+[ $# -le 1 ] || refuse "one OUT_DIR at most, not $# arguments (bash benchmarks/gpu_session.sh --help)"
+[ -d skistune ] && [ -d runtime ] && [ -f benchmarks/gpu_session.sh ] \
+    || refuse "run it from the repository's root (no skistune/, runtime/ or benchmarks/ here)"
+# every step times or compiles for an NVIDIA GPU: without one the session measures nothing (it had run on a
+# CPU-only machine for minutes and exited 0)
+command -v nvidia-smi > /dev/null 2>&1 || refuse "no NVIDIA GPU here (no nvidia-smi): this session runs on one"
+nvidia-smi -L > /dev/null 2>&1 || refuse "no NVIDIA GPU here (nvidia-smi -L failed): this session runs on one"
 export PYTHONUNBUFFERED=1
 OUT_DIR=${1:-${OUT:-/tmp/skistune-gpu}}
-mkdir -p "$OUT_DIR"
-ln -sfn ../runtime skistune/runtime
-ln -sfn ../kernels skistune/kernels
-ln -sfn ../searchspace skistune/searchspaces
+mkdir -p "$OUT_DIR" || refuse "OUT_DIR $OUT_DIR: cannot make that folder"
+LINKS=()
+IMPORT_DIR=""
+cleanup() {
+    local link
+    for link in ${LINKS[@]+"${LINKS[@]}"}; do rm -f "$link"; done
+    if [ -n "$IMPORT_DIR" ]; then rm -rf "$IMPORT_DIR"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+link() {  # ln -s TARGET NAME, replacing a link (one an older run of this script left) but never a folder
+    if [ -L "$2" ] || [ ! -e "$2" ]; then
+        ln -sfn "$1" "$2" && LINKS+=("$2")
+    fi
+}
+link ../runtime skistune/runtime
+link ../kernels skistune/kernels
+link ../searchspace skistune/searchspaces
 IMPORT_DIR=$(mktemp -d)
 ln -sfn "$PWD/skistune" "$IMPORT_DIR/skistune"
 export PYTHONPATH="$IMPORT_DIR"

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench_args import nonnegative_int, print_json
+from bench_args import add_json, check_device, description, fail, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.kernels import cpu_native
 from skistune.kernels.attention import _decode_torch, build_attention_metadata, paged_attention, quantize_blocks
@@ -253,6 +253,13 @@ def quantize_rows(spec, dtype, device, repeats: int) -> list[dict]:
     return rows
 
 
+def gbps(bytes_per_s: float) -> str:
+    """GB/s to three significant digits, without an exponent from 100 up: a CPU's quantize-on-append runs
+    below 1 GB/s, which a whole number printed as 0."""
+    x = bytes_per_s / 1e9
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def shape(text: str) -> tuple[int, int]:
     """``--shapes``: BATCHxCONTEXT, both positive integers."""
     parts = text.lower().split("x")
@@ -262,19 +269,25 @@ def shape(text: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
     ap.add_argument("--model", default="llama-3-8b", choices=list(PRESETS))
     ap.add_argument("--shapes", nargs="+", type=shape, metavar="BATCHxCONTEXT",
                     help="BATCHxCONTEXT, e.g. 8x2048 (default depends on the device)")
     ap.add_argument("--bits", nargs="+", type=int, choices=(16, 8, 4, 2), default=[16, 8, 4, 2])
-    ap.add_argument("--repeats", type=nonnegative_int, default=0, help="timed repeats (default 20 on CUDA, 5 on CPU)")
+    ap.add_argument("--repeats", type=positive_int, default=None, help="timed repeats (default 20 on CUDA, 5 on CPU)")
     ap.add_argument("--sweep", action="store_true",
                     help="CUDA: first time the decode kernel's tile/warps/stages choices and use the fastest")
     ap.add_argument("--warm", action="store_true",
                     help="CPU: time each call from a warm cache (default: caches evicted before every call)")
-    ap.add_argument("--json", action="store_true")
+    add_json(ap)
     args = ap.parse_args()
+    check_device(args.device)
+    # each of these times one device's code only: on the other, taken silently, it changed nothing
+    if args.sweep and args.device != "cuda":
+        fail(f"--sweep: times the Triton decode kernel's settings, on CUDA only (not --device {args.device})")
+    if args.warm and args.device != "cpu":
+        fail(f"--warm: times the CPU kernel from a warm cache, on a CPU only (not --device {args.device})")
     device = torch.device(args.device)
     dtype = DTYPES[device.type]
     repeats = args.repeats or (20 if device.type == "cuda" else 5)
@@ -283,10 +296,11 @@ def main() -> None:
     copy_bps = copy_bandwidth(device, (2 << 30) if device.type == "cuda" else (256 << 20), repeats)
     flush = CacheFlush() if device.type == "cpu" and not args.warm else None
     impl = "triton" if device.type == "cuda" else ("compiled C" if cpu_native.available() else "pytorch")
-    print(f"{device.type} ({impl} decode kernel): copy bandwidth {copy_bps / 1e9:.0f} GB/s (read + write); {spec.name} layer, {dtype}"
+    print(f"{device.type} ({impl} decode kernel): copy bandwidth {gbps(copy_bps)} GB/s (read + write); "
+          f"{spec.name} layer, {dtype}"
           + (f"; caches evicted before each call ({len(flush.buffer) * 4 >> 20} MiB written)" if flush else ""))
     sweep_rows = []
-    if args.sweep and device.type == "cuda":
+    if args.sweep:
         from skistune.kernels import triton_attention as ta
         sweep_rows = sweep(spec, 64, 8192, dtype, device, repeats)
         for r in sweep_rows:
@@ -300,7 +314,7 @@ def main() -> None:
             err = "" if r["rel_err_vs_torch"] is None else f"  err {r['rel_err_vs_torch']:.1e}"
             vs_torch = "" if r["vs_torch_path"] is None else f"  {r['vs_torch_path']:5.2f}x torch path"
             print(f"decode B={batch:<4} L={context:<6} {r['bits']:>2}-bit  {r['time_s'] * 1e3:8.3f} ms  "
-                  f"{r['bytes'] / 1e9:7.3f} GB  {r['bytes_per_s'] / 1e9:7.0f} GB/s  "
+                  f"{r['bytes'] / 1e9:7.3f} GB  {gbps(r['bytes_per_s']):>7} GB/s  "
                   f"{r['fraction_of_copy']:5.1%} of copy  {r['vs_sdpa']:5.2f}x SDPA{vs_torch}{err}")
     prefill = prefill_rows(spec, dtype, device, repeats)
     for r in prefill:
@@ -309,10 +323,10 @@ def main() -> None:
     quant = quantize_rows(spec, dtype, device, repeats)
     for r in quant:
         print(f"quantize-on-append {r['bits']}-bit, {r['blocks']} blocks: {r['time_s'] * 1e3:.3f} ms, "
-              f"{r['bytes_per_s'] / 1e9:.0f} GB/s")
+              f"{gbps(r['bytes_per_s'])} GB/s")
     if args.json:
-        print_json({"device": device.type, "implementation": impl, "model": spec.name,
-                    "dtype": str(dtype).removeprefix("torch."),
+        print_json({"benchmark": "kernel_timing", "device": device.type, "implementation": impl,
+                    "model": spec.name, "dtype": str(dtype).removeprefix("torch."),
                     "copy_bytes_per_s": copy_bps, "decode": rows, "prefill": prefill, "quantize": quant,
                     "sweep": sweep_rows, "settings": _settings(), "caches_evicted": flush is not None})
 

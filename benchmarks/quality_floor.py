@@ -26,7 +26,8 @@ from pathlib import Path
 import optuna
 
 import skistune
-from bench_args import hardware_profile, nonnegative_int, positive_int, print_json, quality_profile
+from bench_args import (add_json, description, hardware_profile, nonnegative_int, positive_int, print_json,
+                        quality_profile)
 from skistune.config import KVConfig
 from skistune.objectives import structural_changes
 from skistune.quality.measure import measure_quality
@@ -72,7 +73,7 @@ def within(floor: str, measured: dict) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--trials", type=positive_int, default=40)
     ap.add_argument("--top", type=positive_int, default=3)
     ap.add_argument("--validate", type=nonnegative_int, default=3,
@@ -81,7 +82,7 @@ def main() -> None:
     ap.add_argument("--quality-profile", type=quality_profile, default=None,
                     help="default: the shipped SmolLM2 profile")
     ap.add_argument("--profile", type=hardware_profile, default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
-    ap.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
+    add_json(ap)
     args = ap.parse_args()
     started = time.perf_counter()
     runtime = Runtime.from_preset("smollm2-135m", KVConfig().with_knobs({"offload.device_kv_bytes": SCORING_KV_BYTES}))
@@ -120,7 +121,8 @@ def main() -> None:
           f"their floor on held-out text ({len(lossy)} lossy, {args.windows} held-out windows each; validated: "
           f"{args.validate}; {time.perf_counter() - started:.0f} s)")
     if args.json:
-        print_json({"chosen_violations": chosen_violations, "chosen": chosen, "violations": violations,
+        print_json({"benchmark": "quality_floor", "chosen_violations": chosen_violations, "chosen": chosen,
+                    "violations": violations,
                     "configs": total, "lossy": len(lossy), "windows": args.windows, "trials": args.trials,
                     "validate": args.validate, "rows": rows})
 

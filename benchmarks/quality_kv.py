@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from bench_args import fail, name_list, positive_int, print_json
+from bench_args import add_json, description, fail, name_list, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.quality.corpus import stdlib_text
 from skistune.quality.scoring import window_nll
@@ -85,7 +85,7 @@ def print_table(results: dict[str, dict], continuation: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     names = list(configs(1500))  # (the budgets depend on the window, the names do not)
     ap.add_argument("--windows", type=positive_int, default=8)
     ap.add_argument("--window-tokens", type=positive_int, default=1500)
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--only", type=name_list(names), default=[],
                     help="comma-separated config names (full is always measured): "
                     + ", ".join(names).replace("%", "%%"))  # (argparse formats help with %)
-    ap.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
+    add_json(ap)
     args = ap.parse_args()
     if args.continuation >= args.window_tokens:
         ap.error(f"--continuation {args.continuation} leaves no prompt in windows of {args.window_tokens} tokens")
@@ -121,7 +121,8 @@ def main() -> None:
           f"Python {sys.version.split()[0]}), prefill chunks of {args.chunk}, last {args.continuation} decoded")
     print_table(results, args.continuation)
     if args.json:
-        print_json({"python": sys.version.split()[0], "modules": used, "tokens": len(ids), "windows": len(windows),
+        print_json({"benchmark": "quality_kv", "python": sys.version.split()[0], "modules": used, "tokens": len(ids),
+                    "windows": len(windows),
                     "window_tokens": n, "chunk": args.chunk, "continuation": args.continuation,
                     "configs": results})
 

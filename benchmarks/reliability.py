@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "reliability"))  # the suite's helpers: one definition of each check
 
 import optuna
-from bench_args import print_json
+from bench_args import add_json, description, print_json
 from bad_inputs import CASES, prepare, run_case
 from overload import runtime_overload, simulator_overload, tiered_overload
 from pg_server import PostgresServer, unavailable_reason
@@ -130,8 +130,8 @@ def table(f: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    add_json(parser)
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # the shipped profile's fingerprint note
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -148,7 +148,7 @@ def main() -> None:
                    "overload_sim": simulator_overload(profile)}
     print(table(figures))
     if args.json:
-        print_json(figures)
+        print_json({"benchmark": "reliability", **figures})
 
 
 if __name__ == "__main__":

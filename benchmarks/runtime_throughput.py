@@ -20,20 +20,53 @@ import time
 
 import torch
 
-from bench_args import positive_int, print_json
+from bench_args import add_json, description, fail, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.runtime.llm import Runtime
 from skistune.runtime.request import Request
 from skistune.runtime.weights import find_smollm2_gguf
 
 
+WARM_PROMPTS = 2  # the warm-up's batch, before any timed one
+
+
+def prompt_text() -> str:
+    """The text prompts are cut from: the stdlib's English docs."""
+    import argparse as a, collections as c, json as j, logging as lg, unittest as u
+    return "\n".join(m.__doc__ for m in (a, c, j, lg, u))
+
+
+def longest_prompt(text_tokens: int, n: int) -> int:
+    """The most tokens each of ``n`` prompts can have, cut from a text of ``text_tokens`` (`prompt_token_ids`
+    starts them at least a token apart)."""
+    return text_tokens - (n - 1)
+
+
 def prompt_token_ids(tokenizer, n: int, length: int) -> list[list[int]]:
     """n prompts of exactly `length` tokens, cut at different offsets of the stdlib's English docs."""
-    import argparse as a, collections as c, json as j, logging as lg, unittest as u
-    text = "\n".join(m.__doc__ for m in (a, c, j, lg, u))
-    ids = tokenizer.encode(text)
+    ids = tokenizer.encode(prompt_text())
     stride = max(1, (len(ids) - length) // max(1, n))
     return [ids[i * stride:i * stride + length] for i in range(n)]
+
+
+def check_lengths(prompt_tokens: int, new_tokens: int, batch_sizes: list[int]) -> None:
+    """Before the model loads: prompts longer than the text can give had been cut short, and transformers then
+    failed on prompts of unequal length, after the load and the warm-up. Only the tokenizer is read (a
+    second)."""
+    from skistune.runtime.presets import PRESETS
+    from skistune.runtime.tokenizer import Tokenizer
+
+    text_tokens = len(Tokenizer.from_gguf(find_smollm2_gguf()).encode(prompt_text()))
+    batch = max(WARM_PROMPTS, *batch_sizes)
+    most = longest_prompt(text_tokens, batch)
+    if prompt_tokens > most:
+        fail(f"--prompt-tokens {prompt_tokens}: the prompt text gives at most {most} tokens per prompt (it has "
+             f"{text_tokens}; the prompts of a batch, up to {batch} with the warm-up's {WARM_PROMPTS}, start a token "
+             "apart or more)")
+    context = PRESETS["smollm2-135m"].max_context
+    if prompt_tokens + new_tokens > context:
+        fail(f"--prompt-tokens {prompt_tokens} --new-tokens {new_tokens}: more than the model's context of "
+             f"{context} tokens")
 
 
 def run_skistune(rt: Runtime, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
@@ -66,19 +99,20 @@ def load_transformers():
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--prompt-tokens", type=positive_int, default=32)
     ap.add_argument("--new-tokens", type=positive_int, default=64)
     ap.add_argument("--repeats", type=positive_int, default=3, help="runs of each, alternating; the median counts")
-    ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    add_json(ap)
     args = ap.parse_args()
+    check_lengths(args.prompt_tokens, args.new_tokens, args.batch_sizes)
     logging.disable(logging.WARNING)
 
     cfg = KVConfig().with_knobs({"offload.device_kv_bytes": 512 << 20})
     rt = Runtime.from_preset("smollm2-135m", cfg)
     hf = load_transformers()
-    warm = prompt_token_ids(rt.tokenizer, 2, args.prompt_tokens)
+    warm = prompt_token_ids(rt.tokenizer, WARM_PROMPTS, args.prompt_tokens)
     run_skistune(rt, warm, 4), run_transformers(hf, warm, 4)
 
     rows = []

@@ -13,10 +13,9 @@ import functools
 import math
 import statistics
 import time
-from pathlib import Path
 
 import search_efficiency as se
-from bench_args import fail, positive_int, print_json
+from bench_args import add_json, console as table_console, description, nonempty, positive_int, print_json
 
 BUDGET = 200
 
@@ -46,36 +45,35 @@ def sampler_for(variant: str):
 
 def main() -> None:
     import optuna
-    from rich.console import Console
     from rich.progress import Progress
 
     import skistune.optimize as opt
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     names = [s.name for s in se.SCENARIOS]
     ap.add_argument("--seeds", type=positive_int, default=20)
     ap.add_argument("--scenarios", nargs="+", default=names, choices=names, metavar="NAME",
                     help="scenarios (default all): " + ", ".join(names))
     ap.add_argument("--variants", nargs="+", default=["current", "tpe-only"], choices=list(VARIANTS), metavar="NAME",
                     help="sampler settings (default current, tpe-only): " + ", ".join(VARIANTS))
-    ap.add_argument("--code", metavar="DIGEST",
+    ap.add_argument("--code", metavar="DIGEST", type=nonempty,
                     help="read the tables cached for this skistune source digest (the `code` that "
                          "search_efficiency.py --json prints) instead of this source's: every variant is compared on "
                          "one table, and a source edited since need not be scored again")
-    ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    add_json(ap)
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    console = Console()
+    console = table_console()
     code = args.code or se.code_digest()
+    scenarios = [s for s in se.SCENARIOS if s.name in args.scenarios]
+    if args.code:
+        se.check_cached(code, scenarios, se.DEFAULT_CACHE)
     real = opt.make_sampler
     rows = []
-    for scenario in (s for s in se.SCENARIOS if s.name in args.scenarios):
+    for scenario in scenarios:
         problem = scenario.problem()
         maximize = problem.objectives[0].maximize
-        cache = Path(se.DEFAULT_CACHE) / f"{scenario.name}-{se.scenario_digest(scenario, problem, code)}.json"
-        if args.code and not cache.is_file():  # scoring it now would file this source's figures under another's key
-            fail(f"--code {args.code}: no table cached for {scenario.name} (run benchmarks/search_efficiency.py "
-                 "at that source first)")
+        cache = se.cache_path(scenario, problem, code, se.DEFAULT_CACHE)
         with Progress(console=console, transient=True) as progress:
             table = se.exhaustive(scenario, problem, cache, 2, progress)
         optimum, _ = table.optimum(maximize)

@@ -571,16 +571,31 @@ def show_grid(console, g: Mapping[str, Any]) -> None:
                   highlight=False)
 
 
+def cache_path(scenario: Scenario, problem, code: str, cache_dir: str | os.PathLike) -> Path:
+    """Where the scenario's table scored by source ``code`` is cached."""
+    return Path(cache_dir) / f"{scenario.name}-{scenario_digest(scenario, problem, code)}.json"
+
+
+def check_cached(code: str, scenarios: Sequence[Scenario], cache_dir: str | os.PathLike) -> None:
+    """``--code`` (here and in sampler_variants.py): every scenario's table must be cached for that source,
+    checked before the first scenario is searched (a missing one had stopped the run after the others' work,
+    with exit code 1). Scoring it now would file this source's figures under the other's key."""
+    from bench_args import fail
+
+    missing = [s.name for s in scenarios if not cache_path(s, s.problem(), code, cache_dir).is_file()]
+    if missing:
+        fail(f"--code {code}: no table cached for {', '.join(missing)} (run benchmarks/search_efficiency.py at "
+             "that source first)")
+
+
 def run_scenario(scenario: Scenario, args, code: str, progress) -> dict[str, Any]:
     problem = scenario.problem()
     maximize = problem.objectives[0].maximize
-    digest = scenario_digest(scenario, problem, code)
-    cache = None if args.cache_dir is None else Path(args.cache_dir) / f"{scenario.name}-{digest}.json"
+    cache = None if args.cache_dir is None else cache_path(scenario, problem, code, args.cache_dir)
     if cache is not None and args.fresh and cache.is_file():
         cache.unlink()
-    if args.code and (cache is None or not cache.is_file()):  # scoring it now would file this source's figures
-        raise SystemExit(f"--code {args.code}: no table cached for {scenario.name} (run this benchmark at that "
-                         "source first)")
+    if args.code:  # (main checked every scenario already: one removed since must not be scored now either)
+        check_cached(code, [scenario], args.cache_dir)
     table = exhaustive(scenario, problem, cache, args.jobs, progress)
     if args.grid_only:
         return grid_statistics(scenario, problem, table, maximize)
@@ -706,19 +721,21 @@ def show(console, result: dict[str, Any], budgets: Sequence[int]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     import optuna
-    from bench_args import print_json
+    from bench_args import add_json, description, nonempty, print_json, writable_dir
+    from bench_args import console as table_console
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     names = [s.name for s in SCENARIOS]
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--scenarios", nargs="+", choices=names, default=names, metavar="NAME",
                     help=f"scenarios to run (default all: {', '.join(names)})")
     ap.add_argument("--seeds", type=int, default=SEEDS, help="seeds 0..N-1 per searcher")
     ap.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS), help="trial budgets read from each run")
-    ap.add_argument("--cache-dir", default=str(DEFAULT_CACHE), help="where the exhaustive tables are kept")
+    ap.add_argument("--cache-dir", type=writable_dir, default=str(DEFAULT_CACHE),
+                    help="where the exhaustive tables are kept (made if missing)")
     ap.add_argument("--fresh", action="store_true", help="score the grids again, ignoring the cache")
-    ap.add_argument("--code", metavar="DIGEST",
+    ap.add_argument("--code", metavar="DIGEST", type=nonempty,
                     help="search the tables cached for this skistune source digest (the `code` a --json run "
                          "prints) instead of this source's: for a change that cannot move a score (the sampler), "
                          "so that the grids need not be scored again; the output names the digest read")
@@ -729,7 +746,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--grid-only", action="store_true",
                     help="calibration: print each grid's statistics and stop before any search (a scenario's load "
                          "is chosen on these alone)")
-    ap.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
+    add_json(ap)
     args = ap.parse_args(argv)
     if args.seeds < 1 or min(args.budgets) < 1 or args.jobs < 1:
         ap.error("--seeds, --budgets and --jobs must be positive")
@@ -747,11 +764,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                  for s in SCENARIOS if s.name in args.scenarios]
     args.seeds = list(range(args.seeds))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    console = Console(width=120)
+    console = table_console()
     started = time.perf_counter()
     code = args.code or code_digest()
     if args.code and args.fresh:
         ap.error("--code reads tables cached for another source: it cannot score them --fresh")
+    if args.code:
+        check_cached(code, scenarios, args.cache_dir)
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as progress:

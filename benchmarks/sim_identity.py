@@ -22,7 +22,7 @@ import time
 import warnings
 from pathlib import Path
 
-from bench_args import existing_file, fail, hardware_profile, print_json
+from bench_args import add_json, description, existing_file, fail, hardware_profile, print_json
 from skistune.config import KVConfig
 from skistune.evaluate import sim_target, workload_requests
 from skistune.objectives import energy_j_per_token
@@ -155,7 +155,7 @@ def read_digest(path: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", metavar="FILE", help="write the digest of every case")
     mode.add_argument("--check", metavar="FILE", type=existing_file, help="compare every case against this digest")
@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     ap.add_argument("--full", action="store_true", help="add sim_speed's two runs (default config; ~30 s)")
-    ap.add_argument("--json", action="store_true")
+    add_json(ap)
     args = ap.parse_args()
     ref = read_digest(args.check) if args.check else None
     warnings.simplefilter("ignore")  # the shipped profile's fingerprint warning: timings are not the point here

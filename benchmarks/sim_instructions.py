@@ -22,7 +22,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_args import fail, positive_float, positive_int, print_json
+from bench_args import add_json, description, fail, hardware_profile, positive_float, positive_int, print_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / ".." / "shared" / "traces"
@@ -77,6 +77,16 @@ def package_at(rev: str, dest: Path) -> Path:
     return dest / "pkg"
 
 
+def check_revision(option: str, rev: str) -> None:
+    """``WT`` or a git revision that names a commit of this repository (read only: ``git rev-parse``)."""
+    if rev == "WT":
+        return
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", "--end-of-options",
+                            f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if found.returncode:
+        fail(f"{option} {rev}: not a git revision of this repository (nor WT, the working tree)")
+
+
 def count(rev: str, args, tmp: Path) -> dict:
     name = re.sub(r"\W", "_", rev)  # (a folder and a file name per revision: both run at once)
     pythonpath = package_at(rev, tmp / name)
@@ -96,18 +106,25 @@ def count(rev: str, args, tmp: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--base", required=True, help="git revision to compare against (or WT)")
     ap.add_argument("--new", default="WT", help="git revision measured against it (default: the working tree)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="azure-conv")
     ap.add_argument("--rate-scale", type=positive_float, default=0.01)
     ap.add_argument("--requests", type=positive_int, default=3000, help="the workload's first N requests")
     ap.add_argument("--replays", type=positive_int, default=2, help="the last is counted (2: a repeat)")
-    ap.add_argument("--profile", default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", type=hardware_profile, default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
+    add_json(ap)
     args = ap.parse_args()
     if args.base == args.new:
         fail(f"--base and --new are both {args.base}")
+    # every input before either replay starts: a bad revision found by `git archive` in one thread had printed
+    # its error at once, and the process then waited for the other revision's replay (a minute) to exit
+    for option, rev in (("--base", args.base), ("--new", args.new)):
+        check_revision(option, rev)
+    if not WORKLOADS[args.workload].is_file():
+        fail(f"--workload {args.workload}: no trace sample at {WORKLOADS[args.workload]}")
+    args.profile = str(Path(args.profile).resolve())  # (the replays run in a temporary folder)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         fail("needs valgrind (callgrind and callgrind_control): apt-get install valgrind")
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as pool:  # both at once: counts are exact

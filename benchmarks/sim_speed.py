@@ -13,7 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench_args import hardware_profile, positive_float, print_json
+from bench_args import add_json, description, hardware_profile, positive_float, print_json
 from skistune.config import KVConfig
 from skistune.evaluate import sim_target, workload_requests
 from skistune.simulator import build_engine, with_rate_scale
@@ -44,11 +44,11 @@ def time_simulation(requests, target) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--profile", type=hardware_profile, default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
     ap.add_argument("--rate-scales", type=positive_float, nargs="+", default=[1.0, 0.01],
                     help="arrival-rate scales: 1 = the trace's own rate (overloads the small CPU model)")
-    ap.add_argument("--json", action="store_true")
+    add_json(ap)
     args = ap.parse_args()
     target = sim_target(MODEL, args.profile)
     rows = []

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from bench_args import check_runtime, fail, positive_int, print_json
+from bench_args import add_json, check_device, check_runtime, description, fail, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.profile.measure import DTYPES
 from skistune.profile.steps import SETUP_TOKENS, StepBench, fill_kv
@@ -136,7 +136,7 @@ def traced(bench: StepBench, p: Point, top: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--model", default=None, choices=list(PRESETS),
                     help="default llama-3-8b on cuda, smollm2-135m on cpu")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=list(DTYPES))
@@ -144,10 +144,9 @@ def main() -> None:
                     default=[point("decode:1x1024"), point("decode:64x1024"), point("prefill:512x0")])
     ap.add_argument("--steps", type=positive_int, default=5, help="timed steps per point")
     ap.add_argument("--top", type=positive_int, default=12, help="operators listed per point")
-    ap.add_argument("--json", action="store_true")
+    add_json(ap)
     args = ap.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        fail("--device cuda: no CUDA device here")
+    check_device(args.device)
     model = args.model or ("llama-3-8b" if args.device == "cuda" else "smollm2-135m")
     dtype = DTYPES[args.device]
     spec = PRESETS[model]

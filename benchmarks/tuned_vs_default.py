@@ -34,7 +34,8 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from bench_args import fail, hardware_profile, nonnegative_int, positive_int, print_json
+from bench_args import (add_json, console as table_console, description, fail, hardware_profile, nonnegative_int,
+                        positive_int, print_json)
 from skistune.optimize import (Problem, RequestSet, _measure, build_problem, load_runtime, score, score_at,
                                solve, validation_requests)
 from skistune.workloads import PRESETS
@@ -177,7 +178,7 @@ def report(rows: list[dict], console: Console) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--workloads", type=workload_names, default="chat,long-context,agent",
                     help="comma-separated workload presets or trace files")
     ap.add_argument("--slo", default="p99=200ms")
@@ -194,10 +195,10 @@ def main() -> None:
     ap.add_argument("--slice", type=positive_int, default=12, help="requests replayed per measurement")
     ap.add_argument("--max-input", type=positive_int, default=512)
     ap.add_argument("--max-output", type=positive_int, default=32)
-    ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    add_json(ap)
     args = ap.parse_args()
 
-    console = Console(stderr=args.json)
+    console = table_console(stderr=args.json)  # (with --json the table goes to stderr: stdout ends in the JSON)
 
     def profile() -> str:
         """--profile, or this machine's quick profile: called by build_problem once every other input passed."""
@@ -230,7 +231,8 @@ def main() -> None:
     wall = time.perf_counter() - started
     console.print(f"profile: {args.profile}; {args.trials} trials per workload; wall {wall:.0f} s")
     if args.json:
-        print_json({"rows": rows, "profile": args.profile, "wall_s": round(wall, 1), "skistune": version("skistune")})
+        print_json({"benchmark": "tuned_vs_default", "rows": rows, "profile": args.profile, "wall_s": round(wall, 1),
+                    "skistune": version("skistune")})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_args import positive_int, print_json
+from bench_args import add_json, description, positive_int, print_json
 from skistune.workloads import read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
@@ -45,10 +45,10 @@ def time_read(path: Path, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     parser.add_argument("--rows", type=positive_int, default=1_000_000, help="rows of the generated Azure-format CSV")
     parser.add_argument("--repeats", type=positive_int, default=3, help="best of this many reads")
-    parser.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
+    add_json(parser)
     args = parser.parse_args(argv)
     results = {name: time_read(path, args.repeats) for name, path in SAMPLES.items()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:32s} {figures['rows']:>9,} rows  {figures['seconds']:7.3f} s  "
               f"{figures['rows_per_s']:>12,.0f} rows/s")
     if args.json:
-        print_json(results)
+        print_json({"benchmark": "workload_read", **results})  # (main returns the reads alone)
     return results
 
 

@@ -65,14 +65,17 @@ def test_trials_to_goal_counts_feasible_trials_only(bench):
     assert bench.trials_to_goal([(2.0, True), (1.005, True)], 1.0, maximize=False) == 2
 
 
-def test_code_reads_only_tables_cached_for_that_source_and_never_scores_them(bench, tmp_path, monkeypatch):
+def test_code_reads_only_tables_cached_for_that_source_and_never_scores_them(bench, tmp_path, monkeypatch, capsys):
     """--code searches another source's tables (a sampler change moves no score): a table that source never
-    scored is an error, not a grid scored now and filed under its name; it cannot go with --fresh."""
+    scored is an error (one ``error:`` line, exit code 2), not a grid scored now and filed under its name; it
+    cannot go with --fresh."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(bench.__file__).parent))  # (its sibling modules, as a script has them)
-    with pytest.raises(SystemExit, match="--code 0.1.0-000000000000: no table cached for chat-capacity"):
+    with pytest.raises(SystemExit) as exit_info:
         bench.main(["--scenarios", "chat-capacity", "--code", "0.1.0-000000000000", "--cache-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --code 0.1.0-000000000000: no table cached for chat-capacity")
     assert not list(tmp_path.iterdir())
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--code", "0.1.0-000000000000", "--fresh", "--cache-dir", str(tmp_path)])

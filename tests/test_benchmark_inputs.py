@@ -1,0 +1,285 @@
+"""The benchmark scripts' inputs and outputs (benchmarks/): bad input is one ``error:`` line on stderr, exit code 2,
+before any long work (a tester's list: each of these had ended in a traceback, run for minutes on input it then
+refused, or silently measured something else); every script's ``--help`` says what it does in a whole sentence,
+and its ``--json`` object names it. Nothing here loads a model: the scripts stop at their checks."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "bench_args.py")
+SESSION = BENCH / "gpu_session.sh"
+
+
+def run_script(script: str, *args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=env)
+
+
+def assert_one_error(r: subprocess.CompletedProcess, message: str) -> None:
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error") or ": error:" in line]
+    assert r.returncode == 2 and r.stdout == "" and len(errors) == 1, r.stderr
+    assert message in errors[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def load(name: str, monkeypatch):
+    """benchmarks/NAME.py imported as a module, with its folder on the path as a script has it."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- bad input: one line, exit code 2, before the work -----------------------------------------------------
+@pytest.mark.parametrize("script,args,message", [
+    # a CPU-only torch: torch's own AssertionError's traceback
+    pytest.param("kernel_timing.py", ["--device", "cuda"], "error: --device cuda: no CUDA device here",
+                 marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device here")),
+    ("kernel_timing.py", ["--repeats", "0"], "argument --repeats: '0': must be 1 or more"),  # (0 meant the default)
+    ("kernel_timing.py", ["--device", "cpu", "--sweep"], "error: --sweep: times the Triton decode kernel's settings"),
+    # 2,246 tokens of text: transformers failed on prompts of unequal length, after the model had loaded
+    ("runtime_throughput.py", ["--prompt-tokens", "3000", "--batch-sizes", "1", "--repeats", "1"],
+     "error: --prompt-tokens 3000: the prompt text gives at most"),
+    # a prompt and its sampled token beyond the context: "scheduler made no progress" after the model loaded
+    ("step_tokens.py", ["--tokens", "8192", "--rounds", "1"],
+     "error: --tokens 8192: a prefill of at most 8191 tokens fits smollm2-135m's context of 8192"),
+    ("search_efficiency.py", ["--code", "", "--scenarios", "chat-capacity"], "argument --code: '': empty"),
+    ("sampler_variants.py", ["--code", ""], "argument --code: '': empty"),  # (an empty one meant this source's)
+    # exit code 1 and no "error:"; both scripts stopped at the first scenario without a table, after the
+    # scenarios before it had been searched: every scenario is checked first
+    ("search_efficiency.py", ["--code", "bogus", "--scenarios", "chat-capacity"],
+     "error: --code bogus: no table cached for chat-capacity (run benchmarks/search_efficiency.py at that source"),
+    ("sampler_variants.py", ["--code", "bogus", "--scenarios", "chat-capacity", "agent-energy"],
+     "error: --code bogus: no table cached for chat-capacity, agent-energy"),
+    # printed at once, then the other revision's replay under valgrind ran on for a minute
+    ("sim_instructions.py", ["--base", "nonexistentrev"], "error: --base nonexistentrev: not a git revision"),
+    ("sim_instructions.py", ["--base", "HEAD", "--profile", "/nonexistent.json"],
+     "argument --profile: /nonexistent.json: no such file"),
+    ("quality_kv.py", ["--only", ","], "argument --only: ',' names nothing"),  # (it meant every config)
+])
+def test_bad_input_is_one_line_and_exit_code_2(script, args, message):
+    assert_one_error(run_script(script, *args), message)
+
+
+def test_a_file_as_the_cache_folder_is_refused_before_any_grid_is_scored(tmp_path):
+    """It had scored 3,528 configs (70 s) and then failed to save them (FileExistsError), losing the work."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    r = run_script("search_efficiency.py", "--cache-dir", str(not_a_folder / "tables"), "--scenarios", "chat-capacity")
+    assert_one_error(r, f"argument --cache-dir: {not_a_folder / 'tables'}: {not_a_folder} is not a folder")
+    r = run_script("search_efficiency.py", "--cache-dir", str(not_a_folder), "--scenarios", "chat-capacity")
+    assert_one_error(r, f"argument --cache-dir: {not_a_folder}: not a folder")
+
+
+# ---- gpu_session.sh ------------------------------------------------------------------------------------------
+@pytest.fixture
+def checkout(tmp_path):
+    """The folders gpu_session.sh expects at the repository's root, and the script, in a scratch folder."""
+    root = tmp_path / "repo"
+    for folder in ("skistune", "runtime", "kernels", "searchspace", "benchmarks"):
+        (root / folder).mkdir(parents=True)
+    shutil.copy(SESSION, root / "benchmarks" / "gpu_session.sh")
+    return root
+
+
+def fake_tools(folder: Path, gpu: bool) -> dict:
+    """An environment whose nvidia-smi answers as a machine with (or without) a GPU, and whose PYTHON is a stub
+    that records the skistune/ links each step sees (so the session runs in a second, measuring nothing)."""
+    folder.mkdir()
+    smi = folder / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + ("echo 'GPU 0: fake'\n" if gpu else "echo 'NVIDIA-SMI has failed' >&2; exit 9\n"))
+    python = folder / "python-stub"
+    python.write_text('#!/bin/sh\nls skistune >> "$STUB_LOG"\n')
+    for f in (smi, python):
+        f.chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}", "PYTHON": str(python),
+            "STUB_LOG": str(folder / "seen.txt")}
+
+
+def session(checkout: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "benchmarks/gpu_session.sh", *args], capture_output=True, text=True, cwd=checkout,
+                          env=env, timeout=120)
+
+
+def test_gpu_session_help_is_a_usage_text_and_runs_nothing(checkout):
+    for flag in ("-h", "--help"):
+        r = session(checkout, flag)
+        assert r.returncode == 0 and r.stdout.startswith("usage:") and "OUT_DIR" in r.stdout, r.stdout + r.stderr
+    assert sorted(p.name for p in (checkout / "skistune").iterdir()) == []  # (no links left, none made)
+    assert not (checkout / "--help").exists()  # (it had been taken as the output folder)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--bogus"], "error: unknown option --bogus"),
+    (["a", "b"], "error: one OUT_DIR at most, not 2 arguments"),
+    (["out"], "error: no NVIDIA GPU here (nvidia-smi -L failed)"),
+])
+def test_gpu_session_refuses_in_one_line_before_doing_anything(checkout, tmp_path, args, message):
+    r = session(checkout, *args, env=fake_tools(tmp_path / "bin", gpu=False))
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.splitlines() == [r.stderr.strip()], r.stderr
+    assert r.stderr.startswith(message), r.stderr
+    assert sorted(p.name for p in checkout.iterdir()) == ["benchmarks", "kernels", "runtime", "searchspace",
+                                                          "skistune"]
+    assert list((checkout / "skistune").iterdir()) == []
+
+
+def test_gpu_session_links_the_package_layout_only_while_it_runs(checkout, tmp_path):
+    """The installed layout's links in skistune/ are there for the steps and gone when the session exits (a
+    tester's checkout had kept them as untracked files)."""
+    env = fake_tools(tmp_path / "bin", gpu=True)
+    r = session(checkout, str(tmp_path / "out"), env=env)
+    assert r.returncode == 0, r.stderr
+    assert "kernels" in Path(env["STUB_LOG"]).read_text().split()  # (a step saw the links)
+    assert {"runtime", "kernels", "searchspaces"} <= set(Path(env["STUB_LOG"]).read_text().split())
+    assert list((checkout / "skistune").iterdir()) == []
+    assert (tmp_path / "out" / "gpu.txt").is_file()
+
+
+# ---- --help, --json and the "benchmark" key ------------------------------------------------------------------
+def test_description_is_the_docstrings_first_sentence(monkeypatch):
+    bench_args = load("bench_args", monkeypatch)
+    doc = """Simulator cost in CPU instructions, two revisions side by side: a figure on a machine whose
+speed moves (e.g. a shared VM read the same code 20-30% apart). More follows.
+
+    python benchmarks/x.py
+"""
+    assert bench_args.description(doc) == ("Simulator cost in CPU instructions, two revisions side by side: a figure "
+                                           "on a machine whose speed moves (e.g. a shared VM read the same code "
+                                           "20-30% apart).")
+    assert bench_args.description("One line.\n    python x.py [--json]\n") == "One line."
+    assert bench_args.description("No full stop\nthen the usage:\n    python x.py\n") == "No full stop then the usage:"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_every_script_shares_the_description_and_json_option_and_names_itself(script, monkeypatch):
+    """``--help`` had shown only the docstring's first line (mid-sentence in nine scripts), ``--json`` had no
+    help in seven, and three scripts' JSON had no "benchmark" key."""
+    bench_args = load("bench_args", monkeypatch)
+    tree = ast.parse(script.read_text())
+    described = bench_args.description(ast.get_docstring(tree, clean=False))
+    assert described.endswith((".", ")")) and len(described) > 40, described
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    parsers = [c for c in calls if getattr(c.func, "attr", None) == "ArgumentParser"]
+    assert parsers and all(ast.unparse(k.value) == "description(__doc__)" for p in parsers for k in p.keywords
+                           if k.arg == "description"), script.name
+    assert any(getattr(c.func, "id", None) == "add_json" for c in calls), script.name
+    assert not any(getattr(c.func, "attr", None) == "add_argument" and c.args
+                   and getattr(c.args[0], "value", None) == "--json" for c in calls), script.name
+    prints = [c for c in calls if getattr(c.func, "id", None) == "print_json"]
+    assert prints, script.name
+    assigned = {a.targets[0].id: a.value for a in ast.walk(tree)
+                if isinstance(a, ast.Assign) and isinstance(a.targets[0], ast.Name)}
+    for call in prints:
+        figures = call.args[0]
+        figures = assigned.get(figures.id, figures) if isinstance(figures, ast.Name) else figures  # (sim_identity's)
+        assert isinstance(figures, ast.Dict), f"{script.name}: print_json's argument is not a dict literal"
+        named = {ast.literal_eval(k): ast.unparse(v) for k, v in zip(figures.keys, figures.values) if k is not None}
+        assert named.get("benchmark") == repr(script.stem), script.name
+
+
+def test_help_shows_the_whole_first_sentence_and_the_json_help():
+    r = run_script("sim_instructions.py", "--help")
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "one run to the next in wall time)." in text, r.stdout
+    assert "--json end with the figures as one JSON object on the last line" in text, r.stdout
+
+
+def test_piped_tables_are_200_columns_wide(monkeypatch):
+    """rich's 80 columns wrapped the tables of tuned_vs_default, search_efficiency and sampler_variants mid-row
+    in a pipe; a terminal keeps its own width and COLUMNS still decides."""
+    bench_args = load("bench_args", monkeypatch)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # (not a terminal, as a pipe)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert bench_args.console().width == 200 and bench_args.console(stderr=True).width == 200
+    monkeypatch.setenv("COLUMNS", "100")
+    assert bench_args.console().width == 100
+
+
+# ---- what the scripts measure and print ----------------------------------------------------------------------
+def test_kernel_timing_prints_slow_bandwidths_with_significant_digits(monkeypatch):
+    """A CPU's quantize-on-append (below 1 GB/s) had printed as 0 GB/s."""
+    kernel_timing = load("kernel_timing", monkeypatch)
+    assert [kernel_timing.gbps(x) for x in (0.2e9, 0.0642e9, 27.46e9, 3350e9)] == ["0.2", "0.0642", "27.5", "3350"]
+
+
+def test_fidelity_steps_groups_account_for_every_step(monkeypatch):
+    """The replay's first step follows nothing: it had been in neither "after an idle gap" nor "back to back",
+    whose counts then fell a step short of the replay's (49 of 50)."""
+    fidelity_steps = load("fidelity_steps", monkeypatch)
+    rows = [{"kind": "prefill", "predicted_s": 1.0, "measured_s": 1.0, "after_idle": False},
+            {"kind": "decode", "predicted_s": 1.1, "measured_s": 1.0, "after_idle": True},
+            {"kind": "decode", "predicted_s": 0.9, "measured_s": 1.0, "after_idle": False},
+            {"kind": "mixed", "predicted_s": 1.0, "measured_s": 1.0, "after_idle": False}]
+    groups = fidelity_steps.step_groups(rows)
+    by_gap = ("first step", "after an idle gap", "back to back")
+    assert [groups[g]["steps"] for g in by_gap] == [1, 1, 2]
+    assert sum(groups[g]["steps"] for g in by_gap) == sum(groups[k]["steps"] for k in ("prefill", "decode", "mixed"))
+
+
+def test_optimize_phases_stores_its_study_in_a_folder_it_removes_and_labels_a_reused_replay(monkeypatch, tmp_path,
+                                                                                              capsys):
+    """It had left skistune-phases-<n>.db in the working folder, and printed the baseline's replay as a third
+    one where `validate` had reused a candidate's (the same wall time to the bit)."""
+    import skistune.optimize as opt
+
+    optimize_phases = load("optimize_phases", monkeypatch)
+    for name in optimize_phases.PHASES:  # (the script wraps them: restored after the test)
+        monkeypatch.setattr(opt, name, getattr(opt, name))
+    seen = {}
+    base, other = object(), object()
+
+    def optimize(slo, storage, study_name):
+        seen["storage"] = storage
+        path = Path(storage.removeprefix("sqlite:///"))
+        path.write_text("")  # (as SQLite would make it)
+        v = SimpleNamespace(role="candidate", config=base, wall_s=4.9, holds=True)
+        return SimpleNamespace(validated=[v, SimpleNamespace(role="candidate", config=other, wall_s=5.2, holds=False),
+                                          SimpleNamespace(**{**vars(v), "role": "baseline"})])
+
+    monkeypatch.setattr(opt, "optimize", optimize)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["optimize_phases.py", "--json"])
+    optimize_phases.main()
+    out = capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+    assert seen["storage"].startswith("sqlite:///") and not Path(seen["storage"].removeprefix("sqlite:///")).exists()
+    assert "replay (candidate): 4.9 s, holds" in out
+    assert "replay (baseline): candidate 1's replay reused (4.9 s, not replayed again), holds" in out
+    assert '"reused_from_candidate":1' in out.splitlines()[-1]
+
+
+def test_step_tokens_times_each_size_as_one_step(monkeypatch):
+    """The default config's 512-token chunks had made --tokens 1024 2048 two 512-token steps."""
+    step_tokens = load("step_tokens", monkeypatch)
+    b = step_tokens.one_step_prefill(4096).batching
+    assert not b.chunked_prefill and b.max_num_batched_tokens >= 4097
+
+
+def test_bench_args_types(monkeypatch, tmp_path):
+    bench_args = load("bench_args", monkeypatch)
+    import argparse
+
+    assert bench_args.writable_dir(str(tmp_path / "new" / "deeper")) == str(tmp_path / "new" / "deeper")
+    (tmp_path / "f").write_text("")
+    for bad in (tmp_path / "f", tmp_path / "f" / "sub"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a folder"):
+            bench_args.writable_dir(str(bad))
+    with pytest.raises(argparse.ArgumentTypeError, match="empty"):
+        bench_args.nonempty("  ")
+    with pytest.raises(argparse.ArgumentTypeError, match="names nothing"):
+        bench_args.name_list(["a", "b"])(" , ")
+    assert bench_args.name_list(["a", "b"])("b,") == ["b"]
