@@ -167,7 +167,7 @@ def run_shape(spec, batch: int, context: int, bits_list, dtype, device, copy_bps
                      "bytes_per_s": nbytes / t, "fraction_of_copy": nbytes / t / copy_bps,
                      "vs_sdpa": t / sdpa_s, "sdpa_s": sdpa_s, "rel_err_vs_torch": err, "torch_path_s": torch_s,
                      "vs_torch_path": None if torch_s is None else t / torch_s})
-        del store, meta
+        store = meta = None  # (freed before the next size; the lambdas above read them only within this pass)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
@@ -192,7 +192,7 @@ def sweep(spec, batch: int, context: int, dtype, device, repeats: int) -> list[d
             timed.append((t, setting))
             rows.append({"bits": bits, **dataclasses.asdict(setting), "time_s": t})
         setattr(ta, name, min(timed, key=lambda x: x[0])[1])
-        del store, meta
+        store = meta = None
     return rows
 
 
@@ -235,7 +235,7 @@ def prefill_rows(spec, dtype, device, repeats: int) -> list[dict]:
                                             ring_tokens=store.ring_tokens, block_size=16), device, repeats)
             rows.append({"chunk": chunk, "cached": cached, "bits": bits, "time_s": t, "tflop_per_s": flops / t / 1e12,
                          "vs_sdpa": t / sdpa_s, "sdpa_s": sdpa_s})
-            del store
+            store = None
     return rows
 
 

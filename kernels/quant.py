@@ -36,7 +36,6 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """Bytes ``[..., D * bits // 8]`` -> codes ``[..., D]`` (uint8)."""
-    n = per_byte(bits)
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
     codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., D/n, n]
     return codes.flatten(-2)

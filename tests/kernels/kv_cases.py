@@ -2,7 +2,6 @@
 write path (prefill then decode steps), and a float64 reference that reads back what was stored."""
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 

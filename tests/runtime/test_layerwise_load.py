@@ -14,7 +14,7 @@ from skistune.runtime.request import Request
 from skistune.runtime.scheduler import SchedulerOutput
 from skistune.runtime.tiers import DEVICE, DISK, HOST, Transfer, layered_split, layered_step_s
 
-from tiny import TINY, tiny_runtime
+from tiny import tiny_runtime
 
 BLOCK_BYTES = 2048  # the tiny model's block: 2 layers x (K, V) x 4 tokens x 2 heads x 16 dims x 4 bytes
 
