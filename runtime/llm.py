@@ -16,6 +16,7 @@ from .model import LlamaModel
 from .model_runner import ModelRunner
 from .presets import ModelSpec, get_preset
 from .request import Request
+from .tiers import CPU_HOST_NOTE
 
 RANDOM_WEIGHTS_NOTE = "random weights: timing only, generated text is meaningless"
 
@@ -78,8 +79,16 @@ class Runtime:
                       max_context=self.spec.max_context,
                       executor=ModelRunner(self.model, self.store, self.config.eviction, layerwise_depth(self.config)),
                       clock=clock or WallClock(), eos_token_id=eos,
-                      notes=self.notes + tuple(layout_notes(self.config, self.spec)), n_layers=self.spec.n_layers,
-                      vocab_size=self.spec.vocab_size)
+                      notes=self.notes + tuple(layout_notes(self.config, self.spec)) + self._machine_notes(),
+                      n_layers=self.spec.n_layers, vocab_size=self.spec.vocab_size)
+
+    def _machine_notes(self) -> tuple[str, ...]:
+        """What a run's figures owe to this machine, as a prediction of the same config says it from the profile's
+        `tier_notes`: on a CPU, a host or disk tier's transfers are copies within host memory. (The profile's
+        disk notes are not said: they tell how the profiler timed its scratch file; a run times the tier's own.)"""
+        offload = self.config.offload
+        tiered = offload.host_kv_bytes or offload.disk_kv_bytes
+        return (CPU_HOST_NOTE,) if tiered and self.model.device.type == "cpu" else ()
 
     def replay(self, requests: Sequence[Request]) -> Metrics:
         """Serve requests at their arrival times, in real time, and measure them."""

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 DEVICE, HOST, DISK = "device", "host", "disk"
+# said of every run and prediction on a CPU whose config has a host or disk tier (a disk tier's blocks cross
+# device <-> host too): the "device" pool is host memory there, so the tier's copies are not a bus's
+CPU_HOST_NOTE = "device is the CPU: device <-> host transfers are block copies within host memory"
 # the profile's measured links each transfer crosses (disk -> device goes through host memory)
 LINKS = {(DEVICE, HOST): ("device_to_host",), (HOST, DEVICE): ("host_to_device",),
          (HOST, DISK): ("host_to_disk",), (DEVICE, DISK): ("device_to_host", "host_to_disk"),

@@ -94,8 +94,6 @@ def evaluate(
         return
     with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
         metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof, runtime=runtime)
-    if mode == "run":
-        metrics = with_machine_notes(metrics, cfg, runtime)
     label = f"predicted (simulator) for {profiled_machine(prof)}" if mode == "simulate" else "measured (runtime)"
     energy = energy_figure(metrics, power, measured_time=mode == "run")
     console.print(metrics_table(metrics, f"{model} on {w.label()}: {label}"))
@@ -104,23 +102,6 @@ def evaluate(
         where = {"profile": prof.name, "device": prof.device, "machine": profiled_machine(prof)} if prof else {}
         print_json({"mode": mode, "model": model, **where, **_workload_fields(w), "metrics": metrics.to_dict(),
                     "energy": energy, "notes": notes})
-
-
-def with_machine_notes(measured, cfg, runtime):
-    """A run's metrics with the notes on this machine that a prediction of the same config carries (the
-    profile's `tier_notes`, added where the config's tiers cross the link): on a CPU, that device <-> host
-    transfers are copies within host memory, for a config with a host or disk tier (a disk tier's blocks
-    cross device <-> host too). A run had said nothing where the prediction of the same config said so. The
-    profile's disk-tier notes are not added: they tell how the profiler timed its scratch file, and a run
-    times the tier's own disk."""
-    from dataclasses import replace
-
-    from skistune.profile.profile import CPU_HOST_NOTE
-
-    tiered = cfg.offload.host_kv_bytes or cfg.offload.disk_kv_bytes
-    if not tiered or runtime.model.device.type != "cpu" or CPU_HOST_NOTE in measured.notes:
-        return measured
-    return replace(measured, notes=(*measured.notes, CPU_HOST_NOTE))
 
 
 def profiled_machine(prof) -> str:
@@ -147,8 +128,7 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
     with console.status(f"simulating {len(reqs)} requests"):
         predicted = run_evaluate(cfg, reqs, model=model, mode="simulate", profile=prof)
     with console.status(f"serving {len(reqs)} requests"):
-        measured = with_machine_notes(run_evaluate(cfg, reqs, model=model, mode="run", runtime=runtime), cfg,
-                                      runtime)
+        measured = run_evaluate(cfg, reqs, model=model, mode="run", runtime=runtime)
     check = None
     if speed_check:
         from skistune.profile.check import speed_check as time_again

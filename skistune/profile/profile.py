@@ -23,6 +23,7 @@ from skistune.kernels.cache import user_cache_dir
 
 from skistune.kernels.rows import ProjectionRule
 from skistune.quality.model import FORMAT as QUALITY_FORMAT
+from skistune.runtime.tiers import CPU_HOST_NOTE  # noqa: F401 (a tier note of profiles; re-exported)
 
 from .cost import ProjectionTimes, StepCostModel
 from .fields import entry, integer, items, number, text
@@ -51,7 +52,6 @@ REMEASURE_DRIFT = 1.25
 # notes that hold only for a prediction whose config uses the tier: keyed by tier, with the links whose transfers
 # the notes are about (a disk tier's blocks also cross device <-> host, so its configs carry both tiers' notes)
 TIER_LINKS = {"host": ("device_to_host", "host_to_device"), "disk": ("host_to_disk", "disk_to_host")}
-CPU_HOST_NOTE = "device is the CPU: device <-> host transfers are block copies within host memory"
 PAGE_CACHE_NOTE = ("disk-tier reads may have been timed from the page cache, not the disk (no posix_fadvise here "
                    "to drop it first)")
 # the tier notes `measure._notes` wrote into the one `notes` list before tier notes were kept apart (the

@@ -135,12 +135,12 @@ def test_a_simulated_oversized_tier_is_noted_on_stderr_and_in_the_json(tmp_path,
     ("cuda", HOST_TIER, ()),  # real device <-> host copies
 ])
 def test_a_run_carries_the_machine_notes_a_prediction_of_the_same_config_carries(device, config, expected):
-    from skistune.evaluate_cli import with_machine_notes
+    """The runtime says it (every run: evaluate's, a validation's, the API's), not one command."""
+    from skistune.runtime.llm import Runtime
 
-    runtime = SimpleNamespace(model=SimpleNamespace(device=SimpleNamespace(type=device)))
-    cfg = KVConfig.from_dict(yaml.safe_load(config))
-    assert with_machine_notes(_metrics(notes=("x",)), cfg, runtime).notes == ("x", *expected)
-    assert with_machine_notes(_metrics(notes=expected), cfg, runtime).notes == expected  # (never twice)
+    runtime = SimpleNamespace(config=KVConfig.from_dict(yaml.safe_load(config)),
+                              model=SimpleNamespace(device=SimpleNamespace(type=device)))
+    assert Runtime._machine_notes(runtime) == expected
 
 
 @pytest.mark.slow
