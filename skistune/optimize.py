@@ -1026,6 +1026,14 @@ def _baseline_params(problem: Problem) -> dict[str, Any]:
         value = _value(problem.base, p.name)
         fits = value in p.choices if p.kind == "choices" else (
             value is not None and p.low is not None and p.low <= value <= p.high)
+        if fits and p.at_most is not None:
+            # its range ends at another knob's value: the baseline's, or one the search draws when the baseline's
+            # lies outside that knob's range (chunks of 2048 under a budget searched in 512..1024 were enqueued
+            # out of range, and the first trial was no valid config)
+            searched = {q.name for q in problem.space.params}
+            capped_by = {**problem.space.fixed, **params}
+            fits = (p.at_most in capped_by or p.at_most not in searched) and \
+                value <= (capped_by[p.at_most] if p.at_most in capped_by else _value(problem.base, p.at_most))
         if fits:
             params[p.name] = value
     return params
