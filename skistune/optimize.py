@@ -389,6 +389,13 @@ def _quality_setup(floors, objectives, quality_profile, model: str) -> tuple[Any
         raise ValueError("quality: no quality profile to price eviction and KV bits; measure one with "
                          "`skistune quality` and pass it with --quality-profile")
     notes = []
+    if not floors:  # (a quality objective asks for the trade: said, since a front then reaches any loss)
+        first = objectives[0].name
+        notes.append("quality is an objective and no --quality floor bounds it: eviction and KV bits are searched, and "
+                     "the configs found may lose any amount of quality"
+                     + ("" if first == "quality" else f"; #1 (the written config) is the best on {first}, whatever its "
+                        "quality loss")
+                     + " (give --quality ppl+1% to bound the loss)")
     if model != qp.model:
         notes.append(f"quality: {model} has no weights here; its quality loss is predicted from the {qp.model} "
                      "profile (proxy)")

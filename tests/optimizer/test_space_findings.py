@@ -32,3 +32,16 @@ def test_a_capped_knob_is_left_out_of_the_baseline_trial_when_its_cap_is_drawn()
     wide = parse_space(CAPPED.replace("high: 1024", "high: 4096"))
     problem = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", space=wide, profile=PROFILE)
     assert opt._baseline_params(problem) == {"batching.max_num_batched_tokens": 2048, "batching.chunk_size": 2048}
+
+
+def test_a_quality_objective_without_a_floor_says_that_the_loss_is_unbounded():
+    """`--objective capacity,quality` searched eviction and KV bits and wrote a +46% perplexity config, exit 0,
+    with no note (the README said a search without --quality is lossless)."""
+    unbounded = "quality is an objective and no --quality floor bounds it"
+    problem = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", objective="capacity,quality",
+                                profile=PROFILE)
+    [note] = [n for n in problem.notes if n.startswith(unbounded)]
+    assert "#1 (the written config) is the best on capacity, whatever its quality loss" in note
+    floored = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", objective="capacity,quality",
+                                quality="ppl+1%", profile=PROFILE)
+    assert not any(n.startswith(unbounded) for n in floored.notes)
