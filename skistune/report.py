@@ -77,7 +77,9 @@ class Report:
     search's precision) but for the baseline's config, refined as ``baseline`` is; ``evaluations``: every
     trial, those of refined configs with the refined figures (`optimize.with_refined`: one set of figures per
     config in every table and plot); ``pareto``: the feasible configs no other beats on the throughput axis,
-    J/token, quality loss and the study's other objectives together, from ``evaluations``; ``baseline``: the target
+    J/token, quality loss and the study's other objectives together, from ``evaluations``; ``front_ties``: configs that
+    beat the written one there by less than the resolution and left the front for it (`optimize.front_with`);
+    ``baseline``: the target
     engine's defaults (`baseline_label`), refined where optimize refined them; ``validated``: the last validation's
     records (`optimize.validation_record`), winner first, baseline last; ``binding``/``closest``: trials each
     constraint ruled out, configs closest to feasible; ``importance``: each knob's share of the first objective's
@@ -100,6 +102,7 @@ class Report:
     importance_note: str | None = None
     why: str | None = None
     refined: int = 0
+    front_ties: tuple[Evaluation, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -138,12 +141,13 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
 
         seen = SimpleNamespace(problem=problem, binding=binding, closest=closest, trials=len(evaluations))
         why = " ".join(filter(None, (why_no_rate_line(problem, closest), energy_line(seen)))) or None
-    front = tradeoff_front(problem, pool)
+    front = raw = tradeoff_front(problem, pool)
     if refined is not None and best:  # the written config on the front, as optimize shows it (a tie it won)
         front = front_with(problem, front, best[0], gains=lambda e: _gains(problem, e))
     return Report(problem, study, label, tuple(pool), best, tuple(front),
                   baseline or score(problem, problem.base), validated, binding, tuple(closest), importance, method,
-                  note, why, refined=0 if refined is None else len(refined["best"]))
+                  note, why, refined=0 if refined is None else len(refined["best"]),
+                  front_ties=tuple(e for e in raw if e not in front))
 
 
 def _winner_first(ranked_evaluations: list[Evaluation], chosen: dict | None,
@@ -360,6 +364,14 @@ def _view(report: Report, rows: Sequence[Evaluation]) -> Any:
     return SimpleNamespace(problem=report.problem, best=list(rows), baseline=report.baseline)
 
 
+def refined_rows(report: Report) -> list[bool]:
+    """Which of the best configs carry refined figures (2% capacity precision), by rank: the first ``refined``
+    and the baseline's config, refined as the base row is (nothing where optimize never refined the study)."""
+    base = report.baseline.config.effective()
+    return [bool(report.refined) and (i < report.refined or e.config.effective() == base)
+            for i, e in enumerate(report.best)]
+
+
 def best_configs_table(report: Report):
     from skistune.optimize import REFINE_PRECISION
     from skistune.optimize_cli import best_table
@@ -369,8 +381,7 @@ def best_configs_table(report: Report):
     # which rows carry refined figures, by rank: the baseline's config refined as the base row is, so that it
     # shows one figure (a trial-0 row at the search's 0.06662 req/s beside a base row's 0.0711 read as a
     # contradiction)
-    base = report.baseline.config.effective()
-    fine = [i < report.refined or e.config.effective() == base for i, e in enumerate(report.best)]
+    fine = refined_rows(report)
     ranks = [f"#{i + 1}" for i, f in enumerate(fine) if f]
     coarse = [f"#{i + 1}" for i, f in enumerate(fine) if not f]
     precision = ("at the search's precision" if not report.refined else
@@ -423,8 +434,15 @@ def pareto_lines(report: Report) -> list[str]:
 
     names = [q.name for q in report.problem.space.params if not q.is_switch]
     best = {b.trial for b in report.best}
-    return [f"trial {e.trial} (Pareto front): {_diff(e.config, report.problem.base, names)}"
-            for e in report.pareto if e.trial not in best]
+    lines = [f"trial {e.trial} (Pareto front): {_diff(e.config, report.problem.base, names)}"
+             for e in report.pareto if e.trial not in best]
+    if report.front_ties:  # (a worker's later trial at the search's precision read as beating #1 on every axis)
+        from skistune.optimize import REFINE_PRECISION
+
+        trials = ", ".join(f"trial {e.trial}" for e in report.front_ties)
+        lines.append(f"{trials}: within {REFINE_PRECISION:.0%} of #1 on every axis of the front (its figures at the "
+                     "search's precision), so the same point as #1, which the front keeps for it")
+    return lines
 
 
 def violations_table(report: Report):
@@ -833,14 +851,22 @@ def write_report(report: Report, out_dir: str | Path) -> tuple[dict[str, Path], 
 
 def summary(report: Report, files: Mapping[str, Path]) -> dict[str, Any]:
     """The report as JSON: best configs, front, baseline, binding constraints, validation, importance, files."""
+    from skistune.optimize import REFINE_PRECISION, SEARCH_PRECISION
+
+    fine = {e.config.effective() for e, f in zip(report.best, refined_rows(report)) if f}
+    if report.refined:
+        fine.add(report.baseline.config.effective())
+
     def scored(e: Evaluation) -> dict[str, Any]:
         return {"trial": e.trial, "config": e.config.to_dict(), "values": list(e.values),
-                "figures": dict(e.figures)}
+                "figures": dict(e.figures),
+                "capacity_precision": REFINE_PRECISION if e.config.effective() in fine else SEARCH_PRECISION}
 
     return {"study": report.name, "storage": report.storage, "trials": len(report.evaluations),
             "feasible": report.feasible, "objectives": [o.name for o in report.problem.objectives],
             "best": [scored(e) for e in report.best], "pareto": [scored(e) for e in report.pareto],
             "baseline": scored(report.baseline), "binding": dict(report.binding),
             "validated": [dict(v) for v in report.validated], "importance": dict(report.importance),
+            "front_ties": [e.trial for e in report.front_ties],
             "importance_method": report.importance_method, "why": report.why,
             "files": {k: str(v) for k, v in files.items()}}

@@ -440,3 +440,25 @@ def test_a_sglang_study_names_its_baseline_sglangs_defaults_everywhere(tmp_path,
     rep.plot_pareto(report)
     legend = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
     assert "baseline (SGLang defaults)" in legend and not any("vLLM" in text for text in legend)
+
+
+def test_a_trial_the_front_left_for_the_written_config_is_named_and_the_json_says_each_rows_precision(report):
+    """A worker's later trial, at the search's 10% precision, beat #1's refined figures by 1% on both axes; the
+    front (which keeps #1 for such a tie) listed #1 alone and said nothing of it, and every row's precision read
+    null in the JSON."""
+    from skistune.optimize import REFINE_PRECISION, SEARCH_PRECISION
+    from skistune.report import pareto_lines, summary
+
+    best = report.best[0]
+    later = dataclasses.replace(best, config=best.config.with_knobs({"batching.max_num_seqs": 77}), trial=99,
+                                values=(best.values[0] * 1.01,))
+    tied = dataclasses.replace(report, front_ties=(later,))
+    assert pareto_lines(tied)[-1] == ("trial 99: within 2% of #1 on every axis of the front (its figures at the "
+                                      "search's precision), so the same point as #1, which the front keeps for it")
+    assert not any("trial 99" in line for line in pareto_lines(report))
+    out = summary(tied, {})
+    assert out["front_ties"] == [99]
+    assert out["best"][0]["capacity_precision"] == REFINE_PRECISION == out["baseline"]["capacity_precision"]
+    unrefined = [e for i, e in enumerate(report.best) if i >= report.refined and e.config != report.baseline.config]
+    assert all(summary(report, {})["best"][report.best.index(e)]["capacity_precision"] == SEARCH_PRECISION
+               for e in unrefined)
