@@ -159,12 +159,49 @@ def _check_fixed_lossy(space: SearchSpace, base: KVConfig, searchable: frozenset
     """A space that fixes a lossy knob (eviction, KV bits) away from the baseline asks for a config whose
     outputs differ from the model's: without a quality floor to price it, refused, not quietly reset."""
     from skistune import simulator
+    from skistune.objectives import structural_changes
 
-    fixed = [f"{k}: {v}" for k, v in space.fixed.items()
-             if k in simulator.LOSSY_KNOBS and k not in searchable and v != _value(base, k)]
+    # (per-layer bits of 16 everywhere change nothing; thirty pairs are named by their count)
+    fixed = [f"{k}: {_fixed_text(v)}" for k, v in space.fixed.items()
+             if k in simulator.LOSSY_KNOBS and k not in searchable and v != _value(base, k)
+             and structural_changes(base.with_knobs({k: v}))]
     if fixed:
         raise ValueError(f"space {space.name}: fixes {', '.join(fixed)}, which changes the model's outputs: give a "
                          "quality floor (--quality ppl+1%) to price it, or leave it out of fixed:")
+
+
+SOLVERS = ("layer_bits",)  # the programs a space's `solver:` may name (`layer_bits_solvers`)
+
+
+def _check_solvers(space: SearchSpace) -> None:
+    """A `solver:` the optimizer has none of would leave its knob at the baseline's value in every trial, silently
+    (a typo turned per-layer bits off)."""
+    for p in space.params:
+        if p.kind == "solver" and p.solver not in SOLVERS:
+            raise ValueError(f"space {space.name}: {p.name}: solver {p.solver!r} is not one of skistune's "
+                             f"({', '.join(SOLVERS)})")
+
+
+def _check_layer_count(problem: Problem, first: KVConfig) -> None:
+    """Per-layer bits fixed, or listed as choices, for another number of layers than the model's: bad input now,
+    not an error after the study was created (its file was left behind)."""
+    from skistune.runtime.kv_layout import layer_bits
+
+    listed = [first] + [problem.base.with_knobs({p.name: c}) for p in problem.space.params
+                        if p.name == "bitwidth.layer_bits" and p.kind == "choices" for c in p.choices if c is not None]
+    for config in listed:
+        try:
+            layer_bits(config, problem.target.spec)
+        except ValueError as exc:
+            raise ValueError(f"space {problem.full_space.name} for {problem.model}: {exc}") from None
+
+
+def _fixed_text(value: Any) -> str:
+    """A fixed knob's value for a message: per-layer bits as their distinct pairs and the layer count."""
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
+        pairs = ", ".join(f"{k}/{v}" for k, v in dict.fromkeys(tuple(p) for p in value))
+        return f"{pairs} bits over {len(value)} layers"
+    return str(value)
 
 
 def _check_quality_objective(objectives: Sequence[Objective], space: SearchSpace,
@@ -423,6 +460,7 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     if max_queue_s is not None and not max_queue_s > 0:
         raise ValueError(f"max_queue_s: {max_queue_s!r} must be positive (None turns the queueing guard off)")
     full_space = _resolve_space(space, target)
+    _check_solvers(full_space)
     base = baseline_config(baseline_engine(full_space))
     qp, searchable, quality_notes = _quality_setup(floors, objectives, quality_profile, model)
     cut, left_out = modeled_space(full_space, base, searchable)
@@ -455,7 +493,9 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     # chunk range over a fixed token budget) is bad input before the search, not a failed trial in it
     first = {p.name: p.choices[0] if p.kind == "choices" else p.low for p in problem.space.params
              if p.kind in ("choices", "int", "float")}  # (where the baseline's value is outside the space: any point)
-    suggest_config(optuna.trial.FixedTrial({**first, **_baseline_params(problem)}), problem.space, problem.base)
+    first_config = suggest_config(optuna.trial.FixedTrial({**first, **_baseline_params(problem)}), problem.space,
+                                  problem.base)
+    _check_layer_count(problem, first_config)
     return replace(problem, notes=tuple(n for n in (not_modeled_note(left_out), prof.power.modeled_note, *notes) if n))
 
 

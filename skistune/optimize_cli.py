@@ -90,7 +90,9 @@ def _value(o, v: float) -> str:
 
 
 def _diff(config, base, names) -> str:
-    """The searched knobs that differ from the baseline, by short name where no other knob has it."""
+    """The knobs that differ from the baseline, by short name where no other knob has it: the searched ones
+    (``names``) in the space's order, then any other (a knob the space fixes away from the baseline: a config of
+    30 fixed 8-bit layers read "(baseline)")."""
     from skistune.config import knob_fields
     from skistune.optimize import _value as knob_value
     from skistune.config import byte_size_text
@@ -99,7 +101,7 @@ def _diff(config, base, names) -> str:
     # (a knob that does nothing here changes nothing: uniform bits under per-layer ones, for one)
     config, base = config.effective(), base.effective()
     out = []
-    for name in names:
+    for name in [*names, *(k for k in knob_fields() if k not in names)]:
         value = knob_value(config, name)
         if value != knob_value(base, name):
             short = name.partition(".")[2]
@@ -314,15 +316,17 @@ def twin_lines(result) -> list[str]:
 
 
 def gain_lines(result) -> list[str]:
-    from skistune.optimize import REFINE_PRECISION, baseline_outside_space, tie
+    from skistune.optimize import REFINE_PRECISION, _value as knob_value, baseline_outside_space, tie
 
     p, label = result.problem, f"{result.problem.baseline_engine} defaults"
     if result.best and result.best[0].config.effective() == result.baseline.config.effective():
         return [baseline_verdict(result.trials, label)]
     outside = baseline_outside_space(p)
+    fixes = [k for k, v in p.full_space.fixed.items() if v != knob_value(p.base, k)]
     lines = [f"the {p.full_space.name} space cannot express the baseline ({label}): "
-             f"{', '.join(f'{k} {_short(v)}' for k, v in outside.items())} is outside it, so the search never tried "
-             "it and it cannot rank first on a tie"] if outside else []
+             f"{', '.join(f'{k} {_short(v)}' for k, v in outside.items())} is outside it"
+             + (f" (the space fixes {', '.join(fixes)})" if fixes else "")
+             + ", so the search never tried it and it cannot rank first on a tie"] if outside else []
     gain = result.gain()
     for o, tuned, base in zip(p.objectives, result.best[0].values, result.baseline.values):
         name, ratio = o.name, gain[o.name]

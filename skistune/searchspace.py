@@ -321,10 +321,19 @@ def _parse_range(name: str, spec: dict, f: dataclasses.Field, when: Mapping[str,
         numeric = isinstance(step, (int, float)) and not isinstance(step, bool)
         if log or not numeric or step <= 0 or (kind == "int" and not isinstance(step, int)):
             raise ValueError(f"{name}: step must be a positive {kind} and cannot be combined with log")
+    if step is not None and not _divides(step, high - low):
+        raise ValueError(f"{name}: step {step} does not divide the range {low}..{high} (a search would stop at "
+                         f"{low + (high - low) // step * step:.12g}); make high - low a multiple of the step")
     if at_most is not None and not isinstance(at_most, str):
         raise ValueError(f"{name}: at_most: expected a knob name")
     return Param(name, kind, low=low, high=high, log=log, step=step, at_most=at_most,
                  nullable=bool(f.metadata.get("nullable")), **when)
+
+
+def _divides(step: float, span: float) -> bool:
+    """Whether ``span`` is a whole number of steps (to float rounding: 0.45 is 9 steps of 0.05)."""
+    k = round(span / step)
+    return k >= 1 and abs(k * step - span) <= 1e-9 * max(abs(span), 1.0)
 
 
 # ---- references between knobs -----------------------------------------------------------------------

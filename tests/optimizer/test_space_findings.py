@@ -45,3 +45,63 @@ def test_a_quality_objective_without_a_floor_says_that_the_loss_is_unbounded():
     floored = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", objective="capacity,quality",
                                 quality="ppl+1%", profile=PROFILE)
     assert not any(n.startswith(unbounded) for n in floored.notes)
+
+
+def _layers(pairs) -> str:
+    return "  bitwidth.layer_bits: " + str([list(p) for p in pairs]) + "\n"
+
+
+SPACE = "name: t\nknobs:\n  batching.policy: {choices: [fcfs, prefix]}\nfixed:\n"
+
+
+def test_a_config_that_differs_from_the_baseline_only_in_a_fixed_knob_is_not_called_the_baseline():
+    from skistune.optimize_cli import _diff
+
+    problem = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", quality="ppl+1%",
+                                space=parse_space(SPACE + _layers([(8, 8)] * 30)), profile=PROFILE)
+    names = [q.name for q in problem.space.params if not q.is_switch]
+    config = problem.base.with_knobs({"bitwidth.layer_bits": [[8, 8]] * 30})
+    assert _diff(config, problem.base, names) == "key_bits=8, value_bits=8"  # (was "(baseline)")
+    assert _diff(config.with_knobs({"batching.policy": "prefix"}), problem.base, names) == \
+        "batching.policy=prefix, key_bits=8, value_bits=8"  # (the searched knobs first)
+
+
+def test_fixed_per_layer_bits_of_16_are_lossless_and_lossy_ones_are_named_in_short():
+    opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms",  # (was refused: "changes the outputs")
+                      space=parse_space(SPACE + _layers([(16, 16)] * 30)), profile=PROFILE)
+    with pytest.raises(ValueError) as err:
+        opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms",
+                          space=parse_space(SPACE + _layers([(8, 8)] * 15 + [(4, 4)] * 15)), profile=PROFILE)
+    assert "fixes bitwidth.layer_bits: 8/8, 4/4 bits over 30 layers, which changes the model's outputs" in str(err.value)
+
+
+def test_per_layer_bits_for_another_layer_count_are_refused_before_any_study(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from skistune.cli import app
+
+    with pytest.raises(ValueError, match=r"^space t for smollm2-135m: bitwidth.layer_bits: 5 \(key, value\) pairs "
+                                         r"for a model of 30 layers"):
+        opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", quality="ppl+1%",
+                          space=parse_space(SPACE + _layers([(8, 8)] * 5)), profile=PROFILE)
+    (tmp_path / "five.yaml").write_text(SPACE + _layers([(8, 8)] * 5))
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["optimize", "--slo", "p99=200ms", "--quality", "ppl+1%", "--space", "five.yaml",
+                                 "--profile", str(PROFILE), "--trials", "2", "--validate", "0", "--study", "five"])
+    assert r.exit_code == 2 and not list(tmp_path.glob("*.db"))  # (the study file had been left behind)
+
+
+def test_a_step_that_does_not_divide_its_range_is_refused_with_where_a_search_would_stop():
+    with pytest.raises(ValueError, match=r"batching.max_num_seqs: step 5 does not divide the range 1..64 \(a search "
+                                         r"would stop at 61\)"):
+        parse_space("name: t\nknobs:\n  batching.max_num_seqs: {low: 1, high: 64, step: 5}\n")
+    with pytest.raises(ValueError, match=r"step 0.2 does not divide the range 0.5..0.95"):
+        parse_space("name: t\nknobs:\n  offload.device_memory_fraction: {low: 0.5, high: 0.95, step: 0.2}\n")
+    parse_space("name: t\nknobs:\n  offload.device_memory_fraction: {low: 0.5, high: 0.95, step: 0.05}\n")  # (9 steps)
+
+
+def test_a_solver_the_optimizer_does_not_have_is_refused():
+    with pytest.raises(ValueError, match=r"^space t: bitwidth.layer_bits: solver 'nope' is not one of skistune's "
+                                         r"\(layer_bits\)$"):
+        opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", profile=PROFILE,
+                          space=parse_space("name: t\nknobs:\n  bitwidth.layer_bits: {solver: nope}\n"))
