@@ -3,7 +3,7 @@
 Domain errors (``ValueError``, ``OSError``) are caught at this edge and printed as one line with exit
 code 2, and so are click's own usage errors (unknown option, missing or bad value): ``error: <what>
 (see skistune <command> --help)``. Commands that print figures take ``--json`` and then end with one JSON
-object on the last line.
+object on the last line; on such an error too: ``{"error": <the line>, "exit_code": 2}``.
 """
 from __future__ import annotations
 
@@ -58,7 +58,10 @@ def cli_errors(fn: Callable) -> Callable:
                 warnings.showwarning = _show_warning
                 return fn(*args, **kwargs)
         except (ValueError, OSError, KeyError) as exc:
-            print_error(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            print_error(message)
+            if kwargs.get("json_out") or kwargs.get("json_output"):  # (a script reading the last line learns why)
+                print_json({"error": message, "exit_code": EXIT_BAD_INPUT})
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return wrapper
@@ -91,14 +94,14 @@ class OneLineErrors(TyperGroup):
     click's exit code (2), instead of the boxed usage panel. Help, ``no_args_is_help``, ``typer.Exit``
     codes and Ctrl-C are untouched."""
 
-    def make_context(self, *args: Any, **kwargs: Any) -> Any:
-        with _one_line_errors("skistune"):
-            return super().make_context(*args, **kwargs)
+    def make_context(self, info_name: Any, args: list[str], *rest: Any, **kwargs: Any) -> Any:
+        with _one_line_errors("skistune", "--json" in args):
+            return super().make_context(info_name, args, *rest, **kwargs)
 
     def invoke(self, ctx: Any) -> Any:
         # an option's parse errors carry no context: name the command that the arguments lead to
         args = [*getattr(ctx, "_protected_args", ()), *ctx.args]
-        with _one_line_errors(" ".join(["skistune", *self._subcommands(ctx, args)])):
+        with _one_line_errors(" ".join(["skistune", *self._subcommands(ctx, args)]), "--json" in args):
             return super().invoke(ctx)
 
     def _subcommands(self, ctx: Any, args: list[str]) -> list[str]:
@@ -114,14 +117,18 @@ class OneLineErrors(TyperGroup):
 
 
 @contextlib.contextmanager
-def _one_line_errors(command: str) -> Iterator[None]:
-    """Print click's error (not the help that ``no_args_is_help`` raises) as one line; exit with its code."""
+def _one_line_errors(command: str, json_out: bool = False) -> Iterator[None]:
+    """Print click's error (not the help that ``no_args_is_help`` raises) as one line; exit with its code. With
+    ``--json`` among the arguments, the error is also the JSON object on stdout's last line."""
     try:
         yield
     except CLICK_EXCEPTION as exc:
         if "NoArgsIsHelpError" in {c.__name__ for c in type(exc).__mro__}:
             raise
-        print_error(usage_error_line(exc, command))
+        line = usage_error_line(exc, command)
+        print_error(line)
+        if json_out:
+            print_json({"error": line, "exit_code": exc.exit_code})
         raise typer.Exit(exc.exit_code) from None
 
 

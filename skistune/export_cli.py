@@ -5,7 +5,8 @@ or nothing when ``--out`` writes it; the command line, warnings and notes go to 
 command line needs beside it (vLLM's LMCache file, for a disk tier) is written by ``--out`` too, next to it.
 With ``--json`` the last line of standard output is one JSON object. Exit codes: 0 exported, 2 bad input
 (missing or invalid config, unknown target, model or version, or a warning under ``--strict``): one line on
-standard error and no JSON, as in every command (`skistune.cli.cli_errors`).
+standard error and, with ``--json``, ``{"error", "exit_code"}`` as the last line, as in every command
+(`skistune.cli.cli_errors`).
 """
 from __future__ import annotations
 

@@ -264,7 +264,7 @@ def profile(
         cli_errors,  # here: skistune.cli imports this module to register the command
     )
 
-    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, check, json_out, cache)
+    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, check, json_out=json_out, cache=cache)
 
 
 def _check(path: Path, json_out: bool) -> None:
