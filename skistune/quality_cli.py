@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from skistune.cli import app, cli_errors, console, err_console, print_json
+from skistune.paths import check_out_file
 
 
 def _pct(x: float) -> str:
@@ -102,10 +103,38 @@ def combination_table(checks: list[dict]) -> Table:
     return table
 
 
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def incomplete_lines(profile) -> list[str]:
+    """Notes for a profile whose grid was not measured to the end (an interrupted run), or whose layer count is
+    not its model's: --show had printed such a file as if it were whole."""
+    from skistune.quality.grid import GRIDS
+    from skistune.runtime.presets import get_preset
+
+    lines = []
+    try:
+        layers = get_preset(profile.model).n_layers
+    except ValueError:
+        layers = None  # (a model this version has no preset of: nothing to compare with)
+    if layers is not None and layers != profile.n_layers:
+        lines.append(f"the profile says {profile.n_layers} layers, but {profile.model} has {layers}: its per-layer "
+                     "figures do not map onto the model's layers")
+    grid = GRIDS.get(profile.data["protocol"].get("grid"))
+    if grid is not None:
+        expected = len(grid.perplexity(profile.n_layers)) + len(grid.needle())
+        taken = len(profile.data.get("perplexity", {})) + len(profile.data.get("needle", {}))
+        if taken < expected:
+            lines.append(f"incomplete: {taken} of the {grid.name} grid's {expected} measurements (an interrupted run; "
+                         f"`skistune quality{' --quick' if grid.name == 'quick' else ''} --out FILE` resumes it): "
+                         "figures outside what was measured read as outside the grid")
+    return lines
+
+
 @app.command()
 @cli_errors
 def quality(
-    model: Annotated[str, typer.Option(help="model with real weights to measure")] = "smollm2-135m",
+    model: Annotated[str, typer.Option(help="model with real weights to measure")] = DEFAULT_MODEL,
     quick: Annotated[bool, typer.Option("--quick", help="a small grid (about 3 minutes on 2 CPU cores)")] = False,
     out: Annotated[Optional[Path], typer.Option(help="profile file to write [default: profiles/quality-MODEL.json, "
                                                      "quality-MODEL-quick.json with --quick]")] = None,
@@ -122,10 +151,19 @@ def quality(
     from skistune.quality.model import GOAL_RULE
 
     if show is not None:
+        given = [name for name, on in (("--quick", quick), ("--fresh", fresh), ("--out", out is not None),
+                                       ("--model", model != DEFAULT_MODEL)) if on]
+        if given:  # (they were ignored: a user took `--show Q --model llama-3-8b` for a profile of that model)
+            raise ValueError(f"--show prints a profile as it is; {', '.join(given)} applies only when measuring")
         profile = QualityProfile.load(show)
         path = show
+        for line in incomplete_lines(profile):
+            err_console.print(f"[yellow]note:[/] {escape(line)}", highlight=False, soft_wrap=True)
     else:
         path = out or Path("profiles") / f"quality-{model}{'-quick' if quick else ''}.json"
+        if out is None:
+            path.parent.mkdir(parents=True, exist_ok=True)  # (the default folder; a mistyped --out folder is an error)
+        check_out_file(path, "--out")  # (before the model loads and the first measurement: not after it)
         profile = _measure(model, GRIDS["quick" if quick else "full"], path, resume=not fresh)
     table, rows = quality_table(profile)
     baseline = profile.baseline()
@@ -153,7 +191,6 @@ def _measure(model: str, grid, path: Path, *, resume: bool):
     if not get_preset(model).has_real_weights:
         raise ValueError(f"model {model}: no real weights here; quality is measured on smollm2-135m and used as a "
                          "proxy for other models")
-    path.parent.mkdir(parents=True, exist_ok=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console) as bar:
         task = bar.add_task(f"loading {model}", total=None)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -16,6 +15,7 @@ from typing import Callable
 import torch
 
 from skistune.config import KVConfig
+from skistune.paths import write_atomic
 from skistune.quality.corpus import Corpus
 from skistune.quality.grid import Grid, Measurement
 from skistune.quality.model import FORMAT, VERSION, QualityProfile, knob_key, loss_metric
@@ -45,19 +45,45 @@ def _needle(runtime, config: KVConfig, trials) -> list[bool]:
     return [needle_found(rt, t) for t in trials]
 
 
+RESUMED_FIELDS = ("format", "version", "model", "corpus", "protocol")  # a file's measurements are kept when all agree
+
+
 def _load_resumable(out: Path, header: dict) -> dict:
+    """The measurements already in ``out`` (none where it does not exist). A file that is not a profile of the same
+    model, corpus and protocol is refused rather than replaced by the first measurement: a full profile (hours of
+    measuring) had been overwritten by a quick run, or on another Python version (another corpus), in silence."""
+    if not out.exists():
+        return {}
+    what = None
     try:
         old = json.loads(out.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    same = all(old.get(k) == header[k] for k in ("format", "version", "model", "corpus", "protocol"))
-    return old if same else {}
+    except (OSError, ValueError) as exc:
+        old, what = None, f"is not a quality profile ({getattr(exc, 'strerror', None) or 'not JSON'})"
+    if what is None and (not isinstance(old, dict) or old.get("format") != header["format"]):
+        what = "is not a quality profile"
+    if what is None:
+        differs = [_difference(k, old.get(k), header[k]) for k in RESUMED_FIELDS if old.get(k) != header[k]]
+        if not differs:
+            return old
+        what = f"holds a quality profile measured with {'; '.join(differs)}, so its measurements cannot be resumed"
+    raise ValueError(f"quality profile {out}: {what}; measuring would replace it: pass --fresh (resume=False) to "
+                     "measure everything again over it, or --out another file")
+
+
+def _difference(field: str, old, new) -> str:
+    """How a file's header field differs from this run's, in words."""
+    if field == "corpus" and isinstance(old, dict) and old.get("python") != new.get("python"):
+        return f"Python {old.get('python')}'s docstrings, not this Python's {new.get('python')}"
+    if field == "protocol" and isinstance(old, dict) and old.get("grid") != new.get("grid"):
+        return f"the {old.get('grid')} grid, not the {new.get('grid')} grid"
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = [k for k in new if old.get(k) != new[k]]
+        return f"another {field} ({', '.join(f'{k} {old.get(k)!r}, not {new[k]!r}' for k in keys)})"
+    return f"another {field} ({old!r}, not {new!r})"
 
 
 def _write(out: Path, data: dict) -> None:
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
+    write_atomic(out, json.dumps(data, indent=1) + "\n")  # (whole or not at all; no stray temporary file)
 
 
 def build_profile(runtime, grid: Grid, out: str | Path, *, resume: bool = True,

@@ -63,3 +63,21 @@ def test_held_out_quality_of_the_reference_config_is_zero(runtime):
     full, int2 = measure_quality(runtime, [KVConfig(), KVConfig().with_knobs({"bitwidth.key_bits": 2})],
                                  windows=1, window_tokens=128, continuation=8)
     assert full == {"ppl_mean": 0.0, "ppl_worst": 0.0} and int2["ppl_mean"] > 0.01
+
+
+def test_a_file_that_cannot_be_resumed_is_refused_not_overwritten(runtime, measured, tmp_path):
+    """A quick run over a full profile (or a run on another Python: another corpus) wiped hours of measurements
+    at its first one, in silence; so did a run over any other file."""
+    path, _, _ = measured
+    other = tmp_path / "other-grid.json"
+    other.write_text(path.read_text().replace('"grid": "tiny"', '"grid": "full"'))
+    before = other.read_text()
+    with pytest.raises(ValueError, match=r"holds a quality profile measured with the full grid, not the tiny grid, so "
+                                         r"its measurements cannot be resumed; .* pass --fresh"):
+        build_profile(runtime, TINY, other, progress=lambda *a: pytest.fail("measured"))
+    assert other.read_text() == before
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    with pytest.raises(ValueError, match=r"notes.txt: is not a quality profile \(not JSON\)"):
+        build_profile(runtime, TINY, notes)
+    assert notes.read_text() == "my notes\n"

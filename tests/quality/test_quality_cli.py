@@ -97,7 +97,8 @@ def test_show_of_a_hardware_profile_names_the_command_that_shows_it():
     (["--model", "nope"], "nope"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, match, tmp_path):
-    r = invoke("quality", *args, "--out", str(tmp_path / "q.json"))
+    out = [] if "--show" in args else ["--out", str(tmp_path / "q.json")]  # (--show with --out is refused)
+    r = invoke("quality", *args, *out)
     assert r.exit_code == 2 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "q.json").exists()
 
@@ -133,3 +134,33 @@ def test_optimize_takes_a_quality_profile_file(synthetic, tmp_path, monkeypatch)
     if summary["feasible"]:
         assert summary["best"]["figures"]["quality_bound"] <= 0.05
         assert "quality" in r.stdout and summary["best"]["figures"]["quality_basis"] in ("exact", "measured")
+
+
+def test_show_refuses_options_that_only_measuring_uses(synthetic):
+    r = invoke("quality", "--show", str(synthetic), "--model", "llama-3-8b", "--quick")
+    assert r.exit_code == 2 and r.stderr.strip() == ("error: --show prints a profile as it is; --quick, --model "
+                                                     "applies only when measuring")
+
+
+def test_show_says_when_a_profile_is_incomplete_or_has_another_layer_count(tmp_path):
+    """An interrupted run's file (1 of 22 measurements) and one with n_layers edited were shown as if whole."""
+    shipped = json.loads((Path(PROFILE).parent / "quality-smollm2-135m.json").read_text())
+    whole = invoke("quality", "--show", str(Path(PROFILE).parent / "quality-smollm2-135m.json"))
+    assert whole.exit_code == 0 and "note:" not in whole.stderr
+    part = dict(shipped, perplexity=dict(list(shipped["perplexity"].items())[:3]), n_layers=5)
+    (tmp_path / "part.json").write_text(json.dumps(part))
+    r = invoke("quality", "--show", str(tmp_path / "part.json"))
+    assert r.exit_code == 0, r.output
+    notes = " ".join(r.stderr.split())
+    assert "the profile says 5 layers, but smollm2-135m has 30" in notes
+    assert f"incomplete: {3 + len(shipped['needle'])} of the full grid's" in notes and "--out FILE` resumes it" in notes
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    import skistune.quality_cli as cli
+
+    monkeypatch.setattr(cli, "_measure", lambda *a, **k: pytest.fail("measured"))
+    r = invoke("quality", "--quick", "--out", str(tmp_path))
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: --out {tmp_path}: is a directory")
+    r = invoke("quality", "--quick", "--out", str(tmp_path / "no" / "q.json"))
+    assert r.exit_code == 2 and "folder" in r.stderr and "does not exist" in r.stderr
