@@ -356,8 +356,13 @@ def _constraints(slos, max_queue_s, energy, quality, custom) -> tuple[Constraint
     out.append(served_constraint())
     for i, fn in enumerate(custom, start=1):
         out.append(user_constraint(fn, i))
-    if len({c.name for c in out}) != len(out):
-        raise ValueError(f"constraints: two share a name ({', '.join(c.name for c in out)}); name your functions")
+    names = [c.name for c in out]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        given = [str(s) for s in slos] + [str(q) for q in quality]
+        if twice in given:  # (a repeated --slo or --quality: the user's words, not the API's)
+            raise ValueError(f"{twice} is given twice; give each SLO and quality floor once")
+        raise ValueError(f"constraints: two share the name {twice!r} ({', '.join(names)}); name your functions")
     return tuple(out)
 
 
@@ -2652,6 +2657,8 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     front = pareto_front(problem, evaluations)
     if not front:
         binding, closest = infeasibility(evaluations)
+        # (the report then reads the baseline optimize printed, and says why as optimize said it)
+        study.set_user_attr(REFINED_ATTR, {"best": [], "baseline": baseline.to_record()})
         return {"best": [], "pareto": [], "baseline": baseline, "binding": binding, "closest": closest,
                 "trials": _search_trials(study), "notes": []}
     pool = front if len(problem.objectives) > 1 else ranked(problem, evaluations)

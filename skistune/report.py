@@ -134,18 +134,20 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
     best = first + [e for e in best if e.config not in {f.config for f in first}]
     best = tuple(best[:top_k])
     why = None
+    baseline = baseline or score(problem, problem.base)
     if not best:  # as optimize explains it (simulates the closest config alone: once, for terminal, HTML and JSON)
         from types import SimpleNamespace
 
         from skistune.optimize_cli import energy_line, why_no_rate_line
 
-        seen = SimpleNamespace(problem=problem, binding=binding, closest=closest, trials=len(evaluations))
+        seen = SimpleNamespace(problem=problem, binding=binding, closest=closest, trials=len(evaluations),
+                               baseline=baseline)
         why = " ".join(filter(None, (why_no_rate_line(problem, closest), energy_line(seen)))) or None
     front = raw = tradeoff_front(problem, pool)
     if refined is not None and best:  # the written config on the front, as optimize shows it (a tie it won)
         front = front_with(problem, front, best[0], gains=lambda e: _gains(problem, e))
     return Report(problem, study, label, tuple(pool), best, tuple(front),
-                  baseline or score(problem, problem.base), validated, binding, tuple(closest), importance, method,
+                  baseline, validated, binding, tuple(closest), importance, method,
                   note, why, refined=0 if refined is None else len(refined["best"]),
                   front_ties=tuple(e for e in raw if e not in front))
 

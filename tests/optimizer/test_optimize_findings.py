@@ -205,7 +205,7 @@ def test_an_infeasible_energy_budget_says_why(here):
     assert r.exit_code == 3, r.output
     why = last_json(r)["why"]
     assert why.startswith("energy<=0.05J/token binds in 3 of 3 trials: the closest configs use ")
-    assert "J/token or more (x" in why and "a looser --energy budget" in why
+    assert "J/token or more at their capacity (x" in why and "a looser --energy budget" in why
     assert why.split(":")[0] in r.stdout
 
 

@@ -105,3 +105,32 @@ def test_a_solver_the_optimizer_does_not_have_is_refused():
                                          r"\(layer_bits\)$"):
         opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", profile=PROFILE,
                           space=parse_space("name: t\nknobs:\n  bitwidth.layer_bits: {solver: nope}\n"))
+
+
+@pytest.mark.parametrize("specs, twice", [
+    ({"slo": ["tbt:p95<=200ms", "tbt:p95<=200ms"]}, "tbt:p95<=200ms"),
+    ({"slo": ["p99=200ms", "tbt:p99<=200ms"]}, "tbt:p99<=200ms"),  # (the short form is the same SLO)
+    ({"slo": "p99=200ms", "quality": ["ppl+1%", "ppl+1%"]}, "ppl+1%"),
+])
+def test_an_slo_or_floor_given_twice_is_named_in_the_users_words(specs, twice):
+    with pytest.raises(ValueError) as err:  # (was "constraints: two share a name (...); name your functions")
+        opt.build_problem(load_workload("chat", requests=8), profile=PROFILE, **specs)
+    assert str(err.value) == f"{twice} is given twice; give each SLO and quality floor once"
+
+
+def test_the_energy_line_reads_the_refined_baseline_the_tables_print():
+    """It quoted the closest trials' 0.265 J/token (at the search's coarser rates) beside a base row of 0.252."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from skistune.optimize_cli import energy_line
+
+    problem = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", energy="0.2J/token",
+                                profile=PROFILE)
+    name = "energy<=0.2J/token"
+    trial = opt.Evaluation(problem.base, 1.0, (1.0,), {name: 0.325, "served": 0.0}, {}, trial=0)
+    base = replace(trial, violations={name: 0.26, "served": 0.0}, trial=None)
+    seen = SimpleNamespace(problem=problem, binding={name: 1}, closest=[trial], trials=1)
+    assert "use 0.265 J/token or more at their capacity (x1.32 the budget" in energy_line(seen)
+    assert "use 0.252 J/token or more at their capacity (x1.26 the budget" in energy_line(
+        SimpleNamespace(**vars(seen), baseline=base))
