@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import time
 import warnings
@@ -78,6 +79,7 @@ PROBLEM_ATTR = "skistune.problem"
 VALIDATED_ATTR = "skistune.validated"  # the last validation's replays, for `skistune report`
 SIMPLIFIES_ATTR = "skistune.simplifies"  # on a trial that tries the best config with a knob group as the baseline's
 CHOSEN_ATTR = "skistune.chosen"  # the config the last run ranked first (and wrote), for `skistune report`
+ERROR_ATTR = "skistune.error"  # on a trial a user's callable failed: the error (the trial is stored as pruned)
 REFINED_ATTR = "skistune.refined"  # ... the configs it printed and the baseline, as refined (`Evaluation.to_record`)
 ILP_ATTR = "skistune.ilp"  # a trial's integer-program runs: {program: {calls, solve_s}}
 
@@ -860,7 +862,17 @@ def default_study_name(problem: Problem) -> str:
     return f"optimize-{digest}"
 
 
+STUDY_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
 def default_storage(study_name: str) -> str:
+    """The SQLite file in this folder named after the study. A name that a file name or a URL would change is
+    refused: 'x%41' made skistune-xA.db (another study's file), 'a/b' a raw sqlite error, 'r-a,b' a URL printed
+    with %2C that named no file in sight."""
+    if not STUDY_FILE_NAME.fullmatch(study_name):
+        raise ValueError(f"study name {study_name!r}: the default storage is a file named after it "
+                         "(skistune-NAME.db), so start it with a letter or digit and use only those, '.', '_' and '-', or give --storage "
+                         "URL for any name")
     return f"sqlite:///{Path.cwd() / f'skistune-{study_name}.db'}"
 
 
@@ -1203,6 +1215,8 @@ def _trial_function(problem: Problem, study) -> Callable:
                 if not isinstance(exc, ReturnValueError) and raised_by(exc) is None:
                     raise
                 run.failures.append(exc)
+                # (stored PRUNED, not FAIL, so that Optuna logs no traceback of its own: the error says why)
+                trial.set_user_attr(ERROR_ATTR, f"{type(exc).__name__}: {exc}")
                 with contextlib.suppress(RuntimeError):  # (raised outside study.optimize: an asked trial, `_simplify`)
                     trial.study.stop()
                 raise optuna.TrialPruned(str(exc)) from None  # (a failed trial would log Optuna's traceback)

@@ -8,6 +8,7 @@ broke a constraint when validated on the real runtime (a warning names it, predi
 from __future__ import annotations
 
 import functools
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -628,7 +629,7 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
                         "why": str(exc), "unmeetable": str(exc)})
         raise typer.Exit(EXIT_INFEASIBLE) from None
     name = study or default_study_name(problem)
-    resume = f"--study {name}" + (f" --storage {storage}" if storage else "")  # (how to add trials later)
+    resume = f"--study {shlex.quote(name)}" + (f" --storage {shlex.quote(storage)}" if storage else "")  # (to paste)
     storage = storage or default_storage(name)
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
     existing = open_study(problem, open_storage(storage), name, sampler=None)

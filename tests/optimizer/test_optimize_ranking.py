@@ -148,6 +148,7 @@ def test_a_user_callable_that_raises_stops_the_search_with_its_own_error_logged_
     assert skistune.objectives.raised_by(raised.value) == "objective throughput"
     trials = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage).get_trials()
     assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED]
+    assert trials[0].user_attrs["skistune.error"].startswith("ZeroDivisionError: ")  # (why, for a dashboard)
 
 
 def test_a_user_callable_that_raises_in_a_forked_worker_stops_every_worker_with_its_own_error(slow, profile, here,

@@ -134,3 +134,11 @@ def test_the_energy_line_reads_the_refined_baseline_the_tables_print():
     assert "use 0.265 J/token or more at their capacity (x1.32 the budget" in energy_line(seen)
     assert "use 0.252 J/token or more at their capacity (x1.26 the budget" in energy_line(
         SimpleNamespace(**vars(seen), baseline=base))
+
+
+@pytest.mark.parametrize("name", ["my study", "x%41", "a/b", "r-goodput,energy", "-x", ""])
+def test_a_study_name_the_default_file_would_change_is_refused(name):
+    """'x%41' made skistune-xA.db (another study's file), 'a/b' a raw sqlite error, a comma a URL with %2C."""
+    with pytest.raises(ValueError, match=r"the default storage is a file named after it \(skistune-NAME.db\)"):
+        opt.default_storage(name)
+    assert opt.default_storage("chat-p99_v2.1").endswith("/skistune-chat-p99_v2.1.db")
