@@ -6,7 +6,7 @@ import numbers
 from pathlib import Path
 
 from skistune.workloads import transforms
-from skistune.workloads.model import Workload
+from skistune.workloads.model import MAX_TOKENS, Workload
 from skistune.workloads.readers import FORMATS, ArrivalSpec, read_trace, trace_name
 from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, PRESETS, synthesize
 
@@ -14,10 +14,15 @@ TRACE_SUFFIXES = (".csv", ".jsonl", ".json")  # (formats are detected by content
 FEW_FILES = 3  # a directory holding at most this many trace-like files has them named in the error
 # Magnitudes no serving workload means (`--rate 1e300` gave a 1e-299 s trace, `--length-scale 1e9` 1e12-token
 # prompts): the busiest deployments serve thousands of requests a second, so a mean gap under a microsecond is
-# a typo; and no model takes a context past 10M tokens (the longest advertised, Llama 4 Scout's, is 10M).
+# a typo; and no request is longer than `MAX_TOKENS` (model.py: the readers refuse such rows too).
 MAX_RATE_RPS = 1e6
 MIN_RATE_RPS = 1e-6  # a mean gap over 11 days: no service's load (`--rate 1e-300` spanned 1e300 s, overflowing)
-MAX_TOKENS = 10_000_000
+
+
+def _in_python(*keywords: str) -> str:
+    """The tail of a message that names a CLI option: the keyword(s) `load_workload` takes for it. The same
+    check serves both, and the caller's spelling is unknown here; the option leads (most callers type it)."""
+    return f" (in Python: {', '.join(f'{keyword}=' for keyword in keywords)})"
 
 
 def load_workload(spec: str | Path | Workload, *, format: str | None = None, skip_bad_rows: bool = False,
@@ -43,7 +48,7 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
         if value is not None and not (isinstance(value, numbers.Real) and value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
     if rate_rps is not None and rate_out_of_range(rate_rps):
-        raise ValueError(f"--rate (rate_rps=) {rate_rps:g} req/s: {rate_out_of_range(rate_rps)}")
+        raise ValueError(f"--rate {rate_rps:g} req/s: {rate_out_of_range(rate_rps)}{_in_python('rate_rps')}")
     workload = _source(spec, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests,
                        rate_rps=rate_rps, burstiness=burstiness, block_tokens=block_tokens)
     if jitter_s is not None:
@@ -64,8 +69,8 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
         rate = len(workload) / workload.duration_s if workload.duration_s > 0 else 0.0
         # (blamed on the scale only in the direction it moved the rate: a scale below 1 never made it too high)
         if rate > 0 and rate_out_of_range(rate) and (rate > MAX_RATE_RPS) == (rate_scale > 1):
-            raise ValueError(f"--rate-scale (rate_scale=) {rate_scale:g}: gives {rate:.3g} req/s, "
-                             f"{rate_out_of_range(rate)}")
+            raise ValueError(f"--rate-scale {rate_scale:g}: gives {rate:.3g} req/s, {rate_out_of_range(rate)}"
+                             f"{_in_python('rate_scale')}")
     return workload
 
 
@@ -84,9 +89,9 @@ def _check_length_scale(workload: Workload, length_scale: float) -> None:
     longest = int(max(workload.input_tokens.max(), workload.output_tokens.max()))
     # (a scale of 1 or less lengthens nothing; nan and inf are left to scale_lengths, which names them)
     if length_scale > 1 and math.isfinite(length_scale) and longest * length_scale > MAX_TOKENS:
-        raise ValueError(f"--length-scale (length_scale=) {length_scale:g}: makes the longest request "
-                         f"{longest:,} x {length_scale:g} = {longest * length_scale:.3g} tokens, above {MAX_TOKENS:,} "
-                         "(no model has such a context)")
+        raise ValueError(f"--length-scale {length_scale:g}: makes the longest request {longest:,} x {length_scale:g} "
+                         f"= {longest * length_scale:.3g} tokens, above {MAX_TOKENS:,}, which no model's context "
+                         f"holds{_in_python('length_scale')}")
 
 
 def workload_name(spec: str | Path) -> str:
@@ -115,23 +120,23 @@ def _source(spec: str | Path | Workload, *, format: str | None, skip_bad_rows: b
             return synthesize(str(spec), requests=requests, seed=seed, rate_rps=rate_rps, burstiness=burstiness,
                               block_tokens=block_tokens or SESSION_BLOCK_TOKENS)
         if not path.is_file():  # (with --format, a file of a preset's name is read: that is what was meant)
-            raise ValueError(f"workload {str(spec)!r} is a preset: --format (format=) applies to trace files "
-                             f"(write ./{spec} for a file of that name)")
+            raise ValueError(f"workload {str(spec)!r} is a preset: --format applies to trace files; write ./{spec} "
+                             f"for a file of that name{_in_python('format')}")
     if path.is_dir():
         raise ValueError(f"workload {str(spec)!r}: a directory, neither a preset ({', '.join(PRESETS)}) nor a trace "
                          f"file{_files_in(path)}")
     if not path.is_file():
         raise ValueError(f"workload {str(spec)!r}: neither a preset ({', '.join(PRESETS)}) nor an existing file")
     if requests is not None:
-        raise ValueError("--requests applies to presets; take part of a trace with --first or --sample "
-                         "(in Python: requests=, first=, sample=)")
+        raise ValueError("--requests applies to presets; take part of a trace with --first or --sample"
+                         f"{_in_python('requests', 'first', 'sample')}")
     arrivals = ArrivalSpec(rate_rps=1.0 if rate_rps is None else rate_rps,
                            burstiness=1.0 if burstiness is None else burstiness, seed=seed)
     workload = read_trace(path, format=format, skip_bad_rows=skip_bad_rows, block_tokens=block_tokens,
                           arrivals=arrivals)
     if burstiness is not None and not workload.generated_arrivals:
-        raise ValueError(f"{path}: --burstiness (burstiness=) applies to generated arrivals (presets, length-only traces); "
-                         "this trace has its own timestamps")
+        raise ValueError(f"{path}: --burstiness applies to generated arrivals (presets, length-only traces); this "
+                         f"trace has its own timestamps{_in_python('burstiness')}")
     return workload
 
 

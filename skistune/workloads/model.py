@@ -14,6 +14,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+# No model takes a context past 10M tokens (the longest advertised, Llama 4 Scout's, is 10M): a longer prompt or
+# output is a typo or a corrupt row (2^63-1 read as a length wrapped to negative counts downstream). Readers
+# refuse such a row, `--length-scale` such a scale, and a `Workload` such a request.
+MAX_TOKENS = 10_000_000
+
 
 def _as_array(values: object, dtype: type) -> np.ndarray:
     """A read-only view: transformed copies share arrays, so none may be written in place."""
@@ -67,6 +72,10 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: arrival_s must be finite, >= 0 and sorted")
         if self.input_tokens.min() < 1 or self.output_tokens.min() < 1:
             raise ValueError(f"workload {self.name!r}: every request needs >= 1 input and >= 1 output token")
+        longest = int(max(self.input_tokens.max(), self.output_tokens.max()))
+        if longest > MAX_TOKENS:
+            raise ValueError(f"workload {self.name!r}: a request of {longest:,} tokens is above {MAX_TOKENS:,}, "
+                             "which no model's context holds")
         if self.block_tokens < 1:
             raise ValueError(f"workload {self.name!r}: block_tokens must be >= 1, got {self.block_tokens}")
         if len(self.block_ids) and self.block_ids.min() < 0:

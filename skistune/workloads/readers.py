@@ -5,9 +5,10 @@
     burstgpt  BurstGPT: CSV ``Timestamp,Model,Request tokens,Response tokens,...`` (v2 adds ``Session ID``)
     lengths   length-only CSV ``num_prefill_tokens,num_decode_tokens`` (ShareGPT/arXiv/BWB), arrivals generated
 
-A malformed row raises ``ValueError("FILE:LINE: column NAME: ...")`` unless ``skip_bad_rows`` is set, in
-which case it is skipped and counted in the workload's ``notes``. Rows with 0 output tokens (failed
-requests) or 0 input tokens cannot be replayed: they are dropped and counted in ``notes`` too.
+A malformed row (among them a length above `MAX_TOKENS`, a timestamp past `MAX_TIMESTAMP_S`) raises
+``ValueError("FILE:LINE: column NAME: ...")`` unless ``skip_bad_rows`` is set, in which case it is skipped and
+counted in the workload's ``notes``. Rows with 0 output tokens (failed requests) or 0 input tokens cannot be
+replayed: they are dropped and counted in ``notes`` too. Timestamps spanning more than `MAX_SPAN_S` are refused.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from typing import Iterator
 
 import numpy as np
 
-from skistune.workloads.model import Workload, chain_blocks, gather_blocks, recut_blocks
-from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, renewal_arrivals
+from skistune.workloads.model import MAX_TOKENS, Workload, chain_blocks, gather_blocks, recut_blocks
+from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, burstiness_notes, check_burstiness, renewal_arrivals
 from skistune.workloads.transforms import QUANTUM_NOTE
 
 FORMATS: dict[str, str] = {
@@ -74,7 +75,7 @@ def detect_format(path: str | Path) -> str:
     if line.startswith("{"):
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:  # (not JSON, or an integer past Python's 4,300 digits)
             record = {}
         if isinstance(record, dict) and {"input_length", "output_length"} <= record.keys():
             return "mooncake"
@@ -134,7 +135,18 @@ def read_trace(path: str | Path, *, format: str | None = None, skip_bad_rows: bo
 
 # ---- CSV: a fast vectorised path, and a careful row-by-row path that names the bad row ----
 
-MAX_COUNT = int(np.iinfo(np.int64).max)  # token counts are int64 columns: a larger one cannot be stored
+# Timestamps no serving trace has (`1e300,...` was read, and replayed with 300-digit durations). Float64 seconds
+# keep sub-microsecond steps below 2^32 s (epoch seconds, 1.7e9 today, are fine) and 15 us steps at
+# MAX_TIMESTAMP_S (3,000 years); past it a number is no time in seconds (epoch milliseconds or nanoseconds in a
+# seconds column, a corrupt row), and a few orders further float64 loses the milliseconds themselves. Nor has
+# any LLM service logged for MAX_SPAN_S, 10 years (ChatGPT opened in 2022; public traces span an hour: Azure
+# 2023, Mooncake; a week: Azure 2024; months: BurstGPT's 2 months and 110 days): a longer span is a bad row or
+# a mistaken unit. The samples in shared/traces pass both by far: they span at most 11.5 h, and their raw
+# times stay below 2e7 (BurstGPT_3's seconds since its first day; Mooncake's milliseconds reach 2.4e6).
+MAX_TIMESTAMP_S = 1e11
+YEAR_S = 365.25 * 86400.0
+MAX_SPAN_S = 10 * YEAR_S
+_TIME_COLUMNS = {"azure": "TIMESTAMP", "burstgpt": "Timestamp", "mooncake": "timestamp"}
 
 
 class Kind(Enum):
@@ -150,14 +162,14 @@ def _parse_counts(values: list[str]) -> np.ndarray | None:
         counts = np.array(values, dtype=np.int64)
     except (ValueError, OverflowError):
         return None
-    return counts if counts.size == 0 or counts.min() >= 0 else None
+    return counts if counts.size == 0 or (counts.min() >= 0 and counts.max() <= MAX_TOKENS) else None
 
 
 def _parse_times(values: list[str]) -> np.ndarray | None:
     """Seconds as float64: numbers are taken as seconds, ISO date-times ('2023-11-16 18:15:46.68') converted."""
     try:
         times_s = np.array(values, dtype=np.float64)
-        return times_s if np.all(np.isfinite(times_s)) else None
+        return times_s if np.all(np.abs(times_s) <= MAX_TIMESTAMP_S) else None  # (False for nan and inf too)
     except ValueError:
         pass
     try:
@@ -215,8 +227,7 @@ class _ValueChecker:
                 count = int(value)
             except ValueError:
                 return None, f"{value!r} is not an integer"
-            return (count, None) if 0 <= count <= MAX_COUNT else \
-                (None, f"negative length {count}" if count < 0 else f"length {value} is too large")
+            return (count, None) if 0 <= count <= MAX_TOKENS else (None, _length_problem(count))
         return self._check_time(value)
 
     def _check_time(self, value: str) -> tuple[object, str | None]:
@@ -225,12 +236,33 @@ class _ValueChecker:
         if self.times_are_numbers:
             if not _is_float(value) or not math.isfinite(float(value)):
                 return None, f"{value!r} is not a time in seconds"
+            if abs(float(value)) > MAX_TIMESTAMP_S:
+                return None, _time_problem(repr(value), "seconds")
             return float(value), None
         try:
             stamp = np.datetime64(value, "ns")
         except ValueError:
             return None, f"{value!r} is not a date-time"
         return (None, f"{value!r} is not a date-time") if np.isnat(stamp) else (stamp, None)
+
+
+def _number_text(number: int | float) -> str:
+    """A number for a message; a 400-digit integer as ~1e+399 (str() refuses over 4,300 digits)."""
+    if isinstance(number, float):
+        return f"{number:g}"
+    return str(number) if abs(number) < 10**24 else f"{'-' * (number < 0)}~1e+{int(math.log10(abs(number)))}"
+
+
+def _length_problem(count: int) -> str:
+    if count < 0:
+        return f"negative length {_number_text(count)}"
+    return f"length {_number_text(count)} is above {MAX_TOKENS:,} tokens, which no model's context holds"
+
+
+def _time_problem(value: str, unit: str) -> str:
+    """``value`` as the file has it; ``unit`` "seconds" or "milliseconds"."""
+    limit = f"{MAX_TIMESTAMP_S:g} s" if unit == "seconds" else f"{MAX_TIMESTAMP_S * 1000:g} ms"
+    return f"{value} is beyond {limit} (3,000 years): not a time in {unit}"
 
 
 def _is_float(value: str) -> bool:
@@ -323,16 +355,26 @@ def _read_csv_format(path: Path, fmt: str, bad: BadRows, block_tokens: int, arri
         rows = _Rows(columns["Timestamp"], columns["Request tokens"], columns["Response tokens"],
                      sessions=columns.get("Session ID"))
     else:
-        n = len(columns["num_prefill_tokens"])
-        rng = np.random.default_rng(arrivals.seed)
-        rows = _Rows(renewal_arrivals(n, arrivals.rate_rps, arrivals.burstiness, rng),
+        rows = _Rows(_generated_arrivals(path, len(columns["num_prefill_tokens"]), arrivals),
                      columns["num_prefill_tokens"], columns["num_decode_tokens"])
     workload = _assemble(path, fmt, rows, block_tokens, bad)
     if fmt == "lengths":
         workload = replace(workload, generated_arrivals=True, requested_burstiness=arrivals.burstiness).with_note(
             f"arrivals generated: rate {arrivals.rate_rps:g} req/s, burstiness {arrivals.burstiness:g} "
             f"(seed {arrivals.seed}); the file has lengths only")
+        workload = replace(workload, notes=workload.notes + burstiness_notes(workload.arrival_s, arrivals.burstiness))
     return workload
+
+
+def _generated_arrivals(path: Path, n: int, arrivals: ArrivalSpec) -> np.ndarray:
+    """Arrivals for a length-only file's ``n`` rows; none for none (`_assemble` then says "empty trace")."""
+    if n == 0:
+        return np.zeros(0)
+    try:
+        check_burstiness(n, arrivals.burstiness)
+    except ValueError as exc:  # (the file's rows are the requests: name it)
+        raise ValueError(f"{path}: {exc}") from None
+    return renewal_arrivals(n, arrivals.rate_rps, arrivals.burstiness, np.random.default_rng(arrivals.seed))
 
 
 # ---- Mooncake JSONL ----
@@ -343,17 +385,19 @@ def _check_count(record: dict, key: str) -> str | None:
         return f"column {key}: missing"
     if isinstance(value, bool) or not isinstance(value, int):
         return f"column {key}: {value!r} is not an integer"
-    if value > MAX_COUNT:
-        return f"column {key}: length {value} is too large"
-    return f"column {key}: negative length {value}" if value < 0 else None
+    return f"column {key}: {_length_problem(value)}" if not 0 <= value <= MAX_TOKENS else None
 
 
 def _check_mooncake(record: object, block_tokens: int) -> str | None:
     if not isinstance(record, dict):
         return "not a JSON object"
     timestamp = record.get("timestamp")
-    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
+    # (finiteness of floats only: math.isfinite overflowed on a 400-digit integer, which the bound then refuses)
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or (
+            isinstance(timestamp, float) and not math.isfinite(timestamp)):
         return f"column timestamp: {timestamp!r} is not a time in milliseconds"
+    if abs(timestamp) > MAX_TIMESTAMP_S * 1000:
+        return f"column timestamp: {_time_problem(_number_text(timestamp), 'milliseconds')}"
     problem = _check_count(record, "input_length") or _check_count(record, "output_length")
     if problem:
         return problem
@@ -372,9 +416,13 @@ def _mooncake_records(path: Path, bad: BadRows, block_tokens: int) -> Iterator[d
             if not line.strip():
                 continue
             try:
-                record = json.loads(line.rstrip("\r\n"))  # so an error's column is on this line
+                record = json.loads(line.rstrip("\r\n"))  # so an error's position is on this line
             except json.JSONDecodeError as exc:
-                bad.report(line_no, f"column {exc.colno}: not valid JSON ({exc.msg})")
+                # ("character", not "column": a column is a field elsewhere in these messages)
+                bad.report(line_no, f"character {exc.colno}: not valid JSON ({exc.msg})")
+                continue
+            except ValueError:  # (Python's limit on integer digits, which told to call sys.set_int_max_str_digits)
+                bad.report(line_no, "not valid JSON (a number of over 4,300 digits)")
                 continue
             problem = _check_mooncake(record, block_tokens)
             if problem:
@@ -438,6 +486,10 @@ def _assemble(path: Path, fmt: str, rows: _Rows, block_tokens: int, bad: BadRows
         notes.append(f"timestamps not in order ({backwards} step{'s' * (backwards != 1)} back in time): "
                      "sorted by arrival")
     arrival_s = rows.time_s[index] - rows.time_s[index[0]]
+    if fmt != "lengths" and arrival_s[-1] > MAX_SPAN_S:  # (generated arrivals span what their rate says)
+        raise ValueError(f"{path}: column {_TIME_COLUMNS[fmt]}: the timestamps span {arrival_s[-1]:.3g} s "
+                         f"({arrival_s[-1] / YEAR_S:,.0f} years), more than any serving trace ({MAX_SPAN_S / YEAR_S:g} "
+                         "years at most): a bad row, or times not in seconds")
     if rows.block_offsets is None:
         block_offsets, block_ids = np.zeros(len(index) + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
     else:

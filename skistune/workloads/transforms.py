@@ -77,11 +77,11 @@ def _scaled_blocks(workload: Workload, factor: float) -> tuple[np.ndarray, np.nd
 
 def first_n(workload: Workload, n: int) -> Workload:
     """The first ``n`` requests by arrival; all of them, recorded as such, when there are no more than ``n``
-    (as `sample_n` does: provenance says what was kept, not what was asked)."""
+    (as `sample_n` does: provenance says what was kept, not what was asked), with a note when there are fewer."""
     if n < 1:
         raise ValueError(f"first: need >= 1 request, got {n}")
     if n >= len(workload):
-        return workload.with_transform(f"first {n} (all {len(workload)})")
+        return _all_kept(workload, "first", n)
     return workload.take(np.arange(n)).with_transform(f"first {n}")
 
 
@@ -90,10 +90,19 @@ def sample_n(workload: Workload, n: int, seed: int = 0) -> Workload:
     if n < 1:
         raise ValueError(f"sample: need >= 1 request, got {n}")
     if n >= len(workload):
-        return workload.with_transform(f"sample {n} (all {len(workload)})")
+        return _all_kept(workload, "sample", n)
     index = np.sort(np.random.default_rng(seed).choice(len(workload), size=n, replace=False))
     sampled = workload.take(index)
     return sampled.with_transform(f"sample {n} seed {seed}", arrival_s=sampled.arrival_s - sampled.arrival_s[0])
+
+
+def _all_kept(workload: Workload, what: str, n: int) -> Workload:
+    """``first``/``sample`` of ``n`` from no more than ``n`` requests: all of them. Fewer than asked is said in a
+    note too: `--requests 50 --sample 100` kept 50, which only the transforms row told, in brackets."""
+    kept = workload.with_transform(f"{what} {n} (all {len(workload)})")
+    if n == len(workload):
+        return kept
+    return kept.with_note(f"{what} {n}: the workload has only {len(workload)} requests, all kept")
 
 
 def time_window(workload: Workload, start_s: float, end_s: float) -> Workload:

@@ -30,11 +30,21 @@ BAD_FILES = [
     ("float_len.csv", "num_prefill_tokens,num_decode_tokens\n10,5\n12.5,3\n",
      ":3: column num_prefill_tokens: '12.5' is not an integer"),
     ("broken.jsonl", MOONCAKE_ROW + '{"timestamp": 3000, "input_length": 5, "output_length": 3\n',
-     ":2: column 58: not valid JSON (Expecting ',' delimiter)"),
+     ":2: character 58: not valid JSON (Expecting ',' delimiter)"),
     ("negative.jsonl", MOONCAKE_ROW + '{"timestamp": 3000, "input_length": -7, "output_length": 3}\n',
      ":2: column input_length: negative length -7"),
     ("missing_key.jsonl", MOONCAKE_ROW + '{"timestamp": 3000, "input_length": 7}\n',
      ":2: column output_length: missing"),
+    # lengths above MAX_TOKENS (2^63-1 passed, then wrapped to negative counts) and absurd timestamps
+    ("huge_output.csv", AZURE_HEADER + GOOD_ROW + "2023-11-16 18:15:47.68,200,9223372036854775807\n",
+     ":3: column GeneratedTokens: length 9223372036854775807 is above 10,000,000 tokens, which no model's "
+     "context holds"),
+    ("huge_input.jsonl", MOONCAKE_ROW + '{"timestamp": 1, "input_length": 10000001, "output_length": 3}\n',
+     ":2: column input_length: length 10000001 is above 10,000,000 tokens, which no model's context holds"),
+    ("huge_time.csv", BURSTGPT_HEADER + "1e300,ChatGPT,100,10,110,API log\n1,ChatGPT,100,10,110,API log\n",
+     ":2: column Timestamp: '1e300' is beyond 1e+11 s (3,000 years): not a time in seconds"),
+    ("huge_time.jsonl", MOONCAKE_ROW + '{"timestamp": 1e15, "input_length": 7, "output_length": 3}\n',
+     ":2: column timestamp: 1e+15 is beyond 1e+14 ms (3,000 years): not a time in milliseconds"),
     ("too_many_blocks.jsonl",
      MOONCAKE_ROW + '{"timestamp": 1, "input_length": 7, "output_length": 3, "hash_ids": [0, 1]}\n',
      ":2: column hash_ids: 2 blocks of 512 tokens are more than input_length 7 holds"),
@@ -44,6 +54,7 @@ EMPTY_FILES = [
     ("header_only.csv", AZURE_HEADER),
     ("blank_lines.jsonl", "\n\n"),
     ("all_failed.csv", BURSTGPT_HEADER + "5,ChatGPT,472,0,472,Conversation log\n"),
+    ("lengths_header_only.csv", "num_prefill_tokens,num_decode_tokens\n"),  # (was "arrivals need n >= 1")
 ]
 
 
@@ -125,7 +136,8 @@ def test_unknown_format_is_an_error(write):
 def test_format_with_a_preset_says_format_is_for_trace_files():
     """It said "neither a preset (chat, ...) nor an existing file" of chat, a preset."""
     _assert_one_line_error(_cli("chat", "--format", "mooncake"),
-                           "workload 'chat' is a preset: --format (format=) applies to trace files")
+                           "workload 'chat' is a preset: --format applies to trace files; write ./chat for a file "
+                           "of that name (in Python: format=)")
     with pytest.raises(ValueError, match="is a preset: --format"):
         load_workload("chat", format="mooncake")
 
@@ -157,7 +169,7 @@ def test_unknown_workload_and_misplaced_options(write):
                            "neither a preset (chat, code, long-context, agent) nor an existing file")
     path = write("t.csv", AZURE_HEADER + GOOD_ROW + GOOD_ROW)
     _assert_one_line_error(_cli(str(path), "--requests", "5"), "requests applies to presets")
-    _assert_one_line_error(_cli(str(path), "--burstiness", "2"), "--burstiness (burstiness=) applies to generated arrivals")
+    _assert_one_line_error(_cli(str(path), "--burstiness", "2"), "--burstiness applies to generated arrivals")
     _assert_one_line_error(_cli("chat", "--window", "abc"), "expected START:END")
     _assert_one_line_error(_cli("chat", "--window", "900:1000"), "no request arrives in 900:1000 s")
     _assert_one_line_error(_cli("chat", "--rate-scale", "0"), "rate scale must be > 0")

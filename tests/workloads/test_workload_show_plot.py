@@ -31,14 +31,20 @@ def _plot(workload: Workload, figures: list, tmp_path):
     return figures[-1]
 
 
+def _json_error(line: str, json_flag: list[str]) -> str:
+    """stdout of a refused run: nothing, or with --json the error as its one JSON line."""
+    return json.dumps({"error": line, "exit_code": 2}, separators=(",", ":")) + "\n" if json_flag else ""
+
+
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
 def test_plot_into_a_missing_folder_is_refused_not_created(tmp_path, json_flag):
     target = tmp_path / "nonexist" / "x.png"
     result = CliRunner().invoke(app, ["workload", "show", "chat", "--requests", "50", "--plot", str(target),
                                       *json_flag])
     assert result.exit_code == 2
-    assert result.stderr.strip().splitlines() == [f"error: --plot {target}: folder {target.parent} does not exist"]
-    assert "Traceback" not in result.output and result.stdout == ""
+    line = f"--plot {target}: folder {target.parent} does not exist"
+    assert result.stderr.strip().splitlines() == [f"error: {line}"]
+    assert "Traceback" not in result.output and result.stdout == _json_error(line, json_flag)
     assert not target.parent.exists()
 
 
@@ -157,8 +163,9 @@ def test_plot_into_a_missing_folder_named_with_a_trailing_slash_is_refused(tmp_p
     for typed, folder in (("nodir2/", "nodir2"), ("no/sub/", "no/sub"), (f"{tmp_path}/abs/", f"{tmp_path}/abs")):
         result = CliRunner().invoke(app, ["workload", "show", "chat", "--requests", "20", "--plot", typed, *json_flag])
         assert result.exit_code == 2, result.output
-        assert result.stderr.strip().splitlines() == [f"error: --plot {typed}: folder {folder} does not exist"]
-        assert "Traceback" not in result.output and result.stdout == ""
+        line = f"--plot {typed}: folder {folder} does not exist"
+        assert result.stderr.strip().splitlines() == [f"error: {line}"]
+        assert "Traceback" not in result.output and result.stdout == _json_error(line, json_flag)
     assert list(tmp_path.iterdir()) == []  # no nodir2.png, no folder made
 
 
