@@ -163,10 +163,13 @@ def _check_fixed_lossy(space: SearchSpace, base: KVConfig, searchable: frozenset
     from skistune import simulator
     from skistune.objectives import structural_changes
 
-    # (per-layer bits of 16 everywhere change nothing; thirty pairs are named by their count)
-    fixed = [f"{k}: {_fixed_text(v)}" for k, v in space.fixed.items()
-             if k in simulator.LOSSY_KNOBS and k not in searchable and v != _value(base, k)
-             and structural_changes(base.with_knobs({k: v}))]
+    lossy = {k: v for k, v in space.fixed.items()
+             if k in simulator.LOSSY_KNOBS and k not in searchable and v != _value(base, k)}
+    try:  # (per-layer bits of 16 everywhere change nothing)
+        lossless = not structural_changes(base.with_knobs(lossy))
+    except ValueError:  # (not a config alone, e.g. a policy whose budget the space fixes apart: checked later)
+        lossless = False
+    fixed = [] if lossless else [f"{k}: {_fixed_text(v)}" for k, v in lossy.items()]  # (thirty pairs: by count)
     if fixed:
         raise ValueError(f"space {space.name}: fixes {', '.join(fixed)}, which changes the model's outputs: give a "
                          "quality floor (--quality ppl+1%) to price it, or leave it out of fixed:")
