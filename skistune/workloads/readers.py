@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from skistune.workloads.model import MAX_TOKENS, Workload, chain_blocks, gather_blocks, recut_blocks
-from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, burstiness_notes, check_burstiness, renewal_arrivals
+from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, burstiness_notes, renewal_arrivals
 from skistune.workloads.transforms import QUANTUM_NOTE
 
 FORMATS: dict[str, str] = {
@@ -370,10 +370,6 @@ def _generated_arrivals(path: Path, n: int, arrivals: ArrivalSpec) -> np.ndarray
     """Arrivals for a length-only file's ``n`` rows; none for none (`_assemble` then says "empty trace")."""
     if n == 0:
         return np.zeros(0)
-    try:
-        check_burstiness(n, arrivals.burstiness)
-    except ValueError as exc:  # (the file's rows are the requests: name it)
-        raise ValueError(f"{path}: {exc}") from None
     return renewal_arrivals(n, arrivals.rate_rps, arrivals.burstiness, np.random.default_rng(arrivals.seed))
 
 

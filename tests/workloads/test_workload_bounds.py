@@ -1,4 +1,4 @@
-"""Bounds a tester found missing or unclear: a burstiness the requests cannot draw, lengths past any model's
+"""Bounds a tester found missing or unclear: a burstiness the requests cannot draw (noted), lengths past any model's
 context, timestamps past any trace's, messages that named `--rate (rate_rps=)`, JSON positions called
 columns, and --first/--sample past the end kept without a word."""
 from __future__ import annotations
@@ -11,38 +11,35 @@ from skistune.workloads import Workload, load_workload, read_trace, synthesize
 from skistune.workloads.load import MAX_TOKENS as LOAD_MAX_TOKENS
 from skistune.workloads.model import MAX_TOKENS
 from skistune.workloads.readers import MAX_SPAN_S
-from skistune.workloads.synthetic import max_burstiness, min_requests
-from show_cli import one_line_error, run_show, show_json
+from skistune.workloads.synthetic import min_requests
+from show_cli import one_line_error, run_show
 from workload_paths import (AZURE_CODE, AZURE_CONV, AZURE_HEADER, BURSTGPT_1, BURSTGPT_3, BURSTGPT_HEADER,
                             MOONCAKE_CONV, MOONCAKE_SYNTH)
 
 LENGTHS_HEADER = "num_prefill_tokens,num_decode_tokens\n"
 
 
-# ---- 1. a burstiness the requests cannot draw is refused; a draw far below the one asked is noted ----
+# ---- 1. a draw far below the burstiness asked for is noted, with the requests it would need ----
 
 @pytest.mark.parametrize("burstiness, needed", [("50", "10,003"), ("100", "40,003")])
-def test_a_burstiness_whose_idle_gaps_the_requests_would_miss_is_refused_with_the_limit(burstiness, needed):
-    """--burstiness 50 and 100 at 2,000 requests came out Poisson (CV 1.009), with nothing said."""
-    one_line_error(run_show("chat", "--requests", "2000", "--burstiness", burstiness),
-                   f"--burstiness {burstiness} needs at least {needed} requests, got 2,000",
-                   "ask for at most 22.34 at 2,000 requests", "(in Python: burstiness=)")
-    with pytest.raises(ValueError, match=f"^--burstiness {burstiness} needs at least"):
-        synthesize("chat", requests=2000, burstiness=float(burstiness))
+def test_a_burstiness_whose_idle_gaps_the_requests_would_miss_is_noted_with_what_it_needs(burstiness, needed):
+    """--burstiness 50 and 100 at 2,000 requests came out Poisson (CV 1.009), with nothing said. (Not refused: a
+    benchmark replays 12 requests at 4, which no 11 gaps can draw either.)"""
+    result = run_show("chat", "--requests", "2000", "--burstiness", burstiness)
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 0 and f"under half the {burstiness} asked for" in said
+    assert "(no 1,999 gaps can have a CV above 44.70)" in said and f"use at least {needed} requests" in said
 
 
-def test_the_burstiness_limit_and_the_requests_needed_agree():
-    assert max_burstiness(2000) == pytest.approx(22.344, abs=1e-3)
-    assert min_requests(22.34) == 2000 < min_requests(22.35)
+def test_the_requests_a_burstiness_needs():
     assert min_requests(13.2) == 700 and min_requests(2.0) == 1  # (Gamma gaps need no idle ones)
-    assert show_json("chat", "--requests", "2000", "--burstiness", "22.34")["burstiness"] > 11.17
+    assert min_requests(50) == 10_003
 
 
-def test_a_length_only_trace_too_short_for_its_burstiness_is_refused(write):
+def test_a_length_only_trace_too_short_for_its_burstiness_is_noted(write):
     path = write("lengths.csv", LENGTHS_HEADER + "10,5\n" * 30)
-    one_line_error(run_show(str(path), "--burstiness", "5"),
-                   f"{path}: --burstiness 5 needs at least 103 requests, got 30")
-    assert show_json(str(path), "--burstiness", "2")["requests"] == 30
+    workload = load_workload(path, burstiness=5.0, seed=2)  # (CV 0.84; seed 0 drew an idle gap: 2.6)
+    assert len(workload) == 30 and any("use at least 103 requests" in n for n in workload.notes)
 
 
 def test_a_realised_burstiness_under_half_the_requested_is_noted():
