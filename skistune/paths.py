@@ -27,6 +27,17 @@ def check_out_file(path: Path, option: str, inputs: tuple[Path, ...] = ()) -> No
                              "(give another file name)")
 
 
+def check_existing_dir(path: Path, option: str) -> None:
+    """Refuse a folder that ``option`` names for a command to write files in: missing (not created: a
+    mistyped path is an error), not a folder, or one that takes no new file (tried): found before the work,
+    not when the work reaches it."""
+    if not path.exists():
+        raise ValueError(f"{option} {path}: no such directory (give an existing one)")
+    if not path.is_dir():
+        raise ValueError(f"{option} {path}: not a directory")
+    _check_writable(path, path, option)
+
+
 def _check_writable(folder: Path, path: Path, option: str) -> None:
     """Create and remove a file in ``folder``, named as `write_atomic` names its temporary file: a folder's
     permission bits do not tell (root passes `os.access` everywhere) that /proc, a read-only mount or a full

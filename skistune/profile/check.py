@@ -4,9 +4,9 @@ A profile is a snapshot: on a shared host the same grid point measured an hour a
 more (BENCHMARKS.md, "Hardware profile"), and every prediction made from the profile moves with it. The
 check times a few of the profile's own 16-bit step points again, the way the profiler timed them
 (`StepBench`: the same engine, setup and medians), and reports now / then per kind of step (decode,
-prefill, mixed) and over all: 1.10 means this machine now runs those steps 10% slower than when the profile
-was measured, so predictions of them will be about 10% fast. The kinds are reported apart because they
-drift apart: decodes read memory, prefills compute. `skistune profile --check FILE` prints it;
+prefill, mixed) and over all: 1.10 means this machine now runs those steps 10% slower than the profile
+says, so its predictions of them are optimistic (about 9% short of today's times). The kinds are reported
+apart because they drift apart: decodes read memory, prefills compute. `skistune profile --check FILE` prints it;
 `benchmarks/fidelity.py` measures it before and after its replays, so that the drift of the machine and
 the error of the model can be told apart.
 """
@@ -70,9 +70,7 @@ class SpeedCheck:
         off = {k: r for k, r in kinds.items() if abs(r - 1) >= tolerance}
         if not off:
             return f"every kind of step within {tolerance:.0%} of when it was measured"
-        # a prediction's error against today's time is then / now - 1 (x2.00 now: predictions 50% short)
-        return "; ".join(f"{k} steps x{r:.2f}: predictions of them about {abs(1 / r - 1):.0%} "
-                         f"{'fast' if r > 1 else 'slow'}" for k, r in off.items()) + (
+        return "; ".join(_kind_verdict(k, r) for k, r in off.items()) + (
             f" (the others within {tolerance:.0%})" if len(off) < len(kinds) else "")
 
     def summary_line(self) -> str:
@@ -84,6 +82,18 @@ class SpeedCheck:
         return {"ratio": self.ratio, "by_kind": self.by_kind(),
                 "points": [{"kind": p.kind, "grid": p.grid, "then_s": p.then_s, "now_s": p.now_s, "ratio": p.ratio}
                            for p in self.points]}
+
+
+def _kind_verdict(kind: str, ratio: float) -> str:
+    """One kind's now / then in plain words: how much slower or faster this machine runs such steps than the
+    profile says, and which way its predictions err. ("predictions of them about 47% fast" had been read as
+    a speed, not as predictions too optimistic.) A prediction's error against today's time is then / now - 1:
+    x2.00 now, this machine runs them 100% slower and the predictions are 50% short of today's times."""
+    if ratio > 1:
+        return (f"{kind} steps x{ratio:.2f}: this machine runs them {ratio - 1:.0%} slower than the profile says, "
+                f"so its predictions of them are optimistic (about {1 - 1 / ratio:.0%} short of today's times)")
+    return (f"{kind} steps x{ratio:.2f}: this machine runs them {1 - ratio:.0%} faster than the profile says, "
+            f"so its predictions of them are pessimistic (about {1 / ratio - 1:.0%} over today's times)")
 
 
 def _kv_tokens(p: StepPoint) -> int:

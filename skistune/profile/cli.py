@@ -1,7 +1,9 @@
 """`skistune profile`: measure this machine for a model (with a progress bar) and write the profile, or
-``--show`` an existing one. Either way it prints the fitted figures and flags weak fits."""
+``--show`` an existing one. Either way it prints the fitted figures and flags weak fits. Where it writes is
+checked before it measures, and an option that the chosen mode does not read is refused, not ignored."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,6 +14,7 @@ from rich.table import Table
 
 from skistune.config import format_bytes
 from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
+from skistune.paths import check_existing_dir, check_out_file
 
 from .cost import ALL_FEATURES, ProjectionTimes
 from .fingerprint import machine_fingerprint
@@ -19,12 +22,23 @@ from .profile import HardwareProfile, cached_profile_path, load_profile, warn_if
 
 MODEL_HELP = "model preset (smollm2-135m has real weights; larger presets run with random weights, for timing)"
 
+# what each mode other than measuring does, and the options it reads besides --json: any other option given is
+# refused (`--show P --quick`, `--refit P --model M` had exited 0, the option silently unused)
+MODES = {
+    "--show": ("prints the profile as it is", ("show",)),
+    "--refit": ("fits the file's own step points again", ("refit", "out")),
+    "--check": ("times the file's own steps again, on its own model and device", ("check",)),
+    "--cache": ("measures the quick profile", ("cache", "model", "device", "quick", "disk_dir")),
+}
+OPTION_NAMES = {"model": "--model", "device": "--device", "quick": "--quick", "out": "--out",
+                "disk_dir": "--disk-dir", "show": "--show", "refit": "--refit", "check": "--check", "cache": "--cache"}
 
-def _summary(profile: HardwareProfile, path: Path) -> dict:
+
+def _summary(profile: HardwareProfile, path: Path, wall_s: float | None = None) -> dict:
     fit = profile.step_fit
     return {
         "path": str(path), "name": profile.name, "model": profile.model, "device": profile.device,
-        "quick": profile.quick, "duration_s": profile.duration_s, "threads": profile.threads,
+        "quick": profile.quick, "duration_s": profile.duration_s, "wall_s": wall_s, "threads": profile.threads,
         "step": {"cost_model": profile.step_cost.to_dict(), "train": fit.train.to_dict(),
                  "held_out": fit.held_out.to_dict() if fit.held_out else None},
         "transfers": {link: m.fit.to_dict() for link, m in profile.transfers.items()},
@@ -76,8 +90,9 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     c = dict(zip(ALL_FEATURES, profile.step_cost.all_coef))
     rows = [("step fit R² (training points)", _r2(fit.train.r2)),
             ("step error median / max (training)", _errors(fit.train))]
-    if fit.held_out is not None:
-        rows.append((f"step error median / max ({fit.held_out.points} held-out points)", _errors(fit.held_out)))
+    if fit.held_out is not None:  # (its R² too: it is flagged below the threshold, as the training points' is)
+        rows += [(f"step fit R² ({fit.held_out.points} held-out points)", _r2(fit.held_out.r2)),
+                 (f"step error median / max ({fit.held_out.points} held-out points)", _errors(fit.held_out))]
     return rows + [
         ("step: projections ran as", rule_text(profile.step_cost.rows)),
         ("step: fixed + per sequence", f"{c['fixed'] * 1e3:.2f} ms + {c['seqs'] * 1e6:.0f} µs"),
@@ -146,10 +161,20 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
     return rows
 
 
-def profile_table(profile: HardwareProfile, path: Path) -> Table:
+def _duration_text(profile: HardwareProfile, wall_s: float | None) -> str:
+    """How long the measurement took. The profile's ``duration_s`` is its timing and fitting alone, without
+    loading the model (73 s had read as the run's time, where the command ran 101 s): said so, and beside
+    the command's own time when it measured just now (``wall_s``)."""
+    timed = f"timed in {profile.duration_s:.0f} s"
+    if wall_s is None:
+        return f"{timed} (loading the model not counted)"
+    return f"{timed} ({wall_s:.0f} s with loading the model)"
+
+
+def profile_table(profile: HardwareProfile, path: Path, wall_s: float | None = None) -> Table:
     fp = profile.fingerprint
-    table = Table(title=f"{profile.name}: {profile.model} on {fp.chip}, {fp.threads} threads, measured {fp.date} "
-                        f"in {profile.duration_s:.0f} s", show_header=False)
+    table = Table(title=f"{profile.name}: {profile.model} on {fp.chip}, {fp.threads} threads, measured {fp.date}, "
+                        f"{_duration_text(profile, wall_s)}", show_header=False)
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     for label, value in _step_rows(profile) + _other_rows(profile):
@@ -180,10 +205,10 @@ def _measure(model: str, device: str, quick: bool, disk_dir: Optional[Path], con
         return profile_model(model, device=device, quick=quick, disk_dir=disk_dir, progress=advance)
 
 
-def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
+def _report(profile: HardwareProfile, path: Path, json_out: bool, wall_s: float | None = None) -> None:
     from skistune.cli import console, err_console, print_json
 
-    console.print(profile_table(profile, path))
+    console.print(profile_table(profile, path, wall_s))
     for flagged in profile.flagged_fits():
         err_console.print(f"[yellow]flagged:[/] {escape(str(flagged))} is below the R² threshold", highlight=False)
     if profile.step_coverage_note:
@@ -192,12 +217,63 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool) -> None:
     for note in list(profile.all_notes) + extra:
         err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
     if json_out:
-        print_json(_summary(profile, path))
+        print_json(_summary(profile, path, wall_s))
+
+
+def _check_applies(given: frozenset[str], show: Optional[Path], refit: Optional[Path], check: Optional[Path],
+                   cache: bool) -> None:
+    """A one-line ``ValueError`` naming the options ``given`` (on the command line) that the chosen mode does
+    not read, instead of running without them."""
+    mode = "--show" if show is not None else "--refit" if refit is not None else "--check" if check is not None \
+        else "--cache" if cache else None
+    if mode is None:  # measuring: reads every option but the other modes'
+        return
+    what, reads = MODES[mode]
+    unused = [option for name, option in OPTION_NAMES.items() if name in given and name not in reads]
+    if unused:
+        it = "it" if len(unused) == 1 else "them"
+        raise ValueError(f"{mode} {what}: {', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
+                         f"to it (drop {it})")
+
+
+def _make_folder(folder: Path, what: str) -> None:
+    """Create the folder a default output file goes to (`HardwareProfile.save` would, after the measurement),
+    so that it is checked before: one that cannot be created is refused now, in one line."""
+    if folder.exists() or folder.is_symlink():  # (a file of that name: `check_out_file` names it)
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{what} {folder}: cannot create it ({exc.strerror or exc})") from None
+
+
+def _check_outputs(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
+                   cache: bool) -> Optional[Path]:
+    """Check where a measurement writes, before it runs: a path refused after minutes of measuring (a folder
+    given as --out, a missing --disk-dir) had lost the measurement. Returns the file it writes, when known
+    before (--out, or the cache's)."""
+    from .measure import check_target
+
+    # a bad --model before a folder is made for it, a bad --device before the fingerprint reads it
+    check_target(model, device)
+    if disk_dir is not None:
+        check_existing_dir(disk_dir, "--disk-dir")
+    if cache:
+        out = cached_profile_path(model, device, machine_fingerprint(device))
+        _make_folder(out.parent, "the cache folder")
+        check_out_file(out, "the cached profile")
+    elif out is not None:
+        check_out_file(out, "--out")
+    else:  # the default file, named as `profile_model` names the profile
+        default = Path("profiles") / f"{device}-{model}{'-quick' if quick else ''}.json"
+        _make_folder(default.parent, "the default --out folder")
+        check_out_file(default, "the default --out")
+    return out
 
 
 def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
              show: Optional[Path], refit: Optional[Path], check: Optional[Path], json_out: bool,
-             cache: bool = False) -> None:
+             cache: bool = False, given: frozenset[str] = frozenset()) -> None:
     from skistune.cli import err_console, print_warning
 
     if sum(x is not None for x in (show, refit, check)) > 1:
@@ -205,12 +281,14 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
     if cache and (out is not None or show or refit or check):
         raise ValueError("--cache writes the quick profile where skistune optimize reads it: not with --out, "
                          "--show, --refit or --check")
+    _check_applies(given, show, refit, check, cache)
     if check is not None:
         _check(check, json_out)
         return
     if show is not None or refit is not None:
         shown = load_profile(show or refit)  # (a fingerprint warning: one line, through `cli_errors`)
         if refit is not None:  # same points, this version's step model; written over the file unless --out
+            check_out_file(out or refit, "--out" if out is not None else "--refit")  # (before the fit)
             before = shown.step_fit
             shown = shown.refit_steps()
             refit = shown.save(out or refit)
@@ -220,11 +298,8 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
                               f"{_held_errors(before)} -> {_held_errors(shown.step_fit)}", highlight=False)
         _report(shown, show or refit, json_out)
         return
-    if cache:
-        from .measure import check_target
-
-        check_target(model, device)  # (a bad --device before the fingerprint reads it)
-        out = cached_profile_path(model, device, machine_fingerprint(device))
+    out = _check_outputs(model, device, quick, out, disk_dir, cache)
+    started = time.perf_counter()
     profile = _measure(model, device, quick or cache, disk_dir, err_console)
     if profile.unreliable is not None:
         message = (f"this profile cannot be trusted ({profile.unreliable}): another process was probably using the "
@@ -233,10 +308,20 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
             raise ValueError(f"{message}; the cached quick profile is left as it was")
         print_warning(message)
     path = profile.save(out or Path("profiles") / f"{profile.name}.json")
-    _report(profile, path, json_out)
+    _report(profile, path, json_out, wall_s=time.perf_counter() - started)
+
+
+def _given(ctx: typer.Context) -> frozenset[str]:
+    """The options given on the command line, not left at their defaults: `--model smollm2-135m --show P` gives
+    --model as surely as `--model llama-3-8b` does, which comparing values with the defaults would miss."""
+    sources = {name: ctx.get_parameter_source(name) for name in ctx.params}
+    # (by name: typer may run a vendored click, whose ParameterSource is not the installed click's)
+    return frozenset(name for name, source in sources.items()
+                     if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"))
 
 
 def profile(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help=MODEL_HELP)] = "smollm2-135m",
     device: Annotated[str, typer.Option(help="where the runtime runs: cpu or cuda")] = "cpu",
     quick: Annotated[bool, typer.Option("--quick", help="a smaller grid, at most a minute on a laptop CPU "
@@ -264,7 +349,8 @@ def profile(
         cli_errors,  # here: skistune.cli imports this module to register the command
     )
 
-    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, check, json_out=json_out, cache=cache)
+    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, check, json_out=json_out, cache=cache,
+                         given=_given(ctx))
 
 
 def _check(path: Path, json_out: bool) -> None:

@@ -280,7 +280,8 @@ def test_a_broken_validation_times_the_profiles_steps_again_and_says_how_fast_th
     notes = opt._speed_after_validation(problem, "the runtime", stages.append)
     assert timed == ["the runtime"] and stages == ["timing a few of the profile's steps again"]
     assert notes == ["the replays broke a constraint; right after them, this machine runs the profile's steps x2.000 "
-                     "(median of 1; decode x2.000): decode steps x2.00: predictions of them about 50% fast"]
+                     "(median of 1; decode x2.000): decode steps x2.00: this machine runs them 100% slower than the "
+                     "profile says, so its predictions of them are optimistic (about 50% short of today's times)"]
 
     def no_points(prof, runtime):
         raise ValueError("no 16-bit step points")

@@ -3,6 +3,7 @@ now / then, and the command's output and errors."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,10 +60,28 @@ def test_kinds_that_drift_apart_are_reported_apart():
     drift = SpeedCheck((point("decode", 1.72), point("decode", 2.04), point("prefill", 1.045), point("prefill", 1.04),
                         point("mixed", 0.98)))
     assert abs(drift.ratio - 1.045) < 1e-9 and abs(drift.by_kind()["decode"] - 1.88) < 1e-9
-    assert drift.verdict() == "decode steps x1.88: predictions of them about 47% fast (the others within 5%)"
+    assert drift.verdict() == ("decode steps x1.88: this machine runs them 88% slower than the profile says, so its "
+                               "predictions of them are optimistic (about 47% short of today's times) (the others "
+                               "within 5%)")
     steady = SpeedCheck((point("decode", 1.01), point("prefill", 0.97)))
     assert steady.verdict() == "every kind of step within 5% of when it was measured"
-    assert "prefill steps x0.80: predictions of them about 25% slow" in SpeedCheck((point("prefill", 0.8),)).verdict()
+    assert SpeedCheck((point("prefill", 0.8),)).verdict() == (
+        "prefill steps x0.80: this machine runs them 20% faster than the profile says, so its predictions of them "
+        "are pessimistic (about 25% over today's times)")
+
+
+def test_the_verdict_says_plainly_which_way_the_predictions_err():
+    """"x1.14: predictions of them about 12% fast" had read as a speed: a slower machine is now said to run the
+    steps slower than the profile says, its predictions optimistic; in the verdict and the summary line alike."""
+    from skistune.profile.check import CheckedPoint, SpeedCheck
+
+    slower = SpeedCheck((CheckedPoint("decode", {}, 0.1, 0.114),))
+    assert slower.summary_line() == (
+        "this machine runs the profile's steps x1.140 (median of 1; decode x1.140): decode steps x1.14: this machine "
+        "runs them 14% slower than the profile says, so its predictions of them are optimistic (about 12% short of "
+        "today's times)")
+    for check in (slower, SpeedCheck((CheckedPoint("prefill", {}, 0.1, 0.05),))):
+        assert not re.search(r"\d% (fast|slow)\b", check.verdict()), check.verdict()
 
 
 def test_the_check_command_prints_the_ratio_and_json(tmp_path, tiny_profile, monkeypatch):

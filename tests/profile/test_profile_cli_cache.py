@@ -19,32 +19,6 @@ from skistune.profile import (
 )
 
 
-@pytest.fixture
-def steady_profile(tiny_profile):
-    """The tiny profile as measured on a quiet machine: its drift and its fit's misses are the test machine's
-    load while it was measured (a busy CI host had made the quick profile 'unreliable': drift x2.80 once, a fit
-    missing its steps by 31% at the median another time), which these tests do not check."""
-    fit = tiny_profile.step_fit
-    quiet_fit = replace(fit, train=replace(fit.train, median_rel_error=min(fit.train.median_rel_error, 0.05)))
-    return replace(tiny_profile, drift={kind: 1.0 for kind in tiny_profile.drift}, step_fit=quiet_fit)
-
-
-@pytest.fixture
-def fake_measure(monkeypatch, steady_profile):
-    """Replace the real measurement (a minute for SmolLM2) with the tiny profile; record the calls."""
-    calls = []
-
-    def profile_model(model, *, device="cpu", quick=False, disk_dir=None, progress=None, grid=None):
-        calls.append((model, device, quick, disk_dir))
-        if progress is not None:
-            progress("decode step: batch 1, context 32", 1, 2)
-            progress("power: modeled", 2, 2)
-        return steady_profile
-
-    monkeypatch.setattr(measure, "profile_model", profile_model)
-    return calls
-
-
 def test_cli_measures_writes_and_prints(tmp_path, fake_measure):
     out = tmp_path / "p.json"
     result = CliRunner().invoke(app, ["profile", "--quick", "--out", str(out), "--disk-dir", str(tmp_path), "--json"])
