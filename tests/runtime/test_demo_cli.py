@@ -32,12 +32,13 @@ def test_demo_stops_at_the_end_of_turn_and_counts_evicted_tokens(tmp_path):
 ])
 def test_demo_fails_when_every_prompt_is_rejected(tmp_path, prompt_words, config, reason):
     """A demo that served nothing exited 0 with an empty table: it is an error (one line, exit 2, no JSON)
-    that says why the prompts were rejected."""
+    that says why the prompts were rejected, on stderr and, with --json, as stdout's JSON line."""
     args = ["demo", "--prompt", "word " * prompt_words, "--max-new-tokens", "4", "--json"]
     if config:
         (tmp_path / "kv.yaml").write_text(config)
         args += ["--config", str(tmp_path / "kv.yaml")]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2, r.output
-    assert r.stdout == "" and r.stderr.strip().count("\n") == 0
+    assert r.stderr.strip().count("\n") == 0  # (and with --json, that line as the one JSON object on stdout)
+    assert json.loads(r.stdout) == {"error": r.stderr.strip().removeprefix("error: "), "exit_code": 2}
     assert r.stderr.startswith("error: every prompt was rejected (") and reason in r.stderr
