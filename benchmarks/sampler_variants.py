@@ -32,13 +32,21 @@ VARIANTS = {  # name: (TPE settings, local-move settings) over `make_sampler`'s 
     "startup20": ({"n_startup_trials": 20}, {"share": 0.0}),
     # deprecated in Optuna 4.9, removed in 6.0: a measurement, not a setting to ship
     "prior2": ({"prior_weight": 2.0}, {"share": 0.0}),
+    # Optuna's GP sampler (`skistune optimize --sampler gp`), alone: the issue asks where it helps
+    "gp": "gp",
 }
+
+
+def _named(make_sampler, name: str, _asked: str, **options):
+    return make_sampler(name, **options)
 
 
 def sampler_for(variant: str):
     """`make_sampler` with the variant's settings."""
     import skistune.optimize as opt
 
+    if VARIANTS[variant] == "gp":
+        return functools.partial(_named, opt.make_sampler, "gp")
     tpe, local = VARIANTS[variant]
     return functools.partial(opt.make_sampler, tpe_options=tpe, local_options=local)
 
