@@ -223,10 +223,14 @@ class _ValueChecker:
         if kind is Kind.TEXT:
             return value, None
         if kind is Kind.COUNT:
+            digits = value.lstrip("0")
+            if value.isdigit() and len(digits) > 4000:  # (int() refuses past 4,300 digits: that read "not an integer",
+                return None, (f"length of {len(digits):,} digits is above {MAX_TOKENS:,} tokens, which no model's "
+                              "context holds")  # echoing every digit)
             try:
                 count = int(value)
             except ValueError:
-                return None, f"{value!r} is not an integer"
+                return None, f"{value[:40]!r}{'...' if len(value) > 40 else ''} is not an integer"
             return (count, None) if 0 <= count <= MAX_TOKENS else (None, _length_problem(count))
         return self._check_time(value)
 

@@ -181,6 +181,18 @@ def test_an_integer_past_pythons_digit_limit_is_a_bad_row_not_a_crash(write):
         read_trace(path)
 
 
+def test_a_csv_length_past_pythons_digit_limit_is_a_length_and_a_bad_value_is_echoed_in_short(write):
+    """A 5,000-digit length read "is not an integer", echoing all 5,000 digits."""
+    path = write("big.csv", LENGTHS_HEADER + "9" * 5000 + ",5\n10,5\n")
+    with pytest.raises(ValueError) as err:
+        read_trace(path)
+    assert str(err.value) == (f"{path}:2: column num_prefill_tokens: length of 5,000 digits is above 10,000,000 "
+                              "tokens, which no model's context holds")
+    path = write("bad.csv", LENGTHS_HEADER + "x" * 5000 + ",5\n10,5\n")
+    with pytest.raises(ValueError, match=r":2: column num_prefill_tokens: 'x{40}'\.\.\. is not an integer$"):
+        read_trace(path)
+
+
 # ---- 6. --first/--sample past the end say what they kept ----
 
 @pytest.mark.parametrize("option", ["--first", "--sample"])
