@@ -60,7 +60,7 @@ def cli_errors(fn: Callable) -> Callable:
         except (ValueError, OSError, KeyError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             print_error(message)
-            if kwargs.get("json_out") or kwargs.get("json_output"):  # (a script reading the last line learns why)
+            if kwargs.get("json_out"):  # (every command's --json; a script reading the last line learns why)
                 print_json({"error": message, "exit_code": EXIT_BAD_INPUT})
             raise typer.Exit(EXIT_BAD_INPUT) from None
 

@@ -175,7 +175,8 @@ def _check_fixed_lossy(space: SearchSpace, base: KVConfig, searchable: frozenset
                          "quality floor (--quality ppl+1%) to price it, or leave it out of fixed:")
 
 
-SOLVERS = ("layer_bits",)  # the programs a space's `solver:` may name (`layer_bits_solvers`)
+LAYER_BITS_SOLVER = "layer_bits"  # the per-layer bits integer program (`layer_bits_solvers`)
+SOLVERS = (LAYER_BITS_SOLVER,)  # the programs a space's `solver:` may name
 
 
 def _check_solvers(space: SearchSpace) -> None:
@@ -1187,7 +1188,7 @@ def layer_bits_solvers(problem: Problem, stats=None) -> dict[str, Callable[[KVCo
             budget_now = (low + high) / 2
         return best
 
-    return {"layer_bits": solve}
+    return {LAYER_BITS_SOLVER: solve}
 
 
 def _trial_function(problem: Problem, study) -> Callable:

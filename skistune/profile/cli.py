@@ -25,13 +25,11 @@ MODEL_HELP = "model preset (smollm2-135m has real weights; larger presets run wi
 # what each mode other than measuring does, and the options it reads besides --json: any other option given is
 # refused (`--show P --quick`, `--refit P --model M` had exited 0, the option silently unused)
 MODES = {
-    "--show": ("prints the profile as it is", ("show",)),
-    "--refit": ("fits the file's own step points again", ("refit", "out")),
-    "--check": ("times the file's own steps again, on its own model and device", ("check",)),
-    "--cache": ("measures the quick profile", ("cache", "model", "device", "quick", "disk_dir")),
+    "--show": ("prints the profile as it is", ("--show",)),
+    "--refit": ("fits the file's own step points again", ("--refit", "--out")),
+    "--check": ("times the file's own steps again, on its own model and device", ("--check",)),
+    "--cache": ("measures the quick profile", ("--cache", "--model", "--device", "--quick", "--disk-dir")),
 }
-OPTION_NAMES = {"model": "--model", "device": "--device", "quick": "--quick", "out": "--out",
-                "disk_dir": "--disk-dir", "show": "--show", "refit": "--refit", "check": "--check", "cache": "--cache"}
 
 
 def _summary(profile: HardwareProfile, path: Path, wall_s: float | None = None) -> dict:
@@ -220,7 +218,7 @@ def _report(profile: HardwareProfile, path: Path, json_out: bool, wall_s: float 
         print_json(_summary(profile, path, wall_s))
 
 
-def _check_applies(given: frozenset[str], show: Optional[Path], refit: Optional[Path], check: Optional[Path],
+def _check_applies(given: tuple[str, ...], show: Optional[Path], refit: Optional[Path], check: Optional[Path],
                    cache: bool) -> None:
     """A one-line ``ValueError`` naming the options ``given`` (on the command line) that the chosen mode does
     not read, instead of running without them."""
@@ -229,7 +227,7 @@ def _check_applies(given: frozenset[str], show: Optional[Path], refit: Optional[
     if mode is None:  # measuring: reads every option but the other modes'
         return
     what, reads = MODES[mode]
-    unused = [option for name, option in OPTION_NAMES.items() if name in given and name not in reads]
+    unused = [option for option in given if option not in (*reads, "--json")]
     if unused:
         it = "it" if len(unused) == 1 else "them"
         raise ValueError(f"{mode} {what}: {', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply "
@@ -273,7 +271,7 @@ def _check_outputs(model: str, device: str, quick: bool, out: Optional[Path], di
 
 def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
              show: Optional[Path], refit: Optional[Path], check: Optional[Path], json_out: bool,
-             cache: bool = False, given: frozenset[str] = frozenset()) -> None:
+             cache: bool = False, given: tuple[str, ...] = ()) -> None:
     from skistune.cli import err_console, print_warning
 
     if sum(x is not None for x in (show, refit, check)) > 1:
@@ -311,13 +309,14 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
     _report(profile, path, json_out, wall_s=time.perf_counter() - started)
 
 
-def _given(ctx: typer.Context) -> frozenset[str]:
-    """The options given on the command line, not left at their defaults: `--model smollm2-135m --show P` gives
-    --model as surely as `--model llama-3-8b` does, which comparing values with the defaults would miss."""
-    sources = {name: ctx.get_parameter_source(name) for name in ctx.params}
+def _given(ctx: typer.Context) -> tuple[str, ...]:
+    """The options given on the command line (as their flags, in the command's order), not left at their defaults:
+    `--model smollm2-135m --show P` gives --model as surely as `--model llama-3-8b` does, which comparing values
+    with the defaults would miss."""
+    sources = {p.opts[0]: ctx.get_parameter_source(p.name) for p in ctx.command.params}
     # (by name: typer may run a vendored click, whose ParameterSource is not the installed click's)
-    return frozenset(name for name, source in sources.items()
-                     if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"))
+    return tuple(flag for flag, source in sources.items()
+                 if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"))
 
 
 def profile(

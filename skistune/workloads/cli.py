@@ -147,7 +147,7 @@ def show(workload: WorkloadArg, format: FormatOpt = None, skip_bad_rows: SkipBad
          block_tokens: BlockTokensOpt = None, jitter: JitterOpt = None, window: WindowOpt = None,
          first: FirstOpt = None, sample: SampleOpt = None, length_scale: LengthScaleOpt = 1.0,
          max_input: MaxInputOpt = None, max_output: MaxOutputOpt = None, rate_scale: RateScaleOpt = 1.0,
-         plot: PlotOpt = None, json_output: JsonOpt = False) -> None:
+         plot: PlotOpt = None, json_out: JsonOpt = False) -> None:
     """Requests, duration, rate, burstiness, input/output mean/p50/p99 and prefix reuse of a workload."""
     if plot is not None:
         from skistune.workloads.plot import plot_path  # (the module loads matplotlib only when it draws)
@@ -166,7 +166,7 @@ def show(workload: WorkloadArg, format: FormatOpt = None, skip_bad_rows: SkipBad
         written = plot_workload(loaded, plot)
         # (soft_wrap: a long path wrapped at the terminal's width could not be copied whole)
         err_console.print(f"wrote {escape(str(written))}", highlight=False, soft_wrap=True)
-    if json_output:
+    if json_out:
         print_json({**stats.as_dict(), "burstiness_requested": loaded.requested_burstiness,  # (None: recorded)
                     "source": loaded.source, "transforms": list(loaded.transforms), "notes": list(loaded.notes)})
     else:
