@@ -30,6 +30,9 @@ err_console = Console(stderr=True, emoji=False)
 
 EXIT_BAD_INPUT = 2
 
+# every command's --json (its parameter is json_out: `cli_errors` reads it to end a refusal with JSON too)
+JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
+
 
 def print_error(message: str) -> None:
     """``error: <message>`` as one line on stderr (the message is text, never rich markup)."""
@@ -168,7 +171,7 @@ def demo(
     prompt: Annotated[list[str], typer.Option("--prompt", "-p", help="prompt to complete (repeatable)")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=4096, help="tokens generated per prompt")] = 32,
     config: Annotated[Optional[Path], typer.Option(help="KV config file (YAML/JSON); default knobs if absent")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Serve a few prompts with the real SmolLM2-135M model through the paged KV cache; print the
     completions and the measured metrics (exit code 2, with the reasons, if every prompt is rejected)."""

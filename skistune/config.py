@@ -65,6 +65,21 @@ def _byte_count(name: str, value: Any) -> Any:
     return value
 
 
+def layer_bits_text(value: Any) -> Any:
+    """Per-layer bits for a message, as runs: ``[4/4 x12, 8/8 x18]`` instead of thirty pairs; any other
+    value as it is."""
+    if not (isinstance(value, (list, tuple)) and value
+            and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value)):
+        return value
+    runs: list[list] = []
+    for pair in map(tuple, value):
+        if runs and runs[-1][0] == pair:
+            runs[-1][1] += 1
+        else:
+            runs.append([pair, 1])
+    return "[" + ", ".join(f"{k}/{v} x{n}" for (k, v), n in runs) + "]"
+
+
 def format_bytes(n: int | float) -> str:
     """A byte count for people: exact in the largest binary unit that divides it, as `parse_bytes` reads it
     back (``8GiB``, ``256MiB``), else to a tenth of the largest unit it reaches (``15.7 GiB``)."""

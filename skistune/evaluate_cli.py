@@ -9,9 +9,9 @@ import typer
 
 from rich.markup import escape
 
-from skistune.cli import cli_errors, console, err_console, print_json
+from skistune.cli import JsonOpt, cli_errors, console, err_console, print_json
 from skistune.optimize_cli import ModelOpt, ProfileOpt, profile_or_measure
-from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt, JsonOpt,
+from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,
                                     LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, RequestsOpt,
                                     SampleOpt, SeedOpt, SkipBadRowsOpt, WindowOpt, WorkloadOpt, parse_window,
                                     print_notes)

@@ -18,9 +18,8 @@ import typer
 from rich.markup import escape
 from rich.syntax import Syntax
 
-from skistune.cli import cli_errors, console, err_console, print_json, print_warning
+from skistune.cli import JsonOpt, cli_errors, console, err_console, print_json, print_warning
 from skistune.export import DEFAULT_MODEL, Companion, ExportResult, exporter_names, get_exporter
-from skistune.optimize_cli import JsonOpt
 from skistune.paths import check_out_file, write_atomic
 
 ExportModelOpt = Annotated[Optional[str], typer.Option(

@@ -39,7 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 from skistune import callable_module
-from skistune.config import FAMILIES, KVConfig, format_bytes, knob_fields
+from skistune.config import FAMILIES, KVConfig, format_bytes, knob_fields, layer_bits_text
 from skistune.objectives import (NAMED, Constraint, EnergyBudget, Objective, Point, QualityFloor, QueueGuard,
                                  ReturnValueError, energy_j_per_token, goodput_rps, objective_value, parse_energy,
                                  parse_objectives, parse_quality, predict_quality, queue_constraint, queue_name,
@@ -169,7 +169,7 @@ def _check_fixed_lossy(space: SearchSpace, base: KVConfig, searchable: frozenset
         lossless = not structural_changes(base.with_knobs(lossy))
     except ValueError:  # (not a config alone, e.g. a policy whose budget the space fixes apart: checked later)
         lossless = False
-    fixed = [] if lossless else [f"{k}: {_fixed_text(v)}" for k, v in lossy.items()]  # (thirty pairs: by count)
+    fixed = [] if lossless else [f"{k}: {layer_bits_text(v)}" for k, v in lossy.items()]  # (thirty pairs: by count)
     if fixed:
         raise ValueError(f"space {space.name}: fixes {', '.join(fixed)}, which changes the model's outputs: give a "
                          "quality floor (--quality ppl+1%) to price it, or leave it out of fixed:")
@@ -200,14 +200,6 @@ def _check_layer_count(problem: Problem, first: KVConfig) -> None:
             layer_bits(config, problem.target.spec)
         except ValueError as exc:
             raise ValueError(f"space {problem.full_space.name} for {problem.model}: {exc}") from None
-
-
-def _fixed_text(value: Any) -> str:
-    """A fixed knob's value for a message: per-layer bits as their distinct pairs and the layer count."""
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
-        pairs = ", ".join(f"{k}/{v}" for k, v in dict.fromkeys(tuple(p) for p in value))
-        return f"{pairs} bits over {len(value)} layers"
-    return str(value)
 
 
 def _check_quality_objective(objectives: Sequence[Objective], space: SearchSpace,

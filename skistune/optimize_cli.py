@@ -94,9 +94,8 @@ def _diff(config, base, names) -> str:
     """The knobs that differ from the baseline, by short name where no other knob has it: the searched ones
     (``names``) in the space's order, then any other (a knob the space fixes away from the baseline: a config of
     30 fixed 8-bit layers read "(baseline)")."""
-    from skistune.config import knob_fields
+    from skistune.config import byte_size_text, knob_fields, layer_bits_text
     from skistune.optimize import _value as knob_value
-    from skistune.config import byte_size_text
 
     all_short = [n.partition(".")[2] for n in knob_fields()]
     # (a knob that does nothing here changes nothing: uniform bits under per-layer ones, for one)
@@ -112,21 +111,8 @@ def _diff(config, base, names) -> str:
             elif (size := byte_size_text(name, value)) is not None:
                 out.append(f"{label}={size}")  # 8GiB, not 8589934592
             else:
-                out.append(f"{label}={_short(value)}")
+                out.append(f"{label}={layer_bits_text(value)}")
     return ", ".join(out) or "(baseline)"
-
-
-def _short(value: Any) -> Any:
-    """Per-layer bits as runs, ``4/4 x12, 8/8 x18``, instead of thirty pairs."""
-    if not (isinstance(value, list) and value and all(isinstance(p, list) and len(p) == 2 for p in value)):
-        return value
-    runs: list[list] = []
-    for pair in value:
-        if runs and runs[-1][0] == pair:
-            runs[-1][1] += 1
-        else:
-            runs.append([pair, 1])
-    return "[" + ", ".join(f"{k}/{v} x{n}" for (k, v), n in runs) + "]"
 
 
 def best_table(result) -> Table:
@@ -318,6 +304,7 @@ def twin_lines(result) -> list[str]:
 
 def gain_lines(result) -> list[str]:
     from skistune.optimize import REFINE_PRECISION, _value as knob_value, baseline_outside_space, tie
+    from skistune.config import layer_bits_text
 
     p, label = result.problem, f"{result.problem.baseline_engine} defaults"
     if result.best and result.best[0].config.effective() == result.baseline.config.effective():
@@ -325,7 +312,7 @@ def gain_lines(result) -> list[str]:
     outside = baseline_outside_space(p)
     fixes = [k for k, v in p.full_space.fixed.items() if v != knob_value(p.base, k)]
     lines = [f"the {p.full_space.name} space cannot express the baseline ({label}): "
-             f"{', '.join(f'{k} {_short(v)}' for k, v in outside.items())} is outside it"
+             f"{', '.join(f'{k} {layer_bits_text(v)}' for k, v in outside.items())} is outside it"
              + (f" (the space fixes {', '.join(fixes)})" if fixes else "")
              + ", so the search never tried it and it cannot rank first on a tie"] if outside else []
     gain = result.gain()
@@ -573,7 +560,6 @@ MaxQueueOpt = Annotated[str, typer.Option(
 KvMemoryOpt = Annotated[Optional[str], typer.Option(
     "--kv-memory", help="memory KV may use on the device, e.g. 256MiB (default: the device's own; 4GiB on a CPU, "
                         "as vLLM's VLLM_CPU_KVCACHE_SPACE): the tuned config's pool is its chosen fraction of it")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 
 
 @_cli_errors
@@ -756,7 +742,7 @@ def validation_warning(result) -> str | None:
 
 # Last: skistune.cli imports this module at its end to register `optimize` (defined above by now); the
 # option aliases and consoles are read when the command runs (annotations are strings until then).
-from skistune.cli import cli_errors, console, err_console, print_json, print_warning  # noqa: E402
+from skistune.cli import JsonOpt, cli_errors, console, err_console, print_json, print_warning  # noqa: E402
 from skistune.paths import check_out_file  # noqa: E402
 from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,  # noqa: E402
                                     LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, SampleOpt,

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from skistune.cli import app, cli_errors, console, err_console, print_json
+from skistune.cli import JsonOpt, app, cli_errors, console, err_console, print_json
 from skistune.paths import check_out_file
 
 
@@ -141,7 +141,7 @@ def quality(
     fresh: Annotated[bool, typer.Option("--fresh", help="measure everything again instead of resuming the "
                                                           "measurements already in --out")] = False,
     show: Annotated[Optional[Path], typer.Option(help="print an existing quality profile; measure nothing")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Measure the quality cost of eviction and low-bit KV on the real model, through the runtime's own KV
     path: perplexity increase on standard-library docstrings (mean and worst window) and passkey retrieval,

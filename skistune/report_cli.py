@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from skistune.cli import app, cli_errors, console, err_console, print_json
+from skistune.cli import JsonOpt, app, cli_errors, console, err_console, print_json
 
 StudyArg = Annotated[str, typer.Argument(help="name of a study made by skistune optimize")]
 StorageOpt = Annotated[Optional[str], typer.Option(
@@ -21,7 +21,6 @@ StorageOpt = Annotated[Optional[str], typer.Option(
 OutDirOpt = Annotated[Optional[Path], typer.Option(
     "--out-dir", help="folder for the plots and report.html (default: ./skistune-report-STUDY/)")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="best configs shown")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 
 
 @app.command()

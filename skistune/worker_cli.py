@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from skistune.cli import app, cli_errors, err_console, print_json
+from skistune.cli import JsonOpt, app, cli_errors, err_console, print_json
 
 StorageArg = Annotated[Optional[str], typer.Option(
     "--storage", help="the study's Optuna storage URL, e.g. postgresql://user@host/db (default: "
@@ -31,7 +31,6 @@ TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001,
 SeedOpt = Annotated[Optional[int], typer.Option(
     "--seed", min=0, help="this worker's sampler seed (default: random, so that workers started together "
                           "propose different configs; each trial records its worker's seed)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 
 
 def _run(job, trials: int, timeout: float | None):

@@ -240,3 +240,11 @@ def test_the_constructor_takes_a_family_as_a_mapping_validated_like_a_file():
         KVConfig(batching={"chunk_size": 4096})
     with pytest.raises(TypeError, match="^batching: expected a BatchingConfig or a mapping of knobs, got int$"):
         KVConfig(batching=5)
+
+
+def test_per_layer_bits_are_written_as_runs_in_messages():
+    from skistune.config import layer_bits_text
+
+    assert layer_bits_text([[4, 4]] * 12 + [[8, 8]] * 18) == "[4/4 x12, 8/8 x18]"
+    assert layer_bits_text(((8, 4), (8, 4), (4, 4), (8, 4))) == "[8/4 x2, 4/4 x1, 8/4 x1]"  # runs, in layer order
+    assert layer_bits_text(512) == 512 and layer_bits_text([]) == []  # any other value as it is

@@ -338,7 +338,7 @@ def profile(
     cache: Annotated[bool, typer.Option("--cache", help="measure the quick profile again and write it where "
                                         "`skistune optimize` reads it when given no profile (replacing the one "
                                         "it keeps for this machine)")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Measure this machine for a model: whole runtime steps over batch x context and prefill chunks (and
     a few with 8- and 4-bit KV), the attention kernel at 16/8/4/2 bits, quantize-on-append, the scheduler's
@@ -378,3 +378,7 @@ def _check(path: Path, json_out: bool) -> None:
     console.print(result.summary_line(), highlight=False)
     if json_out:
         print_json({"profile": str(path), **result.to_dict()})
+
+
+# at the end: skistune.cli imports this module to register the command (typer reads the annotations then)
+from skistune.cli import JsonOpt  # noqa: E402

@@ -19,7 +19,7 @@ from skistune.workloads.synthetic import PRESETS
 # Defined before importing skistune.cli: that module imports this one at its end to add the sub-app.
 workload_app = typer.Typer(no_args_is_help=True, help="Inspect workloads: trace files and synthetic presets.")
 
-from skistune.cli import cli_errors, console, err_console, print_json  # noqa: E402
+from skistune.cli import JsonOpt, cli_errors, console, err_console, print_json  # noqa: E402
 
 WorkloadArg = Annotated[str, typer.Argument(
     help=f"a preset ({', '.join(PRESETS)}) or a trace file ({', '.join(FORMATS)}; detected by content)")]
@@ -73,7 +73,6 @@ PlotOpt = Annotated[Optional[str], typer.Option(
     "--plot", help="write histograms of lengths and arrivals as a PNG file (FILE.png; a name without a suffix "
                    "gets .png, another suffix is refused); an existing folder DIR, or DIR/, gets DIR/WORKLOAD.png "
                    "(e.g. DIR/chat.png; a trace's name is its file name up to the first dot); DIR/ must exist")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print the figures as one JSON object")]
 
 
 def parse_window(window: str | None) -> tuple[float, float] | None:

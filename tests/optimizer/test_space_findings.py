@@ -72,7 +72,7 @@ def test_fixed_per_layer_bits_of_16_are_lossless_and_lossy_ones_are_named_in_sho
     with pytest.raises(ValueError) as err:
         opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms",
                           space=parse_space(SPACE + _layers([(8, 8)] * 15 + [(4, 4)] * 15)), profile=PROFILE)
-    assert "fixes bitwidth.layer_bits: 8/8, 4/4 bits over 30 layers, which changes the model's outputs" in str(err.value)
+    assert "fixes bitwidth.layer_bits: [8/8 x15, 4/4 x15], which changes the model's outputs" in str(err.value)
 
 
 def test_per_layer_bits_for_another_layer_count_are_refused_before_any_study(tmp_path, monkeypatch):
