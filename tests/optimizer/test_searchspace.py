@@ -106,6 +106,21 @@ def test_engine_spaces_stay_within_what_the_engine_deploys():
     assert load_space("sglang").param("batching.policy").choices == ("fcfs", "prefix")
 
 
+def test_the_vllm_space_never_proposes_more_sequences_than_the_token_budget():
+    """vLLM will not start with --max-num-seqs above --max-num-batched-tokens (its SchedulerConfig checks it)."""
+    space = load_space("vllm")
+    assert space.param("batching.max_num_seqs").at_most == "batching.max_num_batched_tokens"
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    pairs = []
+    for _ in range(300):
+        trial = study.ask()
+        cfg = suggest_config(trial, space)
+        pairs.append((cfg.batching.max_num_seqs, cfg.batching.max_num_batched_tokens))
+        study.tell(trial, 0.0)
+    assert all(seqs <= budget for seqs, budget in pairs)
+    assert any(budget < 1024 for _, budget in pairs)  # (budgets below the sequences' high end were drawn)
+
+
 def test_tpe_handles_conditional_and_bounded_ranges():
     space = load_space("default")
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=1, n_startup_trials=5))
