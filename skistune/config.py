@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
@@ -138,13 +139,28 @@ def _check_value(owner: str, f: dataclasses.Field, value: Any) -> None:
             raise ValueError(f"{name}: {value!r} is not one of {allowed}")
         return
     if kind in ("int", "float") and not _is_kind(value, "float"):
-        raise ValueError(f"{name}: {value!r} is not a number")
+        raise ValueError(f"{name}: {value!r} is not a number{_number_text_hint(value)}")
     if not _is_kind(value, kind):  # 10.5 tokens, 1e8 bytes (a whole float byte count is converted in from_dict)
         raise ValueError(f"{name}: {value!r} is not {_KINDS[kind][1]}")
     low, high = meta.get("low"), meta.get("high")
     # "not inside" rather than "outside": every comparison with NaN is False, so NaN is outside too
     if not ((low is None or value >= low) and (high is None or value <= high)):
         raise ValueError(f"{name}: {value!r} is outside [{low}, {high}]{' ' + meta['unit'] if meta['unit'] else ''}")
+
+
+def _number_text_hint(value: Any) -> str:
+    """For text that reads as a number: YAML (1.1, as PyYAML reads it) takes ``1e3`` as a string, since its
+    floats need a dot (``1.0e+3``); say so, and what to write."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return ""
+    plain = int(number) if number.is_integer() else number
+    return f" (YAML reads {value} as text: write {plain})"
 
 
 class _Family:

@@ -973,8 +973,6 @@ def fail_trials_that_never_beat(study, now: datetime | None = None) -> list[int]
     worker killed in between would leave its trial running for ever. A live trial beats within its first
     interval, so one silent past the grace is dead (whatever host ran it). Reads Optuna's heartbeat table
     (no public call says whether a trial has a beat); on a storage without one, nothing is done."""
-    import copy
-
     import optuna
     import sqlalchemy.exc
 
@@ -1000,17 +998,30 @@ def fail_trials_that_never_beat(study, now: datetime | None = None) -> list[int]
             backend.scoped_session.remove()
     except (ImportError, AttributeError, sqlalchemy.exc.SQLAlchemyError):  # (another Optuna's tables, a lost
         return []  # connection: the heartbeat's own check stays)
+    return [old[t] for t in _fail_and_retry(study, sorted(set(old) - beaten))]
+
+
+def _fail_and_retry(study, trial_ids: Sequence[int]) -> list[int]:
+    """Fail these running trials (by id) and queue each again once, as the storage's stale-trial callback
+    does; returns the ids this call failed (another process may have ended one first)."""
+    import copy
+
+    import optuna
+
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)
     failed = []
-    for trial_id in sorted(set(old) - beaten):
+    for trial_id in trial_ids:
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # (another process failed it first)
             if storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
                 failed.append(trial_id)
-    retry = getattr(backend, "get_heartbeat_stale_trial_callback", None) or backend.get_failed_trial_callback
+    retry = getattr(backend, "get_heartbeat_stale_trial_callback", None) or getattr(
+        backend, "get_failed_trial_callback", lambda: None)
     callback = retry()
     for trial_id in failed:
         if callback is not None:
             callback(study, copy.deepcopy(storage.get_trial(trial_id)))
-    return [old[t] for t in failed]
+    return failed
 
 
 def _with_installed_driver(url: str) -> str:
@@ -1585,9 +1596,10 @@ def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, 
             _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), tag_of), n_trials=min(queued, left),
                       timeout=timeout, callbacks=[report] if report else [])
         left -= min(queued, left)
+    shares = _shares(left, n_jobs)
     workers = [ctx.Process(target=_worker, args=(problem, storage_url, study.study_name, sampler_name, share,
                                                    deadline, os.getpid(), errors))
-               for share in _shares(left, n_jobs)]
+               for share in shares]
     wait_s = 0.0
     try:
         for w in workers:
@@ -1608,9 +1620,40 @@ def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, 
     messages = [errors.get() for _ in range(sum(w.exitcode == 2 for w in workers))]
     if messages:
         raise messages[0] if isinstance(messages[0], BaseException) else ValueError(messages[0])
-    return _progress_of(problem, study, first, n_trials, pids).done, \
-        [f"worker {i + 1} stopped ({_exit_reason(w.exitcode)}); its finished trials are kept"
-         for i, w in enumerate(workers) if w.exitcode != 0]
+    notes = _take_over(problem, study, workers, shares, deadline, report, tag_of)
+    return _progress_of(problem, study, first, n_trials, pids).done, notes
+
+
+def _take_over(problem, study, workers: Sequence, shares: Sequence[int], deadline: float | None,
+               report: Callable | None, tag_of: Callable) -> list[str]:
+    """After the workers: for each that stopped before its share (killed, say by the kernel's OOM killer), fail
+    the trial it left running at once (queued again, as its heartbeat would have 20 s later) and run the
+    trials it did not, here, in the time left, so that the run adds the trials it was asked for. Returns a
+    note for each such worker."""
+    import optuna
+
+    notes = []
+    for i, (w, share) in enumerate(zip(workers, shares)):
+        if w.exitcode == 0:
+            continue
+        mine = [t for t in study.get_trials(deepcopy=False) if _ran_here(t, {w.pid})]
+        running = [t._trial_id for t in mine if t.state == optuna.trial.TrialState.RUNNING]
+        _fail_and_retry(study, running)
+        finished = len(mine) - len(running)
+        short = share - finished  # (its running trial, failed now, runs again here: the first of these)
+        left = _seconds_left(deadline)
+        ran = 0
+        if short > 0 and (left is None or left > 0):
+            here = {os.getpid()}
+            before = sum(_ran_here(t, here) for t in study.get_trials(deepcopy=False))
+            with _StopsInsideTrials() as gate:
+                _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), tag_of), n_trials=short,
+                          timeout=left, callbacks=[report] if report else [])
+            ran = sum(_ran_here(t, here) for t in study.get_trials(deepcopy=False)) - before
+        notes.append(f"worker {i + 1} stopped ({_exit_reason(w.exitcode)}) after {finished} of its {share} "
+                     "trials; its finished trials are kept"
+                     + (f", and this process ran {ran} of the {short} it left" if short > 0 else ""))
+    return notes
 
 
 def _exit_reason(code: int | None) -> str:
@@ -2257,8 +2300,11 @@ class OptimizeResult:
     binding: dict[str, int] = field(default_factory=dict)
     closest: list[Evaluation] = field(default_factory=list)
     trials: int = 0
+    simplifying_trials: int = 0
     seed: int = 0
     sampler: str = "auto"
+    # why the seed does not reproduce this run's proposals (worker processes, another process on the study)
+    unseeded: str | None = None
     notes: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
@@ -2408,7 +2454,10 @@ def provenance(result: OptimizeResult) -> dict[str, Any]:
                          "searched": [q.name for q in p.space.params if not q.is_switch],
                          **left_out_provenance(p.left_out)},
         "search": {"study": result.study.study_name, "storage": result.storage, "sampler": result.sampler,
-                   "seed": result.seed, "trials": result.trials,
+                   "seed": result.seed, "trials": result.trials, "simplifying_trials": result.simplifying_trials,
+                   # (the seed reproduces a search that had the study to itself in one process)
+                   "reproducible_from_seed": result.unseeded is None,
+                   **({"not_reproducible": result.unseeded} if result.unseeded else {}),
                    # the figures recorded here (predicted, baseline) are the refined ones; the study's trials
                    # were searched coarser
                    "capacity_precision": REFINE_PRECISION, "trial_capacity_precision": SEARCH_PRECISION},
@@ -2649,10 +2698,23 @@ def front_with(problem: Problem, front: list[Evaluation], chosen: Evaluation,
 
 def _search_trials(study) -> int:
     """The study's finished trials, less those that tried a best config's knob groups at the baseline's."""
+    return trial_counts(study)[0]
+
+
+def trial_counts(study) -> tuple[int, int]:
+    """(searched, simplifying): the study's finished trials that the search proposed, and those that tried a
+    best config's knob groups at the baseline's values (`_simplify`). Optimize and report count both alike."""
     import optuna
 
-    return sum(SIMPLIFIES_ATTR not in t.user_attrs
-               for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    simplifying = sum(SIMPLIFIES_ATTR in t.user_attrs for t in done)
+    return len(done) - simplifying, simplifying
+
+
+def trials_text(searched: int, simplifying: int) -> str:
+    """``42 trials``, or ``42 trials and 2 simplifying a winner`` (trial numbers run past the first count)."""
+    text = f"{searched} trial{'s' * (searched != 1)}"
+    return f"{text} and {simplifying} simplifying a winner" if simplifying else text
 
 
 def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
@@ -2670,7 +2732,7 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
         # (the report then reads the baseline optimize printed, and says why as optimize said it)
         study.set_user_attr(REFINED_ATTR, {"best": [], "baseline": baseline.to_record()})
         return {"best": [], "pareto": [], "baseline": baseline, "binding": binding, "closest": closest,
-                "trials": _search_trials(study), "notes": []}
+                "trials": _search_trials(study), "simplifying_trials": trial_counts(study)[1], "notes": []}
     pool = front if len(problem.objectives) > 1 else ranked(problem, evaluations)
     # (the same candidates whatever the validation count: a user validating one still sees the top three)
     refined = _with_baseline(problem, _refine(problem, pool[:max(top_k, DEFAULT_TOP_K)]), baseline, evaluations)
@@ -2691,7 +2753,8 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     pareto = front_with(problem, pareto_front(problem, with_refined(evaluations, [*refined, baseline])), best[0])
     notes += [n for n in (ilp_note(study), ceiling_note(problem, best[0])) if n]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
-            "trials": _search_trials(study), "notes": tie_notes + notes}
+            "trials": _search_trials(study), "simplifying_trials": trial_counts(study)[1],
+            "notes": tie_notes + notes}
 
 
 def _speed_after_validation(problem: Problem, runtime, stage: Callable[[str], None]) -> list[str]:
@@ -2826,9 +2889,13 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
         notes.append(f"the search stopped at its timeout ({timeout:g} s) after {done} of {n_trials} trials; the "
                      "same search again adds trials to the study")
     notes += [n for n in (sampling.note(),) if n]
+    unseeded = (f"{n_jobs} worker processes sampled with random seeds" if n_jobs > 1 else
+                f"another process searched the study at the same time: from trial {sampling.joined} this run "
+                "sampled with a random seed" if sampling.joined is not None else None)
     fields_ = finish(problem, study, top_k=validate, runtime=runtime, on_stage=on_stage)
     fields_["notes"] = notes + fields_["notes"]
-    return OptimizeResult(problem, study, _storage_label(storage), seed=seed, sampler=sampler, **fields_)
+    return OptimizeResult(problem, study, _storage_label(storage), seed=seed, sampler=sampler, unseeded=unseeded,
+                          **fields_)
 
 
 callable_module(__name__, optimize)  # ``skistune.optimize(...)`` runs `optimize`, however it was reached

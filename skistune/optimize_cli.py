@@ -486,7 +486,8 @@ def _summary(result, out: Path | None) -> dict:
 
     return {"feasible": result.feasible, "feasible_predicted": result.feasible,
             "feasible_measured": result.measured_feasible, "study": result.study.study_name, "storage": result.storage,
-            "trials": result.trials, "out": str(out) if out else None, "notes": result.notes,
+            "trials": result.trials, "simplifying_trials": result.simplifying_trials,
+            "out": str(out) if out else None, "notes": result.notes,
             "best": {**scored(result.best[0]), "config": result.config.to_dict()} if result.best else None,
             "baseline": scored(result.baseline),
             "pareto": [{"trial": e.trial, **scored(e)} for e in result.pareto],
@@ -631,14 +632,12 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
 
 def _say_resumed(study, name: str, trials: int) -> None:
     """One line when the study has trials already: the search adds to them, and the result ranks them all."""
-    import optuna
+    from skistune.optimize import trial_counts
 
-    from skistune.optimize import _search_trials
-
-    done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    searched = _search_trials(study)  # (the rest tried a winner's knob groups at the baseline's values)
+    searched, simplifying = trial_counts(study)  # (the rest tried a winner's knob groups at the baseline's values)
+    done = searched + simplifying
     if done:
-        split = f" ({searched} searched, {done - searched} simplifying a winner)" if searched != done else ""
+        split = f" ({searched} searched, {simplifying} simplifying a winner)" if simplifying else ""
         err_console.print(escape(f"resuming study {name}: {done} finished trial{'s' * (done != 1)}{split}, running "
                                  f"{trials} more"), highlight=False, soft_wrap=True)
 

@@ -32,7 +32,7 @@ from skistune.config import KVConfig
 from skistune.display import significant
 from skistune.objectives import structural_changes
 from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINED_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed,
-                               front_with, infeasibility, nondominated, ranked, score, with_refined)
+                               front_with, infeasibility, nondominated, ranked, score, trial_counts, with_refined)
 from skistune.plotting import log_axis, place_label, wants_log
 
 DEFAULT_TOP_K = 5  # best configs shown
@@ -103,6 +103,8 @@ class Report:
     why: str | None = None
     refined: int = 0
     front_ties: tuple[Evaluation, ...] = ()
+    searched_trials: int = 0  # (the evaluations, less those of `simplifying_trials`: optimize's count)
+    simplifying_trials: int = 0
 
     @property
     def feasible(self) -> bool:
@@ -149,7 +151,8 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
     return Report(problem, study, label, tuple(pool), best, tuple(front),
                   baseline, validated, binding, tuple(closest), importance, method,
                   note, why, refined=0 if refined is None else len(refined["best"]),
-                  front_ties=tuple(e for e in raw if e not in front))
+                  front_ties=tuple(e for e in raw if e not in front), **dict(zip(
+                      ("searched_trials", "simplifying_trials"), trial_counts(study))))
 
 
 def _winner_first(ranked_evaluations: list[Evaluation], chosen: dict | None,
@@ -389,7 +392,7 @@ def best_configs_table(report: Report):
     precision = ("at the search's precision" if not report.refined else
                  f"{', '.join(ranks)} and base at {REFINE_PRECISION:.0%} precision as optimize printed them"
                  + (f", {', '.join(coarse)} at the search's" if coarse else ""))
-    table.title = (f"Best configs of study {report.name} ({_count(len(report.evaluations), 'trial')}), predicted on "
+    table.title = (f"Best configs of study {report.name} ({_trials(report)}), predicted on "
                    f"{len(p.workload)} requests of {p.workload.name}, {precision}")
     return table
 
@@ -533,7 +536,7 @@ def report_lines(report: Report) -> list[str]:
     from skistune.optimize_cli import knob_lines
 
     lines = knob_lines(_view(report, report.best)) + pareto_lines(report) if report.feasible else [
-        f"no config met every constraint in {len(report.evaluations)} trials; see the constraints table",
+        f"no config met every constraint in {_trials(report)}; see the constraints table",
         *filter(None, [report.why])]
     lines += [f"note: {n}" for n in report.problem.notes]
     if report.validated:  # the top configs the last validation did not replay, as optimize said
@@ -650,7 +653,7 @@ def plot_pareto(report: Report) -> bytes:
     hidden = _zoom_to_served(ax, [*report.evaluations, base], rate)
     ax.set_xlabel(axis)
     ax.set_ylabel(f"J/token ({report.problem.profile.power.source})")
-    ax.set_title(f"Study {report.name}: {_count(len(report.evaluations), 'trial')}, predicted by the simulator"
+    ax.set_title(f"Study {report.name}: {_trials(report)}, predicted by the simulator"
                  + (f" ({_count(hidden, 'trial')} meeting no rate, at 0, out of view)" if hidden else ""),
                  fontsize=10)
     ax.grid(alpha=0.3)
@@ -710,6 +713,13 @@ def plot_latency_cdf(report: Report, samples: Mapping[str, Mapping[str, np.ndarr
     fig.suptitle(f"Latency CDFs, simulated on {len(report.problem.search.requests)} requests at the best config's "
                  f"operating rate ({significant(best.figures['rate_rps'])} req/s)", fontsize=10)
     return _png(fig)
+
+
+def _trials(report: Report) -> str:
+    """The study's trials as optimize counts them (`optimize.trials_text`)."""
+    from skistune.optimize import trials_text
+
+    return trials_text(report.searched_trials, report.simplifying_trials)
 
 
 def _count(n: int, noun: str) -> str:
@@ -805,7 +815,7 @@ def report_html(report: Report, images: Mapping[str, bytes], notes: Sequence[str
              f"workload {html.escape(p.workload.name)} ({len(p.workload)} requests)",
              f"objectives {html.escape(', '.join(o.name for o in p.objectives))}",
              f"constraints {html.escape(', '.join(c.name for c in p.constraints))}",
-             f"profile {html.escape(p.profile.name)}", f"{len(report.evaluations)} complete trials"]
+             f"profile {html.escape(p.profile.name)}", f"{html.escape(_trials(report))} complete"]
     name = html.escape(report.name)
     head = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>skistune report: {name}</title>"
             f"<style>{_CSS}</style></head><body><h1>skistune report: study {name}</h1>")
@@ -864,7 +874,8 @@ def summary(report: Report, files: Mapping[str, Path]) -> dict[str, Any]:
                 "figures": dict(e.figures),
                 "capacity_precision": REFINE_PRECISION if e.config.effective() in fine else SEARCH_PRECISION}
 
-    return {"study": report.name, "storage": report.storage, "trials": len(report.evaluations),
+    return {"study": report.name, "storage": report.storage, "trials": report.searched_trials,
+            "simplifying_trials": report.simplifying_trials,
             "feasible": report.feasible, "objectives": [o.name for o in report.problem.objectives],
             "best": [scored(e) for e in report.best], "pareto": [scored(e) for e in report.pareto],
             "baseline": scored(report.baseline), "binding": dict(report.binding),

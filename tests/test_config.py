@@ -248,3 +248,16 @@ def test_per_layer_bits_are_written_as_runs_in_messages():
     assert layer_bits_text([[4, 4]] * 12 + [[8, 8]] * 18) == "[4/4 x12, 8/8 x18]"
     assert layer_bits_text(((8, 4), (8, 4), (4, 4), (8, 4))) == "[8/4 x2, 4/4 x1, 8/4 x1]"  # runs, in layer order
     assert layer_bits_text(512) == 512 and layer_bits_text([]) == []  # any other value as it is
+
+
+def test_a_number_yaml_reads_as_text_is_refused_with_what_to_write():
+    import yaml
+
+    data = yaml.safe_load("batching:\n  max_num_seqs: 1e3\noffload:\n  device_memory_fraction: 5e-1\n")
+    with pytest.raises(ValueError, match=r"batching.max_num_seqs: '1e3' is not a number \(YAML reads 1e3 as text: "
+                                         r"write 1000\)"):
+        KVConfig.from_dict(data)
+    with pytest.raises(ValueError, match=r"'5e-1' is not a number \(YAML reads 5e-1 as text: write 0.5\)"):
+        KVConfig.from_dict({"offload": {"device_memory_fraction": "5e-1"}})
+    with pytest.raises(ValueError, match=r"'many' is not a number$"):
+        KVConfig.from_dict({"batching": {"max_num_seqs": "many"}})

@@ -27,6 +27,8 @@ def test_writes_the_tuned_config_with_provenance_and_a_json_summary(here):
     assert summary["pareto"] and all(set(e) >= {"trial", "config", "values"} for e in summary["pareto"])
     prov = __import__("yaml").safe_load((here / "skistune-tuned.yaml").read_text())["provenance"]
     assert prov["slo"] == ["tbt:p99<=200ms"] and prov["search"]["trials"] == 3
+    assert prov["search"]["simplifying_trials"] == summary["simplifying_trials"] >= 0  # (counted apart, as report does)
+    assert prov["search"]["reproducible_from_seed"] is True and "not_reproducible" not in prov["search"]
     assert prov["workload"]["digest"] and prov["profile"]["fingerprint"] and prov["search_space"]["name"] == "default"
     db = here / f"skistune-{summary['study']}.db"  # the embedded default storage, named after the study
     assert db.is_file() and [p.name for p in here.iterdir() if p.name.startswith(".")] == []

@@ -217,11 +217,57 @@ def test_the_workers_of_a_killed_parent_stop_too(tmp_path):
     assert len([t for t in stored_trials(url, "j") if t.state == COMPLETE]) < 300
 
 
+def test_a_killed_workers_running_trial_fails_at_once_and_this_process_runs_its_share(tmp_path, profile, monkeypatch):
+    """A worker killed inside a trial (the kernel's OOM killer, a user's kill -9): the run still adds the trials
+    it was asked for, and the trial it left running is failed and queued again at once, not 20 s later."""
+    url = f"sqlite:///{tmp_path / 'take.db'}"
+    first = tmp_path / "first"
+    real_worker, real_trial_function = opt._worker, opt._trial_function
+
+    def worker(*args):
+        try:  # (forked: the first worker to get here dies inside its second trial)
+            fd = os.open(first, os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            return real_worker(*args)
+        os.close(fd)
+
+        def dying(problem, study):
+            score, calls = real_trial_function(problem, study), []
+
+            def trial_function(trial):
+                calls.append(trial.number)
+                if len(calls) == 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return score(trial)
+            trial_function.failures = score.failures
+            return trial_function
+        opt._trial_function = dying
+        return real_worker(*args)
+
+    monkeypatch.setattr(opt, "_worker", worker)
+    problem = build_problem(load_workload("chat", requests=16), slo=SLO, profile=profile)
+    result = solve(problem, n_trials=9, n_jobs=2, storage=url, study_name="take", validate=0)
+    trials = stored_trials(url, "take")
+    assert [t.state for t in trials].count(RUNNING) == 0
+    failed = [t for t in trials if t.state == FAIL]
+    assert len(failed) == 1 and failed[0].user_attrs["worker"]["pid"] != os.getpid()
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == failed[0].number]
+    assert len(retried) == 1 and retried[0].state == COMPLETE  # (run here: queued again at once)
+    assert retried[0].user_attrs["worker"]["pid"] == os.getpid()
+    assert len([t for t in trials if t.state == COMPLETE and opt.SIMPLIFIES_ATTR not in t.user_attrs]) == 9
+    note = [n for n in result.notes if n.startswith("worker ")]
+    assert len(note) == 1 and "stopped (signal 9) after 1 of its 4 trials" in note[0], result.notes
+    assert "this process ran 3 of the 3 it left" in note[0]
+
+
 # ---- 4. every trial records its worker ---------------------------------------------------------------------
 def test_every_trial_of_jobs_records_the_process_that_ran_it(tmp_path, profile):
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     problem = build_problem(load_workload("chat", requests=16), slo=SLO, profile=profile)
-    solve(problem, n_trials=5, n_jobs=2, storage=url, study_name="jobs", validate=0)
+    result = solve(problem, n_trials=5, n_jobs=2, storage=url, study_name="jobs", validate=0)
+    search = opt.provenance(result)["search"]  # (the tuned file must not claim its seed reproduces the run)
+    assert search["seed"] == 0 and search["reproducible_from_seed"] is False
+    assert search["not_reproducible"] == "2 worker processes sampled with random seeds"
     trials = [t for t in stored_trials(url, "jobs") if opt.SIMPLIFIES_ATTR not in t.user_attrs]
     tags = [t.user_attrs["worker"] for t in trials]
     assert len(trials) == 5 and {tag["host"] for tag in tags} == {socket.gethostname()}

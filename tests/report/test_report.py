@@ -462,3 +462,26 @@ def test_a_trial_the_front_left_for_the_written_config_is_named_and_the_json_say
     unrefined = [e for i, e in enumerate(report.best) if i >= report.refined and e.config != report.baseline.config]
     assert all(summary(report, {})["best"][report.best.index(e)]["capacity_precision"] == SEARCH_PRECISION
                for e in unrefined)
+
+
+def test_report_counts_trials_as_optimize_does_simplifying_ones_apart(study, tmp_path):
+    """optimize's JSON and provenance count the searched trials; trials that tried a winner's knob groups at the
+    baseline's values (`optimize._simplify`) are counted apart, by report too (it had said 44 where optimize
+    said 42, and #1 was trial 44)."""
+    from skistune.optimize import SIMPLIFIES_ATTR
+
+    result, url = study
+    copy = tmp_path / "s.db"
+    shutil.copy(url.removeprefix("sqlite:///"), copy)
+    storage = f"sqlite:///{copy}"
+    stored = optuna.load_study(study_name="t", storage=storage)
+    last = stored.trials[-1]
+    stored.add_trial(optuna.trial.create_trial(params=last.params, distributions=last.distributions,
+                                               values=last.values,
+                                               user_attrs={**last.user_attrs, SIMPLIFIES_ATTR: last.number}))
+    report = build_report("t", storage=storage)
+    assert (report.searched_trials, report.simplifying_trials) == (result.trials, 1) == (4, 1)
+    assert "Best configs of study t (4 trials and 1 simplifying a winner)" in report_tables(report)[0].title
+    r = invoke("t", "--storage", storage, "--out-dir", str(tmp_path / "r"), "--json")
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (summary["trials"], summary["simplifying_trials"]) == (4, 1), r.output
