@@ -44,6 +44,13 @@ def _write(result: ExportResult, config: Path, out: Path) -> None:
     write_atomic(out, result.text)
 
 
+def _companion_steps(result: ExportResult, config: Path, out: Optional[Path]) -> list[str]:
+    """The notes saying how to write the companion files the command needs, where --out did not write them.
+    Printed before the warnings and, with the export's own notes, in --json's notes: every note printed is
+    there (these had been printed only, so a --json reader saw companions[].written false without the step)."""
+    return [] if out is not None else [f"the command needs {_companion_line(c, config)}" for c in result.companions]
+
+
 def _print_result(result: ExportResult, config: Path, out: Optional[Path]) -> None:
     if out is None and console.is_terminal:
         console.print(Syntax(result.text, "yaml", background_color="default"))
@@ -59,10 +66,8 @@ def _print_result(result: ExportResult, config: Path, out: Optional[Path]) -> No
         files = " and ".join([get_exporter(result.target).default_file, *(c.file_name for c in result.companions)])
         saved = "" if out is not None else f" (with the file{'s' if result.companions else ''} saved as {files})"
         err_console.print(f"[bold]command{saved}:[/] {escape(result.command)}", highlight=False, soft_wrap=True)
-    if out is None:
-        for c in result.companions:
-            err_console.print(f"[dim]note:[/] the command needs {escape(_companion_line(c, config))}",
-                              highlight=False, soft_wrap=True)
+    for step in _companion_steps(result, config, out):
+        err_console.print(f"[dim]note:[/] {escape(step)}", highlight=False, soft_wrap=True)
     for w in result.warnings:
         print_warning(str(w))
     for note in result.notes:
@@ -96,7 +101,7 @@ def export(
     if json_out:
         print_json({"target": result.target, "engine_version": result.engine_version,
                     "out": str(out) if out else None, "warnings": [w.to_dict() for w in result.warnings],
-                    "command": result.command, "notes": list(result.notes),
+                    "command": result.command, "notes": [*_companion_steps(result, config, out), *result.notes],
                     "out_of_scope": list(result.out_of_scope),
                     "companions": [{"target": c.target, "engine_version": c.engine_version, "file": c.file_name,
                                     "written": out is not None} for c in result.companions]})

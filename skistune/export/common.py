@@ -29,6 +29,11 @@ def model_id(model: ModelSpec) -> str:
     return HF_REPOS.get(model.name, model.name)
 
 
+def listed(items: list[str]) -> str:
+    """``a, b and c``: items in a sentence."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def round_up_width(bits: int, widths: tuple[int, ...]) -> int:
     """The narrowest width the engine has that is at least ``bits`` (never less precise than asked)."""
     wider = [w for w in sorted(widths) if w >= bits]

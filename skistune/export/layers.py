@@ -61,11 +61,15 @@ def layer_budgets(config: KVConfig, model: ModelSpec) -> list[int | float | None
     return [round(t / model.max_context, 6) for t in tokens]
 
 
+class LayerCountError(ValueError):
+    """Per-layer bits for another layer count than the model's (`export` names the file, as `load_config` does)."""
+
+
 def check_layer_bits(config: KVConfig, model: ModelSpec) -> None:
     """Per-layer bits must name every layer of the model they are exported for."""
     pairs = config.bitwidth.layer_bits
     if pairs is not None and len(pairs) != model.n_layers:
-        raise ValueError(f"bitwidth.layer_bits: {len(pairs)} [key, value] pairs, but model {model.name} has "
+        raise LayerCountError(f"bitwidth.layer_bits: {len(pairs)} [key, value] pairs, but model {model.name} has "
                          f"{model.n_layers} layers (choose the model with --model)")
 
 

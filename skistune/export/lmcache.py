@@ -13,6 +13,8 @@ Mapping, knob -> LMCache:
                           1024**3 (checked in lmcache/v1/config users, not in the reference), so GiB.
   offload.disk_kv_bytes   local_disk + max_local_disk_size (GiB, as above). skistune has no path knob: the
                           file names DISK_PATH, a placeholder to edit.
+                          Neither tier: the file configures no storage, warned (LMCache would store
+                          nothing).
   offload.write_policy    write_through: LMCache stores chunks as the engine saves them (save_kv_layer /
                           wait_for_save), not when the device evicts them.
   offload.demote_first    cached_prefix: LMCache holds hashed prefix chunks.
@@ -106,6 +108,7 @@ class LMCacheExporter(Exporter):
 
     def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
         settings, text = lmcache_file(plan, version)
+        self._no_storage(plan)
         reuse = "LMCache reuses every stored prefix chunk a prompt matches"
         if not tiers_without_prefix_reuse(plan, "prefix reuse on", reuse):
             plan.fixed("prefix_reuse.enabled", True, reuse, written="prefix reuse on")
@@ -113,3 +116,17 @@ class LMCacheExporter(Exporter):
                                {"kv-transfer-config": connector_json(settings["use_layerwise"])},
                                env={"LMCACHE_CONFIG_FILE": file_name})
         return Rendered(text, command)
+
+    @staticmethod
+    def _no_storage(plan: Plan) -> None:
+        """A config with no host or disk tier gives LMCache nothing to store: the file turns local_cpu off and
+        names no disk, and the command would run LMCache for nothing. Warned (as the host tier, which
+        lmcache_settings took as expressed), so that --strict refuses it. The vLLM export never gets here:
+        it writes this file only for a disk tier."""
+        off = plan.config.offload
+        if off.host_kv_bytes or off.disk_kv_bytes:
+            return
+        plan.instead("offload.host_kv_bytes", "local_cpu false, local_disk null (no storage)", "the config has no host "
+                     "or disk tier, so this LMCache file configures no storage and LMCache would store nothing "
+                     "(export to an engine without LMCache, or give the config a tier)",
+                     related=("offload.disk_kv_bytes",))

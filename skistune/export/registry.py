@@ -1,15 +1,14 @@
 """Export targets by name, and `export`, the one entry point the CLI and the Python API call."""
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from skistune.config import KVConfig, load_config
-from skistune.export.base import Exporter, ExportResult, show
-from skistune.export.layers import LayersExporter
+from skistune.export.base import Exporter, ExportResult, ExportWarning, show
+from skistune.export.layers import LayerCountError, LayersExporter
 from skistune.export.lmcache import LMCacheExporter
 from skistune.export.native import NativeExporter
 from skistune.export.sglang import SglangExporter
@@ -64,22 +63,37 @@ def _tuned_on(provenance: Mapping[str, Any]) -> tuple[str, str] | None:
         return None
 
 
+def _recorded_model(provenance: Mapping[str, Any]) -> str | None:
+    recorded = provenance.get("model")
+    return recorded if isinstance(recorded, str) else None
+
+
 def _model(asked: str | None, provenance: Mapping[str, Any], config: str | Path) -> str:
     """The model preset to export for: ``asked``, else the one the config was tuned for, else
     `FALLBACK_MODEL`. Asking for another model than the recorded one is allowed (a config tuned on a small
-    model, deployed on a larger one) but warned about: byte pools become other token counts."""
-    recorded = provenance.get("model")
-    recorded = recorded if isinstance(recorded, str) else None
+    model, deployed on a larger one) but warned about (`_model_warning`): byte pools become other token
+    counts."""
+    recorded = _recorded_model(provenance)
     if asked is None:
         if recorded is not None and recorded not in PRESETS:
             raise ValueError(f"{config}: tuned for model {recorded!r} (its provenance), which is not a preset here "
                              f"(known: {', '.join(PRESETS)}): give --model")
         return recorded or FALLBACK_MODEL
     get_preset(asked)  # (an unknown preset is the error, before any warning about it)
-    if recorded is not None and asked != recorded:
-        warnings.warn(f"exporting for model {asked} (--model), but {config} was tuned for {recorded} (its "
-                      "provenance): its byte sizes and per-layer settings were chosen for that model", stacklevel=3)
     return asked
+
+
+def _model_warning(model: str, provenance: Mapping[str, Any], config: str | Path) -> ExportWarning | None:
+    """An export for another model than the one the file was tuned for, as an export warning like any knob's:
+    in the result's warnings (so in --json's), and refused by --strict (docs/export.md promises that of every
+    warning; a Python warning on standard error alone had let a CI job with --strict --json deploy byte pools
+    and per-layer settings sized for another model)."""
+    recorded = _recorded_model(provenance)
+    if recorded is None or recorded == model:
+        return None
+    return ExportWarning("provenance.model", recorded, f"settings for {model}",
+                         f"exported for model {model} (--model), but {config} was tuned for {recorded}: its byte "
+                         "sizes and per-layer settings were chosen for that model")
 
 
 def export(config: KVConfig | str | Path, target: str, engine_version: str | None = None, strict: bool = False,
@@ -87,15 +101,21 @@ def export(config: KVConfig | str | Path, target: str, engine_version: str | Non
     """Write ``config`` (a `KVConfig` or a config file's path) in ``target``'s own format for one engine
     version (default: the newest the exporter knows). ``model`` (a preset name) gives the layer count and
     the KV bytes per token where a target needs them; None: the model a tuned file's provenance records, else
-    `FALLBACK_MODEL` (another model than the recorded one is warned about). ``file_name`` is the name the
-    command line uses for the written file. With ``strict``, any knob the target cannot express raises
-    ``ValueError``."""
+    `FALLBACK_MODEL` (another model than the recorded one is a warning, ``provenance.model``). ``file_name`` is
+    the name the command line uses for the written file. With ``strict``, any warning (a knob the target
+    cannot express, another model) raises ``ValueError``."""
     exporter = get_exporter(target)
     version = exporter.version(engine_version)
     cfg = config if isinstance(config, KVConfig) else load_config(str(config))
     provenance = {} if isinstance(config, KVConfig) else _provenance(config)
     spec = get_preset(_model(model, provenance, config))
-    result = exporter.export(cfg, version, spec, file_name or exporter.default_file)
+    try:
+        result = exporter.export(cfg, version, spec, file_name or exporter.default_file)
+    except LayerCountError as exc:  # (a fault of the file, named as its other faults are)
+        raise (exc if isinstance(config, KVConfig) else LayerCountError(f"{config}: {exc}")) from None
+    other_model = _model_warning(spec.name, provenance, config)
+    if other_model is not None:  # (first: it bears on every size and per-layer setting below)
+        result = replace(result, warnings=(other_model, *result.warnings))
     tuned_on = _tuned_on(provenance)
     if tuned_on is not None and tuned_on[1] == "cpu" and target in SERVING_ENGINES:
         result = replace(result, notes=result.notes + (

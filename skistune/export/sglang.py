@@ -20,6 +20,13 @@ Mapping, knob -> SGLang:
                             request's chunk from what is left, where chunk_size caps one sequence: warned
                             unless it equals max_num_batched_tokens, which caps the batch alike),
                             --schedule-policy fcfs | lpm (longest prefix match); retraction recomputes.
+                            --max-prefill-tokens is left out where the chunk budget equals it and it is at
+                            most SGLang's default, 16384: the chunk budget then bounds every step either
+                            way (`_max_prefill_tokens`; the baseline's 8192 reads as SGLang's default).
+  automatic values          --page-size, --max-running-requests, --chunked-prefill-size, --mem-fraction-static
+                            (or --max-total-tokens) default to None, which SGLang resolves by GPU and pool:
+                            they are written (skistune's predictions rest on the tuned values), with a note
+                            saying what SGLang would choose without them (`_pinned_note`).
   offload.device_*          --mem-fraction-static (SGLang's fraction covers the weights too), or
                             --max-total-tokens = device_kv_bytes / KV bytes per token of the model.
   offload.host_kv_bytes     --enable-hierarchical-cache --hicache-size: the host pool itself, in whole GB
@@ -40,11 +47,19 @@ from __future__ import annotations
 from typing import Any
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import (GB, command_line, dump_yaml, fixed_scaling, fp8_scales_note, model_id,
+from skistune.export.common import (GB, command_line, dump_yaml, fixed_scaling, fp8_scales_note, listed, model_id,
                                     no_eviction, single_kv_bits, size_differs, tiers_without_prefix_reuse)
 from skistune.runtime.presets import ModelSpec
 
 WIDTHS = (16, 8)
+MAX_PREFILL_TOKENS = 16384  # SGLang's default --max-prefill-tokens (reference §2)
+# What SGLang resolves its automatic (None) flags to, as `skistune.optimize.sglang_baseline_config` records
+# them, for the note that the export pins them (`_pinned_note`).
+AUTOMATIC = {"page-size": "the page size by attention backend (1 for the usual ones)",
+             "max-running-requests": "running requests from the KV pool (its tokens / 2, at most 2048-4096)",
+             "chunked-prefill-size": "a chunk of 8192 on GPUs of 35-160 GiB (2048 below)",
+             "mem-fraction-static": "a memory fraction by GPU memory (about 0.9)",
+             "max-total-tokens": "the KV pool from the memory fraction"}
 
 
 def _dtype(width: int) -> str:
@@ -69,6 +84,7 @@ class SglangExporter(Exporter):
         flags.update(self._cache(plan))
         flags.update(self._batching(plan))
         flags.update(self._memory(plan, model, width))
+        self._pinned_note(plan, flags)
         flags.update(self._hicache(plan, model, width))
         header = (f"SGLang {version.name} server arguments: python -m sglang.launch_server --model-path MODEL "
                   "--config <this file>\nwritten by skistune export; keys are SGLang's flags without the dashes")
@@ -88,9 +104,10 @@ class SglangExporter(Exporter):
 
     def _batching(self, plan: Plan) -> dict[str, Any]:
         b = plan.config.batching
-        flags = {"max-running-requests": b.max_num_seqs, "max-prefill-tokens": b.max_num_batched_tokens,
-                 "chunked-prefill-size": b.chunk_size if b.chunked_prefill else -1,
-                 "schedule-policy": "lpm" if b.policy == "prefix" and plan.config.prefix_reuse.enabled else "fcfs"}
+        flags: dict[str, Any] = {"max-running-requests": b.max_num_seqs, **self._max_prefill_tokens(plan),
+                                 "chunked-prefill-size": b.chunk_size if b.chunked_prefill else -1,
+                                 "schedule-policy": "lpm" if b.policy == "prefix" and plan.config.prefix_reuse.enabled
+                                 else "fcfs"}
         if b.policy == "prefix" and not plan.config.prefix_reuse.enabled:  # (lpm orders by radix-cache matches)
             plan.notes.append("batching.policy prefix with prefix reuse off is written as --schedule-policy fcfs: "
                               "with the radix cache disabled no request has a prefix match to order by")
@@ -102,8 +119,6 @@ class SglangExporter(Exporter):
                          "share it")
         else:
             plan.express("batching.chunk_size")
-        plan.notes.append("batching.max_num_batched_tokens is written as --max-prefill-tokens: SGLang caps the "
-                          "prefill tokens of a batch; decode tokens are not counted against it")
         if b.policy == "edf":
             plan.instead("batching.policy", "schedule-policy fcfs", "SGLang's priority policy orders by priorities "
                          "clients send; it has no deadline order")
@@ -112,6 +127,40 @@ class SglangExporter(Exporter):
         plan.fixed("batching.preemption", "recompute", "SGLang retracts a request by freeing its KV and "
                    "recomputing it; it has no swap")
         return flags
+
+    @staticmethod
+    def _max_prefill_tokens(plan: Plan) -> dict[str, Any]:
+        """--max-prefill-tokens, left out only where it has the effect of SGLang's default (16384): chunked
+        prefill on with --chunked-prefill-size equal to the budget, at most the default. SGLang's PrefillAdder
+        takes every prefill token of a step from the chunk budget (each request's chunk from what is left of
+        it) and charges max_prefill_tokens the same tokens, so a cap not below the chunk budget never runs out
+        first. Its other check, a whole prompt longer than what is left of max_prefill_tokens waits, runs only
+        with chunking off since SGLang PR #25741 (2026-05; found in SGLang's source, the reference does not say
+        whether its snapshot has it). Before that PR it ran with chunking on too, and the default, the looser
+        cap, is the nearer to skistune's runtime, which takes any request's chunk from what is left of the
+        budget. Either way a step prefills at most the chunk budget, so the baseline's budget of 8192 is
+        written as SGLang's default, not pinned."""
+        b = plan.config.batching
+        if b.chunked_prefill and b.chunk_size == b.max_num_batched_tokens <= MAX_PREFILL_TOKENS:
+            plan.notes.append(f"batching.max_num_batched_tokens {b.max_num_batched_tokens} is the step budget "
+                              f"--chunked-prefill-size {b.chunk_size} sets (decode tokens are not counted against "
+                              f"it): --max-prefill-tokens is left at SGLang's default, {MAX_PREFILL_TOKENS}, which "
+                              "caps nothing more")
+            return {}
+        plan.notes.append("batching.max_num_batched_tokens is written as --max-prefill-tokens: SGLang caps the "
+                          "prefill tokens of a batch; decode tokens are not counted against it")
+        return {"max-prefill-tokens": b.max_num_batched_tokens}
+
+    @staticmethod
+    def _pinned_note(plan: Plan, flags: dict[str, Any]) -> None:
+        """One note naming the automatic flags written (SGLang resolves them by GPU and pool when they are
+        None): skistune's predictions rest on the values the search evaluated, so they stay pinned, and the
+        note says what SGLang would choose without them (an export of the baseline is not SGLang's defaults
+        on every GPU: the chunk is 2048 under 35 GiB)."""
+        pinned = [key for key in AUTOMATIC if key in flags and flags[key] != -1]  # (-1: chunked prefill off)
+        plan.notes.append(f"{listed([f'--{key} {flags[key]}' for key in pinned])} pin the tuned values (skistune's "
+                          f"predictions rest on them); without them SGLang would choose "
+                          f"{listed([AUTOMATIC[key] for key in pinned])}")
 
     def _memory(self, plan: Plan, model: ModelSpec, width: int) -> dict[str, Any]:
         off = plan.config.offload

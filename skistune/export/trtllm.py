@@ -16,7 +16,11 @@ Mapping, knob -> TensorRT-LLM:
                             sink_token_length. A fraction budget becomes the windows of a sequence at the
                             model's full context (a warning: the window is a token count). The reference does
                             not say whether the window counts the sink tokens; the whole budget is written as
-                            the window. Other policies (score-based) have no equivalent: no eviction.
+                            the window. What the runtime keeps is written (runtime/eviction_budget.py): sinks
+                            above the window are clipped to it, as the runtime clips them to the budget, and a
+                            layer's budget of 0 (a pyramid over a budget smaller than the layers) is a window
+                            of 1, the smallest that holds the token being computed; both warned. Other
+                            policies (score-based) have no equivalent: no eviction.
   prefix_reuse.*            enable_block_reuse, tokens_per_block (a power of two greater than 1, per the
                             TensorRT-LLM KV-cache docs; the reference says "power of 2"). Off with a host
                             pool is warned (`tiers_without_prefix_reuse`): the pool keeps reusable blocks.
@@ -118,21 +122,56 @@ class TrtllmExporter(Exporter):
                          f"({ev.policy}) eviction; its only one is an attention window with sink tokens (streaming)",
                          related=EVICTION_DETAILS)
             return {}
-        windows = layer_schedule(plan.config, model)
-        assert windows is not None  # a streaming policy has a budget
+        budgets = layer_schedule(plan.config, model)
+        assert budgets is not None  # a streaming policy has a budget
+        windows = self._windows(plan, budgets)
         if ev.budget_fraction is not None:
             plan.instead("eviction.budget_fraction", self._windows_text(windows, model),
                          "TensorRT-LLM's window is a token count: the budget of a sequence at the model's full "
                          "context")
-        plan.express("eviction.policy", "eviction.budget_tokens", "eviction.layer_schedule", "eviction.sink_tokens")
-        recent = max(0, min(windows) - ev.sink_tokens)
+        plan.express("eviction.policy", "eviction.budget_tokens")
+        sinks = self._sinks(plan, min(windows))
+        recent = min(windows) - sinks
         if ev.recent_window > recent:
             plan.instead("eviction.recent_window", f"{recent} (the smallest window less the sinks)",
                          "TensorRT-LLM keeps the newest max_attention_window - sink_token_length tokens")
         else:
             plan.express("eviction.recent_window")
         window = windows[:1] if len(set(windows)) == 1 else windows
-        return {"max_attention_window": window, "sink_token_length": ev.sink_tokens}
+        return {"max_attention_window": window, "sink_token_length": sinks}
+
+    @staticmethod
+    def _windows(plan: Plan, budgets: list[int]) -> list[int]:
+        """Each layer's max_attention_window: its budget, at least 1. A pyramid over a budget smaller than the
+        layers leaves the last layers a budget of 0 (the runtime keeps no past token there between
+        compactions); a window of 0 tokens would hold not even the token being computed, so 1 is written, and
+        warned: it is not the tuned schedule."""
+        empty = [layer for layer, b in enumerate(budgets) if b < 1]
+        if not empty:
+            plan.express("eviction.layer_schedule")
+            return budgets
+        layers = f"layer {empty[0]}" if len(empty) == 1 else f"layers {empty[0]}-{empty[-1]}"
+        plan.instead("eviction.layer_schedule", f"max_attention_window 1 for {layers}",
+                     f"the schedule gives {layers} a budget of 0 tokens (skistune's runtime keeps no past token "
+                     "there), and a TensorRT-LLM attention window holds at least the token being computed")
+        return [max(1, b) for b in budgets]
+
+    @staticmethod
+    def _sinks(plan: Plan, smallest: int) -> int:
+        """sink_token_length: the sinks the runtime keeps, clipped to the window (it clips the recent window
+        first, then the sinks, to the budget: runtime/eviction_budget.py). Sinks wider than a layer's budget
+        occur only where every layer keeps the same budget (a pyramid keeps the sinks in every layer, or falls
+        back to uniform), so ``smallest`` window is every layer's. Clipped sinks are warned: the file then
+        holds another value than the config, though the same tokens as the runtime kept."""
+        sinks = plan.value("eviction.sink_tokens")
+        if sinks <= smallest:
+            plan.express("eviction.sink_tokens")
+            return sinks
+        plan.instead("eviction.sink_tokens", f"sink_token_length {smallest} (the window)",
+                     f"the window keeps {smallest} tokens, fewer than the sinks: skistune's runtime clips the sinks "
+                     f"to the budget (it kept the first {smallest} tokens), and a TensorRT-LLM window cannot hold "
+                     "more sinks than tokens")
+        return smallest
 
     @staticmethod
     def _windows_text(windows: list[int], model: ModelSpec) -> str:

@@ -24,13 +24,19 @@ Mapping, knob -> vLLM:
                             tier of the prefix cache.
   batching.*                --max-num-seqs, --max-num-batched-tokens, --enable-chunked-prefill /
                             --no-enable-chunked-prefill, --long-prefill-token-threshold (V1 caps one long
-                            prompt's tokens per step at it), --scheduling-policy fcfs (vLLM's other policy,
-                            priority, orders by client-sent priorities); preemption is always recompute
-                            in the V1 engine (swap was V0 only). Chunking off with a budget below the
-                            model's context: vLLM's SchedulerConfig refuses max_num_batched_tokens <
-                            max_model_len, so --max-model-len is the budget, noted (`_unchunked_model_len`;
-                            the flag is not in the reference's table, it is the one that check names);
-                            skistune's runtime refuses the same requests then.
+                            prompt's tokens per step at it; not written when the chunk size equals the
+                            budget, where it caps nothing: the flag's default, 0, is no cap), --scheduling-policy
+                            fcfs (vLLM's other policy, priority, orders by client-sent priorities); preemption
+                            is always recompute in the V1 engine (swap was V0 only). vLLM's SchedulerConfig
+                            refuses max_num_seqs > max_num_batched_tokens (vllm/config/scheduler.py, not in
+                            the reference's table), so --max-num-seqs is capped at the budget, warned.
+                            Chunking off with a budget below the model's context: the same SchedulerConfig
+                            refuses max_num_batched_tokens < max_model_len, so --max-model-len is the
+                            budget, noted (`_unchunked_model_len`; the flag is not in the reference's table,
+                            it is the one that check names); skistune's runtime refuses the same requests
+                            then. --max-num-seqs and --max-num-batched-tokens (whose defaults vLLM chooses
+                            by GPU) and --gpu-memory-utilization pin the values the search evaluated: a
+                            note says what vLLM would choose without them (`_pinned_note`).
   offload.device_*          --kv-cache-memory-bytes, else --gpu-memory-utilization.
   offload.host_kv_bytes     newest: --kv-offloading-size GiB (total across TP ranks) with the native
                             backend; 0.11: --kv-transfer-config OffloadingConnector with num_cpu_blocks
@@ -56,7 +62,7 @@ from fractions import Fraction
 from typing import Any
 
 from skistune.export.base import Companion, EngineVersion, Exporter, Plan, Rendered
-from skistune.export.common import (GIB, command_line, dump_yaml, fixed_scaling, fp8_scales_note, model_id,
+from skistune.export.common import (GIB, command_line, dump_yaml, fixed_scaling, fp8_scales_note, listed, model_id,
                                     no_eviction, round_up_width, single_kv_bits, size_differs, size_setting,
                                     tiers_without_prefix_reuse)
 from skistune.export.layers import check_layer_bits
@@ -71,6 +77,10 @@ NEWEST_DTYPES = "; the newest also lists int4/nvfp4/turboquant dtypes, whose beh
 CHECKPOINT_SCALES = "vLLM reads k_scale/v_scale from a calibrated checkpoint (e.g. quantized with llm-compressor)"
 # Why a CPU tier with prefix caching off is not the tuned config (`tiers_without_prefix_reuse`).
 TIER = "vLLM's CPU tier (its offloading connector, or LMCache) is a tier of the prefix cache: it serves prefix hits"
+# What vLLM chooses by GPU when --max-num-seqs and --max-num-batched-tokens are not given (reference §1,
+# `get_batch_defaults`, server defaults), for the note that the export pins them (`_pinned_note`).
+HARDWARE_DEFAULTS = ("256 sequences and 2048 tokens on GPUs under 70 GiB and on A100, 1024 and 8192 on H100/H200, "
+                     "1024 and 16384 on GPUs of 160 GiB or more")
 
 
 def _dtype(width: int) -> str:
@@ -83,11 +93,12 @@ class VllmExporter(Exporter):
     versions = (
         EngineVersion("0.11", "vllm/engine/arg_utils.py @99d7eb5d (about v0.11); reference §1",
                       {"block_sizes": (1, 8, 16, 32, 64, 128), "skip_layers": False, "offload": "connector",
-                       "other_dtypes": "",
+                       "other_dtypes": "", "gpu_memory_utilization": 0.9,
                        "kv_scales": f"{CHECKPOINT_SCALES}, or calculates them with --calculate-kv-scales"}),
         EngineVersion("main-002f10e0", "vllm/engine/arg_utils.py, config/cache.py @002f10e0 (the newest in the "
                                        "reference, about v0.2x-0.30, 2026); reference §1",
                       {"block_sizes": None, "skip_layers": True, "offload": "size", "other_dtypes": NEWEST_DTYPES,
+                       "gpu_memory_utilization": 0.92,
                        "kv_scales": f"{CHECKPOINT_SCALES}; --calculate-kv-scales is deprecated (PR #37201) and "
                                     "removed by PR #49389"}),
     )
@@ -102,6 +113,7 @@ class VllmExporter(Exporter):
         flags.update(self._blocks(plan, version))
         flags.update(self._batching(plan, model))
         flags.update(self._memory(plan))
+        self._pinned_note(plan, version, flags)
         offload, companions = self._offload(plan, version, model, width, flags["block-size"], file_name)
         flags.update(offload)
         header = [f"vLLM {version.name} engine arguments: vllm serve MODEL --config <this file>",
@@ -150,10 +162,17 @@ class VllmExporter(Exporter):
 
     def _batching(self, plan: Plan, model: ModelSpec) -> dict[str, Any]:
         b = plan.config.batching
-        flags: dict[str, Any] = {"max-num-seqs": b.max_num_seqs, "max-num-batched-tokens": b.max_num_batched_tokens}
-        plan.express("batching.max_num_seqs", "batching.max_num_batched_tokens", "batching.chunk_size")
+        flags: dict[str, Any] = {"max-num-seqs": self._max_num_seqs(plan),
+                                 "max-num-batched-tokens": b.max_num_batched_tokens}
+        plan.express("batching.max_num_batched_tokens", "batching.chunk_size")
         if b.chunked_prefill:
-            flags.update({"enable-chunked-prefill": True, "long-prefill-token-threshold": b.chunk_size})
+            flags["enable-chunked-prefill"] = True
+            # A threshold equal to the step's budget (the most a chunk may be) caps nothing: no prompt takes more
+            # than the budget in a step anyway. It is left out, and vLLM's default, 0, is no cap in both versions
+            # (V1's scheduler cuts a prompt's tokens only when 0 < threshold < tokens). The baseline (chunk =
+            # budget) then reads as vLLM's own "no per-request cap", not as a pinned 2048.
+            if b.chunk_size < b.max_num_batched_tokens:
+                flags["long-prefill-token-threshold"] = b.chunk_size
             plan.express("batching.chunked_prefill")
         else:
             flags["no-enable-chunked-prefill"] = True
@@ -164,6 +183,37 @@ class VllmExporter(Exporter):
         plan.fixed("batching.preemption", "recompute", "vLLM's V1 engine always preempts by recompute (swap was "
                    "V0 only)")
         return flags
+
+    @staticmethod
+    def _max_num_seqs(plan: Plan) -> int:
+        """--max-num-seqs, at most the step's token budget: vLLM's SchedulerConfig will not start with more
+        sequences than max_num_batched_tokens (a decode step needs a token for each of them).
+        skistune's runtime keeps more sequences resident than a step can decode, so a cap is a warning."""
+        b = plan.config.batching
+        if b.max_num_seqs <= b.max_num_batched_tokens:
+            plan.express("batching.max_num_seqs")
+            return b.max_num_seqs
+        plan.instead("batching.max_num_seqs", f"max-num-seqs {b.max_num_batched_tokens} (the token budget)",
+                     f"vLLM will not start with max_num_seqs above max_num_batched_tokens "
+                     f"({b.max_num_batched_tokens}; its SchedulerConfig check): the runtime was tuned with more "
+                     "resident sequences than vLLM takes")
+        return b.max_num_batched_tokens
+
+    @staticmethod
+    def _pinned_note(plan: Plan, version: EngineVersion, flags: dict[str, Any]) -> None:
+        """One note that the batch caps (whose defaults vLLM chooses by GPU) and a memory utilization other
+        than the version's default are pinned: skistune's predictions rest on the values the search evaluated,
+        so they stay, and the note says what vLLM would choose without them (the baseline's 256/2048 are
+        vLLM's defaults on small GPUs only: without the flags an H100 gets 1024/8192)."""
+        pinned = [f"--max-num-seqs {flags['max-num-seqs']}",
+                  f"--max-num-batched-tokens {flags['max-num-batched-tokens']}"]
+        otherwise = HARDWARE_DEFAULTS
+        utilization, default = flags.get("gpu-memory-utilization"), version["gpu_memory_utilization"]
+        if utilization is not None and utilization != default:
+            pinned.append(f"--gpu-memory-utilization {utilization}")
+            otherwise += f", and a memory utilization of {default}"
+        plan.notes.append(f"{listed(pinned)} pin the tuned values (skistune's predictions rest on them); without "
+                          f"them vLLM {version.name} would choose {otherwise}")
 
     @staticmethod
     def _unchunked_model_len(plan: Plan, model: ModelSpec) -> dict[str, Any]:

@@ -3,6 +3,7 @@ repository, §1-3), and the file and the command line saying the same thing."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -191,9 +192,14 @@ def test_layers_has_one_entry_per_layer_of_the_model(model):
     assert expected[0] > 256 > expected[-1]
 
 
-def test_layers_rejects_per_layer_bits_of_another_model():
+def test_layers_rejects_per_layer_bits_of_another_model(tmp_path):
     with pytest.raises(ValueError, match="12 .* pairs, but model smollm2-135m has 30 layers"):
         export(config_of({"bitwidth.layer_bits": [[4, 4]] * 12}), "layers")
+    path = tmp_path / "lb.yaml"  # (from a file, the error names it, as the file's other faults do)
+    path.write_text("bitwidth:\n  layer_bits: [[8, 8]]\n")
+    for target in ("layers", "vllm"):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: bitwidth.layer_bits: 1 \[key, value\] pairs"):
+            export(path, target)
 
 
 def test_layer_budgets_schedules():
@@ -452,3 +458,134 @@ def test_vllm_block_size_ratio_ties_go_to_the_larger_size():
     two_sizes = EngineVersion("test", "test", {**old.facts, "block_sizes": (2, 8)})  # 4 is 2x from each
     result = vllm.export(config_of({"prefix_reuse.block_size": 4}), two_sizes, SMOLLM, "vllm.yaml")
     assert yaml.safe_load(result.text)["block-size"] == 8
+
+
+@pytest.mark.parametrize("version", ["0.11", "main-002f10e0"])
+def test_vllm_caps_max_num_seqs_at_the_token_budget(version):
+    """vLLM's SchedulerConfig refuses max_num_batched_tokens (512) < max_num_seqs (1024): the export wrote both as
+    tuned, so the file could not start vLLM, and --strict passed. The cap is written, and warned (the runtime
+    kept more sequences resident than vLLM takes)."""
+    config = config_of({"batching.max_num_seqs": 1024, "batching.max_num_batched_tokens": 512,
+                        "batching.chunk_size": 512})
+    result = export(config, "vllm", version)
+    data = yaml.safe_load(result.text)
+    assert data["max-num-seqs"] == 512 and data["max-num-batched-tokens"] == 512
+    assert "--max-num-seqs 512 " in result.command
+    [warning] = result.warnings
+    assert (warning.knob, warning.value, warning.written) == ("batching.max_num_seqs", 1024,
+                                                              "max-num-seqs 512 (the token budget)")
+    assert "vLLM will not start with max_num_seqs above max_num_batched_tokens (512" in warning.reason
+    with pytest.raises(ValueError, match=r"--strict: .*batching\.max_num_seqs=1024 \(would write max-num-seqs 512"):
+        export(config, "vllm", version, strict=True)
+    equal = export(config.with_knobs({"batching.max_num_seqs": 512}), "vllm", version, strict=True)
+    assert yaml.safe_load(equal.text)["max-num-seqs"] == 512  # (at the budget: vLLM starts, nothing to warn)
+
+
+@pytest.mark.parametrize(("target", "version"), [("sglang", "main-001067ff"), ("trtllm", "post-pr12449")])
+def test_more_sequences_than_the_token_budget_is_vllms_check_only(target, version):
+    """The reference gives SGLang and TensorRT-LLM no check between the running-request cap and the token
+    budget: those exports write both as tuned."""
+    config = config_of({"batching.max_num_seqs": 1024, "batching.max_num_batched_tokens": 512,
+                        "batching.chunk_size": 512})
+    data = yaml.safe_load(export(config, target, version, strict=True).text)
+    assert data["max-running-requests" if target == "sglang" else "max_batch_size"] == 1024
+
+
+TINY_PYRAMID = {"eviction.policy": "streaming", "eviction.budget_tokens": 8, "eviction.sink_tokens": 0,
+                "eviction.recent_window": 0, "eviction.layer_schedule": "pyramid", "batching.chunk_size": 2048}
+
+
+def test_trtllm_windows_are_at_least_one_token():
+    """A pyramid over 8 tokens and llama-3-8b's 32 layers gives the last two layers a budget of 0 (the runtime
+    keeps no past token there): the export wrote max_attention_window entries of 0 without a word."""
+    config = config_of(TINY_PYRAMID)
+    budgets = runtime_layer_budgets(config.eviction, 32, 8192)
+    assert budgets[-2:] == [0, 0] and min(budgets[:-2]) >= 1  # (the case: what the runtime keeps)
+    result = export(config, "trtllm", model="llama-3-8b")
+    kv = yaml.safe_load(result.text)["kv_cache_config"]
+    assert kv["max_attention_window"] == budgets[:-2] + [1, 1] and kv["sink_token_length"] == 0
+    [warning] = result.warnings
+    assert (warning.knob, warning.written) == ("eviction.layer_schedule", "max_attention_window 1 for layers 30-31")
+    assert "a budget of 0 tokens" in warning.reason
+    with pytest.raises(ValueError, match=r"--strict: .*eviction\.layer_schedule=pyramid"):
+        export(config, "trtllm", model="llama-3-8b", strict=True)
+    # the layers file says what the runtime keeps, 0 included
+    assert [v["budget"] for v in yaml.safe_load(export(config, "layers", model="llama-3-8b").text).values()] == budgets
+
+
+def test_trtllm_sinks_are_clipped_to_the_window_as_the_runtime_clips_them():
+    """sink_tokens 1024 in a 100-token budget: the runtime keeps the first 100 tokens (it clips the recent
+    window, then the sinks, to the budget); the export asked TensorRT-LLM for 1024 sinks in a 100-token window."""
+    config = config_of({"eviction.policy": "streaming", "eviction.budget_tokens": 100, "eviction.sink_tokens": 1024,
+                        "eviction.recent_window": 0, "batching.chunk_size": 2048})
+    result = export(config, "trtllm")
+    kv = yaml.safe_load(result.text)["kv_cache_config"]
+    assert kv["max_attention_window"] == [100] and kv["sink_token_length"] == 100
+    [warning] = result.warnings
+    assert (warning.knob, warning.value, warning.written) == ("eviction.sink_tokens", 1024,
+                                                              "sink_token_length 100 (the window)")
+    assert "it kept the first 100 tokens" in warning.reason
+    with pytest.raises(ValueError, match=r"--strict: .*eviction\.sink_tokens=1024"):
+        export(config, "trtllm", strict=True)
+    # a pyramid keeps the sinks in every layer: its sinks always fit, and are written as asked
+    pyramid = config_of({"eviction.policy": "streaming", "eviction.budget_tokens": 100, "eviction.sink_tokens": 8,
+                         "eviction.recent_window": 16, "eviction.layer_schedule": "pyramid",
+                         "batching.chunk_size": 2048})
+    kv = yaml.safe_load(export(pyramid, "trtllm", strict=True).text)["kv_cache_config"]
+    assert kv["sink_token_length"] == 8 and min(kv["max_attention_window"]) >= 24
+
+
+@pytest.mark.parametrize("version", ["0.11", "main-002f10e0"])
+def test_vllm_baseline_writes_no_prefill_threshold_and_notes_the_pinned_values(version):
+    """The baseline ("nothing to change", vLLM's defaults) exported --long-prefill-token-threshold 2048 where it
+    means vLLM's 0 (no per-request cap), and pinned the batch caps vLLM chooses by GPU without saying so."""
+    from skistune.optimize import baseline_config
+
+    result = export(baseline_config(), "vllm", version, strict=True)
+    data = yaml.safe_load(result.text)
+    assert "long-prefill-token-threshold" not in data and "long-prefill-token-threshold" not in result.command
+    assert data["enable-chunked-prefill"] is True
+    [note] = [n for n in result.notes if "pin the tuned values" in n]
+    assert note.startswith("--max-num-seqs 256, --max-num-batched-tokens 2048 and --gpu-memory-utilization 0.9 "
+                           if version != "0.11" else "--max-num-seqs 256 and --max-num-batched-tokens 2048 ")
+    assert "1024 and 8192 on H100/H200" in note
+    assert ("a memory utilization of 0.92" in note) == (version != "0.11")  # (0.9 is 0.11's default)
+    # a chunk below the budget caps one prompt's tokens a step: the threshold is the chunk
+    below = config_of({"batching.chunk_size": 512, "batching.max_num_batched_tokens": 2048})
+    assert yaml.safe_load(export(below, "vllm", version).text)["long-prefill-token-threshold"] == 512
+
+
+def test_sglang_baseline_leaves_max_prefill_tokens_at_sglangs_default():
+    """The SGLang baseline exported --max-prefill-tokens 8192, not SGLang's default 16384; with chunked prefill
+    on and a chunk budget of 8192 a step prefills at most 8192 either way, so the flag is left out, and a note
+    names the automatic values pinned."""
+    from skistune.optimize import sglang_baseline_config
+
+    result = export(sglang_baseline_config(), "sglang", strict=True)
+    data = yaml.safe_load(result.text)
+    assert "max-prefill-tokens" not in data and data["chunked-prefill-size"] == 8192
+    [note] = [n for n in result.notes if "pin the tuned values" in n]
+    assert note.startswith("--page-size 1, --max-running-requests 2048, --chunked-prefill-size 8192 and "
+                           "--mem-fraction-static 0.9 pin the tuned values")
+    assert any("--max-prefill-tokens is left at SGLang's default, 16384" in n for n in result.notes)
+
+
+@pytest.mark.parametrize(("knobs", "written"), [
+    ({"batching.chunk_size": 32768, "batching.max_num_batched_tokens": 32768}, 32768),  # above the default
+    ({"batching.chunked_prefill": False, "batching.max_num_batched_tokens": 8192}, 8192),  # the only prefill cap
+    ({"batching.chunk_size": 512, "batching.max_num_batched_tokens": 2048}, 2048),  # not the chunk budget
+])
+def test_sglang_keeps_max_prefill_tokens_where_the_default_would_differ(knobs, written):
+    data = yaml.safe_load(export(config_of(knobs), "sglang").text)
+    assert data["max-prefill-tokens"] == written
+
+
+def test_lmcache_without_a_tier_warns_that_it_would_store_nothing():
+    result = export(config_of({}), "lmcache")
+    [warning] = result.warnings
+    assert warning.knob == "offload.host_kv_bytes" and warning.related == ("offload.disk_kv_bytes",)
+    assert "LMCache would store nothing" in warning.reason
+    with pytest.raises(ValueError, match=r"--strict: .*offload\.host_kv_bytes=0"):
+        export(config_of({}), "lmcache", strict=True)
+    for tiers in (HOST, DISK):
+        assert "offload.host_kv_bytes" not in export(config_of(tiers), "lmcache").warned_knobs()

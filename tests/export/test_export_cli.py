@@ -186,6 +186,30 @@ def test_vllm_on_stdout_says_how_to_write_the_lmcache_file():
             f"skistune export {DISK} --to lmcache --out vllm-config-lmcache.yaml") in " ".join(r.stderr.split())
 
 
+def printed_notes(stderr: str) -> list[str]:
+    return [line[len("note: "):] for line in stderr.splitlines() if line.startswith("note: ")]
+
+
+@pytest.mark.parametrize(("config", "target"), [(DISK, "vllm"), (DISK, "sglang"), (H2O_4BIT, "trtllm"),
+                                                (DEFAULT, "lmcache")])
+def test_every_note_printed_is_in_the_json_notes(config, target):
+    """The vLLM export of a disk tier printed "the command needs vllm-config-lmcache.yaml ..." on standard
+    error, while --json's notes lacked it (only companions[].written said false)."""
+    r = run(config, "--to", target, "--json")
+    assert r.exit_code == 0, r.output
+    notes = json.loads(r.stdout.strip().splitlines()[-1])["notes"]
+    assert printed_notes(r.stderr) == notes
+    if target == "vllm":
+        assert notes[0] == (f"the command needs vllm-config-lmcache.yaml (lmcache): give --out to write both files, "
+                            f"or run skistune export {DISK} --to lmcache --out vllm-config-lmcache.yaml")
+
+
+def test_with_out_the_companion_is_written_and_no_note_asks_for_it(tmp_path):
+    r = run(DISK, "--to", "vllm", "--out", str(tmp_path / "vllm.yaml"), "--json")
+    notes = json.loads(r.stdout.strip().splitlines()[-1])["notes"]
+    assert printed_notes(r.stderr) == notes and not any(n.startswith("the command needs") for n in notes)
+
+
 def test_an_lmcache_file_that_would_overwrite_the_input_is_refused(tmp_path):
     config = tmp_path / "vllm-lmcache.yaml"
     config.write_text(open(DISK).read())
@@ -251,14 +275,30 @@ def test_another_model_than_the_recorded_one_is_exported_as_asked_with_a_one_lin
     path = tuned_file(tmp_path, "llama-3-8b")
     r = run(path, "--to", "sglang", "--model", "smollm2-135m", "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout.strip().splitlines()[-1])["command"].startswith(
-        "python -m sglang.launch_server --model-path HuggingFaceTB/SmolLM2-135M-Instruct ")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["command"].startswith("python -m sglang.launch_server --model-path HuggingFaceTB/SmolLM2-135M-Instruct ")
     [line] = [x for x in r.stderr.splitlines() if "tuned for" in x]
-    assert line.startswith("warning: exporting for model smollm2-135m") and "tuned for llama-3-8b" in line
-    assert run(path, "--to", "layers", "--model", "smollm2-135m", "--strict").exit_code == 0  # (not a knob warning)
+    assert line.startswith("warning: provenance.model=llama-3-8b: exported for model smollm2-135m (--model), but ")
+    assert "tuned for llama-3-8b" in line and line.endswith("; wrote settings for smollm2-135m")
+    assert out["warnings"][0]["knob"] == "provenance.model" and out["warnings"][0]["message"] == line[9:]
     assert "tuned for" not in run(path, "--to", "sglang", "--model", "llama-3-8b").stderr
-    with pytest.warns(UserWarning, match="exporting for model mistral-7b .* tuned for llama-3-8b"):
-        export(path, "layers", model="mistral-7b")
+    [warning, *_] = export(path, "layers", model="mistral-7b").warnings  # (the Python API alike)
+    assert (warning.knob, warning.value) == ("provenance.model", "llama-3-8b")
+    assert warning.written == "settings for mistral-7b"
+
+
+@pytest.mark.parametrize("target", ["vllm", "layers"])
+def test_another_model_than_the_recorded_one_is_in_the_json_warnings_and_fails_strict(tmp_path, target):
+    """The warning went to standard error only (a Python warning): `--strict --json` in CI exited 0 with
+    "warnings": [] while the byte pools and per-layer settings were sized for another model. docs/export.md
+    promises --json carries every warning and --strict refuses every one."""
+    path = tuned_file(tmp_path, "llama-3-8b")
+    r = run(path, "--to", target, "--model", "smollm2-135m", "--strict", "--json")
+    one_line_error(r, "--strict: ")
+    assert "provenance.model=llama-3-8b (would write settings for smollm2-135m)" in r.stderr
+    assert json.loads(r.stdout)["exit_code"] == 2
+    same = run(path, "--to", target, "--model", "llama-3-8b", "--json")  # the recorded model: no such warning
+    assert "provenance.model" not in {w["knob"] for w in json.loads(same.stdout.strip().splitlines()[-1])["warnings"]}
 
 
 def test_a_recorded_model_that_is_no_preset_is_one_line_and_exit_2(tmp_path):
