@@ -19,6 +19,9 @@ pure variants, e.g. H2O or TOVA without sinks):
   later score 0, so when the budget is reached again the newest tokens (ties go to the newer) and the
   prompt's best keep their places and older generated tokens go first.
 
+Prefix hits: H2O takes none, and SnapKV only those that leave its observation window to compute, so that a
+cached prefix never changes what they keep (`EvictionBudget.max_hit_tokens`).
+
 Scores are per KV head: the attention probabilities of the query heads of one GQA group are summed, and
 each KV head keeps its own token set (the same number of tokens per head in a layer).
 
@@ -37,10 +40,9 @@ import torch
 import torch.nn.functional as F
 
 from ..config import EvictionConfig
-from .eviction_budget import EvictionBudget, base_budget, layer_budgets  # noqa: F401 (re-exported)
+from .eviction_budget import SNAPKV_WINDOW, EvictionBudget, base_budget, layer_budgets  # noqa: F401 (re-exported)
 from .scheduler import Compaction
 
-SNAPKV_WINDOW = 32  # observation window in queries (the SnapKV repository's default; kvpress uses 64)
 SNAPKV_POOL = 5  # pooling kernel over neighbouring slots (SnapKV's)
 
 

@@ -34,6 +34,16 @@ last token, is compacted to the budget then if the prompt exceeds it, and after 
 as the others (its prefill scores are frozen: see `eviction`). A compaction that must copy shared blocks
 (copy-on-write) when no block is free waits for a later step (SnapKV's end-of-prompt one then waits for
 the rule above), and a sequence is not compacted in the step it finishes.
+
+Prefix hits (`max_hit_tokens`). A policy whose scores need queries of the prompt cannot take a prefix hit
+whose queries it would miss: the cached tokens' KV is reused, but their queries never run. H2O sums the
+attention every query gave every token, prompt included, so a hit would leave the cached tokens without
+their prompt scores (the same prompt then kept other tokens, and generated other text, when its prefix was
+cached): H2O takes no prefix hit. SnapKV scores the prompt from its last ``SNAPKV_WINDOW`` queries, so a hit
+must leave them to compute; with them computed, its scores are those of the whole prompt computed here.
+StreamingLLM keeps sinks and the newest tokens, which no hit changes; TOVA scores with the newest query only,
+so a hit acts on it as a chunk boundary does (where a prompt longer than the budget is compacted before its
+end, the selection depends on where its chunks end, hit or not).
 """
 from __future__ import annotations
 
@@ -43,6 +53,7 @@ from fractions import Fraction
 from ..config import EvictionConfig
 
 PYRAMID_BETA = 20  # PyramidKV's default: the top layer keeps 1/beta of the mean compressible budget
+SNAPKV_WINDOW = 32  # SnapKV's observation window in queries (the SnapKV repository's default; kvpress uses 64)
 
 
 def _fraction(eviction: EvictionConfig) -> Fraction:
@@ -104,6 +115,16 @@ class EvictionBudget:
         if found is None:
             found = self._by_base[base] = tuple(layer_budgets(self.config, self.n_layers, context_len))
         return found
+
+    def max_hit_tokens(self, num_tokens: int) -> int | None:
+        """The most prompt tokens a sequence of ``num_tokens`` (to compute from its start) may take from the
+        prefix cache without changing what the policy keeps (module docstring); None: no limit."""
+        policy = self.config.policy
+        if policy == "h2o":
+            return 0
+        if policy == "snapkv":
+            return max(0, num_tokens - SNAPKV_WINDOW)
+        return None
 
     def max_budget(self, context_len: int) -> int:
         return self.budgets(context_len)[0]  # layer 0's: pyramid budgets decrease with the layer

@@ -332,7 +332,8 @@ class Scheduler:
                     break
                 budget -= n
                 continue
-            self.kv.promote_prefix(seq)
+            if self._takes_hits(seq):
+                self.kv.promote_prefix(seq)
             hits = self._usable_hits(seq, self.kv.get_computed_blocks(seq))
             num_computed = len(hits) * self.kv.block_size
             n = self._chunk(seq, num_computed, budget)
@@ -378,20 +379,29 @@ class Scheduler:
         out.dropped.append(seq)
 
     def _usable_hits(self, seq: Sequence, hits: list[int]) -> list[int]:
-        """The prefix hits a waiting sequence may take: all of them, unless with eviction the hit and the chunk
-        after it could not fit the pool together. Admission checked a sequence against the pool at its peak
-        under its eviction budget (`EvictionBudget.peak_slots`), and compactions keep prompts cached whole
-        (`KVCacheManager.truncate`): a hit can be far longer than the budget, and a sequence that needs more
-        blocks than the pool has would wait forever. (Without eviction a hit never makes a sequence hold
-        more than its own tokens, which admission checked.)"""
+        """The prefix hits a waiting sequence may take: all of them, unless its eviction policy's scores need
+        the hit tokens' queries (`EvictionBudget.max_hit_tokens`: none for H2O, SnapKV's observation window
+        left to compute), or with eviction the hit and the chunk after it could not fit the pool together.
+        Admission checked a sequence against the pool at its peak under its eviction budget
+        (`EvictionBudget.peak_slots`), and compactions keep prompts cached whole (`KVCacheManager.truncate`): a
+        hit can be far longer than the budget, and a sequence that needs more blocks than the pool has would
+        wait forever. (Without eviction a hit never makes a sequence hold more than its own tokens, which
+        admission checked.)"""
         if self.eviction is None or not hits:
             return hits
         num_blocks, block_size = self.kv.pool.num_blocks, self.kv.block_size
+        cap = self.eviction.max_hit_tokens(seq.num_tokens)
+        if cap is not None:
+            hits = hits[:cap // block_size]
         if self.kv.blocks_for(seq.num_tokens) <= num_blocks:
             return hits
         lim = self.limits
         step = min(lim.chunk_size, lim.max_num_batched_tokens) if lim.chunked_prefill else seq.num_tokens
         return hits[:max(0, num_blocks * block_size - step) // block_size]
+
+    def _takes_hits(self, seq: Sequence) -> bool:
+        """Whether the sequence may take any prefix hit (else its lower-tier prefix is not brought up for it)."""
+        return self.eviction is None or self.eviction.max_hit_tokens(seq.num_tokens) != 0
 
     def _resume_swapped(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
         """Bring a swapped sequence back (its blocks from the host) with its next chunk; returns the
@@ -411,17 +421,20 @@ class Scheduler:
 
     def _prefetch(self) -> None:
         """Promote lower-tier prefix blocks of the waiting sequences, in queue order, up to the prefetch
-        depth in blocks: after every allocation of the step, so none of them can reuse these blocks. It keeps
-        a free block per running sequence (their next tokens) and promotes whole chains only: a block
-        prefetched now and demoted again before use would cost two copies for nothing."""
+        depth in blocks a step: after every allocation of the step, so none of them can reuse these blocks. It
+        keeps a free block per running sequence (their next tokens). A chain longer than what is left this
+        step is promoted from its start, the rest in the next steps (its leading blocks are hits as soon as
+        they are up; a chain taken whole only had left every prefix longer than the depth, 32 tokens by
+        default, to on-demand loads, and the sequences queued behind it too)."""
         left = min(self.prefetch_blocks, self.kv.pool.num_free() - len(self.running))
         for seq in itertools.islice(self.waiting, PREFIX_POLICY_WINDOW):
-            if self.kv.is_swapped(seq):
+            if left <= 0:
+                break
+            if self.kv.is_swapped(seq) or not self._takes_hits(seq):
                 continue
             wanted = self.kv.lower_prefix_blocks(seq)
-            if wanted > left:
-                break
-            left -= self.kv.promote_prefix(seq, max_blocks=wanted, prefetch=True)
+            if wanted:
+                left -= self.kv.promote_prefix(seq, max_blocks=min(wanted, left), prefetch=True)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -539,7 +552,7 @@ class Scheduler:
         if self.kv.is_swapped(seq):
             n = self._chunk(seq, seq.num_computed_tokens, budget)
             return n > 0 and self.kv.can_swap_in(seq, n)
-        if self.kv.lower_prefix_blocks(seq):
+        if self._takes_hits(seq) and self.kv.lower_prefix_blocks(seq):
             return True  # a promotion may make room count differently: let the step decide
         hits = self._usable_hits(seq, self.kv.get_computed_blocks(seq))
         n = self._chunk(seq, len(hits) * self.kv.block_size, budget)

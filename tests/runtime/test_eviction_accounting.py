@@ -10,7 +10,7 @@ from skistune.config import KVConfig
 from skistune.profile.cost import FEATURES, StepCostModel, step_shape
 from skistune.runtime.block_manager import KVCacheManager, TokenList
 from skistune.runtime.engine import Engine, VirtualClock
-from skistune.runtime.eviction import EvictionStats, kept_slots, make_policy
+from skistune.runtime.eviction import SNAPKV_WINDOW, EvictionStats, kept_slots, make_policy
 from skistune.runtime.request import Request
 from skistune.runtime.presets import PRESETS
 from skistune.simulator import SimTarget, build_engine
@@ -119,6 +119,12 @@ def h2o(budget=16, **more):
             "eviction.recent_window": 4, **more}
 
 
+def tova(budget=16, **more):
+    """`h2o` knobs under TOVA, which takes prefix hits (H2O takes none: `EvictionBudget.max_hit_tokens`): for
+    the tests of blocks shared between a compacted sequence and the prefix cache."""
+    return h2o(budget, **{"eviction.policy": "tova", **more})
+
+
 POLICY_KNOBS = [h2o(), h2o(**{"eviction.policy": "tova"}), h2o(**{"eviction.policy": "streaming"}),
                 h2o(**{"eviction.policy": "snapkv"}), h2o(20, **{"eviction.layer_schedule": "pyramid"}),
                 {**h2o(), "eviction.budget_tokens": None, "eviction.budget_fraction": 0.4}]
@@ -136,7 +142,13 @@ def test_every_policy_serves_a_mixed_workload_within_budget_and_frees_every_bloc
     for c in ex.compactions:
         assert c.new_num_kv_tokens == max(c.keep_per_layer) <= cap
     hits = [r.prefix_hit_tokens for r in eng.records]
-    assert sum(hits) > 0  # the prompts' prefixes stay cached through their compactions
+    policy = knobs["eviction.policy"]
+    if policy == "h2o":  # its scores need every prompt query: it takes no hit (`EvictionBudget.max_hit_tokens`)
+        assert sum(hits) == 0
+    elif policy == "snapkv":  # hits leave its observation window to compute
+        assert all(h <= max(0, 12 + 5 * i - SNAPKV_WINDOW) for i, h in enumerate(hits))
+    else:
+        assert sum(hits) > 0  # the prompts' prefixes stay cached through their compactions
     if knobs["eviction.policy"] != "snapkv":  # snapkv keeps whole prompts until their end
         # the budget, less than a block of hysteresis, one chunk; or a prefix hit (held until the compaction
         # after its first chunk) and one chunk
@@ -192,7 +204,7 @@ def test_snapkv_compacts_once_at_the_end_of_the_prompt_then_by_hysteresis():
 
 
 def test_copy_on_write_protects_a_running_sequences_shared_prefix():
-    eng, ex = make_engine(**h2o(16))
+    eng, ex = make_engine(**tova(16))
     eng.add_request(req("a", 12, 6))  # 12 + 6 tokens never reach 16 + 4 slots: never compacted
     eng.step()  # a's prompt fills blocks 1, 2, 3, now cached
     eng.add_request(req("b", 32, 4))  # the same first 12 tokens: hits a's 3 blocks, gets 4..8
@@ -207,7 +219,7 @@ def test_copy_on_write_protects_a_running_sequences_shared_prefix():
 
 
 def test_cached_blocks_are_copied_so_the_prefix_cache_stays_valid():
-    eng, ex = make_engine(**h2o(16), **{"batching.max_num_batched_tokens": 8, "batching.chunk_size": 8})
+    eng, ex = make_engine(**tova(16), **{"batching.max_num_batched_tokens": 8, "batching.chunk_size": 8})
     eng.add_request(req("a", 32, 3))
     eng.run_until_done()
     # chunks of 8: 16 tokens computed and cached in 4 blocks, the third chunk takes a to 24 slots: due.
@@ -225,7 +237,7 @@ def test_a_prompt_compacted_at_the_end_of_its_prefill_stays_cached(budget):
     """A prompt of one chunk, compacted after it: its blocks were not cached when the compaction was planned.
     Those the compaction rewrites are copied first (then cached as they were), those past the kept slots are
     cached in place; the same prompt again hits all its full blocks, with the right KV in each slot."""
-    eng, ex = make_engine(**h2o(budget), **{"batching.chunk_size": 64})
+    eng, ex = make_engine(**tova(budget), **{"batching.chunk_size": 64})
     eng.add_request(req("a", 33, 3))
     eng.step()
     c = ex.compactions[0]
@@ -244,7 +256,7 @@ def test_a_prefix_hit_is_cut_to_what_fits_the_pool_beside_a_chunk():
     A first request with the same first 16 tokens leaves its first chunk cached (4 blocks); the 40-token
     prompt would hold those 4 and 4 more for its next chunk, 8 > 7, and could never be admitted: it takes
     3 of them."""
-    eng, ex = make_engine(num_blocks=7, **h2o(4, **{"eviction.sink_tokens": 1, "eviction.recent_window": 2}),
+    eng, ex = make_engine(num_blocks=7, **tova(4, **{"eviction.sink_tokens": 1, "eviction.recent_window": 2}),
                           **{"batching.chunk_size": 16, "batching.max_num_batched_tokens": 16})
     eng.add_request(req("a", 17, 1))
     eng.run_until_done()
@@ -255,7 +267,7 @@ def test_a_prefix_hit_is_cut_to_what_fits_the_pool_beside_a_chunk():
 
 
 def test_without_free_blocks_for_the_copies_the_prefix_is_not_cached():
-    eng, ex = make_engine(num_blocks=9, **h2o(16), **{"batching.chunk_size": 64})  # the prompt fills the pool
+    eng, ex = make_engine(num_blocks=9, **tova(16), **{"batching.chunk_size": 64})  # the prompt fills the pool
     eng.add_request(req("a", 33, 3))
     eng.run_until_done()
     assert ex.compactions[0].prefix_copies == () and eng.kv.pool.num_free() == 9

@@ -220,7 +220,7 @@ def test_quantized_kv_written_by_a_compaction_reads_back_after_later_appends(win
 # ---- together with prefix reuse and preemption ---------------------------------------------------------
 @pytest.mark.parametrize("bits", [16, 8])
 def test_eviction_prefix_reuse_and_preemption_on_a_tiny_pool(bits):
-    rt = evicting("h2o", budget=10, bits=bits)
+    rt = evicting("tova", budget=10, bits=bits)  # (H2O takes no prefix hit: `EvictionBudget.max_hit_tokens`)
     rt = rt.with_config(rt.config.with_knobs({"offload.device_kv_bytes": rt.store.block_bytes * 14 + ring_bytes(rt)}))
     token_lists = prompts(8, [3, 14, 9], shared=8)
     eng, outs, _ = serve(rt, token_lists, 20)
@@ -278,7 +278,7 @@ def test_a_prompt_compacted_at_the_end_of_its_prefill_stays_cached_with_its_own_
     between the forward pass and the compaction. The cache then holds the same KV as without eviction, and
     the same prompt again hits all of its full blocks."""
     prompt = prompts(1, [21])[0]  # 5 full blocks of 4
-    evict = evicting("h2o", budget=10, **{"batching.chunk_size": 32, "batching.max_num_batched_tokens": 32})
+    evict = evicting("tova", budget=10, **{"batching.chunk_size": 32, "batching.max_num_batched_tokens": 32})
     eng = evict.new_engine()
     eng.add_request(Request("a", prompt, 4))
     eng.run_until_done()
@@ -291,6 +291,6 @@ def test_a_prompt_compacted_at_the_end_of_its_prefill_stays_cached_with_its_own_
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     eng.add_request(Request("b", prompt, 4))
     eng.run_until_done()
-    # (its outputs may differ from a's: H2O's scores of the hit tokens come from b's queries alone)
+    # (H2O, whose scores of hit tokens would lack the prompt's queries, takes no hit: test_eviction_prefix_hits)
     assert eng.records[1].prefix_hit_tokens == 20 and len(eng.records[1].output_token_ids) == 4
     assert_nothing_leaked(eng)
