@@ -195,7 +195,10 @@ def demo(
         raise ValueError(f"every prompt was rejected ({'; '.join(rejection_lines(metrics))}): shorten the "
                          "prompts or --max-new-tokens, or raise the limit named in --config")
     eos = rt.tokenizer.eos_token_id
-    completions = [rt.tokenizer.decode(r.output_token_ids[:-1] if r.output_token_ids[-1:] == [eos]
+    # (a rejected prompt has no completion: null in the JSON, its reason on its line, not an empty string
+    # that reads as an empty generation)
+    completions = [None if r.rejected_reason else
+                   rt.tokenizer.decode(r.output_token_ids[:-1] if r.output_token_ids[-1:] == [eos]
                                        else r.output_token_ids) for r in engine.records]
     from skistune.config import knob_fields
     from skistune.optimize_cli import _diff
@@ -204,13 +207,15 @@ def demo(
     knobs = _diff(cfg, KVConfig(), list(knob_fields()))
     console.print(escape(f"config: {config or 'none'}; knobs off their defaults: "
                          f"{'none' if knobs == '(baseline)' else knobs}"), highlight=False, soft_wrap=True)
-    for p, c in zip(prompts, completions):  # (the arrow: a completion need not start with a space)
-        console.print(f"[bold]{escape(p)}[/] [dim]→[/] {escape(c.lstrip())}", highlight=False)
+    for p, c, r in zip(prompts, completions, engine.records):  # (the arrow: a completion need not start with a space)
+        served = escape(c.lstrip()) if c is not None else f"[red](rejected: {escape(r.rejected_reason)})[/]"
+        console.print(f"[bold]{escape(p)}[/] [dim]→[/] {served}", highlight=False)
     console.print(metrics_table(metrics, "Measured on this machine"))
     console.print(summary_table(metrics))
     if json_out:
         print_json({"config": str(config) if config else None, "knobs": None if knobs == "(baseline)" else knobs,
-                    "completions": completions, "metrics": metrics.to_dict()})
+                    "completions": completions, "rejected": [r.rejected_reason for r in engine.records],
+                    "metrics": metrics.to_dict()})
 
 
 PIPED_WIDTH = 200  # columns of tables written to a file or a pipe (rich's 80 cut cells short in logs)

@@ -39,9 +39,9 @@ def knob(default: Any, help: str, *, unit: str = "", choices: tuple | None = Non
 # byte sizes as people write them (config files, search spaces, --kv-memory): 8GiB, 500MB, 17179869184, and a
 # plain number in scientific notation, 1e9: YAML reads 1e9 (no dot) as a string, not as the float 1.0e9 is.
 # The exponent has at most 3 digits: Fraction("1e999999999") would build a billion-digit integer.
-_BYTES = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?|(\d+(?:\.\d+)?[eE][+-]?\d{1,3}))\s*$")
-_BYTE_UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_BYTES = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|PB|KiB|MiB|GiB|TiB|PiB)?|(\d+(?:\.\d+)?[eE][+-]?\d{1,3}))\s*$")
+_BYTE_UNITS = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+               "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
 
 
 def parse_bytes(name: str, text: str) -> int:

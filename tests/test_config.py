@@ -261,3 +261,11 @@ def test_a_number_yaml_reads_as_text_is_refused_with_what_to_write():
         KVConfig.from_dict({"offload": {"device_memory_fraction": "5e-1"}})
     with pytest.raises(ValueError, match=r"'many' is not a number$"):
         KVConfig.from_dict({"batching": {"max_num_seqs": "many"}})
+
+
+def test_byte_sizes_reach_the_top_of_their_range_in_its_own_unit():
+    from skistune.config import format_bytes, parse_bytes
+
+    assert parse_bytes("offload.disk_kv_bytes", "1PiB") == 1 << 50 and parse_bytes("x", "2PB") == 2 * 10**15
+    assert format_bytes(1 << 50) == "1PiB" and format_bytes(3 << 40) == "3TiB"
+    assert KVConfig.from_dict({"offload": {"disk_kv_bytes": "1PiB"}}).offload.disk_kv_bytes == 1 << 50

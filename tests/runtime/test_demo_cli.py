@@ -42,3 +42,14 @@ def test_demo_fails_when_every_prompt_is_rejected(tmp_path, prompt_words, config
     assert r.stderr.strip().count("\n") == 0  # (and with --json, that line as the one JSON object on stdout)
     assert json.loads(r.stdout) == {"error": r.stderr.strip().removeprefix("error: "), "exit_code": 2}
     assert r.stderr.startswith("error: every prompt was rejected (") and reason in r.stderr
+
+
+@pytest.mark.slow
+def test_a_rejected_prompt_shows_its_reason_not_an_empty_completion():
+    r = CliRunner().invoke(app, ["demo", "--prompt", "word " * 8200, "--prompt", "Hi", "--max-new-tokens", "2",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["completions"][0] is None and isinstance(out["completions"][1], str)
+    assert "exceeds the model's context" in out["rejected"][0] and out["rejected"][1] is None
+    assert "→ (rejected: " in r.stdout
