@@ -7,8 +7,12 @@ recomputed); the checked bytes are kept for the copy that follows, so the block 
 
 The file is sparse: its size is the tier's capacity, its blocks take disk space as they are written. A
 write the disk cannot take (full, over quota, an I/O error) loses that block only: it has no checksum,
-so it reads as corrupt and is recomputed, and serving goes on (`write_errors` counts them, and the first
-one warns)."""
+it is recomputed when next needed, and serving goes on (`write` says so, `write_errors` counts them, and
+the first one warns). Its bytes stay in memory until the tiers have seen the loss (`verify` drops them):
+a promotion decided before the write ran copies them up from there (`take`).
+
+The file is unlinked as soon as it is open: the descriptor keeps it alive for positional I/O, and no way
+of ending the process (SIGTERM, SIGKILL, a crash) leaves it behind. ``path`` names it in messages only."""
 from __future__ import annotations
 
 import errno
@@ -38,8 +42,7 @@ def default_disk_dir() -> str | None:
     return folder
 
 
-def _close(fd: int, path: str) -> None:
-    os.close(fd)
+def _unlink(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -57,25 +60,33 @@ class DiskPool:
         except OSError as exc:
             raise ValueError(f"offload.disk_kv_bytes: cannot create the disk tier's file on {where} "
                              f"({exc.strerror})") from None
-        self._finalizer = weakref.finalize(self, _close, self.fd, self.path)  # the file goes with the pool
+        # unlinked now: a process that ends without running finalizers (SIGTERM, SIGKILL) had left GB-sized files
+        # in the folder; the descriptor keeps the file until it is closed (with the pool)
+        _unlink(self.path)
+        self._finalizer = weakref.finalize(self, os.close, self.fd)
         try:
             os.ftruncate(self.fd, size)
         except OSError as exc:  # e.g. EFBIG: past the filesystem's largest file
-            # removed now, not when the pool is collected: the half-built pool lives on in the traceback
+            # closed now, not when the pool is collected: the half-built pool lives on in the traceback
             self._finalizer()
             raise ValueError(f"offload.disk_kv_bytes: a {format_bytes(size)} disk tier does not fit in a file "
                              f"on {where} ({exc.strerror})") from None
         self.crc: dict[int, int] = {}  # slot -> CRC32 of the bytes written there
         self._checked: dict[int, bytes] = {}  # slot -> bytes verified and not yet copied up
+        # slot -> bytes of a block whose write the disk refused, until the tiers drop them (`verify`) or a
+        # promotion decided before the write ran copies them up (`take`)
+        self._unwritten: dict[int, bytes] = {}
         self.write_errors = 0  # blocks lost to `DISK_WRITE_ERRORS`
 
     def close(self) -> None:
         self._finalizer()
 
-    def write(self, slot: int, data: bytes) -> None:
+    def write(self, slot: int, data: bytes) -> bool:
+        """Write a block; False when the disk refused it (`DISK_WRITE_ERRORS`: the block is lost)."""
         if len(data) != self.block_bytes:
             raise ValueError(f"disk pool: block of {len(data)} bytes, the pool's are {self.block_bytes}")
         self._checked.pop(slot, None)
+        self._unwritten.pop(slot, None)
         self.crc.pop(slot, None)  # until the whole block is written, the slot holds nothing usable
         view, offset = memoryview(data), slot * self.block_bytes
         try:
@@ -89,8 +100,10 @@ class DiskPool:
             if self.write_errors == 1:
                 warnings.warn(f"KV disk tier ({self.path}): {os.strerror(exc.errno)}; blocks that cannot be "
                               "written are recomputed when next needed", RuntimeWarning, stacklevel=2)
-            return
+            self._unwritten[slot] = bytes(data)
+            return False
         self.crc[slot] = zlib.crc32(data)
+        return True
 
     def read(self, slot: int) -> bytes | None:
         """The block's bytes, or None when they fail their checksum (or were never written)."""
@@ -100,8 +113,10 @@ class DiskPool:
         return data
 
     def verify(self, slot: int) -> bool:
-        """Read and check a block about to be promoted; keep its bytes for `take`."""
-        data = self.read(slot)
+        """Read and check a block about to be promoted; keep its bytes for `take`. A block whose write was
+        refused fails without a read (and the bytes kept of it are dropped)."""
+        self._unwritten.pop(slot, None)
+        data = self.read(slot) if slot in self.crc else None
         if data is None:
             self.crc.pop(slot, None)
             return False
@@ -109,8 +124,9 @@ class DiskPool:
         return True
 
     def take(self, slot: int) -> bytes:
-        """The bytes of a block being copied up (checked by `verify`, or read and checked now)."""
-        data = self._checked.pop(slot, None) or self.read(slot)
+        """The bytes of a block being copied up (checked by `verify`, or read and checked now; or those of a
+        write the disk refused after the promotion was decided)."""
+        data = self._checked.pop(slot, None) or self._unwritten.pop(slot, None) or self.read(slot)
         if data is None:
             raise RuntimeError(f"disk pool: block in slot {slot} failed its checksum after it was promoted")
         return data

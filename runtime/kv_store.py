@@ -136,7 +136,7 @@ class TierStore:
             if DISK not in (t.src_tier, t.dst_tier):
                 self._copy(parts, t.src_tier == HOST, t.src_blocks, t.dst_blocks)
             elif layer is None:
-                getattr(self, f"_{t.src_tier}_to_{t.dst_tier}")(t.src_blocks, t.dst_blocks)
+                getattr(self, f"_{t.src_tier}_to_{t.dst_tier}")(t)
             else:
                 raise ValueError("disk transfers move whole blocks, not one layer's KV")
         if transfers and self.parts[0].device.type == "cuda":
@@ -151,16 +151,21 @@ class TierStore:
         for i in parts:
             copy_blocks(srcs[i], dsts[i], src_ids, dst_ids)
 
-    def _host_to_disk(self, src: list[int], dst: list[int]) -> None:
-        for s, d in zip(src, dst):
-            self.disk.write(d, _block_bytes(self.host, s))
+    def _host_to_disk(self, t: Transfer) -> None:
+        self._to_disk(t, self.host)
 
-    def _device_to_disk(self, src: list[int], dst: list[int]) -> None:
-        for s, d in zip(src, dst):
-            self.disk.write(d, _block_bytes(self.parts, s))
+    def _device_to_disk(self, t: Transfer) -> None:
+        self._to_disk(t, self.parts)
 
-    def _disk_to_device(self, src: list[int], dst: list[int]) -> None:
-        for s, d in zip(src, dst):
+    def _to_disk(self, t: Transfer, tensors: list[torch.Tensor]) -> None:
+        """Write the blocks; those the disk refuses (full, ...) are marked lost on the transfer, for the tiers'
+        accounting (`TierManager.ran`)."""
+        for s, d in zip(t.src_blocks, t.dst_blocks):
+            if not self.disk.write(d, _block_bytes(tensors, s)):
+                t.lost.append(d)
+
+    def _disk_to_device(self, t: Transfer) -> None:
+        for s, d in zip(t.src_blocks, t.dst_blocks):
             buf = torch.frombuffer(bytearray(self.disk.take(s)), dtype=torch.uint8)
             for t, piece in zip(self.parts, buf.split(self.part_bytes)):
                 t[d].copy_(piece.view(t.dtype).view(t.shape[1:]))

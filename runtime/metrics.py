@@ -53,7 +53,7 @@ class TierMetrics:
 
     peak_bytes: dict[str, int]  # tier -> most bytes held at once (device: blocks in use)
     capacity_bytes: dict[str, int]  # host and disk pools
-    moved_bytes: dict[str, int]  # "src->dst" -> bytes copied
+    moved_bytes: dict[str, int]  # "src->dst" -> bytes copied (to disk: written; see disk_write_errors)
     transfer_s: float  # time spent copying (runtime: measured; simulator: the profile's transfer fits)
     stall_s: float  # time steps waited for KV transfers (on-demand copies and late prefetches)
     promotions: int  # blocks brought up on a prefix hit
@@ -62,13 +62,19 @@ class TierMetrics:
     swapped_in: int
     swap_fallbacks: int  # swap preemptions that recomputed for want of host room
     prefetched: int  # blocks promoted ahead of use
-    prefetch_hit_rate: float | None  # of the promoted blocks sequences used, the share prefetched (None: none)
-    corrupt_blocks: int  # disk blocks that failed their checksum or were never written (disk full): recomputed
+    # of the promoted blocks sequences used, the share prefetched (None: none used, or none prefetched)
+    prefetch_hit_rate: float | None
+    corrupt_blocks: int  # disk blocks that failed their checksum when read back: recomputed
+    # blocks the disk refused to write (full, over quota, an I/O error): lost, recomputed when needed, not in
+    # moved_bytes; the disk's peak still counts the slots they were given (after the others: figures stored
+    # before it existed read as none)
+    disk_write_errors: int = 0
 
 
 def tier_metrics(tiers: TierManager, block_bytes: int, device_peak_blocks: int) -> TierMetrics:
     st = tiers.stats
-    used = st.prefetch_hits + st.prefetch_misses
+    # (nothing prefetched: no rate, not 0%, as the table says; every promotion on demand counts as a miss)
+    used = st.prefetch_hits + st.prefetch_misses if st.prefetched else 0
     return TierMetrics(
         peak_bytes={"device": device_peak_blocks * block_bytes, "host": tiers.host.peak_used * block_bytes,
                     "disk": tiers.disk.peak_used * block_bytes},
@@ -77,7 +83,7 @@ def tier_metrics(tiers: TierManager, block_bytes: int, device_peak_blocks: int) 
         transfer_s=st.transfer_s, stall_s=st.stall_s, promotions=st.promotions, demotions=st.demotions,
         swapped_out=st.swapped_out, swapped_in=st.swapped_in, swap_fallbacks=st.swap_fallbacks,
         prefetched=st.prefetched, prefetch_hit_rate=st.prefetch_hits / used if used else None,
-        corrupt_blocks=st.corrupt_blocks)
+        corrupt_blocks=st.corrupt_blocks, disk_write_errors=st.disk_write_errors)
 
 
 @dataclass(frozen=True)

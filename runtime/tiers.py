@@ -43,6 +43,8 @@ class Transfer:
     dst_tier: str
     src_blocks: list[int]
     dst_blocks: list[int]
+    # set by the runtime as it runs a transfer to disk: the slots whose write the disk refused (`ran` reads it)
+    lost: list[int] = field(default_factory=list, compare=False)
 
     @property
     def links(self) -> tuple[str, ...]:
@@ -94,7 +96,10 @@ class TierStats:
     prefetched: int = 0  # blocks promoted ahead of use
     prefetch_hits: int = 0  # blocks a sequence found on the device thanks to a prefetch
     prefetch_misses: int = 0  # blocks promoted on demand when the sequence was admitted
-    corrupt_blocks: int = 0  # disk blocks whose checksum failed or whose write the disk refused (recomputed)
+    corrupt_blocks: int = 0  # disk blocks whose checksum failed when read back (recomputed)
+    # disk writes the disk refused (full, over quota, an I/O error): the blocks are lost, recomputed when needed,
+    # and not in ``blocks_moved``
+    disk_write_errors: int = 0
     transfer_s: float = 0.0  # time spent copying (filled by the executor)
     stall_s: float = 0.0  # time the step waited for transfers (filled by the executor)
 
@@ -116,9 +121,14 @@ class TierManager:
         self.stats = TierStats()
         # set by the runtime: reads a disk slot and checks its checksum (the simulator has no files)
         self.verify_disk: Callable[[int], bool] | None = None
-        # disk slots whose write was decided but not yet run (with `verify_disk` only): a block demoted in
-        # this schedule, or by a prefetch still in flight, is not checked before its write lands
-        self.unwritten_disk: set[int] = set()
+        # disk slot -> writes to it decided but not yet run (with `verify_disk` only): a block demoted in this
+        # schedule, or by a prefetch still in flight, is not checked before its write lands
+        self.unwritten_disk: dict[int, int] = {}
+        # disk slots promoted before their write ran, until the promotion has run: if the disk refuses the
+        # write, the promotion copies up the bytes the disk pool kept of it
+        self.promoted_unwritten: set[int] = set()
+        # disk slots whose block's write the disk refused (`ran`): a lookup finds nothing there to read
+        self.lost_disk: set[int] = set()
 
     # ---- transfers ---------------------------------------------------------------------------------
     def emit(self, src_tier: str, dst_tier: str, src: int, dst: int) -> None:
@@ -127,7 +137,8 @@ class TierManager:
         key = f"{src_tier}->{dst_tier}"
         self.stats.blocks_moved[key] = self.stats.blocks_moved.get(key, 0) + 1
         if dst_tier == DISK and self.verify_disk is not None:
-            self.unwritten_disk.add(dst)
+            self.unwritten_disk[dst] = self.unwritten_disk.get(dst, 0) + 1
+            self.lost_disk.discard(dst)  # (a new block goes there)
         last = self.pending[-1] if self.pending else None
         if last is not None and (last.src_tier, last.dst_tier) == (src_tier, dst_tier):
             last.src_blocks.append(src)
@@ -185,20 +196,50 @@ class TierManager:
             return None
         pool, slot = found
         del pool.cached[block_hash]
-        # a block whose write to disk has not run yet has nothing to check (the write runs before the read
-        # that promotes it: decision order, and a step waits for the previous prefetch first)
-        if pool is self.disk and self.verify_disk is not None and slot not in self.unwritten_disk \
-                and not self.verify_disk(slot):
+        if pool is not self.disk or self.verify_disk is None:
+            return found
+        if slot in self.unwritten_disk:
+            # a block whose write to disk has not run yet has nothing to check (the write runs before the read
+            # that promotes it: decision order, and a step waits for the previous prefetch first)
+            self.promoted_unwritten.add(slot)
+            return found
+        if slot in self.lost_disk:  # its write was refused: a miss, counted when the write failed
+            self.lost_disk.discard(slot)
+            pool.release(slot)
+            return None
+        if not self.verify_disk(slot):
             self.stats.corrupt_blocks += 1
             pool.release(slot)
             return None
         return found
 
     def ran(self, transfers: list[Transfer]) -> None:
-        """The runtime executed these transfers: their disk blocks can be checked from now on."""
+        """The runtime executed these transfers: their disk blocks can be checked from now on, and the
+        writes the disk refused (``Transfer.lost``) are counted and their blocks known lost."""
         for t in transfers:
             if t.dst_tier == DISK:
-                self.unwritten_disk.difference_update(t.dst_blocks)
+                for slot in t.dst_blocks:
+                    left = self.unwritten_disk.get(slot, 0) - 1
+                    if left > 0:
+                        self.unwritten_disk[slot] = left
+                    else:
+                        self.unwritten_disk.pop(slot, None)
+                for slot in t.lost:
+                    self._lost(t, slot)
+            elif t.src_tier == DISK:
+                self.promoted_unwritten.difference_update(t.src_blocks)
+
+    def _lost(self, t: Transfer, slot: int) -> None:
+        """The disk refused to write block ``slot`` of transfer ``t``: it moved nowhere (bytes moved count
+        what was written), and unless a promotion already took it (which copies up the bytes the disk pool
+        kept) or a newer write to the slot is pending, the slot holds nothing a lookup can use."""
+        self.stats.disk_write_errors += 1
+        link = f"{t.src_tier}->{t.dst_tier}"
+        self.stats.blocks_moved[link] -= 1
+        if slot in self.promoted_unwritten or slot in self.unwritten_disk:
+            return
+        self.lost_disk.add(slot)
+        self.verify_disk(slot)  # (fails without a read, and drops the bytes the disk pool kept)
 
     def promote(self, pool: TierPool, slot: int, block: int) -> None:
         """Copy a pinned block up into device ``block`` and free its slot (after the copy is recorded)."""
@@ -244,6 +285,7 @@ class TierManager:
                 pool.release(slot)
             pool.cached.clear()
         self.prefetched.clear()
+        self.lost_disk.clear()  # (their slots are free now)
 
 
 # ---- layer-wise loading (``prefetch.unit: layers``) -------------------------------------------------------

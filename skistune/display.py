@@ -129,7 +129,8 @@ def _requests(n: int) -> str:
 
 def tier_rows(tiers, prefetch: str | None = None) -> list[tuple[str, str]]:
     """What the host and disk tiers did: their peaks, the bytes moved each way, swaps (and those that fell
-    back to recomputing), transfer time and the prefetch hit rate (``prefetch``: see `summary_table`)."""
+    back to recomputing), disk blocks lost to refused writes or corrupt, transfer time and the prefetch hit
+    rate (``prefetch``: see `summary_table`)."""
     mib = (lambda n: f"{n / 2**20:,.1f}")
     rows = [(f"{tier} tier peak / capacity", f"{mib(tiers.peak_bytes[tier])} / {mib(cap)} MiB")
             for tier, cap in tiers.capacity_bytes.items() if cap]
@@ -139,9 +140,19 @@ def tier_rows(tiers, prefetch: str | None = None) -> list[tuple[str, str]]:
                                                           f"{tiers.demotions:,} / {tiers.promotions:,}"))
     if tiers.swap_fallbacks:  # (in the JSON only, before: a swap config that mostly recomputed looked fine)
         rows.append(("swaps recomputed instead (no host room)", f"{tiers.swap_fallbacks:,}"))
+    # (a full disk had shown only as a warning on stderr, with every demoted block in KV moved and the peak)
+    if tiers.disk_write_errors:
+        rows.append(("disk write errors", f"{_blocks(tiers.disk_write_errors)} lost (disk full, over quota or I/O "
+                                          "error): recomputed when needed; not in KV moved, in the disk peak"))
+    if tiers.corrupt_blocks:
+        rows.append(("corrupt disk blocks", f"{_blocks(tiers.corrupt_blocks)} failed the checksum check: recomputed"))
     rows.append(("transfers / stalls, prefetch hits",
                  f"{tiers.transfer_s:.3f} / {tiers.stall_s:.3f} s, {_prefetch_hits(tiers, prefetch)}"))
     return rows
+
+
+def _blocks(n: int) -> str:
+    return f"{n:,} block{'s' if n != 1 else ''}"
 
 
 def _prefetch_hits(tiers, prefetch: str | None) -> str:

@@ -136,6 +136,54 @@ def sim_target(model: str, profile=None, device: str = "cpu") -> SimTarget:
     return target_from_profile(hardware_profile(model, profile, device), model)
 
 
+# ---- tiers larger than the machine -------------------------------------------------------------------------
+def tier_notes(config, mode: str, profile=None, target=None) -> list[str]:
+    """Notes, in every mode, for a config's tiers larger than the machine can give them: a prediction's against
+    the profiled machine (`optimize.oversized_tier_notes`, with ``profile`` and its ``target``), a run's disk
+    tier against the disk where its file lives (`run_disk_note`). A run refuses a host tier (and, on a CPU, a
+    device pool) larger than the memory before this, with an error; its disk tier is noted, not refused. In
+    compare mode both, the run's where the prediction's does not name the disk tier already."""
+    notes = []
+    if mode != "run":
+        from skistune.optimize import oversized_tier_notes  # (lazily: it imports the search's modules)
+
+        notes = oversized_tier_notes(config, profile, target)
+    if mode != "simulate" and not any(n.startswith("offload.disk_kv_bytes:") for n in notes):
+        notes += [n for n in [run_disk_note(config)] if n]
+    return notes
+
+
+def run_disk_note(config) -> str | None:
+    """A run's disk tier larger than the disk where its file lives can give one (the optimizer's limit:
+    `optimize.DISK_TIER_SHARE` of the space free there now), or None. A note, not a refusal: the file is
+    sparse, so a run that writes less than the free space is served in full, and a write the disk refuses
+    loses only its block (recomputed, and counted as a disk write error)."""
+    import tempfile
+
+    from skistune.config import format_bytes
+    from skistune.optimize import DISK_TIER_SHARE
+    from skistune.profile.transfers import disk_free_bytes
+    from skistune.runtime.disk_pool import DISK_DIR_ENV, default_disk_dir
+
+    size = config.offload.disk_kv_bytes
+    free = disk_free_bytes(None) if size else None
+    if free is None or size <= DISK_TIER_SHARE * free:
+        return None
+    folder = default_disk_dir() or tempfile.gettempdir()
+    return (f"offload.disk_kv_bytes: {format_bytes(size)} is more than the {format_bytes(int(DISK_TIER_SHARE * free))} "
+            f"this machine can give a disk tier ({DISK_TIER_SHARE:.0%} of the {format_bytes(free)} free in {folder}, "
+            f"where the run keeps its file): served as configured, but blocks the disk cannot take are lost and "
+            f"recomputed (disk write errors); lower it, or set {DISK_DIR_ENV} to a folder on a larger disk")
+
+
+def run_machine(device: str = "cpu") -> str:
+    """The machine a run measures, as `evaluate_cli.profiled_machine` names a prediction's: this one's GPU or
+    CPU."""
+    from skistune.profile import machine_fingerprint
+
+    return f"{machine_fingerprint(device).chip} (this machine)"
+
+
 # ---- energy ------------------------------------------------------------------------------------------------
 POWER_LABELS = {"nvml": "power measured (NVML)", "rapl": "power measured (RAPL)", "modeled": "power modeled"}
 

@@ -2,6 +2,7 @@
 runtime), in the same table and JSON. The workload options are the shared aliases of `workload show`."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -50,58 +51,82 @@ def evaluate(
     from skistune.config import load_config
     from skistune.display import metrics_table, prefetch_mode, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
-                                   check_runtime_memory, power_model, sim_target, workload_requests)
+                                   check_runtime_memory, power_model, run_machine, sim_target, tier_notes,
+                                   workload_requests)
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
         raise ValueError(f"--mode {mode!r}: use simulate, run or compare")
-    cfg = load_config(str(config))
-    w = fit_workload(load_workload(
-        workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests, rate_rps=rate,
-        burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window_s=parse_window(window),
-        first=first, sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output,
-        rate_scale=rate_scale), model)
-    # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
-    prof = hardware_profile(model, profile_or_measure(profile, model)) if mode != "run" else None
-    # (a profile of another model is refused here, not after the notes)
-    target = sim_target(model, prof) if prof is not None else None
-    # (a run is not metered: its energy is the power model's, which never needs a profile measured first)
-    power = prof.power if prof is not None else power_model(model, profile)
-    runtime = None
-    if mode != "simulate":
-        from skistune.profile.measure import DTYPES
-        from skistune.runtime.kv_store import check_fits_memory
-        from skistune.runtime.llm import Runtime
+    with _stopped_by_signal(mode, json_out):
+        cfg = load_config(str(config))
+        w = fit_workload(load_workload(
+            workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests, rate_rps=rate,
+            burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window_s=parse_window(window),
+            first=first, sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output,
+            rate_scale=rate_scale), model)
+        # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
+        prof = hardware_profile(model, profile_or_measure(profile, model)) if mode != "run" else None
+        # (a profile of another model is refused here, not after the notes)
+        target = sim_target(model, prof) if prof is not None else None
+        # (a run is not metered: its energy is the power model's, which never needs a profile measured first; a
+        # profile given to a run is read for that model, and named in its JSON)
+        given = hardware_profile(model, profile) if mode == "run" and profile is not None else prof
+        power = given.power if given is not None else power_model(model, profile)
+        runtime = None
+        if mode != "simulate":
+            from skistune.profile.measure import DTYPES
+            from skistune.runtime.kv_store import check_fits_memory
+            from skistune.runtime.llm import Runtime
 
-        # (the engine checks the tier it sizes from this when a replay starts: after the notes)
-        check_fits_memory(cfg.offload.host_kv_bytes, "offload.host_kv_bytes", "host tier")
-        device = prof.device if prof is not None else "cpu"  # a comparison replays where the profile was measured
-        check_runtime_memory(model, device)
-        with console.status(f"loading {model}"):
-            runtime = Runtime.from_preset(model, cfg, device=device, dtype=DTYPES[device])
-    print_notes(w)
-    notes = []
-    if target is not None:  # (a run refuses such a tier before this: `check_fits_memory`, the disk pool)
-        from skistune.optimize import oversized_tier_notes  # (lazily: it imports the search's modules)
-
-        notes = oversized_tier_notes(cfg, prof, target)
+            # (the engine checks the tier it sizes from this when a replay starts: after the notes)
+            check_fits_memory(cfg.offload.host_kv_bytes, "offload.host_kv_bytes", "host tier")
+            device = prof.device if prof is not None else "cpu"  # a comparison replays where the profile was measured
+            check_runtime_memory(model, device)
+            with console.status(f"loading {model}"):
+                runtime = Runtime.from_preset(model, cfg, device=device, dtype=DTYPES[device])
+        print_notes(w)
+        # (a run refuses a host tier or a CPU's device pool larger than the memory before this, with an error:
+        # `check_fits_memory`; a disk tier larger than the disk's free space is noted in every mode)
+        notes = tier_notes(cfg, mode, prof, target)
         # (on stderr, as the workload's notes and optimize's: --json's last line stays the one object)
         for note in notes:
             err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
-    reqs = workload_requests(w, model, seed)
-    if mode == "compare":
-        _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out, notes)
-        return
-    with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
-        metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof, runtime=runtime)
+        reqs = workload_requests(w, model, seed)
+        if mode == "compare":
+            _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out, notes)
+            return
+        with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
+            metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof, runtime=runtime)
     label = f"predicted (simulator) for {profiled_machine(prof)}" if mode == "simulate" else "measured (runtime)"
     energy = energy_figure(metrics, power, measured_time=mode == "run")
     console.print(metrics_table(metrics, f"{model} on {w.label()}: {label}"))
     console.print(summary_table(metrics, energy, prefetch_mode(cfg)))
     if json_out:
-        where = {"profile": prof.name, "device": prof.device, "machine": profiled_machine(prof)} if prof else {}
+        # the same keys in both modes: a run's machine is this one, and its profile the one given (for the power
+        # model), if any
+        where = ({"profile": prof.name, "device": prof.device, "machine": profiled_machine(prof)} if prof else
+                 {"profile": given.name if given is not None else None, "device": runtime.model.device.type,
+                  "machine": run_machine(runtime.model.device.type)})
         print_json({"mode": mode, "model": model, **where, **_workload_fields(w), "metrics": metrics.to_dict(),
                     "energy": energy, "notes": notes})
+
+
+@contextlib.contextmanager
+def _stopped_by_signal(mode: str, json_out: bool):
+    """Ctrl-C (exit 130) or SIGTERM (143: `timeout`, `docker stop`) ends the command as it ends optimize's
+    search: a line on stderr and, with --json, ``{"stopped": ..., "exit_code": ...}`` as the last line (a script
+    reading it learns why there are no figures)."""
+    from skistune.optimize import Terminated, interrupted_exit_code, sigterm_as_interrupt
+
+    try:
+        with sigterm_as_interrupt():
+            yield
+    except KeyboardInterrupt as exc:
+        stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        err_console.print(f"{stopped}: no figures (a replay stopped part way is not reported)", highlight=False)
+        if json_out:
+            print_json({"stopped": stopped, "exit_code": interrupted_exit_code(exc), "mode": mode})
+        raise typer.Exit(interrupted_exit_code(exc)) from None
 
 
 def profiled_machine(prof) -> str:
@@ -155,7 +180,8 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
     if json_out:
         # (the tier rows' errors too, as the table shows them: they had been in the table only)
         tiers = {name: relative_error(f(predicted), f(measured)) for name, _, f, _ in tier_figures(predicted, measured)}
-        print_json({"mode": "compare", "model": model, **_workload_fields(w),
+        print_json({"mode": "compare", "model": model, "profile": prof.name, "device": prof.device,
+                    "machine": profiled_machine(prof), **_workload_fields(w),
                     "predicted": predicted.to_dict(), "measured": measured.to_dict(),
                     "errors": {**{r["figure"]: r["error"] for r in rows}, "energy": energy["error"], **tiers},
                     "energy": energy, "speed_check": check.to_dict() if check is not None else None,
@@ -204,8 +230,31 @@ def comparison_table(rows: list[dict], predicted, measured, title: str, energy: 
         error = relative_error(f(predicted), f(measured))
         t.add_row(f"{name} ({unit})", format_figure(f(predicted), digits), format_figure(f(measured), digits),
                   "-" if error is None else f"{error:+.1%}")
-    for name, f in (("finished", lambda m: m.num_finished), ("rejected", lambda m: m.num_rejected),
-                    ("preemptions", lambda m: m.preemptions), ("prefix-hit tokens", lambda m: m.prefix_hit_tokens),
-                    ("... at re-admissions", lambda m: m.readmission_hit_tokens)):
-        t.add_row(name, f"{f(predicted):,}", f"{f(measured):,}", "")
+    for name, p, m in count_rows(predicted, measured):
+        t.add_row(name, f"{p:,}", f"{m:,}", "")
     return t
+
+
+# the counts that tell two schedules apart, (row, figure of a Metrics): always; eviction's where either side
+# evicted; the tiers' where both have tiers (the simulator shares the runtime's scheduler: they should agree)
+COUNT_FIGURES = (("finished", lambda m: m.num_finished), ("rejected", lambda m: m.num_rejected),
+                 ("preemptions", lambda m: m.preemptions), ("prefix-hit tokens", lambda m: m.prefix_hit_tokens),
+                 ("... at re-admissions", lambda m: m.readmission_hit_tokens))
+TIER_COUNTS = (("preemptions swapped out", lambda t: t.swapped_out),
+               ("swaps recomputed instead (no host room)", lambda t: t.swap_fallbacks),
+               ("demoted blocks", lambda t: t.demotions), ("promoted blocks", lambda t: t.promotions))
+# (the simulator writes no file: its are 0, which is what it assumes of the disk)
+DISK_COUNTS = (("disk write errors (blocks lost)", lambda t: t.disk_write_errors),
+               ("corrupt disk blocks", lambda t: t.corrupt_blocks))
+
+
+def count_rows(predicted, measured) -> list[tuple[str, int, int]]:
+    """(row, predicted, measured) of the counts the compare table shows (`COUNT_FIGURES` and the others where
+    the config has them: disk rows with a disk tier)."""
+    rows = [(name, f(predicted), f(measured)) for name, f in COUNT_FIGURES]
+    if predicted.evicted_tokens or measured.evicted_tokens:
+        rows.append(("evicted KV tokens", predicted.evicted_tokens, measured.evicted_tokens))
+    if predicted.tiers is None or measured.tiers is None:
+        return rows
+    counts = TIER_COUNTS + (DISK_COUNTS if measured.tiers.capacity_bytes.get("disk") else ())
+    return rows + [(name, f(predicted.tiers), f(measured.tiers)) for name, f in counts]

@@ -158,6 +158,7 @@ def test_run_and_compare_report_energy_from_the_measured_time(tmp_path):
     p, m = out["energy"]["predicted"]["j_per_token"], out["energy"]["measured"]["j_per_token"]
     assert out["errors"]["energy"] == pytest.approx((p - m) / m)
     assert not [name for name in out["errors"] if name.startswith("tier")]  # (no tier: no tier figure)
+    assert out["device"] == "cpu" and out["profile"] and out["machine"].endswith(f"(profile {out['profile']})")
     table = _flat(r.stdout)
     assert "energy (J/token: modeled power x time)" in table and "tbt p99 (ms) - - -" in table
     assert ("energy, predicted: power modeled x simulated busy/idle time; measured: power modeled x measured "

@@ -85,3 +85,19 @@ def test_percentiles_interpolate_like_numpy():
     p = Percentiles.of(values)
     assert (p.p50, p.p90, p.p99) == tuple(np.percentile(values, (50, 90, 99)))
     assert (p.max, p.count) == (values.max(), 1001)
+
+
+def test_the_tier_figures_have_no_prefetch_hit_rate_without_prefetches_and_count_refused_disk_writes():
+    """Blocks promoted on demand only: the table said "n/a (nothing prefetched)" and --json 0.0 (every
+    promotion counts as a prefetch miss). A full disk's refused writes were in no figure."""
+    from skistune.runtime.metrics import tier_metrics
+    from skistune.runtime.tiers import TierManager
+
+    tiers = TierManager(4, 4)
+    tiers.stats.promotions = tiers.stats.prefetch_misses = 3
+    tiers.stats.disk_write_errors = 2
+    figures = tier_metrics(tiers, block_bytes=16, device_peak_blocks=1)
+    assert figures.prefetch_hit_rate is None and figures.disk_write_errors == 2
+    tiers.stats.prefetched = tiers.stats.prefetch_hits = 1
+    assert tier_metrics(tiers, block_bytes=16, device_peak_blocks=1).prefetch_hit_rate == 0.25
+    assert tier_metrics(TierManager(4, 0), 16, 1).prefetch_hit_rate is None  # (nothing promoted: as before)

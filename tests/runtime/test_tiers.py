@@ -160,6 +160,24 @@ def test_a_block_whose_disk_write_has_not_run_is_not_checked_before_it():
     assert kv.tiers.pin(next(iter(kv.tiers.disk.cached))) is None and kv.tiers.stats.corrupt_blocks == 1
 
 
+def test_a_disk_write_the_disk_refused_is_counted_once_and_its_slot_never_read():
+    """`ran` learns of the refused writes from the transfers (the runtime marks them): counted, left out of
+    the blocks moved, and a later lookup of the block is a miss without a read, not a corrupt block."""
+    kv = new_kv(num_blocks=3, host=0, disk=4)
+    checked = []
+    kv.tiers.verify_disk = lambda slot: checked.append(slot) or True
+    run_seq(kv, Seq("a", [1, 2, 3, 4, 5]))
+    run_seq(kv, Seq("b", [9, 8, 7, 6, 5, 4]))
+    [write] = kv.take_transfers()  # device -> disk: a's blocks [2, 1] to slots [0, 1]
+    write.lost.append(1)  # the disk refused slot 1's write: a's first block
+    kv.tiers.ran([write])
+    stats = kv.tiers.stats
+    assert stats.disk_write_errors == 1 and stats.blocks_moved == {"device->disk": 1}
+    assert checked == [1]  # (told once: the disk pool drops the bytes it kept of the block)
+    assert run_seq(kv, Seq("a2", [1, 2, 3, 4, 5])) == []  # a miss ...
+    assert stats.corrupt_blocks == 0 and checked == [1]  # ... without a read, not a corrupt block
+
+
 def test_no_tiers_means_no_transfers():
     kv = KVCacheManager(4, 2, True)
     run_seq(kv, Seq("a", [1, 2, 3, 4]))
@@ -364,7 +382,96 @@ def test_a_full_disk_loses_blocks_not_the_run(monkeypatch):
     assert len([w for w in caught if "KV disk tier" in str(w.message)]) == 1
     assert outputs[0] == outputs[2] == outputs[4] == reference[0]
     assert disk.write_errors == len(calls) - 2 > 0 and len(disk.crc) <= 2  # lost blocks hold no checksum
-    assert engine.metrics(1.0).tiers.corrupt_blocks >= 1  # a lost block read as corrupt: recomputed
+    # the metrics had counted every demoted block as moved to disk, and the write errors nowhere: now the
+    # lost blocks are counted apart (not as corrupt: nothing was read back wrong) and moved counts the 2 written
+    m = engine.metrics(1.0).tiers
+    assert m.disk_write_errors == disk.write_errors and m.corrupt_blocks == 0
+    assert m.moved_bytes == {"device->disk": 2 * BLOCK_BYTES}
+    assert not disk._unwritten  # the lost blocks' bytes, kept in memory until the tiers saw the loss, are gone
+
+
+def _serve_rounds(rt, rounds, max_new_tokens=3):
+    """Serve each round's prompts together, one round after the other, on one engine."""
+    engine, outputs = rt.new_engine(), []
+    for n, prompts_ in enumerate(rounds):
+        records = [engine.add_request(Request(f"r{n}-{i}", p, max_new_tokens)) for i, p in enumerate(prompts_)]
+        engine.run_until_done()
+        outputs.append([r.output_token_ids for r in records])
+    return outputs, engine
+
+
+@pytest.mark.parametrize("knobs", [{"batching.max_num_seqs": 2},
+                                   {"batching.max_num_seqs": 1, "prefetch.enabled": True, "prefetch.depth": 1}],
+                         ids=["same-step", "prefetch"])
+def test_a_block_promoted_before_its_disk_write_was_refused_comes_up_from_memory(monkeypatch, knobs):
+    """A block demoted to disk and promoted again before its write ran (in the same step, or by the next step
+    while a prefetch wrote it) is not checked first. On a full disk its write then failed and the promotion
+    read nothing: ``RuntimeError: disk pool: block in slot 3 failed its checksum after it was promoted``."""
+    import errno
+
+    from skistune.runtime import disk_pool
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    base, tails = prompts(3, length=8), prompts(7, length=3, seed=100)
+    rounds = [[base[0] + tails[0], base[1] + tails[1]], [base[2] + tails[2], base[0] + tails[3]],
+              [base[1] + tails[4], base[2] + tails[5], base[0] + tails[6]]]
+    reference, _ = _serve_rounds(tiny_runtime(), rounds)
+    monkeypatch.setattr(disk_pool.os, "pwrite", full)
+    rt = tiny_runtime(**knobs, **{"offload.device_kv_bytes": 6 * BLOCK_BYTES, "offload.disk_kv_bytes": 8 * BLOCK_BYTES})
+    with pytest.warns(RuntimeWarning, match="No space left on device"):
+        outputs, engine = _serve_rounds(rt, rounds)
+    m = engine.metrics(1.0).tiers
+    assert outputs == reference and m.promotions > 0  # (each promoted block came up from the bytes kept of it)
+    assert m.disk_write_errors > 0 and m.moved_bytes.get("device->disk", 0) == 0  # (every write was refused)
+    assert not engine.executor.tier_store.disk._unwritten
+
+
+def test_a_refused_disk_write_keeps_its_bytes_only_until_read_or_dropped(tmp_path, monkeypatch):
+    import errno
+
+    from skistune.runtime import disk_pool
+
+    def over_quota(fd, data, offset):
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    pool = disk_pool.DiskPool(2, 8, str(tmp_path))
+    real_pwrite = os.pwrite
+    monkeypatch.setattr(disk_pool.os, "pwrite", over_quota)
+    with pytest.warns(RuntimeWarning, match="quota"):
+        assert pool.write(0, b"abcdefgh") is False and pool.write(1, b"ijklmnop") is False
+    assert pool.take(0) == b"abcdefgh" and not pool.verify(1)  # a promotion takes them; a check drops them
+    assert not pool._unwritten and pool.write_errors == 2
+    monkeypatch.setattr(disk_pool.os, "pwrite", real_pwrite)
+    assert pool.write(1, b"qrstuvwx") is True and pool.verify(1) and pool.take(1) == b"qrstuvwx"
+
+
+def test_the_disk_tiers_file_is_gone_even_when_the_process_is_killed(tmp_path):
+    """SIGTERM (`timeout`, `docker stop`) ended a run without its finalizers and left the GB-sized
+    skistune-kv-*.bin behind; the file is unlinked as soon as it is open, and positional I/O goes on."""
+    import signal
+    import subprocess
+    import sys
+
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    # (run from tmp_path: from the checkout's root, `python -c` would import the root's folders, see conftest)
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from skistune.runtime.disk_pool import DiskPool
+pool = DiskPool(4, 8, {str(folder)!r})
+pool.write(2, b"abcdefgh")
+print(pool.verify(2) and pool.take(2) == b"abcdefgh", flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert child.stdout.readline().strip() == "True"
+        assert list(folder.iterdir()) == []
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert list(folder.iterdir()) == []
 
 
 def test_a_disk_error_of_the_program_is_not_swallowed(tmp_path, monkeypatch):
