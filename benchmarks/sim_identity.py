@@ -130,7 +130,7 @@ def compare(ref, new, path: str, diffs: list[str]) -> float:
         if len(ref) != len(new):
             diffs.append(f"{path}: {len(ref)} items != {len(new)}")
         return max((compare(a, b, f"{path}[{i}]", diffs) for i, (a, b) in enumerate(zip(ref, new))), default=0.0)
-    if isinstance(ref, float) or isinstance(new, float):
+    if (isinstance(ref, float) or isinstance(new, float)) and None not in (ref, new):  # (None: a figure undefined)
         a, b = float(ref), float(new)
         if math.isnan(a) and math.isnan(b) or a == b:
             return 0.0

@@ -144,12 +144,15 @@ class Engine:
     """Serves requests through the paged KV cache: ``step()`` schedules, executes and updates. ``n_layers``
     (the model's) is needed with eviction only: the budgets are per layer. ``vocab_size``, where a real model
     embeds the prompts, makes a request with token ids outside the vocabulary an error (the simulator's
-    executor never embeds them and passes none)."""
+    executor never embeds them and passes none). ``ring_bytes``: the full-precision rings of quantized KV
+    (`kv_layout.ring_bytes`), allocated up front for ``max_num_seqs`` sequences out of the device budget the
+    blocks share (`kv_layout.kv_pool_blocks`), so counted in full in KV peak and capacity (the runtime and the
+    simulator both pass them from the layout)."""
 
     def __init__(self, config: KVConfig, *, num_blocks: int, block_bytes: int, max_context: int,
                  executor: Executor, clock: Clock, eos_token_id: int | None = None,
                  notes: tuple[str, ...] = (), fast_forward: FastForward | None = None,
-                 n_layers: int | None = None, vocab_size: int | None = None) -> None:
+                 n_layers: int | None = None, vocab_size: int | None = None, ring_bytes: int = 0) -> None:
         self.config = config
         self.fast_forward = fast_forward
         self.kv = KVCacheManager(num_blocks, config.prefix_reuse.block_size, config.prefix_reuse.enabled,
@@ -160,6 +163,7 @@ class Engine:
         if prepare is not None:
             prepare(self.kv)
         self.block_bytes = block_bytes
+        self.ring_bytes = ring_bytes
         self.max_context = max_context
         self.executor = executor
         self.clock = clock
@@ -268,8 +272,8 @@ class Engine:
 
     def metrics(self, duration_s: float) -> Metrics:
         return compute_metrics(self.records, duration_s=duration_s,
-                               kv_peak_bytes=self.kv.peak_used_blocks * self.block_bytes,
-                               kv_capacity_bytes=self.kv.pool.num_blocks * self.block_bytes,
+                               kv_peak_bytes=self.kv.peak_used_blocks * self.block_bytes + self.ring_bytes,
+                               kv_capacity_bytes=self.kv.pool.num_blocks * self.block_bytes + self.ring_bytes,
                                preemptions=self.scheduler.num_preemptions, busy_s=self.busy_s, notes=self.notes,
                                tiers=self.tier_metrics(), evicted_tokens=self.kv.evicted_tokens)
 

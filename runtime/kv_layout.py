@@ -95,6 +95,13 @@ def quantized_sides(config: KVConfig, spec: ModelSpec) -> int:
     return sum((kb != FULL_PRECISION_BITS) + (vb != FULL_PRECISION_BITS) for kb, vb in layer_bits(config, spec))
 
 
+def part_tensors(config: KVConfig, spec: ModelSpec) -> int:
+    """Tensors a block of the pool is stored across (`kv_store`): per layer side, its 16-bit data, or its packed
+    codes, scales and zero points. The tier copies make one call per tensor (`TierStore`), and the disk tier
+    converts each of a block's to and from bytes, so a transfer's fixed cost grows with them."""
+    return sum(1 if bits == FULL_PRECISION_BITS else 3 for pair in layer_bits(config, spec) for bits in pair)
+
+
 def ring_bytes_per_seq(config: KVConfig, spec: ModelSpec, itemsize: int) -> int:
     """Bytes of one sequence's full-precision ring, every layer (0 when nothing is quantized): what a swap
     moves beside the sequence's blocks."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import KVConfig
-from ..profile.transfers import copy_blocks
+from ..profile.transfers import block_to_bytes, bytes_to_block, copy_blocks
 from .disk_pool import DiskPool
 from .host_allocator import zeros_lazy
 from .tiers import DISK, HOST, Transfer
@@ -161,14 +161,12 @@ class TierStore:
         """Write the blocks; those the disk refuses (full, ...) are marked lost on the transfer, for the tiers'
         accounting (`TierManager.ran`)."""
         for s, d in zip(t.src_blocks, t.dst_blocks):
-            if not self.disk.write(d, _block_bytes(tensors, s)):
+            if not self.disk.write(d, block_to_bytes(tensors, s)):
                 t.lost.append(d)
 
     def _disk_to_device(self, t: Transfer) -> None:
-        for s, d in zip(t.src_blocks, t.dst_blocks):
-            buf = torch.frombuffer(bytearray(self.disk.take(s)), dtype=torch.uint8)
-            for t, piece in zip(self.parts, buf.split(self.part_bytes)):
-                t[d].copy_(piece.view(t.dtype).view(t.shape[1:]))
+        for s, d in zip(t.src_blocks, t.dst_blocks):  # (the profiler times these same conversions: `block_io`)
+            bytes_to_block(self.disk.take(s), self.parts, d, self.part_bytes)
 
 
 def check_fits_memory(nbytes: int, knob: str, what: str) -> None:
@@ -182,8 +180,3 @@ def check_fits_memory(nbytes: int, knob: str, what: str) -> None:
         gib = 2 ** 30
         raise ValueError(f"{knob}: a {nbytes / gib:.1f} GiB {what} in host memory is more than this machine's "
                          f"{memory / gib:.1f} GiB")
-
-
-def _block_bytes(tensors: list[torch.Tensor], block: int) -> bytes:
-    """One block of every tensor, as raw bytes in tensor order."""
-    return b"".join(t[block].contiguous().view(torch.uint8).cpu().numpy().tobytes() for t in tensors)

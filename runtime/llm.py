@@ -9,7 +9,7 @@ import torch
 from ..config import KVConfig
 from ..kernels import cpu_native
 from .engine import Clock, Engine, WallClock, layerwise_depth
-from .kv_layout import CPU_KV_SPACE_BYTES, kv_pool_blocks, layout_notes
+from .kv_layout import CPU_KV_SPACE_BYTES, kv_pool_blocks, layout_notes, ring_bytes
 from .kv_store import PagedKVStore
 from .metrics import Metrics
 from .model import LlamaModel
@@ -80,7 +80,8 @@ class Runtime:
                       executor=ModelRunner(self.model, self.store, self.config.eviction, layerwise_depth(self.config)),
                       clock=clock or WallClock(), eos_token_id=eos,
                       notes=self.notes + tuple(layout_notes(self.config, self.spec)) + self._machine_notes(),
-                      n_layers=self.spec.n_layers, vocab_size=self.spec.vocab_size)
+                      n_layers=self.spec.n_layers, vocab_size=self.spec.vocab_size,
+                      ring_bytes=ring_bytes(self.config, self.spec, self.store.dtype.itemsize))
 
     def _machine_notes(self) -> tuple[str, ...]:
         """What a run's figures owe to this machine, as a prediction of the same config says it from the profile's

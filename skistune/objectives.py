@@ -5,7 +5,7 @@ Objectives (by name, or any callable of the predicted `Metrics` and the config):
     capacity   highest arrival rate (req/s) at which every SLO holds and queues stay bounded   maximize
     goodput    requests per second whose own latencies meet every SLO, at the workload's rate   maximize
     energy     joules per generated token (the profile's power model: measured or "modeled")   minimize
-    memory     peak KV-cache bytes                                                              minimize
+    memory     peak KV-cache bytes: blocks held at the peak + full-precision rings (quantized)   minimize
     quality    predicted quality loss (relative perplexity increase, mean window)               minimize
 
 Constraints are values where ``<= 0`` is feasible (Optuna's convention): every SLO, the queueing guard,
@@ -400,6 +400,7 @@ NAMED: dict[str, Objective] = {
     "capacity": Objective("capacity", MAXIMIZE, "req/s", lambda p: p.rate_rps),
     "goodput": Objective("goodput", MAXIMIZE, "req/s", lambda p: p.goodput_rps),
     "energy": Objective("energy", MINIMIZE, "J/token", lambda p: p.energy_j_per_token),
+    # (`Metrics.kv_peak_bytes` counts the rings of quantized KV: allocated up front, they are memory it takes)
     "memory": Objective("memory", MINIMIZE, "bytes", lambda p: float(p.metrics.kv_peak_bytes)),
     "quality": Objective("quality", MINIMIZE, "ppl loss", _quality_value),
 }

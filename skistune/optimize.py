@@ -2062,7 +2062,8 @@ def replay_config(problem: Problem, predicted: Evaluation, requests: RequestSet)
     config = deployable(problem, predicted.config)
     # the full-precision rings of quantized KV come out of the device pool before any block (`kv_layout`)
     rings = ring_bytes(config, problem.target.spec, problem.target.kv_itemsize)
-    cap = max(2 * predicted.figures["kv_peak_bytes"], VALIDATE_MIN_POOL_BYTES) + rings
+    # (KV peak counts the rings once: twice the blocks' peak, and the rings once)
+    cap = max(2 * (predicted.figures["kv_peak_bytes"] - rings), VALIDATE_MIN_POOL_BYTES) + rings
     # host and disk tiers are allocated up front too (a 128 GiB host tier cannot be zero-filled here): they
     # are always capped at the same size, then the device pool only where the simulator shows no difference
     o = config.offload

@@ -40,6 +40,7 @@ def _summary(profile: HardwareProfile, path: Path, wall_s: float | None = None) 
         "step": {"cost_model": profile.step_cost.to_dict(), "train": fit.train.to_dict(),
                  "held_out": fit.held_out.to_dict() if fit.held_out else None},
         "transfers": {link: m.fit.to_dict() for link, m in profile.transfers.items()},
+        "block_io": {kind: m.fit.to_dict() for kind, m in profile.block_io.items()},
         "host_memory_bytes": profile.fingerprint.host_memory_bytes, "disk_free_bytes": profile.disk_free_bytes,
         "drift": dict(profile.drift),
         "power": profile.power.to_dict(), "flagged": profile.flagged_fits(),
@@ -129,8 +130,17 @@ def _projection_rows(table: ProjectionTimes | None) -> list[tuple[str, str]]:
 
 
 def _transfer_row(link: str, fit) -> tuple[str, str]:
-    figures = f"{fit.latency_s * 1e6:.0f} µs + {fit.bytes_per_s / 1e9:.2f} GB/s (R² {_r2(fit.quality.r2)})"
+    # (per copy call: the runtime makes one per part tensor of a block, `fit.TransferFit`)
+    figures = f"{fit.latency_s * 1e6:.0f} µs/call + {fit.bytes_per_s / 1e9:.2f} GB/s (R² {_r2(fit.quality.r2)})"
     return f"transfer {link.replace('_', ' ')}", figures
+
+
+def _block_io_row(kind: str, fit) -> tuple[str, str]:
+    per_block_s, per_part_s, s_per_byte = fit.coef
+    bandwidth = f"{1e-9 / s_per_byte:.2f} GB/s" if s_per_byte > 0 else "no per-byte cost"
+    figures = (f"{per_block_s * 1e6:.1f} µs/block + {per_part_s * 1e6:.1f} µs/part + {bandwidth} "
+               f"(R² {_r2(fit.quality.r2)})")
+    return f"disk block conversion {kind.replace('_', ' ')}", figures
 
 
 def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
@@ -140,6 +150,7 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
             ("quantize-on-append (one layer) R²",
              "not measured" if profile.quantize is None else _r2(profile.quantize.fit.quality.r2))]
     rows += [_transfer_row(link, m.fit) for link, m in profile.transfers.items()]
+    rows += [_block_io_row(kind, m.fit) for kind, m in profile.block_io.items()]
     rows.append(("machine speed while measured: last / first step timed",
                  ", ".join(f"{k} x{r:.2f}" for k, r in profile.drift.items()) or "not recorded"))
     # what bounds the host and disk tiers the optimizer recommends for this machine

@@ -146,23 +146,28 @@ def fit_step_cost(shapes: Sequence[StepShape], measured_s: Sequence[float], held
 
 @dataclass(frozen=True)
 class TransferFit:
-    """``time_s = latency_s + nbytes / bytes_per_s`` for one link between tiers."""
+    """``time_s = calls * latency_s + nbytes / bytes_per_s`` for one link between tiers: ``latency_s`` is paid
+    per copy call, and the runtime makes one per part tensor of the KV layout (`kv_layout.part_tensors`), so
+    the profiler times copies of one tensor and of as many as the layout has (`transfers.block_copy_timings`)."""
 
     latency_s: float
     bytes_per_s: float
     quality: FitQuality
 
-    def time_s(self, nbytes: int) -> float:
-        return self.latency_s + nbytes / self.bytes_per_s
+    def time_s(self, nbytes: int, calls: int = 1) -> float:
+        return calls * self.latency_s + nbytes / self.bytes_per_s
 
     def to_dict(self) -> dict:
         return {"latency_s": self.latency_s, "bytes_per_s": self.bytes_per_s, "quality": self.quality.to_dict()}
 
 
-def fit_transfer(sizes_bytes: Sequence[int], measured_s: Sequence[float]) -> TransferFit:
-    x = np.column_stack([np.ones(len(sizes_bytes)), np.asarray(sizes_bytes, dtype=np.float64)])
+def fit_transfer(sizes_bytes: Sequence[int], measured_s: Sequence[float],
+                 calls: Sequence[int] | None = None) -> TransferFit:
+    """The link's fit on timings of ``sizes_bytes`` moved in ``calls`` copy calls each (one when None)."""
+    counts = np.ones(len(sizes_bytes)) if calls is None else np.asarray(calls, dtype=np.float64)
+    x = np.column_stack([counts, np.asarray(sizes_bytes, dtype=np.float64)])
     y = np.asarray(measured_s, dtype=np.float64)
     latency_s, s_per_byte = nnls_relative(x, y)
     s_per_byte = max(float(s_per_byte), MIN_S_PER_BYTE)
-    predicted = latency_s + x[:, 1] * s_per_byte
+    predicted = latency_s * x[:, 0] + x[:, 1] * s_per_byte
     return TransferFit(float(latency_s), 1.0 / s_per_byte, fit_quality(predicted, y))

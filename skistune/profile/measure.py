@@ -35,7 +35,7 @@ from .kernels import (
 )
 from .power import average_w, find_meter, measured_power, modeled_power
 from .profile import CPU_HOST_NOTE, PAGE_CACHE_NOTE, HardwareProfile, Measured, disk_note, fit_step_points
-from .records import GridPoint, StepPoint, kv_bits
+from .records import BLOCK_IO, BLOCK_IO_FEATURES, GridPoint, StepPoint, block_io_features, kv_bits
 from .steps import StepBench, fill_kv
 from .transfers import block_copy_timings, disk_free_bytes, disk_timings, page_cache_dropped
 
@@ -318,19 +318,28 @@ def _quantize(runtime: Runtime, grid: Grid, tick: _Tracker) -> Measured | None:
     return _linear(QUANTIZE_FEATURES, points, lambda p: quantize_features(p, spec, bs))
 
 
-def _transfers(runtime: Runtime, grid: Grid, disk_dir: Path | None, tick: _Tracker) -> dict[str, Measured]:
+def _transfers(runtime: Runtime, grid: Grid, disk_dir: Path | None, tick: _Tracker
+               ) -> tuple[dict[str, Measured], dict[str, Measured]]:
+    """(the links' fits, the disk tier's block conversions' fits: `records.BLOCK_IO`)."""
     store = runtime.store
-    points = block_copy_timings(runtime.model.device, store.block_bytes, grid.copy_blocks, warmup=2,
-                                repeats=grid.transfer_repeats)
+    # the 16-bit store the steps are measured with holds a block as one tensor per layer's keys and values
+    points = block_copy_timings(runtime.model.device, store.block_bytes, grid.copy_blocks,
+                                parts=2 * len(store.layers), warmup=2, repeats=grid.transfer_repeats)
     tick("block copies device <-> host")
     points += disk_timings(disk_dir, grid.disk_bytes, warmup=1, repeats=grid.transfer_repeats)
     tick("file I/O host <-> disk")
-    out = {}
-    for link in dict.fromkeys(p.kind for p in points):
-        mine = [p for p in points if p.kind == link]
-        fit = fit_transfer([p.grid["bytes"] for p in mine], [p.timing.median_s for p in mine])
-        out[link] = Measured(tuple(mine), fit, tuple(fit.time_s(p.grid["bytes"]) for p in mine))
-    return out
+    kinds = {kind: [p for p in points if p.kind == kind] for kind in dict.fromkeys(p.kind for p in points)}
+    return ({kind: _transfer_fit(mine) for kind, mine in kinds.items() if kind not in BLOCK_IO},
+            {kind: _linear(BLOCK_IO_FEATURES, mine, lambda p: block_io_features(p.grid["blocks"], p.grid["parts"],
+                                                                                 p.grid["bytes"]))
+             for kind, mine in kinds.items() if kind in BLOCK_IO})
+
+
+def _transfer_fit(points: list[GridPoint]) -> Measured:
+    """A transfer fit of points that each moved ``bytes`` in ``parts`` calls (one where not recorded)."""
+    sizes, calls = [p.grid["bytes"] for p in points], [p.grid.get("parts", 1) for p in points]
+    fit = fit_transfer(sizes, [p.timing.median_s for p in points], calls)
+    return Measured(tuple(points), fit, tuple(fit.time_s(b, c) for b, c in zip(sizes, calls)))
 
 
 def _drift(bench: StepBench, steps: list[StepPoint]) -> dict[str, float]:
@@ -396,7 +405,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
     overhead = _overhead(bench, grid, tick)
     attention = _attention(runtime, grid, tick)
     quantize = _quantize(runtime, grid, tick)
-    transfers = _transfers(runtime, grid, disk_dir, tick)
+    transfers, block_io = _transfers(runtime, grid, disk_dir, tick)
     drift = _drift(bench, steps)
     fingerprint = machine_fingerprint(device.type)
     power = (modeled_power(device.type, fingerprint.cpu_count) if meter is None
@@ -407,7 +416,8 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         quick=quick, kv_bytes_per_token=bench.kv_bytes_per_token, block_size=runtime.store.block_size,
         fingerprint=fingerprint, duration_s=time.perf_counter() - started, steps=tuple(steps),
         step_fit=step_fit, overhead=overhead, attention=attention, transfers=transfers, power=power,
-        **_notes(runtime, disk_dir, busy), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir), drift=drift)
+        **_notes(runtime, disk_dir, busy), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir), drift=drift,
+        block_io=block_io)
 
 
 def _available_bytes(device: str) -> int | None:

@@ -30,7 +30,7 @@ from .fields import entry, integer, items, number, text
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
 from .power import POWER_SOURCES, PowerModel
-from .records import LINKS, GridPoint, StepPoint, kv_bits
+from .records import BLOCK_IO, BLOCK_IO_FEATURES, LINKS, GridPoint, StepPoint, kv_bits
 
 FORMAT = "skistune.hardware_profile"
 FORMAT_VERSION = 1
@@ -117,6 +117,9 @@ class HardwareProfile:
     drift: dict[str, float] = field(default_factory=dict)
     # tier (`TIER_LINKS`) -> notes that hold only for predictions whose config uses that tier
     tier_notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # the disk tier's conversions of blocks to and from bytes (`records.BLOCK_IO`): linear in the blocks, their
+    # part tensors and their bytes (`records.BLOCK_IO_FEATURES`); empty in files measured before they were timed
+    block_io: dict[str, Measured] = field(default_factory=dict)
 
     @property
     def all_notes(self) -> tuple[str, ...]:
@@ -202,6 +205,23 @@ class HardwareProfile:
                 "extrapolated from the bytes it reads, with (de)quantization taken as free; re-profile "
                 "(`skistune profile`) to measure it")
 
+    @property
+    def transfer_gaps(self) -> dict[str, tuple[str, ...]]:
+        """Per tier (`TIER_LINKS`), what of the runtime's way of moving KV this profile did not time (files
+        measured before it was), to be said beside predictions whose config uses that tier."""
+        gaps: dict[str, tuple[str, ...]] = {}
+        copies = self.transfers.get("device_to_host")
+        if copies is not None and not any(p.grid.get("parts", 1) > 1 for p in copies.points):
+            gaps["host"] = (f"profile {self.name} timed device <-> host copies of whole blocks only: the per-copy "
+                            "latency charged to each of the part tensors the runtime copies a block as is its fit's "
+                            "intercept, not a measurement; re-profile (`skistune profile`) to time it",)
+        if not self.block_io:
+            gaps["disk"] = (f"profile {self.name} did not time the disk tier's conversions of KV blocks to and "
+                            "from bytes (one per part tensor per block): disk-tier transfer times price the device "
+                            "side as a device <-> host copy and leave out the host tier's; re-profile "
+                            "(`skistune profile`) to time them",)
+        return gaps
+
     def power_w(self, utilisation: float = 1.0) -> float:
         return self.power.power_w(utilisation)
 
@@ -215,6 +235,7 @@ class HardwareProfile:
         if self.quantize is not None:
             fits["quantize-on-append"] = self.quantize.fit.quality
         fits |= {f"transfer {link}": m.fit.quality for link, m in self.transfers.items()}
+        fits |= {f"block conversion {kind}": m.fit.quality for kind, m in self.block_io.items()}
         return [f"{name} (R² {q.r2:.3f})" for name, q in fits.items() if q.flagged]
 
     def energy_j_per_token(self) -> list[dict]:
@@ -240,6 +261,7 @@ class HardwareProfile:
             "transfers": {link: m.to_dict() for link, m in self.transfers.items()},
             "disk_free_bytes": self.disk_free_bytes, "drift": dict(self.drift),
             "tier_notes": {tier: list(notes) for tier, notes in self.tier_notes.items()},
+            **({"block_io": {kind: m.to_dict() for kind, m in self.block_io.items()}} if self.block_io else {}),
             "power": {**self.power.to_dict(), "energy_j_per_token": self.energy_j_per_token()},
         }
 
@@ -275,7 +297,7 @@ class HardwareProfile:
                       if isinstance(kernels, dict) and "quantize_append" in kernels else None),
             disk_free_bytes=(None if data.get("disk_free_bytes") is None
                              else integer(data, "disk_free_bytes", "profile")),
-            drift=_read_drift(data.get("drift") or {}))
+            drift=_read_drift(data.get("drift") or {}), block_io=_read_block_io(data))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically (a temp file in the same folder, then renamed over ``path``)."""
@@ -397,6 +419,21 @@ def _read_transfers(data: Any) -> dict[str, Measured]:
     return {link: _read_measured(section, link, _read_transfer, "transfers") for link in section}
 
 
+def _read_block_io(data: Any) -> dict[str, Measured]:
+    """The disk tier's block conversions (none in files measured before they were timed)."""
+    section = data.get("block_io") or {}
+    if not isinstance(section, dict):
+        raise ValueError("block_io: expected an object of conversions")
+    unknown = sorted(set(section) - set(BLOCK_IO))
+    if unknown:
+        raise ValueError(f"block_io.{unknown[0]}: unknown conversion (known: {', '.join(BLOCK_IO)})")
+    out = {kind: _read_measured(section, kind, _read_linear, "block_io") for kind in section}
+    for kind, measured in out.items():
+        if measured.fit.names != BLOCK_IO_FEATURES:
+            raise ValueError(f"block_io.{kind}.fit: expected the features {', '.join(BLOCK_IO_FEATURES)}")
+    return out
+
+
 def _read_power(data: Any) -> PowerModel:
     return PowerModel(text(data, "source", "power", choices=POWER_SOURCES), number(data, "idle_w", "power"),
                       number(data, "dynamic_w", "power"), text(data, "note", "power"))
@@ -470,7 +507,9 @@ def cache_dir() -> Path:
     return user_cache_dir("profiles")
 
 
-QUICK_CACHE_FORMAT = 2  # 2: steps measured with this machine's own projection rule (1: with a fixed one)
+# 2: steps measured with this machine's own projection rule (1: with a fixed one); 3: device <-> host copies
+# timed split into the runtime's part tensors too (their per-call latency), and the disk tier's block conversions
+QUICK_CACHE_FORMAT = 3
 
 
 def cached_profile_path(model: str, device: str, fingerprint: Fingerprint, folder: Path | None = None) -> Path:

@@ -46,6 +46,16 @@ def kv_bits(grid: dict[str, int]) -> int:
     return grid.get("bits", FULL_PRECISION_BITS)
 
 LINKS = ("device_to_host", "host_to_device", "host_to_disk", "disk_to_host")
+# the disk tier's conversions of one KV block (`transfers.block_io_timings`): from the device pool's or the host
+# pool's part tensors to the bytes of one write, and from the bytes of one read into the device pool's
+BLOCK_IO = ("device_to_bytes", "host_to_bytes", "bytes_to_device")
+# their cost: per block (one conversion call), per part tensor of a block, per byte (`block_io_features`)
+BLOCK_IO_FEATURES = ("blocks", "parts", "bytes")
+
+
+def block_io_features(blocks: int, parts: int, nbytes: int) -> list[float]:
+    """The `BLOCK_IO_FEATURES` of converting ``blocks`` blocks of ``parts`` part tensors each, ``nbytes`` in all."""
+    return [float(blocks), float(blocks * parts), float(nbytes)]
 
 
 @dataclass(frozen=True)

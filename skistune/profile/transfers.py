@@ -1,6 +1,12 @@
 """Transfers between KV tiers: batched copies of KV blocks between the device pool and a host pool, and
 real file I/O between host memory and a directory on disk (``os.pwrite`` + ``fsync``, ``os.pread`` with
-the file's page cache dropped first, so reads come from the disk)."""
+the file's page cache dropped first, so reads come from the disk).
+
+The runtime's pools hold a block as several part tensors (per layer, keys and values: 16-bit data, or packed
+codes, scales and zero points: `kv_layout.part_tensors`) and its tier copies make one call per part: the
+copies are timed both as one tensor and split as the 16-bit layout splits them, so that the fit tells the
+per-call latency from the bandwidth. The disk tier moves a block at a time, converting its parts to and from
+the bytes of one write or read (`block_to_bytes`, `bytes_to_block`): those conversions are timed too."""
 from __future__ import annotations
 
 import os
@@ -33,30 +39,86 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst
         dst.index_copy_(0, dst_ids[i:i + per_batch], batch)
 
 
-def _pools(device: torch.device, block_bytes: int, max_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+def copy_parts(srcs: Sequence[torch.Tensor], dsts: Sequence[torch.Tensor], src_ids: torch.Tensor,
+               dst_ids: torch.Tensor) -> None:
+    """The same blocks of every part tensor, one `copy_blocks` call per part (as `TierStore` copies them)."""
+    for src, dst in zip(srcs, dsts):
+        copy_blocks(src, dst, src_ids, dst_ids)
+
+
+def block_to_bytes(tensors: Sequence[torch.Tensor], block: int) -> bytes:
+    """One block of every tensor, as raw bytes in tensor order (what the disk tier writes)."""
+    return b"".join(t[block].contiguous().view(torch.uint8).cpu().numpy().tobytes() for t in tensors)
+
+
+def bytes_to_block(data: bytes, tensors: Sequence[torch.Tensor], block: int, part_bytes: Sequence[int]) -> None:
+    """`block_to_bytes`'s bytes (``part_bytes`` of each tensor, in order) back into block ``block`` of each."""
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    for t, piece in zip(tensors, buf.split(list(part_bytes))):
+        t[block].copy_(piece.view(t.dtype).view(t.shape[1:]))
+
+
+def _pools(device: torch.device, block_bytes: int, max_blocks: int, parts: int = 1
+           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Device and host pools of ``block_bytes`` blocks, each block split over ``parts`` tensors."""
+    if block_bytes % (4 * parts):
+        raise ValueError(f"transfer profile: a {block_bytes}-byte block does not split into {parts} float32 parts")
     num_blocks = max(2 * max_blocks, MIN_POOL_BYTES // block_bytes)
-    elems = block_bytes // 4  # float32 elements per block
+    elems = block_bytes // 4 // parts  # float32 elements per block of one part
     pin = device.type == "cuda"  # page-locked host memory: what a real offload tier copies to and from
-    device_pool = torch.empty(num_blocks, elems, device=device).uniform_(-1, 1)
-    host_pool = torch.empty(num_blocks, elems, pin_memory=pin).uniform_(-1, 1)
+    device_pool = [torch.empty(num_blocks, elems, device=device).uniform_(-1, 1) for _ in range(parts)]
+    host_pool = [torch.empty(num_blocks, elems, pin_memory=pin).uniform_(-1, 1) for _ in range(parts)]
     return device_pool, host_pool
 
 
-def block_copy_timings(device: torch.device, block_bytes: int, block_counts: Sequence[int], *,
+def block_copy_timings(device: torch.device, block_bytes: int, block_counts: Sequence[int], *, parts: int = 1,
                        warmup: int, repeats: int) -> list[GridPoint]:
-    """Timings per block count of device->host and host->device block copies."""
-    device_pool, host_pool = _pools(device, block_bytes, max(block_counts))
+    """Timings per block count of device->host and host->device block copies, with each block one tensor
+    and, where ``parts`` > 1, split over ``parts`` tensors (the runtime's 16-bit layout: one per layer's keys
+    and values): the same bytes in ``parts`` calls, which tells the fit the per-call latency. Then the disk
+    tier's conversions of single blocks to and from bytes (`block_io_timings`) on the same pools."""
     out = []
+    for p in dict.fromkeys((1, parts)):  # (one pool set at a time: each is at least MIN_POOL_BYTES twice)
+        device_pool, host_pool = _pools(device, block_bytes, max(block_counts), p)
+        out += _copy_timings(device, device_pool, host_pool, block_bytes, block_counts, warmup, repeats)
+        out += block_io_timings(device, device_pool, host_pool, block_bytes, warmup=warmup, repeats=repeats)
+        del device_pool, host_pool
+    return out
+
+
+def _copy_timings(device: torch.device, device_pool: list[torch.Tensor], host_pool: list[torch.Tensor],
+                  block_bytes: int, block_counts: Sequence[int], warmup: int, repeats: int) -> list[GridPoint]:
+    out = []
+    rows = device_pool[0].shape[0]
     directions = {"device_to_host": (device_pool, host_pool), "host_to_device": (host_pool, device_pool)}
     for link, (src, dst) in directions.items():
         for n in block_counts:
-            def fresh_ids(n: int = n, src: torch.Tensor = src, dst: torch.Tensor = dst):
-                return (torch.randperm(src.shape[0])[:n].to(src.device),
-                        torch.randperm(dst.shape[0])[:n].to(dst.device))
+            def fresh_ids(n: int = n, src: list[torch.Tensor] = src, dst: list[torch.Tensor] = dst):
+                return torch.randperm(rows)[:n].to(src[0].device), torch.randperm(rows)[:n].to(dst[0].device)
 
-            timing = time_fn(lambda ids, src=src, dst=dst: copy_blocks(src, dst, *ids), fresh_ids,
+            timing = time_fn(lambda ids, src=src, dst=dst: copy_parts(src, dst, *ids), fresh_ids,
                              warmup=warmup, repeats=repeats, device=device)
-            out.append(GridPoint(link, {"bytes": n * block_bytes, "blocks": n}, timing))
+            out.append(GridPoint(link, {"bytes": n * block_bytes, "blocks": n, "parts": len(src)}, timing))
+    return out
+
+
+def block_io_timings(device: torch.device, device_pool: list[torch.Tensor], host_pool: list[torch.Tensor],
+                     block_bytes: int, *, warmup: int, repeats: int) -> list[GridPoint]:
+    """Timings of one block's conversions (`records.BLOCK_IO`) with its parts in the first 1, half and all of
+    the pools' tensors: with the one-tensor pools' whole blocks, the parts, the bytes and the call itself
+    vary apart, so that a fit tells their costs apart (`records.BLOCK_IO_FEATURES`)."""
+    rows = device_pool[0].shape[0]
+    out = []
+    for k in sorted({1, len(device_pool) // 2, len(device_pool)} - {0}):
+        pool, host = device_pool[:k], host_pool[:k]
+        sizes = [t[0].numel() * t.element_size() for t in pool]
+        data = block_to_bytes(pool, 0)
+        kinds = {"device_to_bytes": lambda b, pool=pool: block_to_bytes(pool, b),
+                 "host_to_bytes": lambda b, host=host: block_to_bytes(host, b),
+                 "bytes_to_device": lambda b, pool=pool, data=data, sizes=sizes: bytes_to_block(data, pool, b, sizes)}
+        for kind, fn in kinds.items():
+            timing = time_fn(fn, lambda: int(torch.randint(rows, ())), warmup=warmup, repeats=repeats, device=device)
+            out.append(GridPoint(kind, {"bytes": sum(sizes), "blocks": 1, "parts": k}, timing))
     return out
 
 
