@@ -10,6 +10,12 @@ Quantized KV (``bitwidth.*``) enters twice, both from the runtime's own layout (
 holds more blocks at fewer bits (less the full-precision rings), and each step reads the bytes of its
 context at the configured bits and pays the profile's dequantization and quantize-on-append terms
 (`kv_layout.kv_traffic`, `profile.cost`).
+
+Tier transfers are priced as the runtime's `TierStore` runs them (`ProfileExecutor._transfer_s`): a host <->
+device copy makes one call per part tensor of the layout (`kv_layout.part_tensors`: 60 for SmolLM2 at 16 bits,
+180 quantized), each paying the link's measured per-call latency, plus its bytes over the link's bandwidth; a
+disk transfer writes or reads block by block, converting each block's parts to or from bytes
+(`HardwareProfile.block_io`). KV peak and capacity count the full-precision rings (`Engine`).
 """
 from __future__ import annotations
 
@@ -24,13 +30,15 @@ import numpy as np
 
 from skistune.config import KVConfig
 from skistune.profile.cost import StepCostModel, decode_shape, step_shape
+from skistune.profile.records import block_io_features
 from skistune.runtime.engine import Engine, VirtualClock, layerwise_depth
-from skistune.runtime.kv_layout import KVTraffic, kv_pool_blocks, kv_traffic, layout_notes, ring_bytes_per_seq
+from skistune.runtime.kv_layout import (KVTraffic, kv_pool_blocks, kv_traffic, layout_notes, part_tensors,
+                                        quantized_sides, ring_bytes, ring_bytes_per_seq)
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
 from skistune.runtime.scheduler import DecodeCompaction, ScheduledSeq, SchedulerOutput
-from skistune.runtime.tiers import Transfer, layered_split, layered_step_s
+from skistune.runtime.tiers import DEVICE, DISK, Transfer, layered_split, layered_step_s
 
 # Knobs the optimizer searches: their effect the runtime implements and the simulator models.
 MODELED_KNOBS = frozenset({
@@ -71,7 +79,10 @@ class SimTarget:
     device_free_bytes: int  # memory the KV pool fraction applies to
     notes: tuple[str, ...] = ()
     quantized_kv_note: str | None = None  # added to the notes of configs that quantize KV (see HardwareProfile)
-    transfers: dict[str, Any] = field(default_factory=dict)  # link -> fit with time_s(nbytes) (HardwareProfile)
+    transfers: dict[str, Any] = field(default_factory=dict)  # link -> fit with time_s(nbytes, calls) (HardwareProfile)
+    # the disk tier's block conversions (`records.BLOCK_IO`) -> their `LinearFit` (`records.BLOCK_IO_FEATURES`);
+    # empty: not measured
+    block_io: dict[str, Any] = field(default_factory=dict)
     # link -> notes on how its transfers were measured: added to the notes of configs whose tiers cross it
     link_notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -101,8 +112,9 @@ def target_from_profile(profile, model: str | None = None) -> SimTarget:
     return SimTarget(spec, profile.step_cost, itemsize, device_free, notes=tuple(profile.notes) + drift,
                      quantized_kv_note=profile.quantized_kv_note,
                      transfers={link: m.fit for link, m in profile.transfers.items()},
-                     link_notes={link: notes for tier, notes in profile.tier_notes.items()
-                                 for link in TIER_LINKS[tier]})
+                     block_io={kind: m.fit for kind, m in profile.block_io.items()},
+                     link_notes={link: profile.tier_notes.get(tier, ()) + profile.transfer_gaps.get(tier, ())
+                                 for tier in TIER_LINKS for link in TIER_LINKS[tier]})
 
 
 def _profile_itemsize(profile, spec: ModelSpec) -> int:
@@ -125,12 +137,15 @@ class ProfileExecutor:
 
     def __init__(self, step_cost: StepCostModel, kv: KVTraffic, clock: VirtualClock, vocab: int,
                  transfers: dict[str, Any] | None = None, block_bytes: int = 0, layerwise_layers: int = 0,
-                 ring_swap_bytes: int = 0):
+                 ring_swap_bytes: int = 0, *, parts: int = 1, rings: int = 0, block_io: dict[str, Any] | None = None):
         self.step_cost = step_cost
         self.layerwise_layers = layerwise_layers  # > 0 (the model's layers): copies overlap layer by layer
         self.transfers = transfers or {}  # link -> transfer fit
+        self.block_io = block_io or {}  # the disk tier's block conversion -> fit (`records.BLOCK_IO`)
         self.block_bytes = block_bytes
-        self.ring_swap_bytes = ring_swap_bytes  # quantized KV: a swap also moves the sequence's ring rows
+        self.parts = parts  # tensors a block is stored across (`kv_layout.part_tensors`): one copy call each
+        self.ring_swap_bytes = ring_swap_bytes  # quantized KV: a swap also moves the sequence's ring rows ...
+        self.rings = rings  # ... one copy call per ring (per quantized layer side)
         self.kv = kv
         self.clock = clock
         self.vocab = vocab
@@ -149,16 +164,38 @@ class ProfileExecutor:
         return (PSEUDO_TOKEN_BASE + (counters * 2654435761) % span).tolist()
 
     def transfer_s(self, transfers: Sequence[Transfer]) -> float:
-        """Predicted time of tier transfers, in order, each over its links (disk -> device through host)."""
-        return sum(self.transfers[link].time_s(len(t.src_blocks) * self.block_bytes)
-                   for t in transfers for link in t.links)
+        """Predicted time of tier transfers, in order, each as the runtime's `TierStore` runs it."""
+        return sum(self._transfer_s(t) for t in transfers)
+
+    def _transfer_s(self, t: Transfer) -> float:
+        """Host <-> device: one copy call per part tensor, each moving the transfer's blocks of that part (run
+        layer by layer, the calls are the same, a layer's parts at a time). Disk: block by block, one write
+        (or read) of its bytes each, its parts converted to (or from) those bytes (`_block_io_s`)."""
+        blocks = len(t.src_blocks)
+        nbytes = blocks * self.block_bytes
+        if DISK not in (t.src_tier, t.dst_tier):
+            (link,) = t.links
+            return self.transfers[link].time_s(nbytes, self.parts)
+        disk_link = "host_to_disk" if t.dst_tier == DISK else "disk_to_host"
+        return self.transfers[disk_link].time_s(nbytes, blocks) + self._block_io_s(t, nbytes, blocks)
+
+    def _block_io_s(self, t: Transfer, nbytes: int, blocks: int) -> float:
+        """A disk transfer's conversions: every part of every block, from its tier's tensors to bytes, or from
+        bytes into the device's. A profile that did not time them (`HardwareProfile.transfer_gaps`, which the
+        notes then say): the device side priced as the device <-> host copy of the blocks, the host side free."""
+        fit = self.block_io.get("bytes_to_device" if t.dst_tier == DEVICE else f"{t.src_tier}_to_bytes")
+        if fit is not None:
+            return fit.predict_s(block_io_features(blocks, self.parts, nbytes))
+        copies = [link for link in t.links if link in ("device_to_host", "host_to_device")]
+        return sum(self.transfers[link].time_s(nbytes, self.parts) for link in copies)
 
     def ring_swap_s(self, out: SchedulerOutput) -> float:
-        """Predicted time of the ring rows a step's swaps move (`model_runner.RingSlots.park` / `unpark`)."""
+        """Predicted time of the ring rows a step's swaps move (`model_runner.RingSlots.park` / `unpark`): per
+        sequence, one copy of its row of each ring."""
         if not self.ring_swap_bytes or not (out.swapped or out.swapped_in):
             return 0.0
-        return (len(out.swapped) * self.transfers["device_to_host"].time_s(self.ring_swap_bytes)
-                + len(out.swapped_in) * self.transfers["host_to_device"].time_s(self.ring_swap_bytes))
+        return (len(out.swapped) * self.transfers["device_to_host"].time_s(self.ring_swap_bytes, self.rings)
+                + len(out.swapped_in) * self.transfers["host_to_device"].time_s(self.ring_swap_bytes, self.rings))
 
     def execute(self, out: SchedulerOutput, kv) -> dict[str, int]:
         self.num_steps += 1
@@ -329,10 +366,12 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
     links = _check_transfer_links(config, target)
     executor = ProfileExecutor(target.step_cost, kv, clock, target.spec.vocab_size, target.transfers, block_bytes,
                                target.spec.n_layers if layerwise_depth(config) else 0,
-                               ring_bytes_per_seq(config, target.spec, target.kv_itemsize))
+                               ring_bytes_per_seq(config, target.spec, target.kv_itemsize),
+                               parts=part_tensors(config, target.spec), rings=quantized_sides(config, target.spec),
+                               block_io=target.block_io)
     extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
-                    executor=executor, clock=clock,
+                    executor=executor, clock=clock, ring_bytes=ring_bytes(config, target.spec, target.kv_itemsize),
                     notes=target.notes + _link_notes(links, target) + extrapolated + _poor_link_fits(links, target)
                     + tuple(layout_notes(config, target.spec)),
                     fast_forward=executor.fast_forward if fast_forward else None, n_layers=target.spec.n_layers)
