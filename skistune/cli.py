@@ -205,7 +205,7 @@ def demo(
 
     # which knobs served these prompts: a tuned file's changes, as optimize's "#1:" line names them
     knobs = _diff(cfg, KVConfig(), list(knob_fields()))
-    console.print(escape(f"config: {config or 'none'}; knobs off their defaults: "
+    console.print(escape(f"config: {config or 'none'}; knobs off skistune's defaults: "
                          f"{'none' if knobs == '(baseline)' else knobs}"), highlight=False, soft_wrap=True)
     for p, c, r in zip(prompts, completions, engine.records):  # (the arrow: a completion need not start with a space)
         served = escape(c.lstrip()) if c is not None else f"[red](rejected: {escape(r.rejected_reason)})[/]"

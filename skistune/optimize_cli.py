@@ -254,11 +254,14 @@ def validation_table(result) -> Table:
     p = result.problem
     first = result.validated[0].measured.figures["requests"]
     from skistune.optimize import VALIDATE_MAX_INPUT, VALIDATE_MAX_OUTPUT
+    from skistune.simulator import MAX_RATE_SCALE
 
     # (the slice's own figures: its capacity and J/token are not the search workload's in the table above)
+    # (the operating point `score` chose: the capacity where an objective needs it, else the trace's own rate)
+    rate = "slice's own predicted capacity" if p.at_capacity else "slice's own arrival rate"
     t = Table(title=f"Validated on the real runtime: the first {first} requests of {p.workload.name}, prompts "
                     f"capped at {VALIDATE_MAX_INPUT} tokens and outputs at {VALIDATE_MAX_OUTPUT}, replayed at the "
-                    "slice's own predicted capacity (predicted / measured; not the search workload's figures)",
+                    f"{rate} (predicted / measured; not the search workload's figures)",
               title_justify="left")
     for col in ("config", "rate (req/s)"):
         t.add_column(col)
@@ -279,10 +282,14 @@ def validation_table(result) -> Table:
         # (a replay that broke is replayed once more and the better kept: "2 replays" says the first broke)
         replays = [f"{v.replays} replays"] if v.replays > 1 else []
         holds = f"[green]yes[/]{f' ({replays[0]})' if replays else ''}" if v.holds else \
-            f"[red]no[/] ({', '.join([*v.measured.binding, *replays])})"
+            f"[red]no[/] ({', '.join([*v.broken, *replays])})"
         quality = [f"{_loss(v.predicted.figures['quality_loss'])} / {_loss(v.measured.figures['quality_loss'])}"
                    if v.held_out_quality is not None else "lossless"] if lossy else []
-        t.add_row(label, significant(v.rate_rps), *cells, energy, *quality, holds)
+        # (at the capacity search's ceiling every rate held: the slice arrived in one burst, say, and the rate is
+        # the highest tried, not a capacity)
+        rate = significant(v.rate_rps) + (" (every rate held: the search's ceiling)"
+                                          if p.at_capacity and v.predicted.rate_scale >= MAX_RATE_SCALE else "")
+        t.add_row(label, rate, *cells, energy, *quality, holds)
     return t
 
 
@@ -557,7 +564,7 @@ SamplerOpt = Annotated[str, typer.Option(
     "--sampler", help="auto (TPE with local moves for one objective, NSGA-II for several), tpe, gp, nsga2, random")]
 MaxQueueOpt = Annotated[str, typer.Option(
     "--max-queue", help="queueing guard: TTFT p99 at most this much above the same requests served one at a "
-                        "time, with a unit: 5s, 500ms (off: none)")]
+                        "time, with a unit: 5s, 500ms; or off")]
 KvMemoryOpt = Annotated[Optional[str], typer.Option(
     "--kv-memory", help="memory KV may use on the device, e.g. 256MiB (default: the device's own; 4GiB on a CPU, "
                         "as vLLM's VLLM_CPU_KVCACHE_SPACE): the tuned config's pool is its chosen fraction of it")]
@@ -728,7 +735,7 @@ def validation_warning(result) -> str | None:
         return None
     v = result.validated[0]  # (the written config: validation's measured order puts it first)
     parts = []
-    for name in v.measured.binding:
+    for name in v.broken:
         predicted, measured = v.predicted.figures["slo_s"].get(name), v.measured.figures["slo_s"].get(name)
         if predicted is not None and measured is not None:
             parts.append(f"{name} (predicted {_seconds(predicted)}, measured {_seconds(measured)})")

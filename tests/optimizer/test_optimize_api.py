@@ -258,6 +258,22 @@ def test_a_baseline_within_the_refined_precision_of_the_best_ranks_first(workloa
     assert opt._baseline_on_ties(problem, tie, base, evaluations[1:]) == (tie, [])  # the baseline no trial here
 
 
+def test_a_winner_simplified_into_a_tie_with_the_baseline_leaves_the_baseline_first(workload, profile, monkeypatch):
+    import skistune.optimize as opt
+
+    problem = opt.build_problem(workload, slo="p99=200ms", profile=profile)
+    wide, narrow = (baseline_config().with_knobs({"batching.max_num_seqs": n}) for n in (8, 9))
+
+    def ev(config, capacity, trial):
+        return opt.Evaluation(config, 1.0, (capacity,), {"tbt:p99<=200ms": -0.1}, {}, trial=trial)
+
+    base, evaluations = ev(problem.base, 1.0, None), [ev(problem.base, 1.0, 0), ev(wide, 1.022, 1)]
+    simplified = ev(narrow, 1.011, 2)  # 2.2% over the baseline, simplified to 1.1% over it: a tie
+    monkeypatch.setattr(opt, "_simplify", lambda problem, study, refined, stage: ([simplified], ["simplified"]))
+    ranked, notes = opt._ties_and_simpler(problem, None, [evaluations[1]], base, evaluations, lambda m: None)
+    assert [e.config for e in ranked] == [problem.base] and notes[0] == "simplified" and "a tie" in notes[1]
+
+
 def test_ties_go_to_the_config_that_reserves_less_for_kv_tiers(workload, profile):
     """Equal capacity and energy: the config without (or with smaller) host and disk tiers ranks first, even
     from a later trial; energy still comes before the tiers."""

@@ -21,7 +21,7 @@ def test_demo_stops_at_the_end_of_turn_and_counts_evicted_tokens(tmp_path):
     assert out["metrics"]["evicted_tokens"] > 0 and "evicted KV tokens" in r.stdout
     # which knobs served the prompts (a tester could not tell from the output), and where a completion starts
     assert out["config"] == str(cfg) and out["knobs"].startswith("eviction.policy=h2o, budget_tokens=16")
-    assert f"config: {cfg}; knobs off their defaults: eviction.policy=h2o" in r.stdout
+    assert f"config: {cfg}; knobs off skistune's defaults: eviction.policy=h2o" in r.stdout
     assert "The capital of France is → " in r.stdout
 
 
