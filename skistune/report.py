@@ -31,8 +31,9 @@ import numpy as np
 from skistune.config import KVConfig
 from skistune.display import significant
 from skistune.objectives import structural_changes
-from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINED_ATTR, VALIDATED_ATTR, Evaluation, Problem, completed,
-                               front_with, infeasibility, nondominated, ranked, score, trial_counts, with_refined)
+from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINE_PRECISION, REFINED_ATTR, VALIDATED_ATTR, Evaluation,
+                               Problem, completed, front_with, infeasibility, nondominated, ranked, score, trial_counts,
+                               with_refined)
 from skistune.plotting import log_axis, place_label, wants_log
 
 DEFAULT_TOP_K = 5  # best configs shown
@@ -231,6 +232,12 @@ def knob_importance(study, problem: Problem) -> tuple[dict[str, float], str, str
     if len(completed(study)) < 2:
         return {}, method, "knob importance: not computed (fewer than 2 complete trials)"
     first = problem.objectives[0]
+    values = [e.values[0] for e in completed(study) if math.isfinite(e.values[0])]
+    if values and max(values) - min(values) <= REFINE_PRECISION * max(abs(v) for v in values):
+        # (a spread of 0.009% over every trial had been ranked as if it were signal: below what the search
+        # resolves, no knob moved the objective)
+        return {}, method, (f"knob importance: not computed ({first.name} varies by at most "
+                            f"{REFINE_PRECISION:.0%} over the trials, below what the search resolves)")
     sign = -1.0 if first.maximize and not fanova else 1.0  # PED-ANOVA ranks low values as good
     try:
         with warnings.catch_warnings():

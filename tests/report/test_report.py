@@ -485,3 +485,18 @@ def test_report_counts_trials_as_optimize_does_simplifying_ones_apart(study, tmp
     r = invoke("t", "--storage", storage, "--out-dir", str(tmp_path / "r"), "--json")
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert (summary["trials"], summary["simplifying_trials"]) == (4, 1), r.output
+
+
+def test_knob_importance_is_not_computed_for_an_objective_that_moves_less_than_the_resolution(study):
+    """Goodput that varied by 0.009% over every trial had its 'importance' ranked (batching.policy 0.467)."""
+    from skistune.report import knob_importance
+
+    result, _ = study
+    flat = optuna.create_study(directions=["maximize"])
+    for i, t in enumerate(result.study.get_trials()):
+        flat.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions,
+                                                 values=[0.0114512 + 1e-7 * i], user_attrs=t.user_attrs))
+    found, _, note = knob_importance(flat, result.problem)
+    assert found == {} and "varies by at most 2% over the trials" in note
+    found, _, note = knob_importance(result.study, result.problem)  # (the study's own spread is real)
+    assert found and note is None
