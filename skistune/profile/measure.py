@@ -156,7 +156,7 @@ QUICK_GRID = Grid(
     decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(64, 512, 2048), max_decode_kv_tokens=16384,
     # (short chunks too: real prompts and the last chunks of long ones have any size, and a straight line
     # through 32-256 tokens alone predicted 5-token chunks 30-50% slow)
-    prefill=((9, 0), (32, 0), (256, 0), (128, 256), (16, 512), (32, 512), (256, 512)),
+    prefill=((9, 0), (32, 0), (256, 0), (128, 256), (16, 512), (32, 512), (256, 512), (256, 1536)),
     mixed=((4, 256, 64), (16, 1024, 128)),
     warmup=1, repeats=3, max_repeats=10, min_time_s=0.3,
     overhead_batches=(1, 16, 128), overhead_repeats=15, kernel_repeats=5,
