@@ -462,8 +462,9 @@ def parse_objectives(objective: str | Callable | Sequence[str | Callable],
         elif isinstance(item, str) and item.strip().lower() in NAMED:
             out.append(NAMED[item.strip().lower()])
         else:
-            raise ValueError(f"objective {item!r}: use {', '.join(NAMED)}, a comma-separated tuple of them, or a "
-                             "callable of the metrics")
+            # (a callable only where one can be given: not in text, the command line's --objective)
+            also = "" if isinstance(objective, str) else ", or a callable of the metrics"
+            raise ValueError(f"objective {item!r}: use {', '.join(NAMED)} or a comma-separated tuple of them{also}")
     if len({o.name for o in out}) != len(out):
         raise ValueError(f"objective: {', '.join(o.name for o in out)} names one objective twice")
     if direction is not None and all(isinstance(item, str) for item in items):

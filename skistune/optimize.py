@@ -1835,7 +1835,10 @@ def _existing_sqlite(storage: Any) -> None:
     except (sqlalchemy.exc.ArgumentError, ValueError):  # malformed: `open_storage` names what is wrong
         return
     if database and database != ":memory:" and not Path(database).is_file():
-        raise ValueError(f"storage {storage}: no such database file; create the study first with skistune "
+        # (a misspelt study name reads as a missing file of the default storage: name the studies beside it)
+        near = sorted(p.name for p in Path(database).parent.glob("skistune-*.db"))
+        here = f" (study files in that folder: {', '.join(near[:8])}{' ...' if len(near) > 8 else ''})" if near else ""
+        raise ValueError(f"storage {storage}: no such database file{here}; create the study first with skistune "
                          "optimize --storage URL --study NAME")
 
 

@@ -32,6 +32,10 @@ def run(workload, profile, **kw):
      r"objective custom: takes \(a, b, c\), but is called as f\(metrics\) or f\(metrics, config\)"),
     (lambda m, *, scale: 1.0, r"objective custom: takes \(m, \*, scale\)"),
     (lambda: 1.0, r"objective custom: takes \(\)"),
+    # (text, as --objective gives it, cannot be a callable: the hint is for Python's lists only)
+    ("capacity,speed", r"objective 'speed': use capacity, goodput, energy, memory, quality or a comma-separated "
+                       r"tuple of them$"),
+    (["capacity", "speed"], r"objective 'speed': .* tuple of them, or a callable of the metrics$"),
 ])
 def test_a_bad_objective_is_a_value_error_before_anything_runs(objective, message):
     with pytest.raises(ValueError, match=message):

@@ -311,6 +311,15 @@ def test_worker_takes_the_study_as_an_argument_or_option(tmp_path):
     assert r.exit_code == 2 and error_lines(r)[0].startswith("error: no study given: skistune worker STUDY")
 
 
+
+def test_a_misspelt_study_is_answered_with_the_study_files_beside_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "skistune-optimize-6e461e5a.db").touch()
+    r = cli("report", "optimize-6e461e5b")
+    assert r.exit_code == 2 and "no such database file (study files in that folder: skistune-optimize-6e461e5a.db)" \
+        in error_lines(r)[0], r.output
+
+
 def test_a_missing_driver_is_named_for_its_database(monkeypatch):
     monkeypatch.setitem(sys.modules, "MySQLdb", None)  # (import fails: not installed)
     monkeypatch.setitem(sys.modules, "pymysql", None)
