@@ -19,9 +19,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
@@ -509,6 +511,16 @@ def _default(family: str, name: str) -> Any:
 def knob_fields() -> dict[str, dataclasses.Field]:
     """Every knob by dotted name (``family.knob``), with the metadata search spaces validate against."""
     return {f"{fam}.{f.name}": f for fam, cls in FAMILIES.items() for f in fields(cls)}
+
+
+def load_provenance(path: str | os.PathLike) -> Mapping[str, Any]:
+    """The provenance `skistune optimize` writes into a tuned file, or {} (a config written by hand, or
+    unreadable: `load_config` reads and checks its knobs)."""
+    try:
+        provenance = yaml.safe_load(Path(path).read_text(encoding="utf-8"))["provenance"]
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
+        return {}
+    return provenance if isinstance(provenance, Mapping) else {}
 
 
 def load_config(path: str) -> KVConfig:

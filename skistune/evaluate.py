@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -262,3 +263,25 @@ def evaluate(config, requests, *, model: str = "smollm2-135m", mode: str = "simu
 
 
 callable_module(__name__, evaluate)  # ``skistune.evaluate(...)`` runs `evaluate`, however it was reached
+
+
+def tuned_workload_note(provenance: Mapping[str, Any], workload, rate_scale: float | None) -> str | None:
+    """When the config is a tuned file (`skistune optimize` wrote its provenance) and this evaluation's workload
+    is not the one its predicted figures are for: another trace or preset, another number of requests, or the
+    workload's own rate where the figures were predicted at a multiple of it (a tester read a TTFT p50 of 2,989 s
+    for a file whose provenance said 0.3 s: 2,000 requests at the preset's rate against optimize's 100 at
+    x0.027). None when it is the same, or the file has no provenance."""
+    tuned, predicted = provenance.get("workload"), provenance.get("predicted")
+    if not isinstance(tuned, Mapping):
+        return None
+    scale = predicted.get("rate_scale") if isinstance(predicted, Mapping) else None
+    scale = scale if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None
+    rate_scale = 1.0 if rate_scale is None else rate_scale
+    other = tuned.get("source") != workload.source or tuned.get("requests") != len(workload)
+    if not other and (scale is None or math.isclose(rate_scale, scale, rel_tol=1e-6)):
+        return None
+    at = f" at x{scale:.4g} its rate" if scale is not None else ""
+    options = f"--requests {tuned.get('requests')}" + (f" --rate-scale {scale!r}" if scale is not None else "")
+    return (f"the config's predicted figures (its provenance) are for {tuned.get('requests')} requests of "
+            f"{tuned.get('source')}{at}; this is {len(workload)} requests of {workload.source} at x{rate_scale:g}: "
+            f"to check them, evaluate that workload ({options})")

@@ -48,11 +48,11 @@ def evaluate(
 ) -> None:
     """Metrics of one config on one workload: predicted by the simulator or measured on the real runtime
     (same table, same JSON), so that any prediction can be checked."""
-    from skistune.config import load_config
+    from skistune.config import load_config, load_provenance
     from skistune.display import metrics_table, prefetch_mode, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
                                    check_runtime_memory, power_model, run_machine, sim_target, tier_notes,
-                                   workload_requests)
+                                   tuned_workload_note, workload_requests)
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
@@ -85,6 +85,9 @@ def evaluate(
             with console.status(f"loading {model}"):
                 runtime = Runtime.from_preset(model, cfg, device=device, dtype=DTYPES[device])
         print_notes(w)
+        tuned = tuned_workload_note(load_provenance(config), w, rate_scale)
+        if tuned is not None:
+            err_console.print(f"[yellow]note:[/] {escape(tuned)}", highlight=False, soft_wrap=True)
         # (a run refuses a host tier or a CPU's device pool larger than the memory before this, with an error:
         # `check_fits_memory`; a disk tier larger than the disk's free space is noted in every mode)
         notes = tier_notes(cfg, mode, prof, target)

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from skistune.config import KVConfig, load_config
+from skistune.config import KVConfig, load_config, load_provenance
 from skistune.export.base import Exporter, ExportResult, ExportWarning, show
 from skistune.export.layers import LayerCountError, LayersExporter
 from skistune.export.lmcache import LMCacheExporter
@@ -38,18 +38,6 @@ def get_exporter(target: str) -> Exporter:
 
 
 SERVING_ENGINES = ("vllm", "sglang", "lmcache", "trtllm")  # (native and layers are skistune's own files)
-
-
-def _provenance(path: str | Path) -> Mapping[str, Any]:
-    """The provenance `skistune optimize` writes into a tuned file, or {} (a config written by hand, or
-    unreadable: `load_config` has read its knobs already)."""
-    import yaml
-
-    try:
-        provenance = yaml.safe_load(Path(path).read_text(encoding="utf-8"))["provenance"]
-    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
-        return {}
-    return provenance if isinstance(provenance, Mapping) else {}
 
 
 def _tuned_on(provenance: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -107,7 +95,7 @@ def export(config: KVConfig | str | Path, target: str, engine_version: str | Non
     exporter = get_exporter(target)
     version = exporter.version(engine_version)
     cfg = config if isinstance(config, KVConfig) else load_config(str(config))
-    provenance = {} if isinstance(config, KVConfig) else _provenance(config)
+    provenance = {} if isinstance(config, KVConfig) else load_provenance(config)
     spec = get_preset(_model(model, provenance, config))
     try:
         result = exporter.export(cfg, version, spec, file_name or exporter.default_file)
