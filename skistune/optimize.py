@@ -2716,8 +2716,9 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
     within = f"{compared} {name} ({best.values[0]:.4g} vs {first.values[0]:.4g})" \
         if len(problem.objectives) == 1 else \
         f"no more than {REFINE_PRECISION:.0%} worse on any objective ({_values_text(problem, best, first)})"
-    note = (f"trial {first.trial} with its {', '.join(reverted)} as the baseline's (trial {best.trial}) is predicted "
-            f"{within}: the simpler config is ranked first")
+    # (the new trial is named first: "... as the baseline's (trial 41)" had read as if trial 41 were the baseline)
+    note = (f"trial {best.trial}, trial {first.trial} with its {', '.join(reverted)} set back to the baseline's, is "
+            f"predicted {within}: the simpler config is ranked first")
     return [best] + [e for e in refined if e.config != best.config][:len(refined) - 1], [note]
 
 
