@@ -40,6 +40,25 @@ def get_exporter(target: str) -> Exporter:
 SERVING_ENGINES = ("vllm", "sglang", "lmcache", "trtllm")  # (native and layers are skistune's own files)
 
 
+def _lost_gain_note(provenance: Mapping[str, Any], result: ExportResult, engine: str, target: str) -> str | None:
+    """When a tuned file's predicted gain over the baseline rests on knobs this export could not write (its
+    warnings): the gain no longer applies as predicted, and a search restricted to the engine finds what it
+    deploys (a --quality result exported to vLLM had dropped its 8-bit values and swap, each warned about, with
+    no word that the x1.30 went with them)."""
+    baseline = provenance.get("baseline")
+    gain = baseline.get("gain") if isinstance(baseline, Mapping) else None
+    if not result.warnings or not isinstance(gain, Mapping):
+        return None
+    better = {k: v for k, v in gain.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1.0}
+    if not better:
+        return None
+    told = ", ".join(f"{k} x{v:.3g}" for k, v in better.items())
+    search = f" (skistune optimize --target {target} searches only what {engine} deploys)" \
+        if target in ("vllm", "sglang") else ""
+    return (f"the predicted gain over the baseline ({told}, the file's provenance) rests on the config as tuned; "
+            f"the knobs warned about below are written otherwise, so it does not carry over as predicted{search}")
+
+
 def _tuned_on(provenance: Mapping[str, Any]) -> tuple[str, str] | None:
     """(profile name, device) the config was tuned with, or None. Files written before the device was
     recorded name it as the profile's prefix (cpu-..., cuda-...)."""
@@ -110,6 +129,9 @@ def export(config: KVConfig | str | Path, target: str, engine_version: str | Non
             f"this config was tuned with profile {tuned_on[0]}, measured on a CPU: its memory fraction and batch "
             f"caps suit that machine; for a GPU, measure it (skistune profile --device cuda) and tune with that "
             "profile before deploying",))
+    gain = _lost_gain_note(provenance, result, exporter.engine, target)
+    if gain is not None:
+        result = replace(result, notes=(gain, *result.notes))
     if strict and result.warnings:
         listed = ", ".join(f"{w.knob}={show(w.value, w.knob)} (would write {w.written})" for w in result.warnings)
         raise ValueError(f"--strict: {len(result.warnings)} knob(s) cannot be expressed in {exporter.engine} "

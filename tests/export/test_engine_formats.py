@@ -589,3 +589,15 @@ def test_lmcache_without_a_tier_warns_that_it_would_store_nothing():
         export(config_of({}), "lmcache", strict=True)
     for tiers in (HOST, DISK):
         assert "offload.host_kv_bytes" not in export(config_of(tiers), "lmcache").warned_knobs()
+
+
+def test_a_predicted_gain_that_rests_on_knobs_the_engine_cannot_take_is_said_not_to_carry_over(tmp_path):
+    path = tmp_path / "tuned.yaml"
+    path.write_text("bitwidth:\n  key_bits: 8\n  value_bits: 4\nprovenance:\n  baseline:\n    gain:\n"
+                    "      capacity: 1.3\n")
+    notes = export(path, "vllm").notes
+    assert "predicted gain over the baseline (capacity x1.3, the file's provenance)" in notes[0]
+    assert "skistune optimize --target vllm searches only what vLLM deploys" in notes[0]
+    path.write_text("bitwidth:\n  key_bits: 8\n  value_bits: 8\nprovenance:\n  baseline:\n    gain:\n"
+                    "      capacity: 1.3\n")  # (fp8 keys and values: vLLM takes them as tuned, no warning)
+    assert not any("predicted gain" in n for n in export(path, "vllm").notes)
