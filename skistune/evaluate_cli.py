@@ -95,6 +95,9 @@ def evaluate(
         for note in notes:
             err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         reqs = workload_requests(w, model, seed)
+        if mode != "simulate" and w.duration_s >= REAL_TIME_NOTE_S:  # (a spinner shows only on a terminal)
+            err_console.print(f"[yellow]note:[/] a run replays the arrivals in real time: these {len(reqs)} requests "
+                              f"arrive over {w.duration_s:,.0f} s", highlight=False, soft_wrap=True)
         if mode == "compare":
             _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out, notes)
             return
@@ -112,6 +115,9 @@ def evaluate(
                   "machine": run_machine(runtime.model.device.type)})
         print_json({"mode": mode, "model": model, **where, **_workload_fields(w), "metrics": metrics.to_dict(),
                     "energy": energy, "notes": notes})
+
+
+REAL_TIME_NOTE_S = 10.0  # a run whose arrivals span this long says so first (it had looked hung for 100 s)
 
 
 @contextlib.contextmanager

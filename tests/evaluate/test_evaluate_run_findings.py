@@ -137,3 +137,12 @@ def test_a_tuned_file_evaluated_on_another_workload_or_rate_says_which_its_figur
     other = load_workload("chat", requests=2000)
     assert "this is 2000 requests of" in tuned_workload_note(provenance, other, 0.0268)
     assert tuned_workload_note({}, w, None) is None  # (a config written by hand)
+
+
+@pytest.mark.slow
+def test_a_run_whose_arrivals_span_a_while_says_so_before_it_waits_for_them(tmp_path):
+    """A run at a low rate had waited 100 s in silence off a terminal (the spinner shows on one only)."""
+    r = _evaluate(tmp_path, "{}\n", "--requests", "2", "--max-input", "16", "--max-output", "2", "--rate", "0.2",
+                  "--mode", "run")
+    assert r.exit_code == 0, r.output
+    assert "note: a run replays the arrivals in real time: these 2 requests arrive over" in r.stderr
