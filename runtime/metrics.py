@@ -105,7 +105,7 @@ class Metrics:
     kv_capacity_bytes: int
     preemptions: int
     prefix_hit_tokens: int
-    prompt_tokens: int
+    prompt_tokens: int  # of the requests admitted: a rejected one's prompt could get no prefix hit
     busy_s: float  # time spent computing steps (duration minus idle waits for arrivals)
     rejections: dict[str, str] = field(default_factory=dict)  # request id -> reason
     evicted_tokens: int = 0  # KV slots eviction compactions dropped, over all sequences (0: no eviction)
@@ -155,6 +155,6 @@ def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_
         throughput_req_per_s=rate(len(done)), kv_peak_bytes=kv_peak_bytes, kv_capacity_bytes=kv_capacity_bytes,
         preemptions=preemptions, prefix_hit_tokens=sum(r.prefix_hit_tokens for r in records),
         readmission_hit_tokens=sum(r.readmission_hit_tokens for r in records),
-        prompt_tokens=sum(r.prompt_len for r in records), busy_s=busy_s,
+        prompt_tokens=sum(r.prompt_len for r in records if r.rejected_reason is None), busy_s=busy_s,
         rejections={r.request_id: r.rejected_reason for r in records if r.rejected_reason is not None},
         notes=notes, tiers=tiers, evicted_tokens=evicted_tokens)

@@ -53,3 +53,4 @@ def test_a_rejected_prompt_shows_its_reason_not_an_empty_completion():
     assert out["completions"][0] is None and isinstance(out["completions"][1], str)
     assert "exceeds the model's context" in out["rejected"][0] and out["rejected"][1] is None
     assert "→ (rejected: " in r.stdout
+    assert out["metrics"]["prompt_tokens"] < 100  # (the served prompt's: the rejected 8,200-word one had counted)
