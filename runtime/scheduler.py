@@ -399,6 +399,12 @@ class Scheduler:
         step = min(lim.chunk_size, lim.max_num_batched_tokens) if lim.chunked_prefill else seq.num_tokens
         return hits[:max(0, num_blocks * block_size - step) // block_size]
 
+    def _would_prefetch(self) -> bool:
+        """Whether `_prefetch` would move blocks after this step: the sequence admitted next has prefix blocks
+        below the device (a fast-forwarded run of decodes makes no such per-step moves: the simulator had
+        predicted 4 blocks prefetched where the runtime prefetched 37)."""
+        return bool(self.prefetch_blocks) and self.kv.tiers is not None and self._next_to_prefetch() is not None
+
     def _takes_hits(self, seq: Sequence) -> bool:
         """Whether the sequence may take any prefix hit (else its lower-tier prefix is not brought up for it)."""
         return self.eviction is None or self.eviction.max_hit_tokens(seq.num_tokens) != 0
@@ -420,21 +426,29 @@ class Scheduler:
         return n
 
     def _prefetch(self) -> None:
-        """Promote lower-tier prefix blocks of the waiting sequences, in queue order, up to the prefetch
-        depth in blocks a step: after every allocation of the step, so none of them can reuse these blocks. It
-        keeps a free block per running sequence (their next tokens). A chain longer than what is left this
-        step is promoted from its start, the rest in the next steps (its leading blocks are hits as soon as
-        they are up; a chain taken whole only had left every prefix longer than the depth, 32 tokens by
-        default, to on-demand loads, and the sequences queued behind it too)."""
+        """Promote lower-tier prefix blocks of the sequence admitted next, up to the prefetch depth in blocks a
+        step: after every allocation of the step, so none of them can reuse these blocks. It keeps a free
+        block per running sequence (their next tokens). A chain longer than the depth is promoted from its
+        start, the rest in the next steps (its leading blocks are hits as soon as they are up; a chain taken
+        whole only had left every prefix longer than the depth, 32 tokens by default, to on-demand loads).
+        Only the next sequence's: blocks promoted for those further back sit free until their turn, and the
+        running sequences' new blocks take them back down first (prefetching for the whole queue moved 2,570
+        blocks up, 19% of them used)."""
+        seq = self._next_to_prefetch()
+        if seq is None:
+            return
         left = min(self.prefetch_blocks, self.kv.pool.num_free() - len(self.running))
-        for seq in itertools.islice(self.waiting, PREFIX_POLICY_WINDOW):
-            if left <= 0:
-                break
-            if self.kv.is_swapped(seq) or not self._takes_hits(seq):
-                continue
-            wanted = self.kv.lower_prefix_blocks(seq)
-            if wanted:
-                left -= self.kv.promote_prefix(seq, max_blocks=min(wanted, left), prefetch=True)
+        if left > 0:
+            self.kv.promote_prefix(seq, max_blocks=min(self.kv.lower_prefix_blocks(seq), left), prefetch=True)
+
+    def _next_to_prefetch(self) -> Sequence | None:
+        """The waiting sequence admitted next, if it has prefix blocks below the device that it may use."""
+        if not len(self.waiting):
+            return None
+        seq = self.waiting.peek(self.kv)
+        if self.kv.is_swapped(seq) or not self._takes_hits(seq) or not self.kv.lower_prefix_blocks(seq):
+            return None
+        return seq
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -530,6 +544,8 @@ class Scheduler:
             return None
         if len(self.waiting) and len(self.running) < self.limits.max_num_seqs and self._might_admit():
             return None
+        if self._would_prefetch():
+            return None  # (each step of a run would prefetch: the runs are stepped one at a time)
         return self.running
 
     def max_decode_run(self, seqs: list[Sequence]) -> int:

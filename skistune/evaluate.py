@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -281,7 +282,11 @@ def tuned_workload_note(provenance: Mapping[str, Any], workload, rate_scale: flo
     if not other and (scale is None or math.isclose(rate_scale, scale, rel_tol=1e-6)):
         return None
     at = f" at x{scale:.4g} its rate" if scale is not None else ""
-    options = f"--requests {tuned.get('requests')}" + (f" --rate-scale {scale!r}" if scale is not None else "")
+    source = str(tuned.get("source") or "")
+    # (a preset's source reads "preset:chat requests=100 ...", a trace's is its file)
+    name = source.removeprefix("preset:").split(" ")[0] if source.startswith("preset:") else source
+    options = (f"--workload {shlex.quote(name)} " if name else "") + f"--requests {tuned.get('requests')}" \
+        + (f" --rate-scale {scale!r}" if scale is not None else "")
     return (f"the config's predicted figures (its provenance) are for {tuned.get('requests')} requests of "
             f"{tuned.get('source')}{at}; this is {len(workload)} requests of {workload.source} at x{rate_scale:g}: "
             f"to check them, evaluate that workload ({options})")

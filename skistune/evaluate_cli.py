@@ -86,11 +86,9 @@ def evaluate(
                 runtime = Runtime.from_preset(model, cfg, device=device, dtype=DTYPES[device])
         print_notes(w)
         tuned = tuned_workload_note(load_provenance(config), w, rate_scale)
-        if tuned is not None:
-            err_console.print(f"[yellow]note:[/] {escape(tuned)}", highlight=False, soft_wrap=True)
         # (a run refuses a host tier or a CPU's device pool larger than the memory before this, with an error:
         # `check_fits_memory`; a disk tier larger than the disk's free space is noted in every mode)
-        notes = tier_notes(cfg, mode, prof, target)
+        notes = tier_notes(cfg, mode, prof, target) + ([tuned] if tuned is not None else [])
         # (on stderr, as the workload's notes and optimize's: --json's last line stays the one object)
         for note in notes:
             err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)

@@ -1269,12 +1269,23 @@ def _random_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def _worker_tag(seed: int | None) -> dict[str, Any]:
+def _worker_tag(seed: int | None, unseeded: bool = False) -> dict[str, Any]:
     """What each trial records of the process that ran it (its ``worker`` attribute; no seed for a trial that
-    no sampler proposed)."""
+    no sampler proposed). ``unseeded``: proposed by a process searching beside others (a worker of --jobs or
+    `skistune worker`, a run that switched to a random seed), which no seed reproduces (`UNSEEDED_TAG`)."""
     import socket
 
-    return {"host": socket.gethostname(), "pid": os.getpid(), "seed": seed}
+    tag = {"host": socket.gethostname(), "pid": os.getpid(), "seed": seed}
+    return {**tag, UNSEEDED_TAG: True} if unseeded else tag
+
+
+UNSEEDED_TAG = "unseeded"
+
+
+def _study_unseeded(study) -> bool:
+    """Whether a trial of the study was proposed by a process no seed reproduces (`_worker_tag`)."""
+    return any(isinstance(t.user_attrs.get("worker"), Mapping) and t.user_attrs["worker"].get(UNSEEDED_TAG)
+               for t in study.get_trials(deepcopy=False))
 
 
 def _tagged(score_trial: Callable, tag_of: Callable[[], Mapping[str, Any]]) -> Callable:
@@ -1380,6 +1391,12 @@ class _RunSampler:
         sampler.before_trial = before_trial
         return sampler
 
+    def skip_to_now(self) -> None:
+        """Trials this run's own workers added are not another process's: from here on, a trial number past
+        the study's current end means another process again (the parent runs a killed worker's share after
+        the workers, whose trials took the numbers between)."""
+        self.next = _first_new_trial(self.study)
+
     def note(self) -> str | None:
         if self.joined is None:
             return None
@@ -1439,11 +1456,24 @@ def _stop_with_parent(parent: int) -> None:
     import ctypes
     import sys
 
+    import threading
+
     signal.signal(signal.SIGTERM, _terminate)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # (it died before the line above)
         raise Terminated
+    # the last resort: a worker that SIGTERM did not stop within `STOP_WAIT_S` of its parent's death ends here
+    # (the signal can land where Python drops the exception it raises; a test saw one search on for a minute,
+    # about one run in ten); its running trial is then retried once its heartbeat goes stale, as a killed one's
+    threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True, name="orphan-watch").start()
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    time.sleep(STOP_WAIT_S)  # (the SIGTERM's clean stop first: it fails the running trial)
+    os._exit(143)
 
 
 def _orphaned(parent: int) -> Callable:
@@ -1524,7 +1554,7 @@ def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, 
         sampler = make_sampler(sampler_name, seed=seed, problem=problem, parallel=True, n_trials=n_trials)
         study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url), sampler=sampler)
         with _StopsInsideTrials() as gate:
-            _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), lambda: _worker_tag(seed)),
+            _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), lambda: _worker_tag(seed, unseeded=True)),
                       n_trials=n_trials, timeout=left, callbacks=[_orphaned(parent)])
     except Exception as exc:
         if isinstance(exc, ReturnValueError) or raised_by(exc) is not None:  # the user's callable: its own error
@@ -1574,7 +1604,7 @@ def _stop_workers(workers: Sequence, wait_s: float) -> None:
 
 
 def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, n_jobs, progress,
-                  tag_of) -> tuple[int, list[str]]:
+                  tag_of, before_take_over: Callable[[], None] = lambda: None) -> tuple[int, list[str]]:
     """``n_jobs`` forked worker processes on one storage; this process reports progress from the storage.
     ``timeout`` bounds the whole search: the queued trials run here first, the workers get the time left.
     Returns how many trials they finished, and a note for each worker that stopped before its share."""
@@ -1620,6 +1650,7 @@ def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, 
     messages = [errors.get() for _ in range(sum(w.exitcode == 2 for w in workers))]
     if messages:
         raise messages[0] if isinstance(messages[0], BaseException) else ValueError(messages[0])
+    before_take_over()
     notes = _take_over(problem, study, workers, shares, deadline, report, tag_of)
     return _progress_of(problem, study, first, n_trials, pids).done, notes
 
@@ -1883,7 +1914,7 @@ def join_study(storage: Any, study_name: str, *, seed: int | None = None) -> Wor
     seed = _random_seed() if seed is None else seed
     study.sampler = make_sampler(search["sampler"], seed=seed, problem=problem, parallel=True,
                                  n_trials=search["n_trials"])
-    return WorkerJob(problem, study, seed, MappingProxyType(_worker_tag(seed)))
+    return WorkerJob(problem, study, seed, MappingProxyType(_worker_tag(seed, unseeded=True)))
 
 
 def run_worker(job: WorkerJob, *, n_trials: int, timeout: float | None = None,
@@ -2923,10 +2954,12 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
     if validate and runtime is None and n_jobs == 1:
         runtime = load_runtime_in_background(problem)
     if n_jobs == 1:
-        done = _run_sequential(problem, study, n_trials, timeout, progress, lambda: _worker_tag(sampling.seed))
+        done = _run_sequential(problem, study, n_trials, timeout, progress,
+                               lambda: _worker_tag(sampling.seed, unseeded=sampling.joined is not None))
     else:
         done, stopped = _run_parallel(problem, study, storage, sampler, n_trials, timeout, n_jobs, progress,
-                                      lambda: _worker_tag(sampling.seed))
+                                      lambda: _worker_tag(sampling.seed, unseeded=sampling.joined is not None),
+                                      before_take_over=sampling.skip_to_now)
         notes += stopped
     if timeout is not None and done < n_trials:  # (nothing else ends a search early without an error)
         notes.append(f"the search stopped at its timeout ({timeout:g} s) after {done} of {n_trials} trials; the "
@@ -2934,7 +2967,9 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
     notes += [n for n in (sampling.note(),) if n]
     unseeded = (f"{n_jobs} worker processes sampled with random seeds" if n_jobs > 1 else
                 f"another process searched the study at the same time: from trial {sampling.joined} this run "
-                "sampled with a random seed" if sampling.joined is not None else None)
+                "sampled with a random seed" if sampling.joined is not None else
+                "trials of this study were proposed with random seeds before this run (by workers of --jobs or "
+                "skistune worker, or beside another process)" if _study_unseeded(study) else None)
     fields_ = finish(problem, study, top_k=validate, runtime=runtime, on_stage=on_stage)
     fields_["notes"] = notes + fields_["notes"]
     return OptimizeResult(problem, study, _storage_label(storage), seed=seed, sampler=sampler, unseeded=unseeded,

@@ -56,7 +56,7 @@ def _lost_gain_note(provenance: Mapping[str, Any], result: ExportResult, engine:
     search = f" (skistune optimize --target {target} searches only what {engine} deploys)" \
         if target in ("vllm", "sglang") else ""
     return (f"the predicted gain over the baseline ({told}, the file's provenance) rests on the config as tuned; "
-            f"the knobs warned about below are written otherwise, so it does not carry over as predicted{search}")
+            f"the knobs warned about are written otherwise, so it does not carry over as predicted{search}")
 
 
 def _tuned_on(provenance: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -125,7 +125,7 @@ def test_run_and_simulate_json_have_the_same_keys_and_a_run_has_the_disk_note(mo
     assert f"note: {note}" in run.stderr
 
 
-def test_a_tuned_file_evaluated_on_another_workload_or_rate_says_which_its_figures_are_for():
+def test_a_tuned_file_evaluated_on_another_workload_or_rate_says_which_its_figures_are_for(tmp_path):
     from skistune.evaluate import tuned_workload_note
     from skistune.workloads import load_workload
 
@@ -133,10 +133,15 @@ def test_a_tuned_file_evaluated_on_another_workload_or_rate_says_which_its_figur
     provenance = {"workload": {"source": w.source, "requests": 100}, "predicted": {"rate_scale": 0.0268}}
     assert tuned_workload_note(provenance, w, 0.0268) is None  # (the workload and rate optimize predicted at)
     note = tuned_workload_note(provenance, w, None)  # (evaluate's default: the workload's own rate)
-    assert note.endswith("at x1: to check them, evaluate that workload (--requests 100 --rate-scale 0.0268)")
+    assert note.endswith("at x1: to check them, evaluate that workload (--workload chat --requests 100 --rate-scale "
+                         "0.0268)")
     other = load_workload("chat", requests=2000)
     assert "this is 2000 requests of" in tuned_workload_note(provenance, other, 0.0268)
     assert tuned_workload_note({}, w, None) is None  # (a config written by hand)
+    r = _evaluate(tmp_path, "provenance:\n  workload: {source: 'preset:chat requests=100', requests: 100}\n"
+                            "  predicted: {rate_scale: 0.0268}\n", *SMALL, "--json")
+    notes = _json(r)["notes"]  # (printed on stderr and in the JSON alike)
+    assert any(n.startswith("the config's predicted figures (its provenance) are for 100 requests") for n in notes)
 
 
 @pytest.mark.slow

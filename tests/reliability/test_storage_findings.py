@@ -258,6 +258,8 @@ def test_a_killed_workers_running_trial_fails_at_once_and_this_process_runs_its_
     note = [n for n in result.notes if n.startswith("worker ")]
     assert len(note) == 1 and "stopped (signal 9) after 1 of its 4 trials" in note[0], result.notes
     assert "this process ran 3 of the 3 it left" in note[0]
+    # (the workers' trials took the numbers before those run here: this run's own, not another process's)
+    assert not any(n.startswith("another process searched") for n in result.notes), result.notes
 
 
 # ---- 4. every trial records its worker ---------------------------------------------------------------------
@@ -275,6 +277,9 @@ def test_every_trial_of_jobs_records_the_process_that_ran_it(tmp_path, profile):
     workers = {tag["pid"] for tag in tags[1:]}
     assert len(workers) == 2 and os.getpid() not in workers
     assert len({tag["seed"] for tag in tags[1:]}) == 2  # each worker its own seed
+    again = opt.provenance(solve(problem, n_trials=1, storage=url, study_name="jobs", validate=0))["search"]
+    assert again["reproducible_from_seed"] is False  # (a resumed run ranks the workers' trials too)
+    assert again["not_reproducible"].startswith("trials of this study were proposed with random seeds before")
 
 
 # ---- 5. one timeout for the whole search -------------------------------------------------------------------
