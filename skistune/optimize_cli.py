@@ -278,7 +278,8 @@ def validation_table(result) -> Table:
         cells = [f"{_fmt(v.predicted.figures['slo_s'][str(s)], 1e3)} / {_fmt(v.measured.figures['slo_s'][str(s)], 1e3)}"
                  for s in p.slos]
         energy = f"{_fmt(v.predicted.figures['energy_j_per_token'], digits=3)} / " \
-                 f"{_fmt(v.measured.figures['energy_j_per_token'], digits=3)}"
+                 f"{_fmt(v.measured.figures['energy_j_per_token'], digits=3)}" \
+            + (" (not judged)" if any(n.startswith("energy") for n in v.untested) else "")  # (`untested_note`)
         # (a replay that broke is replayed once more and the better kept: "2 replays" says the first broke)
         replays = [f"{v.replays} replays"] if v.replays > 1 else []
         holds = f"[green]yes[/]{f' ({replays[0]})' if replays else ''}" if v.holds else \

@@ -57,7 +57,7 @@ def test_the_winner_is_chosen_by_measurement(profile):
     assert best[0].config == a and "the search's best is kept" in notes[0]
 
 
-def test_a_constraint_the_slices_own_prediction_breaks_is_not_judged_by_its_replay():
+def test_a_constraint_the_slices_own_prediction_breaks_is_not_judged_by_its_replay(profile):
     """An energy budget met on the workload but broken by the prediction of the validation slice (short prompts:
     fixed costs over fewer tokens) made every run exit 4 and blame the simulator: the replay checks what the
     prediction of the same replay met."""
@@ -69,6 +69,21 @@ def test_a_constraint_the_slices_own_prediction_breaks_is_not_judged_by_its_repl
     v = opt.Validation(config, 1.0, ev(-0.5, +0.29), ev(-0.4, +0.30), 1.0)
     assert v.holds and v.untested == ["energy<=1J/token"] and v.broken == []
     assert "energy<=1J/token: not tested on the real runtime" in opt.untested_note(v)
+    import io
+
+    from rich.console import Console
+
+    from skistune.optimize_cli import validation_table
+
+    problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", energy="1J/token",
+                                profile=profile)
+    figures = {"requests": 6, "slo_s": {str(problem.slos[0]): 0.07}, "energy_j_per_token": 1.23}
+    judged = opt.Evaluation(config, 1.0, (1.0,), {str(problem.slos[0]): -0.5, "energy<=1J/token": 0.23}, figures)
+    table = type("R", (), {"problem": problem, "best": [judged],
+                           "validated": [opt.Validation(config, 1.0, judged, judged, 1.0)]})()
+    console = Console(width=300, record=True, file=io.StringIO())
+    console.print(validation_table(table))
+    assert "1.230 / 1.230 (not judged)" in console.export_text()  # (a J/token over the budget beside "yes")
     broke = opt.Validation(config, 1.0, ev(-0.5, +0.29), ev(+0.1, +0.30), 1.0)
     assert not broke.holds and broke.broken == ["tbt:p99<=200ms"]  # (what the prediction met is judged)
     assert opt.validation_record(broke)["binding"] == ["tbt:p99<=200ms"]
