@@ -434,21 +434,21 @@ class Scheduler:
         Only the next sequence's: blocks promoted for those further back sit free until their turn, and the
         running sequences' new blocks take them back down first (prefetching for the whole queue moved 2,570
         blocks up, 19% of them used)."""
-        seq = self._next_to_prefetch()
-        if seq is None:
-            return
+        found = self._next_to_prefetch()
         left = min(self.prefetch_blocks, self.kv.pool.num_free() - len(self.running))
-        if left > 0:
-            self.kv.promote_prefix(seq, max_blocks=min(self.kv.lower_prefix_blocks(seq), left), prefetch=True)
+        if found is not None and left > 0:
+            seq, wanted = found
+            self.kv.promote_prefix(seq, max_blocks=min(wanted, left), prefetch=True)
 
-    def _next_to_prefetch(self) -> Sequence | None:
-        """The waiting sequence admitted next, if it has prefix blocks below the device that it may use."""
+    def _next_to_prefetch(self) -> tuple[Sequence, int] | None:
+        """The waiting sequence admitted next and its prefix blocks below the device, if it has any it may use."""
         if not len(self.waiting):
             return None
         seq = self.waiting.peek(self.kv)
-        if self.kv.is_swapped(seq) or not self._takes_hits(seq) or not self.kv.lower_prefix_blocks(seq):
+        if self.kv.is_swapped(seq) or not self._takes_hits(seq):
             return None
-        return seq
+        wanted = self.kv.lower_prefix_blocks(seq)
+        return (seq, wanted) if wanted else None
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
