@@ -15,9 +15,9 @@ rewrites are first made its own (copy-on-write) so that other sequences and the 
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from itertools import islice
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -168,20 +168,74 @@ class _PromptHashes:
 
     def get(self, prompt: Any, block_size: int) -> list[int]:
         """A new list of the hashes of the prompt's full blocks."""
+        return self.array(prompt, block_size).tolist()
+
+    def array(self, prompt: Any, block_size: int) -> np.ndarray:
+        """The hashes of the prompt's full blocks (int64; the memoized array itself: do not change it)."""
         key = (id(prompt), block_size)
         found = self._hashes.get(key)
         if found is not None and found[0]() is prompt:
-            return found[1].tolist()
+            return found[1]
         full = len(prompt) // block_size * block_size
         part = prompt[:full]
-        hashes = chain_hashes(part.tolist() if hasattr(part, "tolist") else [int(t) for t in part], block_size, [])
+        hashes = np.array(chain_hashes(part.tolist() if hasattr(part, "tolist") else [int(t) for t in part],
+                                       block_size, []), dtype=np.int64)
         if isinstance(prompt, np.ndarray):  # (lists and tuples take no weak reference: hashed each time)
-            self._hashes[key] = (weakref.ref(prompt, lambda _, key=key: self._hashes.pop(key, None)),
-                                 np.array(hashes, dtype=np.int64))
+            self._hashes[key] = (weakref.ref(prompt, lambda _, key=key: self._hashes.pop(key, None)), hashes)
         return hashes
 
 
 PROMPT_HASHES = _PromptHashes()
+
+
+def private_prefixes(prompts: Sequence[tuple[str, Any]], block_size: int) -> dict[str, int]:
+    """For a closed workload whose outputs never continue a prompt (the simulator's, whose output tokens come
+    from a counter): sequence id -> the index of its first block that no other prompt has, for the sequences
+    that have one among their prompt's full blocks. No other sequence can find that block or any after it: a
+    chained hash covers every token before it, so equal hashes mean equal prefixes. ``prompts``: (sequence
+    id, prompt) pairs."""
+    depths = _PRIVATE_DEPTHS.get([prompt for _, prompt in prompts], block_size)
+    return {seq_id: d for (seq_id, _), d in zip(prompts, depths) if d >= 0}
+
+
+def _private_depths(prompts: list[Any], block_size: int) -> list[int]:
+    """Per prompt, the number of its leading full blocks that another prompt also has, or -1 when that is all
+    of them (or it has none: its first full block will hold outputs). Only the prompts whose first block
+    another has are hashed in full (a trace's unique prompts cost one block's hash each)."""
+    firsts = [chain_hashes(p[:block_size].tolist() if hasattr(p, "tolist") else list(p[:block_size]),
+                           block_size, [])[0] if len(p) >= block_size else None for p in prompts]
+    count = Counter(firsts)
+    depths = [-1 if h is None or count[h] > 1 else 0 for h in firsts]
+    shared = [i for i, h in enumerate(firsts) if h is not None and count[h] > 1]
+    if not shared:
+        return depths
+    chains = [PROMPT_HASHES.array(prompts[i], block_size) for i in shared]
+    lengths = np.fromiter(map(len, chains), dtype=np.int64, count=len(chains))
+    starts = np.cumsum(lengths) - lengths
+    flat = np.concatenate(chains)
+    _, inverse, counts = np.unique(flat, return_inverse=True, return_counts=True)
+    misses = np.append(np.flatnonzero(counts[inverse] == 1), len(flat))  # blocks no other prompt has
+    leading = misses[np.searchsorted(misses, starts)] - starts  # shared blocks before a prompt's first miss
+    for i, d, n in zip(shared, leading.tolist(), lengths.tolist()):
+        depths[i] = d if d < n else -1
+    return depths
+
+
+class _PrivateDepths:
+    """`_private_depths` of the last list of prompts asked for, kept with the prompts (so that their ids stay
+    theirs): a search replays the same prompts at many rates and configs."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[int, ...], list[Any], list[int]] | None = None
+
+    def get(self, prompts: list[Any], block_size: int) -> list[int]:
+        key = (block_size, *map(id, prompts))
+        if self._last is None or self._last[0] != key:
+            self._last = (key, prompts, _private_depths(prompts, block_size))
+        return self._last[2]
+
+
+_PRIVATE_DEPTHS = _PrivateDepths()
 
 
 class KVCacheManager:
@@ -199,6 +253,9 @@ class KVCacheManager:
         self.num_cached_blocks: dict[str, int] = {}
         self.num_evicted: dict[str, int] = {}  # computed tokens whose KV was evicted (compacted sequences only)
         self.swapped_evicted: dict[str, int] = {}  # ... and of compacted sequences while swapped to the host
+        # sequence id -> block index from which no other sequence can find its blocks (`private_prefixes`):
+        # those are cached only when it is preempted (it looks them up itself when it comes back)
+        self.private_from: dict[str, int] = {}
         self.peak_used_blocks = 0
         self.evicted_tokens = 0  # KV slots that eviction compactions dropped, over every sequence (a metric)
 
@@ -227,6 +284,8 @@ class KVCacheManager:
         compute, so that the step that follows produces the logits to sample from."""
         if not self.enable_prefix_reuse:
             return []
+        if seq.seq_id not in self.hashes and self.private_from.get(seq.seq_id) == 0:
+            return []  # never cached (nor hashed) and no other sequence's blocks can be its prefix
         max_hit = (seq.num_tokens - 1) // self.block_size
         hashes, lookup = self._hashes(seq), self.pool.cached.get
         hits: list[int] = []
@@ -265,9 +324,12 @@ class KVCacheManager:
         self.peak_used_blocks = max(self.peak_used_blocks, self.pool.num_used())
         return new_blocks
 
-    def cache_full_blocks(self, seq: HasTokens) -> None:
-        """Register the sequence's blocks that are now full of computed tokens in the prefix cache."""
+    def cache_full_blocks(self, seq: HasTokens, private: bool = False) -> None:
+        """Register the sequence's blocks that are now full of computed tokens in the prefix cache; past
+        `private_from` only when ``private`` (it is being preempted)."""
         num_full = seq.num_computed_tokens // self.block_size
+        if not private and seq.seq_id in self.private_from:
+            num_full = min(num_full, self.private_from[seq.seq_id])
         done = self.num_cached_blocks.get(seq.seq_id, 0)
         if num_full <= done or not self.enable_prefix_reuse or seq.seq_id in self.num_evicted:
             return  # (a compacted sequence's blocks hold no prefix's KV)
@@ -281,8 +343,11 @@ class KVCacheManager:
             for b, h in zip(blocks, block_hashes):
                 self.tiers.write_back_copy(b, h)
 
-    def free(self, seq: HasTokens) -> None:
-        """Release a finished or preempted sequence's blocks, tail first."""
+    def free(self, seq: HasTokens, finished: bool = False) -> None:
+        """Release a finished or preempted sequence's blocks, tail first (a preempted one's full blocks cached
+        first: it may find them when it comes back)."""
+        if not finished and seq.seq_id in self.private_from:
+            self.cache_full_blocks(seq, private=True)
         table = self.tables.pop(seq.seq_id, [])
         self.pool.free(table[::-1])
         self.num_cached_blocks.pop(seq.seq_id, None)
@@ -465,3 +530,4 @@ class KVCacheManager:
     def forget(self, seq: HasTokens) -> None:
         """Drop a finished sequence's cached hashes (kept across preemption, dropped at the end)."""
         self.hashes.pop(seq.seq_id, None)
+        self.private_from.pop(seq.seq_id, None)

@@ -14,7 +14,7 @@ from typing import Sequence as PySequence
 import numpy as np
 
 from ..config import KVConfig
-from .block_manager import KVCacheManager
+from .block_manager import KVCacheManager, private_prefixes
 from .eviction_budget import EvictionBudget
 from .metrics import Metrics, TierMetrics, compute_metrics, tier_metrics
 from .request import Request, RequestRecord
@@ -147,13 +147,17 @@ class Engine:
     executor never embeds them and passes none). ``ring_bytes``: the full-precision rings of quantized KV
     (`kv_layout.ring_bytes`), allocated up front for ``max_num_seqs`` sequences out of the device budget the
     blocks share (`kv_layout.kv_pool_blocks`), so counted in full in KV peak and capacity (the runtime and the
-    simulator both pass them from the layout)."""
+    simulator both pass them from the layout). ``unique_outputs``: the executor's output tokens never continue
+    a prompt (the simulator's come from a counter), so a replay need not cache the blocks no other prompt
+    shares (`_private_prefixes`)."""
 
     def __init__(self, config: KVConfig, *, num_blocks: int, block_bytes: int, max_context: int,
                  executor: Executor, clock: Clock, eos_token_id: int | None = None,
                  notes: tuple[str, ...] = (), fast_forward: FastForward | None = None,
-                 n_layers: int | None = None, vocab_size: int | None = None, ring_bytes: int = 0) -> None:
+                 n_layers: int | None = None, vocab_size: int | None = None, ring_bytes: int = 0,
+                 unique_outputs: bool = False) -> None:
         self.config = config
+        self.unique_outputs = unique_outputs
         self.fast_forward = fast_forward
         self.kv = KVCacheManager(num_blocks, config.prefix_reuse.block_size, config.prefix_reuse.enabled,
                                  tier_manager(config, block_bytes))
@@ -256,6 +260,7 @@ class Engine:
         for r in pending:  # all before serving any: a bad request arriving late would waste the run so far
             self._check_request(r, ids)
             ids.add(r.request_id)
+        self._private_prefixes(pending)
         start = self.clock.now()
         i = 0
         while i < len(pending) or self.scheduler.has_work():
@@ -269,6 +274,17 @@ class Engine:
             elif i < len(pending):
                 self.clock.wait_until(start + pending[i].arrival_s)
         return self.metrics(duration_s=self.clock.now() - start)
+
+    def _private_prefixes(self, pending: list[Request]) -> None:
+        """Before a replay into an empty engine whose outputs never continue a prompt: the sequences whose
+        blocks no other can find cache them only if they are preempted (`block_manager.private_prefixes`),
+        which changes nothing a replay measures and saves hashing and caching every block of every prompt.
+        Not with tiers (every cached block is written down or demoted when reused) nor eviction (a compaction
+        copies the cached blocks it rewrites)."""
+        if self.unique_outputs and not self.request_ids and self.kv.enable_prefix_reuse \
+                and self.kv.tiers is None and self.scheduler.eviction is None:
+            self.kv.private_from = private_prefixes([(r.request_id, r.prompt_token_ids) for r in pending],
+                                                    self.kv.block_size)
 
     def metrics(self, duration_s: float) -> Metrics:
         return compute_metrics(self.records, duration_s=duration_s,

@@ -691,5 +691,5 @@ class Scheduler:
         seq.record.finish_s = now_s
         seq.record.output_token_ids = seq.output_token_ids
         self.running.remove(seq)
-        self.kv.free(seq)
+        self.kv.free(seq, finished=True)
         self.kv.forget(seq)

@@ -374,7 +374,8 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
                     executor=executor, clock=clock, ring_bytes=ring_bytes(config, target.spec, target.kv_itemsize),
                     notes=target.notes + _link_notes(links, target) + extrapolated + _poor_link_fits(links, target)
                     + tuple(layout_notes(config, target.spec)),
-                    fast_forward=executor.fast_forward if fast_forward else None, n_layers=target.spec.n_layers)
+                    fast_forward=executor.fast_forward if fast_forward else None, n_layers=target.spec.n_layers,
+                    unique_outputs=True)
     return engine, executor
 
 
