@@ -226,6 +226,9 @@ def parse_energy(text: str) -> EnergyBudget:
 
 
 # ---- constraints -----------------------------------------------------------------------------------------
+DEFAULT_MAX_QUEUE_S = 5.0  # Vidur-Search's default P99 scheduling-delay SLO
+
+
 @dataclass(frozen=True)
 class QueueGuard:
     """Queues stay bounded: TTFT p99 at most ``limit_s`` above the same requests served one at a time.

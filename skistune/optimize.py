@@ -40,7 +40,7 @@ from typing import Any
 
 from skistune import callable_module
 from skistune.config import FAMILIES, KVConfig, format_bytes, knob_fields, layer_bits_text
-from skistune.objectives import (NAMED, Constraint, EnergyBudget, Objective, Point, QualityFloor, QueueGuard,
+from skistune.objectives import (DEFAULT_MAX_QUEUE_S, NAMED, Constraint, EnergyBudget, Objective, Point, QualityFloor, QueueGuard,
                                  ReturnValueError, energy_j_per_token, goodput_rps, objective_value, parse_energy,
                                  parse_objectives, parse_quality, predict_quality, queue_constraint, queue_name,
                                  raised_by, served_constraint, slo_constraint, user_constraint)
@@ -55,11 +55,9 @@ DEFAULT_WORKLOAD = "chat"
 DEFAULT_REQUESTS = 100  # requests of a preset workload: ~1 s per capacity search here
 DEFAULT_TRIALS = 20
 DEFAULT_TOP_K = 3
-DEFAULT_MAX_QUEUE_S = 5.0  # Vidur-Search's default P99 scheduling-delay SLO
 SEARCH_PRECISION = 0.10  # relative precision of the capacity search inside a trial
 REFINE_PRECISION = 0.02  # ... and of the top-k and the baseline afterwards
 MIN_RATE_SCALE = 1 / 1024  # `simulator.capacity`'s lowest scale: metrics of configs that meet no rate
-ISOLATION_GAP_S = 1e6  # arrivals this far apart: each request is served alone
 VALIDATE_REQUESTS = 6  # the slice of the workload replayed on the real runtime ...
 VALIDATE_MAX_INPUT = 128  # ... with prompts and outputs capped: a replay takes ~5 s of SmolLM2 on 2 CPU cores
 VALIDATE_MAX_OUTPUT = 16
@@ -279,10 +277,9 @@ class RequestSet:
 
 
 def request_set(requests: Sequence[Request]) -> RequestSet:
-    isolated = tuple(Request(r.request_id, r.prompt_token_ids, r.max_new_tokens, i * ISOLATION_GAP_S,
-                             None if r.deadline_s is None else i * ISOLATION_GAP_S + r.deadline_s - r.arrival_s,
-                             r.stop_at_eos) for i, r in enumerate(requests))
-    return RequestSet(tuple(requests), isolated)
+    from skistune.simulator import one_at_a_time
+
+    return RequestSet(tuple(requests), tuple(one_at_a_time(requests)))
 
 
 @dataclass(frozen=True)
@@ -750,7 +747,7 @@ def _capacity_scale(problem: Problem, config: KVConfig, requests: RequestSet, re
 
     guards = [QueueGuard(reference_s, problem.max_queue_s)] if problem.max_queue_s is not None else []
     cap = capacity(config, requests.requests, problem.target, [*problem.slos, *guards], precision=precision,
-                   start=start_scale)
+                   start=start_scale, max_queue=None)  # (its own guard: the reference is computed once a config)
     return cap.rate_scale, cap.metrics
 
 

@@ -498,6 +498,31 @@ def lattice_step(precision: float) -> float:
     return step
 
 
+def _queue_limit(max_queue, parse_max_queue) -> float | None:
+    """`capacity`'s ``max_queue`` in seconds (None: no guard)."""
+    if max_queue is None:
+        return None
+    if isinstance(max_queue, str):
+        try:
+            return parse_max_queue(max_queue)
+        except ValueError as e:  # (its messages name the command's option)
+            raise ValueError(str(e).replace("--max-queue", "max_queue", 1)) from None
+    if isinstance(max_queue, Real) and not isinstance(max_queue, bool) and 0 < max_queue < math.inf:
+        return float(max_queue)
+    raise ValueError(f"max_queue {max_queue!r}: expected a positive time such as '5s' or 5.0 (seconds), or None")
+
+
+ISOLATION_GAP_S = 1e6  # arrivals this far apart: each request is served alone
+
+
+def one_at_a_time(requests: Sequence[Request]) -> list[Request]:
+    """The same requests, each arriving when the one before has long finished (`ISOLATION_GAP_S` apart): what
+    no arrival rate, however low, improves on (the queueing guard's reference)."""
+    return [Request(r.request_id, r.prompt_token_ids, r.max_new_tokens, i * ISOLATION_GAP_S,
+                    None if r.deadline_s is None else i * ISOLATION_GAP_S + r.deadline_s - r.arrival_s, r.stop_at_eos)
+            for i, r in enumerate(requests)]
+
+
 def spread_over_time(requests: Sequence[Request]) -> bool:
     """Whether the requests arrive over time, so that scaling their arrival rate means something
     (`capacity`): not a single request, nor several that all arrive at once."""
@@ -507,7 +532,7 @@ def spread_over_time(requests: Sequence[Request]) -> bool:
 
 def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Sequence,
              *, precision: float = 0.02, max_scale: float = MAX_RATE_SCALE, min_scale: float = 1 / 1024,
-             start: float | None = None) -> Capacity:
+             start: float | None = None, max_queue: str | float | None = "5s") -> Capacity:
     """The highest arrival-rate scale at which every SLO holds, as Vidur-Search and AIConfigurator report
     capacity, to ``precision`` relative.
 
@@ -519,11 +544,16 @@ def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Seque
     ``config``: as `simulate` takes it; ``slos``: SLO strings as `skistune optimize` takes them
     (``"p99=200ms"``, ``"ttft:p90<=1s"``, parsed by `slo.parse_slo`), `SLO` objects, or anything with a
     ``met(metrics)`` method (the optimizer's queueing guard); one string or SLO alone is a list of one;
-    ``start``: 0 or None is no guess. Bad input raises ``ValueError`` or ``TypeError`` before anything is
-    simulated."""
+    ``start``: 0 or None is no guess; ``max_queue``: the queueing guard `skistune optimize` applies
+    (``--max-queue``, 5 s by default): TTFT p99 at most this much above that of the same requests served one
+    at a time (a time such as ``"5s"``, seconds as a number, or None / ``"off"`` for none). Without it a
+    TBT-only SLO holds at any rate for a config whose pool serves one sequence at a time while its queue grows
+    without end. Bad input raises ``ValueError`` or ``TypeError`` before anything is simulated."""
+    from skistune.objectives import QueueGuard, parse_max_queue
     from skistune.slo import as_slos
 
     slos = as_slos(slos, guards=True)
+    queue_s = _queue_limit(max_queue, parse_max_queue)
     config, requests = as_config(config), request_list(requests)
     _check_target(target)
     if not requests:
@@ -537,6 +567,8 @@ def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Seque
     low, high = _log2_scales(min_scale, max_scale)
     if start is not None and not (isinstance(start, Real) and math.isfinite(start)):
         raise ValueError(f"start {start!r}: expected a rate scale to search from (a number), or None")
+    if queue_s is not None:
+        slos.append(QueueGuard(simulate(config, one_at_a_time(requests), target).ttft_s.p99, queue_s))
     held: dict[float, Metrics | None] = {}
 
     def check(x: float) -> Metrics | None:

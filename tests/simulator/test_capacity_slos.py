@@ -40,3 +40,31 @@ def test_anything_else_is_a_clear_error_before_any_simulation(setup, monkeypatch
         capacity(KVConfig(), requests, target, slos)
     with pytest.raises(ValueError, match="capacity: no requests"):
         capacity(KVConfig(), [], target, ["p99=200ms"])
+
+
+def test_the_queueing_guard_keeps_a_starved_pool_from_any_rate(shipped_target):
+    # a pool of ~1,200 tokens serves the chat prompts about one at a time: TBT stays low at any rate while the
+    # queue grows without end, so a TBT SLO alone gives the top of the lattice (a tester's finding)
+    requests = workload_requests(load_workload("chat", requests=40, max_input=1024, max_output=64, seed=0),
+                                 "smollm2-135m")
+    starved = KVConfig().with_knobs({"offload.device_kv_bytes": 1200 * 46080})  # (fp32 KV on the CPU profile)
+    unguarded = capacity(starved, requests, shipped_target, "p99=300ms", precision=0.1, max_queue=None)
+    assert unguarded.rate_scale == 1024
+    guarded = capacity(starved, requests, shipped_target, "p99=300ms", precision=0.1)  # 5 s, as the CLI's default
+    assert 0 < guarded.rate_scale < 1 and guarded.metrics.ttft_s.p99 < unguarded.metrics.ttft_s.p99
+    assert capacity(starved, requests, shipped_target, "p99=300ms", precision=0.1, max_queue=5.0) == guarded
+    looser = capacity(starved, requests, shipped_target, "p99=300ms", precision=0.1, max_queue="60s")
+    assert guarded.rate_scale <= looser.rate_scale < 1024
+
+
+@pytest.mark.parametrize("max_queue, message", [
+    ("5", "max_queue '5': the limit needs a unit"), ("soon", "max_queue 'soon'"), (-1, "max_queue -1"),
+    (True, "max_queue True"), ("0s", "positive, finite"),
+])
+def test_a_bad_queueing_guard_is_a_clear_error_before_any_simulation(setup, monkeypatch, max_queue, message):
+    import skistune.simulator as simulator
+
+    requests, target = setup
+    monkeypatch.setattr(simulator, "simulate", lambda *a, **k: pytest.fail("simulated before checking max_queue"))
+    with pytest.raises(ValueError, match=message):
+        capacity(KVConfig(), requests, target, "p99=200ms", max_queue=max_queue)

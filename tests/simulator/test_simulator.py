@@ -129,7 +129,7 @@ def test_capacity_is_the_same_from_any_start_and_a_good_guess_saves_simulations(
     assert finer.rate_scale == capacity(KVConfig(), reqs, t, slos, precision=0.02).rate_scale
     # the lattice's ends: nothing feasible gives 0, everything feasible gives the top scale
     assert capacity(KVConfig(), reqs, t, [parse_slo("ttft:p99<=1us")], start=2.0).rate_scale == 0.0
-    top = capacity(KVConfig(), reqs, t, [parse_slo("ttft:p99<=1000s")], max_scale=4.0, start=0.5)
+    top = capacity(KVConfig(), reqs, t, [parse_slo("ttft:p99<=1000s")], max_scale=4.0, start=0.5, max_queue=None)
     assert top.rate_scale == 4.0
 
 
