@@ -69,6 +69,9 @@ def load(name: str, monkeypatch):
     ("sim_instructions.py", ["--base", "HEAD", "--profile", "/nonexistent.json"],
      "argument --profile: /nonexistent.json: no such file"),
     ("quality_kv.py", ["--only", ","], "argument --only: ',' names nothing"),  # (it meant every config)
+    ("quality_heldout.py", ["--config", "eviction.policy"], "error: --config 'eviction.policy': 'eviction.policy' "
+     "is not knob=value"),
+    ("quality_heldout.py", ["--config", "eviction.policy=lru"], "error: eviction.policy"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(script, args, message):
     assert_one_error(run_script(script, *args), message)

@@ -97,6 +97,41 @@ def test_variants_measured_at_two_budgets_are_interpolated_between_them():
     assert mean_loss(near_zero, h2o(0.5, **pyramid)) == pytest.approx(0.004)
 
 
+def test_a_loss_that_rises_with_the_budget_is_read_at_the_larger_loss_below_it():
+    # h2o measured 0.06 at 0.25 and 0.02 at 0.5; a 0.75 point at 0.03 (above 0.5's: noise, or which tokens a
+    # compaction kept) lifts 0.5 to 0.03 and the budgets between, never the reverse
+    qp2 = _with(profile_data(), ("evict", h2o(0.75, **{"eviction.sink_tokens": 4}), 0.03))
+    assert mean_loss(qp2, h2o(0.75)) == pytest.approx(0.03)
+    assert mean_loss(qp2, h2o(0.5)) == pytest.approx(0.03)
+    assert mean_loss(qp2, h2o(0.6)) == pytest.approx(0.03)
+    assert mean_loss(qp2, h2o(0.375)) == pytest.approx(0.045)  # halfway between 0.06 and the lifted 0.03
+    assert mean_loss(qp2, h2o(0.9)) == pytest.approx(0.03 * 0.4)  # then linearly to 0 at 1.0
+    losses = [mean_loss(qp2, h2o(f / 100)) for f in range(25, 101)]
+    assert all(b <= a + 1e-12 for a, b in zip(losses, losses[1:]))
+
+
+def test_below_the_variants_budgets_a_loss_grows_with_the_policy_an_improvement_does_not():
+    # h2o at 0.1 loses 0.18, three times its 0.06 at 0.25, where the pyramid measured 0.8x (-0.012) and a
+    # 16-token window 1.5x (+0.03): the window's added loss grows to +0.09, the pyramid's gain stays -0.012
+    qp2 = _with(profile_data(), ("evict", h2o(0.1, **{"eviction.sink_tokens": 4}), 0.18))
+    assert mean_loss(qp2, h2o(0.1)) == pytest.approx(0.18)
+    assert mean_loss(qp2, h2o(0.1, **{"eviction.recent_window": 16})) == pytest.approx(0.18 + 3 * 0.03)
+    assert mean_loss(qp2, h2o(0.1, **{"eviction.layer_schedule": "pyramid"})) == pytest.approx(0.18 - 0.012)
+    # each window keeps its measured difference to the mean effect (the spread is not amplified)
+    deltas = qp2.window_deltas(KVConfig().with_knobs(h2o(0.1, **{"eviction.recent_window": 16})))
+    assert deltas == pytest.approx([a + b + 2 * 0.03 for a, b in zip(spread(0.18), spread(0.03))])
+
+
+def test_composed_differences_stay_above_the_measurements_noise_per_window():
+    # the pyramid measured lossless at 0.5 (-0.02 against h2o's 0.02) and h2o lossless at 0.75: at 0.75 the
+    # difference, faded to half, would take both windows below zero, where no measurement of h2o ever went
+    qp2 = _with(profile_data(), ("evict", h2o(0.75, **{"eviction.sink_tokens": 4}), 0.0),
+                ("evict-variant", h2o(0.5, **{"eviction.layer_schedule": "pyramid"}), 0.0))
+    assert mean_loss(qp2, h2o(0.5, **{"eviction.layer_schedule": "pyramid"})) == pytest.approx(0.0)
+    deltas = qp2.window_deltas(KVConfig().with_knobs(h2o(0.75, **{"eviction.layer_schedule": "pyramid"})))
+    assert deltas == pytest.approx([0.0, 0.0])  # (summed: -0.0067 and -0.0133)
+
+
 def test_a_recent_window_measured_at_the_second_budget_is_read_there():
     # at 0.5 a 256-token window measured at 0.6x the reference; 16 not measured there (held at 1.0 below 64)
     qp2 = _with(profile_data(), ("evict-variant", h2o(0.5, **{"eviction.recent_window": 256}), 0.02 * 0.6))
