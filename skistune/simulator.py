@@ -19,6 +19,7 @@ disk transfer writes or reads block by block, converting each block's parts to o
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -60,7 +61,6 @@ LOSSY_KNOBS = frozenset({
     "bitwidth.layer_bits",
 })
 PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad)
-NUMPY_MIN_TOKENS = 64  # fewer pseudo-random tokens are drawn in plain Python (same values)
 DECODE_LINE_SPAN = 1 << 20  # KV tokens between the two predictions a decode cost line is drawn through
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> bytes of one KV element
 # the finest capacity resolution: far below any prediction's error; much finer (~1e-15), the lattice's steps
@@ -155,13 +155,15 @@ class ProfileExecutor:
         self._decode_lines: dict[int, tuple[float, float]] = {}  # batch -> (step s at 0 KV tokens, s per token)
 
     def next_tokens(self, n: int) -> list[int]:
-        """Knuth's multiplicative hash of a counter: spread out, deterministic."""
+        """Knuth's multiplicative hash of a counter: spread out, deterministic. The hash of counter c depends on
+        c modulo the span of ids only, so the tokens are slices of one cycle of it (`_token_cycle`)."""
         first, self._tokens_drawn = self._tokens_drawn + 1, self._tokens_drawn + n
-        span = self.vocab - PSEUDO_TOKEN_BASE
-        if n < NUMPY_MIN_TOKENS:  # a step's few tokens: numpy's call overhead would dominate
-            return [PSEUDO_TOKEN_BASE + c * 2654435761 % span for c in range(first, first + n)]
-        counters = np.arange(first, first + n, dtype=np.int64)  # (no int64 overflow below 3.4e9 tokens)
-        return (PSEUDO_TOKEN_BASE + (counters * 2654435761) % span).tolist()
+        cycle = _token_cycle(self.vocab - PSEUDO_TOKEN_BASE)
+        start = first % len(cycle)
+        out = cycle[start:start + n]
+        while len(out) < n:  # (past the cycle's end: on from its start)
+            out += cycle[:n - len(out)]
+        return out
 
     def transfer_s(self, transfers: Sequence[Transfer]) -> float:
         """Predicted time of tier transfers, in order, each as the runtime's `TierStore` runs it."""
@@ -338,6 +340,14 @@ def _kv_reads(engine: Engine, seqs: list, k: int, compactions: list[list[DecodeC
         for e in compactions[i]:
             row[e.step:] -= row[e.step - 1] - e.new_num_kv_tokens
     return reads
+
+
+@functools.lru_cache(maxsize=4)
+def _token_cycle(span: int) -> list[int]:
+    """The simulator's pseudo-token of every counter modulo ``span`` (a vocabulary less the special ids), in
+    order: a run's tokens are a slice of it (a Python list slice, where computing them cost a numpy call and
+    a conversion of every token)."""
+    return (PSEUDO_TOKEN_BASE + np.arange(span, dtype=np.int64) * 2654435761 % span).tolist()
 
 
 def _steps_with_blocks(engine: Engine, seqs: list, k_max: int) -> int:

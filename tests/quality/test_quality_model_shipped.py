@@ -44,16 +44,6 @@ def _predict(policy, fraction, sinks, window, schedule):
     return QP.predict(config), QP.window_deltas(config)
 
 
-def _noise_floor(qp, policy):
-    """Per window, the lowest loss any eviction measurement of ``policy`` shows there (0 if none below)."""
-    floor = [0.0] * len(qp._full)
-    for kind in ("evict", "evict-variant"):
-        for knobs, deltas in qp._table(kind):
-            if knobs["eviction.policy"] == policy:
-                floor = [min(f, d) for f, d in zip(floor, deltas)]
-    return floor
-
-
 def test_the_testers_repro_a_smaller_snapkv_window_at_a_tenth_is_not_lossless(qp):
     """Budget 0.1, 4 sinks: window 64 predicted +14.8%, 16-48 +0.00% (per-window deltas down to -0.97). The
     real model lost +34% with window 17 (held-out windows); a smaller window must not read as better."""
@@ -121,7 +111,7 @@ def test_a_larger_recent_window_below_the_default_never_predicts_more_loss(qp, p
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_composition_never_predicts_a_window_better_than_the_measurements_noise(qp, policy):
-    floor = _noise_floor(qp, policy)
+    floor = qp._noise_floor(policy)  # (the lowest any measurement of the policy showed, per window)
     assert min(floor) > -0.06  # (what the noise reaches: SnapKV's 64 decoded tokens a window)
     for sinks in SINKS:
         for schedule in SCHEDULES:
