@@ -90,6 +90,14 @@ def eviction_budget(config: KVConfig, n_layers: int | None) -> EvictionBudget | 
     return EvictionBudget(config.eviction, n_layers, config.prefix_reuse.block_size)
 
 
+def read_full_precision_window(config: KVConfig) -> int:
+    """``bitwidth.full_precision_window`` where some KV is quantized (at 16 bits everything is read in full)."""
+    b = config.bitwidth
+    pairs = [(b.key_bits, b.value_bits)] if b.layer_bits is None else b.layer_bits
+    quantized = any(bits != 16 for pair in pairs for bits in pair)
+    return b.full_precision_window if quantized else 0
+
+
 def tier_blocks(knob: str, tier_bytes: int, block_bytes: int) -> int:
     """A lower tier's capacity in blocks; warns when a tier was asked for but holds no whole block."""
     blocks = tier_bytes // block_bytes
@@ -162,7 +170,8 @@ class Engine:
         self.kv = KVCacheManager(num_blocks, config.prefix_reuse.block_size, config.prefix_reuse.enabled,
                                  tier_manager(config, block_bytes))
         self.scheduler = Scheduler(scheduler_limits(config), self.kv, eviction_budget(config, n_layers),
-                                   prefetch_blocks(config) if self.kv.tiers is not None else 0)
+                                   prefetch_blocks(config) if self.kv.tiers is not None else 0,
+                                   read_full_precision_window(config))
         prepare = getattr(executor, "prepare", None)
         if prepare is not None:
             prepare(self.kv)

@@ -242,8 +242,10 @@ class SchedulerLimits:
 
 class Scheduler:
     def __init__(self, limits: SchedulerLimits, kv: KVCacheManager, eviction: EvictionBudget | None = None,
-                 prefetch_blocks: int = 0) -> None:
+                 prefetch_blocks: int = 0, full_precision_window: int = 0) -> None:
         self.limits = limits
+        # quantized KV's newest tokens read at full precision (0: none, or nothing quantized): see `_max_hit_tokens`
+        self.full_precision_window = full_precision_window
         self.prefetch_blocks = prefetch_blocks  # lower-tier blocks promoted ahead of use per step (0: off)
         self.kv = kv
         self.eviction = eviction  # None: nothing is evicted
@@ -387,12 +389,12 @@ class Scheduler:
         hit can be far longer than the budget, and a sequence that needs more blocks than the pool has would
         wait forever. (Without eviction a hit never makes a sequence hold more than its own tokens, which
         admission checked.)"""
-        if self.eviction is None or not hits:
-            return hits
         num_blocks, block_size = self.kv.pool.num_blocks, self.kv.block_size
-        cap = self.eviction.max_hit_tokens(seq.num_tokens)
+        cap = self._max_hit_tokens(seq)
         if cap is not None:
             hits = hits[:cap // block_size]
+        if self.eviction is None or not hits:
+            return hits
         if self.kv.blocks_for(seq.num_tokens) <= num_blocks:
             return hits
         lim = self.limits
@@ -405,9 +407,23 @@ class Scheduler:
         predicted 4 blocks prefetched where the runtime prefetched 37)."""
         return bool(self.prefetch_blocks) and self.kv.tiers is not None and self._next_to_prefetch() is not None
 
+    def _max_hit_tokens(self, seq: Sequence) -> int | None:
+        """The most prompt tokens a sequence may take from the prefix cache and compute as it would from its
+        start (None: no limit). Its eviction policy's (`EvictionBudget.max_hit_tokens`), and with quantized KV
+        none of the full-precision window: a hit exists only packed, so the window's tokens must be computed
+        into the sequence's own full-precision ring (`kv_layout.full_precision_start`), or a prompt served
+        after itself reads them dequantized and samples other tokens (a tester's finding: 4-bit keys, 2-bit
+        values, an 8-token window, a 50-token prompt served twice: the second diverged at its 4th token)."""
+        caps = [] if self.eviction is None else [self.eviction.max_hit_tokens(seq.num_tokens)]
+        if self.full_precision_window:
+            caps.append(max(0, seq.num_tokens - self.full_precision_window))
+        caps = [c for c in caps if c is not None]
+        return min(caps) if caps else None
+
     def _takes_hits(self, seq: Sequence) -> bool:
         """Whether the sequence may take any prefix hit (else its lower-tier prefix is not brought up for it)."""
-        return self.eviction is None or self.eviction.max_hit_tokens(seq.num_tokens) != 0
+        cap = self._max_hit_tokens(seq)
+        return cap is None or cap >= self.kv.block_size
 
     def _resume_swapped(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
         """Bring a swapped sequence back (its blocks from the host) with its next chunk; returns the
