@@ -27,6 +27,7 @@ class Request:
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) == 0:
             raise ValueError(f"request {self.request_id}: empty prompt")
+        _check_token_ids(self.request_id, self.prompt_token_ids)
         # bool is an Integral too, but True new tokens is a caller's bug, not 1
         if not isinstance(self.max_new_tokens, numbers.Integral) or isinstance(self.max_new_tokens, bool):
             raise ValueError(f"request {self.request_id}: max_new_tokens must be an integer, "
@@ -67,3 +68,20 @@ class RequestRecord:
     @property
     def first_token_s(self) -> float | None:
         return self.token_times_s[0] if self.token_times_s else None
+
+
+def _check_token_ids(request_id: str, ids) -> None:
+    """Token ids must be integers in one dimension: a float list had been truncated (2.9 served as 2) and a
+    float or 2-D array failed inside a step, taking every request batched with it down (a tester's finding).
+    Range is checked against the model's vocabulary when the engine queues the request."""
+    dtype = getattr(ids, "dtype", None)
+    if dtype is not None:  # a numpy array (workloads keep prompts so): checked without a loop
+        if getattr(ids, "ndim", 1) != 1 or dtype.kind not in "iu":
+            raise ValueError(f"request {request_id}: prompt token ids must be a 1-D array of integers, got "
+                             f"{getattr(ids, 'ndim', 1)}-D {dtype}")
+        return
+    if all(type(t) is int for t in ids):  # (the common case, fast)
+        return
+    for i, t in enumerate(ids):
+        if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+            raise ValueError(f"request {request_id}: prompt token {i} is {t!r}, not an integer token id")

@@ -141,3 +141,20 @@ def test_generate_takes_a_single_string_as_one_prompt():
     assert len(one) == 1 and len(one[0]) == 2
     assert one == rt.generate(["Hello"], max_new_tokens=2, stop_at_eos=False)
     assert len(rt.generate(["Hello", "you"], max_new_tokens=2, stop_at_eos=False)) == 2
+
+
+@pytest.mark.parametrize("ids, message", [
+    (np.array([1.5, 2.0]), "must be a 1-D array of integers, got 1-D float64"),  # had failed mid-step, with others
+    (np.array([[1, 2], [3, 4]]), "got 2-D int64"),
+    ([1.0, 2.9, 3.0], "prompt token 0 is 1.0, not an integer token id"),  # had been served as [1, 2, 3]
+    ([5, True], "prompt token 1 is True"),
+])
+def test_prompt_token_ids_must_be_integers_in_one_dimension(ids, message):
+    with pytest.raises(ValueError, match=message):
+        Request("r", ids, 3)
+
+
+def test_integer_prompts_of_any_integer_type_are_taken():
+    for ids in ([1, 2, 3], (1, 2, 3), [1, np.int64(2)], np.array([1, 2], dtype=np.int32),
+                np.array([1, 2], dtype=np.uint16)):
+        assert Request("r", ids, 3).prompt_len == len(ids)
