@@ -309,7 +309,7 @@ def _additive(visible: torch.Tensor) -> torch.Tensor:
 def quantize_blocks(side, staging: torch.Tensor, block_ids: torch.Tensor, value_group: int) -> None:
     """Quantize-on-append: full blocks ``staging [n * block_size, n_kv, D]`` into ``side`` at ``block_ids``
     (Triton on CUDA, PyTorch elsewhere)."""
-    if staging.is_cuda and _triton_available():
+    if staging.is_cuda and triton_head_dim(staging.shape[-1]) and _triton_available():
         from .triton_attention import quantize_into
         quantize_into(side, staging, block_ids, value_group)
         return
@@ -548,9 +548,16 @@ TRITON_PREFILL_BITS = (16, 8)
 
 
 def _use_triton(q: torch.Tensor) -> bool:
-    """Whether this step's attention runs the Triton kernels: CUDA queries and Triton installed. (A function,
-    so that tests on a CPU can send a step through them under Triton's interpreter.)"""
-    return q.is_cuda and _triton_available()
+    """Whether this step's attention runs the Triton kernels: CUDA queries, Triton installed and a head size
+    they take (`triton_head_dim`). (A function, so that tests on a CPU can send a step through them under
+    Triton's interpreter.)"""
+    return q.is_cuda and triton_head_dim(q.shape[-1]) and _triton_available()
+
+
+def triton_head_dim(head_dim: int) -> bool:
+    """The Triton kernels index a head with ``tl.arange(0, head_dim)``, which takes powers of two only: a model
+    with heads of 48 or 80 runs the PyTorch path (a tester's finding: head dim 48 failed in all three)."""
+    return head_dim > 0 and head_dim & (head_dim - 1) == 0
 
 
 def _triton_available() -> bool:

@@ -246,3 +246,13 @@ def test_a_kernel_left_unspecialized_on_a_name_it_lacks_is_an_error():
 
     with pytest.raises(TypeError, match="kernel: no parameter width"):
         ta._jit_unspecialized("n", "width")(kernel)
+
+
+def test_heads_that_are_not_a_power_of_two_take_the_pytorch_path():
+    """The Triton kernels index a head with tl.arange(0, head_dim): 48 failed in decode, prefill and quantize."""
+    from types import SimpleNamespace
+
+    from skistune.kernels.attention import _use_triton, triton_head_dim
+
+    assert [d for d in (32, 48, 64, 80, 96, 128, 256) if triton_head_dim(d)] == [32, 64, 128, 256]
+    assert not _use_triton(SimpleNamespace(is_cuda=True, shape=(3, 9, 48)))
