@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from .quant import stored_scale_floor
 
 
 
@@ -453,7 +454,7 @@ def paged_prefill(q: torch.Tensor, key, value, block_ids: torch.Tensor, context_
 
 
 @triton.jit
-def _quantize_kernel(X, BLOCK_IDS, DATA, SCALE, ZERO, s_xt, s_xh, s_db, s_dt, s_dh, s_sb, s_st, s_sh,
+def _quantize_kernel(X, BLOCK_IDS, DATA, SCALE, ZERO, FLOOR, s_xt, s_xh, s_db, s_dt, s_dh, s_sb, s_st, s_sh,
                      BS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, IS_KEY: tl.constexpr,
                      GROUP: tl.constexpr):
     i = tl.program_id(0)
@@ -467,6 +468,8 @@ def _quantize_kernel(X, BLOCK_IDS, DATA, SCALE, ZERO, s_xt, s_xh, s_db, s_dt, s_
     if IS_KEY:  # per channel over the block's tokens
         lo = tl.min(x, 0)
         sc = tl.maximum((tl.max(x, 0) - lo) / QMAX, 1e-8)
+        sc = tl.maximum(sc.to(SCALE.dtype.element_ty).to(tl.float32), FLOOR)  # (codes against the stored scale
+        lo = lo.to(ZERO.dtype.element_ty).to(tl.float32)                        # and zero: `quant._quantize`)
         codes = tl.floor((x - lo[None, :]) / sc[None, :] + 0.5)
         tl.store(SCALE + blk * s_sb + h * s_sh + offs_d, sc.to(SCALE.dtype.element_ty))
         tl.store(ZERO + blk * s_sb + h * s_sh + offs_d, lo.to(ZERO.dtype.element_ty))
@@ -474,6 +477,8 @@ def _quantize_kernel(X, BLOCK_IDS, DATA, SCALE, ZERO, s_xt, s_xh, s_db, s_dt, s_
         xg = tl.reshape(x, [BS, D // GROUP, GROUP])
         lo = tl.min(xg, 2)
         sc = tl.maximum((tl.max(xg, 2) - lo) / QMAX, 1e-8)
+        sc = tl.maximum(sc.to(SCALE.dtype.element_ty).to(tl.float32), FLOOR)
+        lo = lo.to(ZERO.dtype.element_ty).to(tl.float32)
         codes = tl.reshape(tl.floor((xg - lo[:, :, None]) / sc[:, :, None] + 0.5), [BS, D])
         offs_gr = tl.arange(0, D // GROUP)
         g_off = blk * s_sb + offs_t[:, None] * s_st + h * s_sh + offs_gr[None, :]
@@ -493,6 +498,7 @@ def quantize_into(side, staging: torch.Tensor, block_ids: torch.Tensor, group: i
     s = side.scale
     scale_strides = (s.stride(0), 0, s.stride(1)) if side.is_key else (s.stride(0), s.stride(1), s.stride(2))
     _quantize_kernel[(n, n_kv)](
-        staging, block_ids, side.data, side.scale, side.zero, staging.stride(0), staging.stride(1),
+        staging, block_ids, side.data, side.scale, side.zero, stored_scale_floor(side.scale.dtype),
+        staging.stride(0), staging.stride(1),
         side.data.stride(0), side.data.stride(1), side.data.stride(2), *scale_strides,
         BS=bs, D=d, BITS=side.bits, IS_KEY=side.is_key, GROUP=min(group, d))
