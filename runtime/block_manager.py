@@ -316,9 +316,11 @@ class KVCacheManager:
         if not computed_blocks and num_tokens <= len(table) * self.block_size:
             return []  # the common decode step: room left in the last block
         num_new_blocks = max(0, self.blocks_for(num_tokens) - len(table) - len(computed_blocks))
-        if num_new_blocks + self.pool.num_free_among(computed_blocks) > self.pool.num_free():
+        pool = self.pool
+        if num_new_blocks + (pool.num_free_among(computed_blocks) if computed_blocks else 0) > pool.num_free():
             return None
-        self.pool.touch(computed_blocks)
+        if computed_blocks:  # (most allocations have no prefix hit: two calls saved per chunk and block)
+            pool.touch(computed_blocks)
         new_blocks = self.pool.allocate(num_new_blocks)
         if new_blocks is None:  # unreachable after the check above; kept as a hard invariant
             raise RuntimeError("KV pool: allocation failed after a successful capacity check")
