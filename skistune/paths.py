@@ -53,7 +53,20 @@ def _check_writable(folder: Path, path: Path, option: str) -> None:
 
 def write_atomic(path: Path, text: str) -> Path:
     """Write ``text`` to a new file beside ``path`` (created with the usual permissions, umask applied),
-    flush it to disk, then rename it over ``path``: readers see the old file or the new one, never a part."""
+    flush it to disk, then rename it over ``path``: readers see the old file or the new one, never a part.
+    A symbolic link is written through (its target replaced, the link kept), and what is not a regular file
+    (/dev/stdout, /dev/null, a pipe) is written to directly: a rename had replaced /dev/full, run as root,
+    with a regular file (a tester's finding)."""
+    path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        try:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
+        return path
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

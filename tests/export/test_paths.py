@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,30 @@ def test_write_atomic_replaces_the_file_whole(tmp_path):
     target.write_text("old\n")
     assert write_atomic(target, "new\n") == target
     assert target.read_text() == "new\n" and [p.name for p in tmp_path.iterdir()] == ["out.yaml"]
+
+
+def test_a_link_is_written_through_and_kept(tmp_path):
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "cfg.yaml"
+    target.write_text("old\n")
+    link = tmp_path / "link.yaml"
+    link.symlink_to(target)
+    write_atomic(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+
+
+def test_what_is_not_a_regular_file_is_written_to_not_replaced(tmp_path):
+    """A rename over the path had replaced /dev/full (run as root) with a regular file, a tester's finding."""
+    import stat
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    write_atomic(fifo, "through the pipe")
+    reader.join(timeout=10)
+    assert got == ["through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    write_atomic(Path(os.devnull), "discarded")
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
