@@ -596,7 +596,8 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
                                    open_storage, open_study, running_notes, stored_profile)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
-    check_out_file(out, "--out")
+    check_out_file(out, "--out", _input_files(workload, profile, space, quality_profile,
+                                               None if storage is None else _sqlite_file(storage)))
     if sampler not in SAMPLERS:
         raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
     w = _workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=workload_seed, requests=requests,
@@ -626,6 +627,12 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     name = study or default_study_name(problem)
     resume = f"--study {shlex.quote(name)}" + (f" --storage {shlex.quote(storage)}" if storage else "")  # (to paste)
     storage = storage or default_storage(name)
+    # the study's own file, now that its name is known, existing or about to be (a tester's --out skistune-NAME.db
+    # replaced the study with the tuned config: every trial lost)
+    db = _sqlite_file(storage)
+    if db is not None and Path(db).resolve() == out.resolve():
+        raise ValueError(f"--out {out}: is the study's database ({storage}), which writing would overwrite "
+                         "(give another file name)")
     # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
     existing = open_study(problem, open_storage(storage), name, sampler=None)
     print_notes(w)  # (every input checked: what the workload's reader noticed, before the search)
@@ -636,6 +643,17 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     result = _solve_with_progress(problem, json_out=json_out, n_trials=trials, timeout=timeout, storage=storage,
                                   study_name=name, n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
     _report(result, out, json_out, resume)
+
+
+def _input_files(*paths) -> tuple[Path, ...]:
+    """The files among a command's inputs (names of presets, spaces and None left out): --out must not be one
+    of them (a tester overwrote the trace, the profile and the study database with the tuned config)."""
+    return tuple(Path(p) for p in paths if isinstance(p, (str, Path)) and str(p) and Path(p).is_file())
+
+
+def _sqlite_file(storage: str) -> str | None:
+    """The file of an SQLite storage URL (sqlite:///relative or sqlite:////absolute), else None."""
+    return storage[len("sqlite:///"):] if storage.startswith("sqlite:///") else None
 
 
 def _say_resumed(study, name: str, trials: int) -> None:

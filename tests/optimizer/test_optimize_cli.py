@@ -370,3 +370,24 @@ def test_capacities_print_four_significant_digits_with_their_trailing_zeros():
     capacity = NAMED["capacity"]
     assert [_value(capacity, v) for v in (0.0149, 0.015564, 5663.2)] == ["0.01490 req/s", "0.01556 req/s",
                                                                        "5,663 req/s"]
+
+
+def test_out_never_overwrites_an_input_nor_the_study(here):
+    """A tester's --out w.csv replaced the trace with the tuned config, --out myprof.json the profile, and
+    --out skistune-NAME.db the study: every trial lost, the resume command then failing."""
+    import shutil
+
+    trace = here / "w.csv"
+    shutil.copy(Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_2023_conv" /
+                "AzureLLMInferenceTrace_conv.csv", trace)
+    profile = here / "p.json"
+    shutil.copy(PROFILE, profile)
+    before = trace.read_bytes(), profile.read_bytes()
+    small = ["--requests", "16", "--trials", "2", "--validate", "0"]
+    r = invoke("--slo", "p99=200ms", *small, "--workload", str(trace), "--profile", str(profile), "--out", str(trace))
+    assert r.exit_code == 2 and "is the input file" in r.output
+    r = invoke("--slo", "p99=200ms", *small, "--profile", str(profile), "--out", "p.json")
+    assert r.exit_code == 2 and "is the input file" in r.output
+    r = invoke("--slo", "p99=200ms", *small, "--profile", PROFILE, "--study", "s1", "--out", "skistune-s1.db")
+    assert r.exit_code == 2 and "is the study's database" in r.output
+    assert (trace.read_bytes(), profile.read_bytes()) == before and not (here / "skistune-s1.db").exists()
