@@ -675,7 +675,13 @@ def _warn_broken_alone(problem) -> None:
 
     label = f"{problem.baseline_engine}'s defaults"
     with err_console.status(f"checking {label} with each request served alone"):  # (seconds on a big trace)
-        broken = slos_broken_alone(problem, served_alone(problem, problem.base)[0])
+        alone = served_alone(problem, problem.base)[0]
+    if alone.num_finished == 0:  # (its latencies are NaN: "breaks p99 (nan ms)" had named the wrong cause)
+        why = next(iter(alone.rejections.values()), "no request finished")
+        print_warning(f"{label} serve no request of the workload, even alone ({why}): a config must hold more KV, "
+                      "or give requests that fit (the search goes on; Ctrl-C keeps its trials)")
+        return
+    broken = slos_broken_alone(problem, alone)
     if broken:
         print_warning(f"{label} break {_broken_text(broken)} even with each request served alone: a config "
                       "must serve a request alone faster than they do to meet it (the search goes on; Ctrl-C keeps "

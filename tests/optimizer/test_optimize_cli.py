@@ -391,3 +391,10 @@ def test_out_never_overwrites_an_input_nor_the_study(here):
     r = invoke("--slo", "p99=200ms", *small, "--profile", PROFILE, "--study", "s1", "--out", "skistune-s1.db")
     assert r.exit_code == 2 and "is the study's database" in r.output
     assert (trace.read_bytes(), profile.read_bytes()) == before and not (here / "skistune-s1.db").exists()
+
+
+def test_a_baseline_that_serves_nothing_is_not_said_to_break_an_slo_by_nan(here):
+    """A tester's finding: with every request rejected the warning read 'break tbt:p99<=200ms (nan ms)'."""
+    r = invoke("--slo", "p99=200ms", "--workload", "long-context", "--requests", "6", "--kv-memory", "1MiB",
+               "--trials", "2", "--validate", "0", "--profile", PROFILE)
+    assert "serve no request of the workload, even alone (needs" in r.output and "nan ms" not in r.output
