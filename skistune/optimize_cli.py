@@ -740,8 +740,12 @@ def _report(result, out: Path, json_out: bool, resume: str) -> None:
             console.print(escape(line), highlight=False)
     for line in gain_lines(result):
         console.print(escape(line), highlight=False)
-    path = result.write(out)
     name = result.study.study_name
+    try:
+        path = result.write(out)
+    except OSError as e:  # (after the search: say the trials are not lost, and how to get the file)
+        raise OSError(e.errno, f"{e.strerror}; the study {name} in {result.storage} keeps its trials: the same "
+                      f"command with {resume} writes the file (`skistune report {name}` shows them)") from None
     console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command with {resume} adds "
                          "trials)"), highlight=False, soft_wrap=True)
     broke = validation_warning(result)

@@ -398,3 +398,19 @@ def test_a_baseline_that_serves_nothing_is_not_said_to_break_an_slo_by_nan(here)
     r = invoke("--slo", "p99=200ms", "--workload", "long-context", "--requests", "6", "--kv-memory", "1MiB",
                "--trials", "2", "--validate", "0", "--profile", PROFILE)
     assert "serve no request of the workload, even alone (needs" in r.output and "nan ms" not in r.output
+
+
+def test_a_tuned_config_that_cannot_be_written_says_the_trials_are_kept(here, monkeypatch):
+    """A tester's finding: a full disk at the end exited with 'cannot write ...' alone, after the search."""
+    import errno
+
+    from skistune.optimize import OptimizeResult
+
+    def full(self, path):
+        raise OSError(errno.ENOSPC, f"cannot write {path}: No space left on device")
+    monkeypatch.setattr(OptimizeResult, "write", full)
+    r = invoke("--slo", "p99=200ms", *SMALL, "--study", "kept")
+    assert r.exit_code == 2
+    assert "No space left on device; the study kept in sqlite:///" in r.output
+    assert "the same command with --study kept writes the file" in r.output
+    assert len(optuna.load_study(study_name="kept", storage=f"sqlite:///{here / 'skistune-kept.db'}").trials) >= 3
