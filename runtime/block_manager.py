@@ -17,7 +17,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter, OrderedDict
 from itertools import islice
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 

@@ -16,6 +16,7 @@ import numpy as np
 from ..config import KVConfig
 from .block_manager import KVCacheManager, private_prefixes
 from .eviction_budget import EvictionBudget
+from .kv_layout import read_full_precision_window
 from .metrics import Metrics, TierMetrics, compute_metrics, tier_metrics
 from .request import Request, RequestRecord
 from .scheduler import Scheduler, SchedulerLimits, SchedulerOutput, Sequence
@@ -88,14 +89,6 @@ def eviction_budget(config: KVConfig, n_layers: int | None) -> EvictionBudget | 
         raise ValueError(f"eviction.policy {config.eviction.policy!r}: the engine needs the model's n_layers "
                          "(per-layer budgets)")
     return EvictionBudget(config.eviction, n_layers, config.prefix_reuse.block_size)
-
-
-def read_full_precision_window(config: KVConfig) -> int:
-    """``bitwidth.full_precision_window`` where some KV is quantized (at 16 bits everything is read in full)."""
-    b = config.bitwidth
-    pairs = [(b.key_bits, b.value_bits)] if b.layer_bits is None else b.layer_bits
-    quantized = any(bits != 16 for pair in pairs for bits in pair)
-    return b.full_precision_window if quantized else 0
 
 
 def tier_blocks(knob: str, tier_bytes: int, block_bytes: int) -> int:

@@ -39,8 +39,7 @@ def layout_notes(config: KVConfig, spec: ModelSpec) -> list[str]:
     head (`value_group`) rather than refused; this says so instead of clamping silently."""
     bw = config.bitwidth
     # pairs as configured, not `layer_bits`: a note must not raise on a layer count the pool check reports
-    pairs = bw.layer_bits if bw.layer_bits is not None else ((bw.key_bits, bw.value_bits),)
-    values_quantized = any(vb != FULL_PRECISION_BITS for _, vb in pairs)  # keys are grouped per channel
+    values_quantized = any(vb != FULL_PRECISION_BITS for _, vb in configured_bits(config))  # (keys: per channel)
     if values_quantized and bw.group_size > spec.head_dim:
         return [f"bitwidth.group_size {bw.group_size} is more than a head's {spec.head_dim} channels: values are "
                 f"grouped per head ({spec.head_dim})"]
@@ -74,6 +73,19 @@ def kv_block_bytes(spec: ModelSpec, block_size: int, itemsize: int, config: KVCo
     return sum(side_block_bytes(spec, block_size, itemsize, kb, True, group)
                + side_block_bytes(spec, block_size, itemsize, vb, False, group)
                for kb, vb in layer_bits(config, spec))
+
+
+def configured_bits(config: KVConfig) -> tuple:
+    """The (key bits, value bits) pairs as the config gives them: one for every layer, or one per layer (not
+    checked against a model's layer count, which `layer_bits` does)."""
+    bw = config.bitwidth
+    return bw.layer_bits if bw.layer_bits is not None else ((bw.key_bits, bw.value_bits),)
+
+
+def read_full_precision_window(config: KVConfig) -> int:
+    """``bitwidth.full_precision_window`` where some KV is quantized (at 16 bits everything is read in full)."""
+    quantized = any(bits != FULL_PRECISION_BITS for pair in configured_bits(config) for bits in pair)
+    return config.bitwidth.full_precision_window if quantized else 0
 
 
 def full_precision_start(context_len: int, ring_start: int, window: int, block_size: int) -> int:
