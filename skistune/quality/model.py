@@ -97,6 +97,13 @@ def _upper_margin(deltas: list[float], new_window: bool = False) -> float:
     return float(t.ppf(0.95, n - 1)) * statistics.stdev(deltas) * spread
 
 
+def _raise_to_larger_budgets(ys: list[list[float]]) -> None:
+    """In place, per window: each budget's loss raised to the largest at any larger budget (``ys`` in budget
+    order): the upper monotone envelope, so that a larger budget never predicts more loss."""
+    for i in range(len(ys) - 2, -1, -1):
+        ys[i] = [max(a, b) for a, b in zip(ys[i], ys[i + 1])]
+
+
 def _interp(x: float, xs: list[float], ys: list[list[float]]) -> list[float] | None:
     """Per-window values at ``x``, linear between measured points; None below the first point."""
     if x < xs[0] - 1e-12:
@@ -394,8 +401,7 @@ class QualityProfile:
         rows.sort()
         xs, ys = [f for f, _ in rows], [list(d) for _, d in rows]
         if monotone:
-            for i in range(len(ys) - 2, -1, -1):
-                ys[i] = [max(a, b) for a, b in zip(ys[i], ys[i + 1])]
+            _raise_to_larger_budgets(ys)
         if xs[-1] < 1.0:  # nothing is evicted at a budget of the whole context
             xs.append(1.0)
             ys.append([0.0] * len(self._full))
@@ -487,8 +493,7 @@ class QualityProfile:
                 samples = {lo + i / 100 for i in range(int(math.floor((hi - lo) * 100 + 1e-9)) + 1)}
                 xs = sorted({round(x, 9) for x in knots | samples if x <= hi})
                 ys = [self._evict_composed(policy, sinks, recent, schedule, x) for x in xs]
-                for i in range(len(ys) - 2, -1, -1):
-                    ys[i] = [max(a, b) for a, b in zip(ys[i], ys[i + 1])]
+                _raise_to_larger_budgets(ys)
                 if xs[-1] < 1.0:  # nothing is evicted at a budget of the whole context
                     xs, ys = xs + [1.0], ys + [[0.0] * len(self._full)]
                 self._envelopes[key] = (xs, ys)
