@@ -157,11 +157,25 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, prev: list[int]) -> 
     return prev
 
 
+def _prompt_hashes(prompt: Any, block_size: int, count: int | None = None) -> np.ndarray:
+    """The hashes of a prompt's full blocks (its first ``count``), int64: from its structure where it offers
+    them (a workload's `StreamPrompt`: no token read), else chained over its tokens."""
+    from_structure = getattr(prompt, "block_hashes", None)
+    hashes = from_structure(block_size, count) if from_structure is not None else None
+    if hashes is None:
+        full = len(prompt) // block_size if count is None else min(count, len(prompt) // block_size)
+        part = prompt[:full * block_size]
+        hashes = np.array(chain_hashes(part.tolist() if hasattr(part, "tolist") else [int(t) for t in part],
+                                       block_size, []), dtype=np.int64)
+    return hashes
+
+
 class _PromptHashes:
-    """The block hashes of prompts that are numpy arrays, kept while the array lives: a search replays
-    the same requests at many rates and configs, and hashing a long prompt costs more than the rest of its
-    admission. Keyed by the array's identity (a weak reference drops the entry with the array) and the
-    block size; stored as int64 arrays (a Python list of big ints takes 5x the memory)."""
+    """The block hashes of prompts that are numpy arrays or a workload's `StreamPrompt`s (which compute them
+    from their structure), kept while the prompt lives: a search replays the same requests at many rates and
+    configs, and hashing a long prompt costs more than the rest of its admission. Keyed by the prompt's
+    identity (a weak reference drops the entry with it) and the block size; stored as int64 arrays (a Python
+    list of big ints takes 5x the memory)."""
 
     def __init__(self) -> None:
         self._hashes: dict[tuple[int, int], tuple[weakref.ref, np.ndarray]] = {}
@@ -176,11 +190,8 @@ class _PromptHashes:
         found = self._hashes.get(key)
         if found is not None and found[0]() is prompt:
             return found[1]
-        full = len(prompt) // block_size * block_size
-        part = prompt[:full]
-        hashes = np.array(chain_hashes(part.tolist() if hasattr(part, "tolist") else [int(t) for t in part],
-                                       block_size, []), dtype=np.int64)
-        if isinstance(prompt, np.ndarray):  # (lists and tuples take no weak reference: hashed each time)
+        hashes = _prompt_hashes(prompt, block_size)
+        if isinstance(prompt, np.ndarray) or hasattr(prompt, "block_hashes"):  # (a list takes no weak reference)
             self._hashes[key] = (weakref.ref(prompt, lambda _, key=key: self._hashes.pop(key, None)), hashes)
         return hashes
 
@@ -202,8 +213,7 @@ def _private_depths(prompts: list[Any], block_size: int) -> list[int]:
     """Per prompt, the number of its leading full blocks that another prompt also has, or -1 when that is all
     of them (or it has none: its first full block will hold outputs). Only the prompts whose first block
     another has are hashed in full (a trace's unique prompts cost one block's hash each)."""
-    firsts = [chain_hashes(p[:block_size].tolist() if hasattr(p, "tolist") else list(p[:block_size]),
-                           block_size, [])[0] if len(p) >= block_size else None for p in prompts]
+    firsts = [int(_prompt_hashes(p, block_size, 1)[0]) if len(p) >= block_size else None for p in prompts]
     count = Counter(firsts)
     depths = [-1 if h is None or count[h] > 1 else 0 for h in firsts]
     shared = [i for i, h in enumerate(firsts) if h is not None and count[h] > 1]

@@ -135,8 +135,8 @@ def layerwise_depth(config: KVConfig) -> int:
 
 
 def token_id_range(token_ids: PySequence[int]) -> tuple[int, int]:
-    """(lowest, highest) token id of a prompt: vectorised on numpy arrays (workloads keep prompts so)."""
-    if isinstance(token_ids, np.ndarray):
+    """(lowest, highest) token id of a prompt: vectorised on numpy arrays and a workload's `StreamPrompt`."""
+    if isinstance(token_ids, np.ndarray) or hasattr(token_ids, "block_hashes"):
         return int(token_ids.min()), int(token_ids.max())
     return min(token_ids), max(token_ids)
 
