@@ -4,7 +4,9 @@ from __future__ import annotations
 import math
 import re
 
+from rich.progress import ProgressColumn
 from rich.table import Table
+from rich.text import Text
 
 from skistune.runtime.metrics import Metrics
 
@@ -165,3 +167,33 @@ def _prefetch_hits(tiers, prefetch: str | None) -> str:
     if tiers.prefetch_hit_rate is None:
         return "n/a (no promoted block used)"
     return f"{tiers.prefetch_hit_rate:.0%}"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as people say it: ``45 s``, ``12 min``, ``1.6 h``, ``2.3 days``."""
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    if seconds < 6000:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def clock_time(seconds: float) -> str:
+    """``H:MM:SS`` (rich's elapsed-time format, for the ETA beside it)."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class EtaColumn(ProgressColumn):
+    """A run's time left, from the task's ``eta_s`` and ``eta_lower_bound`` fields (`evaluate.run_eta_s`):
+    ``ETA 0:12:30``, ``ETA >=0:05:00`` where only the time until the last arrival is known, ``ETA ?`` before
+    anything is."""
+
+    def render(self, task) -> Text:
+        eta_s, lower = task.fields.get("eta_s"), task.fields.get("eta_lower_bound", False)
+        if eta_s is None:
+            return Text("ETA ?", style="progress.remaining")
+        return Text(f"ETA {'>=' if lower else ''}{clock_time(eta_s)}", style="progress.remaining")

@@ -238,14 +238,16 @@ def as_requests(requests, model: str, seed: int = 0) -> list[Request]:
 
 
 def evaluate(config, requests, *, model: str = "smollm2-135m", mode: str = "simulate",
-             profile=None, runtime=None) -> Metrics:
+             profile=None, runtime=None, on_progress: Callable[[int, int], None] | None = None) -> Metrics:
     """Metrics of serving ``requests`` with ``config``: predicted from the profile, or measured on the real
     runtime (``runtime`` reuses a loaded model).
 
     ``config``: a `KVConfig`, a mapping of knob families or a config file; ``requests``: a `Workload`
     (fitted to the model's context) or a sequence of `Request`; ``mode``: simulate or run; ``profile``: a
-    `HardwareProfile`, its file, or None (this machine's cached quick profile). Bad input raises
-    ``ValueError`` or ``TypeError`` before anything is simulated or loaded."""
+    `HardwareProfile`, its file, or None (this machine's cached quick profile); ``on_progress``: in run mode,
+    called with (requests done, requests) about every `PROGRESS_INTERVAL_S` from another thread, and once
+    at the end (`replay_with_progress`). Bad input raises ``ValueError`` or ``TypeError`` before anything is
+    simulated or loaded."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: use simulate or run")
     if not isinstance(model, str):
@@ -260,7 +262,87 @@ def evaluate(config, requests, *, model: str = "smollm2-135m", mode: str = "simu
     if runtime is None:
         check_runtime_memory(model)
     rt = runtime.with_config(config) if runtime is not None else Runtime.from_preset(model, config)
-    return rt.replay(requests)
+    return rt.replay(requests) if on_progress is None else replay_with_progress(rt, requests, on_progress)
+
+
+# ---- how long a run takes --------------------------------------------------------------------------------
+PROGRESS_INTERVAL_S = 0.5  # how often a run's progress is read (from another thread: the replay's loop is untouched)
+
+
+def requests_done(engine) -> int:
+    """Requests of a replay that are done: finished, rejected on arrival or dropped, i.e. queued and neither
+    waiting nor running. Read from another thread while the replay runs: a sequence moving between the
+    queues can be miscounted by one for that instant."""
+    scheduler = engine.scheduler
+    return len(engine.records) - len(scheduler.waiting) - len(scheduler.running)
+
+
+def replay_with_progress(runtime, requests: Sequence[Request], on_progress: Callable[[int, int], None],
+                         interval_s: float | None = None) -> Metrics:
+    """``runtime.replay(requests)``, calling ``on_progress(done, total)`` every ``interval_s`` (default
+    `PROGRESS_INTERVAL_S`) from a thread that only reads the engine's queues (`requests_done`), and with
+    (total, total) once the replay ends."""
+    import threading
+
+    interval_s = PROGRESS_INTERVAL_S if interval_s is None else interval_s
+    engine, total, stop = runtime.new_engine(), len(requests), threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(interval_s):
+            on_progress(min(max(requests_done(engine), 0), total), total)
+
+    thread = threading.Thread(target=poll, name="skistune-run-progress", daemon=True)
+    thread.start()
+    try:
+        metrics = engine.replay(requests)
+    finally:
+        stop.set()
+        thread.join()
+    on_progress(total, total)
+    return metrics
+
+
+def predicted_run_s(config, requests: Sequence[Request], model: str, device: str = "cpu",
+                    profile=None) -> tuple[float, str] | None:
+    """How long the simulator predicts a run of ``requests`` takes (arrivals replayed in real time, so never
+    less than their span), and the profile it used: ``profile`` (a `HardwareProfile`) when it was measured on
+    ``device``, else this machine's cached quick profile of ``model``. None where there is neither (a profile
+    is not measured for an estimate: that takes a minute) or the simulator refuses the config. Warnings of
+    the estimate's simulation are not shown: the run says its own."""
+    import warnings
+
+    from skistune.profile import cached_profile_path, load_profile, machine_fingerprint
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if profile is None or profile.device != device:
+                path = cached_profile_path(model, device, machine_fingerprint(device))
+                if not path.is_file():
+                    return None
+                profile = load_profile(path, check_fingerprint=False, model=model)
+                if profile.unreliable is not None:  # (as `default_profile`, which would measure it again)
+                    return None
+            metrics = simulate(config, requests, target_from_profile(profile, model))
+    except ValueError:  # (a damaged cache entry, a config the simulator refuses: no estimate, the run goes on)
+        return None
+    return metrics.duration_s, profile.name
+
+
+def run_eta_s(done: int, total: int, elapsed_s: float, arrivals_end_s: float,
+              predicted_s: float | None = None) -> tuple[float | None, bool]:
+    """Seconds a run still needs, and whether that is only a lower bound: the requests left at the rate they
+    have finished so far, else (none finished yet) the prediction's time left; never less than the time
+    until the last arrival, since a run replays its arrivals in real time (with neither rate nor prediction,
+    that time is the lower bound; (None, True) once it has passed too)."""
+    if done >= total:
+        return 0.0, False
+    until_last_arrival = max(arrivals_end_s - elapsed_s, 0.0)
+    if done > 0 and elapsed_s > 0:
+        return max((total - done) * elapsed_s / done, until_last_arrival), False
+    if predicted_s is not None:
+        return max(predicted_s - elapsed_s, until_last_arrival), False
+    return (until_last_arrival, True) if until_last_arrival > 0 else (None, True)
 
 
 callable_module(__name__, evaluate)  # ``skistune.evaluate(...)`` runs `evaluate`, however it was reached

@@ -51,8 +51,8 @@ def evaluate(
     from skistune.config import load_config, load_provenance
     from skistune.display import metrics_table, prefetch_mode, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
-                                   check_runtime_memory, power_model, run_machine, sim_target, tier_notes,
-                                   tuned_workload_note, workload_requests)
+                                   check_runtime_memory, power_model, predicted_run_s, run_machine, sim_target,
+                                   tier_notes, tuned_workload_note, workload_requests)
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
@@ -93,14 +93,17 @@ def evaluate(
         for note in notes:
             err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         reqs = workload_requests(w, model, seed)
-        if mode != "simulate" and w.duration_s >= REAL_TIME_NOTE_S:  # (a spinner shows only on a terminal)
-            err_console.print(f"[yellow]note:[/] a run replays the arrivals in real time: these {len(reqs)} requests "
-                              f"arrive over {w.duration_s:,.0f} s", highlight=False, soft_wrap=True)
         if mode == "compare":
             _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out, notes)
             return
-        with console.status(f"{'simulating' if mode == 'simulate' else 'serving'} {len(reqs)} requests"):
-            metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof, runtime=runtime)
+        if mode == "run":  # how long it will take, said before it starts (a default run had taken hours)
+            estimate = predicted_run_s(cfg, reqs, model, runtime.model.device.type, given)
+            _print_real_time_note(len(reqs), w.duration_s, estimate)
+            with run_progress(reqs, estimate[0] if estimate else None) as on_progress:
+                metrics = run_evaluate(cfg, reqs, model=model, mode=mode, runtime=runtime, on_progress=on_progress)
+        else:
+            with console.status(f"simulating {len(reqs)} requests"):
+                metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof)
     label = f"predicted (simulator) for {profiled_machine(prof)}" if mode == "simulate" else "measured (runtime)"
     energy = energy_figure(metrics, power, measured_time=mode == "run")
     console.print(metrics_table(metrics, f"{model} on {w.label()}: {label}"))
@@ -116,6 +119,63 @@ def evaluate(
 
 
 REAL_TIME_NOTE_S = 10.0  # a run whose arrivals span this long says so first (it had looked hung for 100 s)
+LONG_RUN_S = 600.0  # a run predicted to take this long says how to shorten it
+
+
+def real_time_note(n_requests: int, span_s: float, estimate: tuple[float, str] | None) -> str | None:
+    """What a run will take, before it starts (None: under `REAL_TIME_NOTE_S`, nothing to say): its arrivals'
+    span, a lower bound since they are replayed in real time, and the simulator's prediction (``estimate``:
+    `evaluate.predicted_run_s`), with how to shorten a long one. A default run of 2,000 chat requests arrives
+    over 6 minutes and is predicted to take 1.6 h (shipped CPU profile) to 5.7 h (a 2-core host's quick profile):
+    it had run for hours behind a spinner."""
+    from skistune.display import format_duration
+
+    predicted_s = estimate[0] if estimate is not None else 0.0
+    if max(span_s, predicted_s) < REAL_TIME_NOTE_S:
+        return None
+    text = f"a run replays the arrivals in real time: these {n_requests} requests arrive over {span_s:,.0f} s"
+    if estimate is not None:
+        text += (f"; the simulator predicts the run takes about {format_duration(predicted_s)} "
+                 f"(profile {estimate[1]})")
+        if predicted_s >= LONG_RUN_S:
+            text += ": fewer requests (--requests) or a lower rate (--rate-scale) make it shorter"
+    return text
+
+
+def _print_real_time_note(n_requests: int, span_s: float, estimate: tuple[float, str] | None) -> None:
+    note = real_time_note(n_requests, span_s, estimate)
+    if note is not None:  # (on stderr whether or not it is a terminal: the progress display shows only on one)
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def run_progress(requests, predicted_s: float | None = None):
+    """A run's progress on a terminal, where the spinners show: requests done (finished or rejected) of all,
+    the wall time elapsed and the time left (`evaluate.run_eta_s`, ``predicted_s`` before any request has
+    finished). Yields `evaluate.evaluate`'s ``on_progress``, None off a terminal (nothing is polled then)."""
+    import time
+
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from skistune.display import EtaColumn
+    from skistune.evaluate import run_eta_s
+
+    arrivals_end_s = max((r.arrival_s for r in requests), default=0.0)
+    progress = Progress(TextColumn("serving"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+                        TimeElapsedColumn(), EtaColumn(), console=console, transient=True)
+    task = progress.add_task("serving", total=len(requests))
+    start = time.monotonic()
+
+    def update(done: int, total: int) -> None:
+        eta_s, lower = run_eta_s(done, total, time.monotonic() - start, arrivals_end_s, predicted_s)
+        progress.update(task, completed=done, eta_s=eta_s, eta_lower_bound=lower)
+
+    update(0, len(requests))  # (before the first frame: it had read "ETA ?" with a prediction at hand)
+    with progress:
+        yield update
 
 
 @contextlib.contextmanager
@@ -159,8 +219,9 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
 
     with console.status(f"simulating {len(reqs)} requests"):
         predicted = run_evaluate(cfg, reqs, model=model, mode="simulate", profile=prof)
-    with console.status(f"serving {len(reqs)} requests"):
-        measured = run_evaluate(cfg, reqs, model=model, mode="run", runtime=runtime)
+    _print_real_time_note(len(reqs), w.duration_s, (predicted.duration_s, prof.name))
+    with run_progress(reqs, predicted.duration_s) as on_progress:
+        measured = run_evaluate(cfg, reqs, model=model, mode="run", runtime=runtime, on_progress=on_progress)
     check = None
     if speed_check:
         from skistune.profile.check import speed_check as time_again

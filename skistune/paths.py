@@ -51,19 +51,21 @@ def _check_writable(folder: Path, path: Path, option: str) -> None:
     probe.unlink(missing_ok=True)
 
 
-def write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a new file beside ``path`` (created with the usual permissions, umask applied),
-    flush it to disk, then rename it over ``path``: readers see the old file or the new one, never a part.
+def write_atomic(path: Path, text: str | bytes) -> Path:
+    """Write ``text`` (str as UTF-8, or bytes: a PNG) to a new file beside ``path`` (created with the usual
+    permissions, umask applied), flush it to disk, then rename it over ``path``: readers see the old file or
+    the new one, never a part, and a full disk leaves no 0-byte or truncated file (a report's plot had been).
     A symbolic link is written through (its target replaced, the link kept), and what is not a regular file
     (/dev/stdout, /dev/null, a pipe) is written to directly: a rename had replaced /dev/full, run as root,
     with a regular file (a tester's finding)."""
     path = Path(path)
+    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     if path.exists() and not path.is_file():
         try:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            with open(path, "wb") as fh:
+                fh.write(data)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
         return path
@@ -71,8 +73,8 @@ def write_atomic(path: Path, text: str) -> Path:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
