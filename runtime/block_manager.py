@@ -223,16 +223,21 @@ def _private_depths(prompts: list[Any], block_size: int) -> list[int]:
     lengths = np.fromiter(map(len, chains), dtype=np.int64, count=len(chains))
     starts = np.cumsum(lengths) - lengths
     flat = np.concatenate(chains)
-    order = np.argsort(flat)  # (equal hashes side by side: 2x faster than np.unique's inverse on 2.7 M blocks)
-    ordered = flat[order]
-    equal = ordered[1:] == ordered[:-1]
-    common = np.zeros(len(flat), dtype=bool)
-    common[order[1:][equal]] = True
-    common[order[:-1][equal]] = True
-    misses = np.append(np.flatnonzero(~common), len(flat))  # blocks no other prompt has
-    leading = misses[np.searchsorted(misses, starts)] - starts  # shared blocks before a prompt's first miss
-    for i, d, n in zip(shared, leading.tolist(), lengths.tolist()):
-        depths[i] = d if d < n else -1
+    # block by block, among the prompts whose blocks so far all have a twin: a chained hash covers its prefix, so
+    # block j's twin is another prompt's block j, whose earlier blocks are twins too. (Sorting every block's hash
+    # at once had taken 3x the memoized hashes' memory at its peak: 85 MB on Mooncake's 7,980 prompts.)
+    leading = np.full(len(chains), -1, dtype=np.int64)  # -1: every block has a twin
+    alive = np.arange(len(chains))
+    j = 0
+    while len(alive):
+        alive = alive[lengths[alive] > j]
+        _, inverse, counts = np.unique(flat[starts[alive] + j], return_inverse=True, return_counts=True)
+        twinned = counts[inverse] > 1
+        leading[alive[~twinned]] = j
+        alive = alive[twinned]
+        j += 1
+    for i, d in zip(shared, leading.tolist()):
+        depths[i] = d
     return depths
 
 
