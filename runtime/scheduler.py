@@ -414,11 +414,11 @@ class Scheduler:
         into the sequence's own full-precision ring (`kv_layout.full_precision_start`), or a prompt served
         after itself reads them dequantized and samples other tokens (a tester's finding: 4-bit keys, 2-bit
         values, an 8-token window, a 50-token prompt served twice: the second diverged at its 4th token)."""
-        caps = [] if self.eviction is None else [self.eviction.max_hit_tokens(seq.num_tokens)]
-        if self.full_precision_window:
-            caps.append(max(0, seq.num_tokens - self.full_precision_window))
-        caps = [c for c in caps if c is not None]
-        return min(caps) if caps else None
+        cap = None if self.eviction is None else self.eviction.max_hit_tokens(seq.num_tokens)
+        if self.full_precision_window:  # (no list built: asked for every waiting sequence at every step)
+            window_cap = max(0, seq.num_tokens - self.full_precision_window)
+            return window_cap if cap is None else min(cap, window_cap)
+        return cap
 
     def _takes_hits(self, seq: Sequence) -> bool:
         """Whether the sequence may take any prefix hit (else its lower-tier prefix is not brought up for it)."""
@@ -626,7 +626,7 @@ class Scheduler:
             kv_len, first = new_num_kv, events[-1].first_slot
         return events
 
-    def advance_decodes(self, step_end_s: list[float], new_tokens: list[list[int]],
+    def advance_decodes(self, step_end_s: Sequence_[float], new_tokens: list[list[int]],
                         compactions: Sequence_[list[DecodeCompaction]] = ()) -> list[Sequence]:
         """Apply ``len(step_end_s)`` decode steps of every running sequence at once, with the compactions
         of `plan_decode_run` (by sequence, in the order of ``running``), and finish the sequences whose
@@ -656,7 +656,7 @@ class Scheduler:
             self._finish(seq, step_end_s[-1])
         return finished
 
-    def _advance_decode(self, seq: Sequence, begin: int, end: int, step_end_s: list[float],
+    def _advance_decode(self, seq: Sequence, begin: int, end: int, step_end_s: Sequence_[float],
                         new_tokens: list[int]) -> None:
         """Decode steps ``begin..end`` (of a run) of one sequence."""
         if end == begin:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from array import array
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -264,7 +265,9 @@ class ProfileExecutor:
             return False
         n = len(seqs)
         tokens = self.next_tokens(k * n)  # drawn step by step, in batch order: as k single steps draw them
-        finished = engine.scheduler.advance_decodes(end_s[:k].tolist(), [tokens[i::n] for i in range(n)],
+        times = array("d")  # (the records' type: each sequence's slice of it is copied in whole)
+        times.frombytes(end_s[:k].tobytes())
+        finished = engine.scheduler.advance_decodes(times, [tokens[i::n] for i in range(n)],
                                                     [[e for e in per_seq if e.step <= k] for per_seq in compactions])
         if used_blocks is not None:  # blocks freed by compactions: the peak is that of the steps one at a time
             engine.kv.peak_used_blocks = max(engine.kv.peak_used_blocks, int(used_blocks[:k].max()))
