@@ -7,7 +7,7 @@ Torch-free: the simulator fills the same type.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from itertools import chain
+from array import array
 from typing import Sequence
 
 import numpy as np
@@ -135,7 +135,10 @@ def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_
     if done and counts.min() < 1:
         raise ValueError("a request finished without a token: its records are inconsistent")
     output_tokens = int(counts.sum())
-    times = np.fromiter(chain.from_iterable(r.token_times_s for r in done), np.float64, count=output_tokens)
+    joined = array("d")
+    for r in done:  # (the records' float64 arrays copy in whole: 4 M floats read one by one had taken 0.2 s)
+        joined.extend(r.token_times_s)
+    times = np.frombuffer(joined, dtype=np.float64) if output_tokens else np.zeros(0)
     starts = np.cumsum(counts) - counts  # each request's first token in ``times``
     first = times[starts]
     arrival = np.fromiter((r.arrival_s for r in done), np.float64, count=len(done))
