@@ -83,6 +83,9 @@ class StreamPrompt:
 
     def _span(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``start..stop`` (0 <= start <= stop <= len): the blocks' streams, then the prompt's own."""
+        if start >= self.from_blocks:  # (the prompt's own tokens only: the span a replay reads most)
+            own = np.arange(start - self.from_blocks, stop - self.from_blocks, dtype=np.uint64)
+            return self.source.tokens_at(self.own_key, own)
         positions = np.arange(start, stop, dtype=np.int64)
         in_blocks = positions < self.from_blocks
         keys = np.full(len(positions), self.own_key, dtype=np.uint64)
