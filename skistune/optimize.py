@@ -653,6 +653,81 @@ def parse_kv_memory(kv_memory) -> int | None:
     return kv_bytes
 
 
+# ---- the run's deadline -------------------------------------------------------------------------------------
+class TimeUp(Exception):
+    """The run's timeout ran out before a simulation could start (`Deadline`, `with_deadline`)."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a run must end: ``at`` in `time.monotonic` seconds (shared by the processes of a machine), from its
+    ``timeout_s``; both None: never."""
+
+    at: float | None = None
+    timeout_s: float | None = None
+
+    @classmethod
+    def after(cls, timeout_s: float | None, started: float | None = None) -> Deadline:
+        """``timeout_s`` from ``started`` (a `time.monotonic` reading; default now)."""
+        if timeout_s is None:
+            return cls()
+        return cls((time.monotonic() if started is None else started) + timeout_s, timeout_s)
+
+    def left(self) -> float | None:
+        return None if self.at is None else self.at - time.monotonic()
+
+    @property
+    def passed(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
+
+    def check(self) -> None:
+        if self.passed:
+            raise TimeUp(f"the timeout ({self.timeout_s:g} s) ran out")
+
+
+@functools.cache
+def _timed_target_class():
+    from skistune.simulator import SimTarget
+
+    @dataclass(frozen=True)
+    class TimedTarget(SimTarget):
+        """A simulation target that raises `TimeUp` when a simulation starts after its deadline: every
+        simulation (`simulator.build_engine`, inside `simulator.capacity`'s search too) reads the model's
+        ``spec`` before it simulates anything, so a run stops at most one simulation past its deadline."""
+
+        deadline: Deadline = Deadline()
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == "spec":
+                object.__getattribute__(self, "deadline").check()
+            return object.__getattribute__(self, name)
+
+    return TimedTarget
+
+
+def with_deadline(problem: Problem, deadline: Deadline) -> Problem:
+    """``problem`` whose simulations stop at ``deadline`` (`TimeUp`); itself when there is none."""
+    base = without_deadline(problem)
+    if deadline.at is None:
+        return base
+    fields_ = {k: v for k, v in vars(base.target).items() if k != "deadline"}
+    return replace(base, target=_timed_target_class()(**fields_, deadline=deadline))
+
+
+def without_deadline(problem: Problem) -> Problem:
+    """``problem`` with no deadline on its simulations (what a result carries: displays simulate after the run)."""
+    if not isinstance(problem.target, _timed_target_class()):
+        return problem
+    from skistune.simulator import SimTarget
+
+    fields_ = {k: v for k, v in vars(problem.target).items() if k != "deadline"}
+    return replace(problem, target=SimTarget(**fields_))
+
+
+def _deadline_of(problem: Problem) -> Deadline:
+    return getattr(problem.target, "deadline", None) or Deadline()
+
+
 # ---- scoring one config ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Evaluation:
@@ -899,13 +974,13 @@ def open_storage(storage, create: bool = True):
     _check_lasting(url, storage)
     # a wrong host or port should fail in seconds, not hang the command
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else \
-        {"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql+psycopg") else {}
+        {"connect_args": {"connect_timeout": 10}} if url.startswith(("postgresql+psycopg", "mysql+pymysql")) else {}
     try:
         if not create and not _has_optuna_tables(url, engine_kwargs):
             raise _NoStudies
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
+            return split_attr_storage_class()(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
                                               grace_period=4 * HEARTBEAT_S, skip_table_creation=not create,
                                               **_retry_stale_trials())
     except _NoStudies:
@@ -1023,7 +1098,8 @@ def _fail_and_retry(study, trial_ids: Sequence[int]) -> list[int]:
 
 def _with_installed_driver(url: str) -> str:
     """A bare ``postgresql://`` URL with a driver that is installed: SQLAlchemy 2.0 defaults to psycopg2
-    and 2.1 to psycopg (3); the ``[postgres]`` extra installs psycopg2-binary."""
+    and 2.1 to psycopg (3); the ``[postgres]`` extra installs psycopg2-binary. (A bare ``mysql://`` stays
+    SQLAlchemy's mysqlclient: the ``[mysql]`` extra's PyMySQL is named in the URL, ``mysql+pymysql://``.)"""
     from importlib.util import find_spec
 
     import sqlalchemy.exc
@@ -1038,6 +1114,202 @@ def _with_installed_driver(url: str) -> str:
         return url
     found = next((d for d in (postgresql.dialect.driver, "psycopg2", "psycopg") if find_spec(d)), None)
     return url if found is None else parsed.set(drivername=f"postgresql+{found}").render_as_string(hide_password=False)
+
+
+# ---- storage: study attributes of any size ----------------------------------------------------------------
+# Optuna's RDB storage keeps each attribute's JSON in a TEXT column: 65,535 bytes on MySQL/MariaDB, where a study
+# of a large trace had failed to store its recipe (550 KB of JSON for 8,000 Mooncake requests: "Data too long for
+# column 'value_json'"). A study attribute whose JSON is longer than `ATTR_PART_CHARS` is stored compressed, in
+# parts of at most that many characters, under keys ``KEY#a0``, ``KEY#a1``, ... and ``KEY`` itself holds a
+# marker naming them (`SPLIT_MARK`), written last. The storages `open_storage` opens join them again, so every
+# reader (optimize, worker, report) sees the whole value; a value stored whole (any older study) reads as it is.
+ATTR_PART_CHARS = 50_000  # well under MySQL's 65,535 bytes (the JSON is ASCII: Optuna escapes the rest)
+SPLIT_MARK = "skistune.parts"
+_PART_KEY = re.compile(r"(?P<key>.+)#(?P<slot>[ab])(?P<index>\d+)")
+
+
+def _split_marker(value: Any) -> Mapping[str, Any] | None:
+    if isinstance(value, Mapping) and len(value) == 1 and isinstance(value.get(SPLIT_MARK), Mapping):
+        return value[SPLIT_MARK]
+    return None
+
+
+def split_attr(key: str, value: Any, current: Any = None) -> list[tuple[str, Any]]:
+    """The (key, value) rows that store ``value`` under ``key``: the value itself when its JSON fits one
+    attribute, else its compressed parts, then the marker that names them. ``current``: what ``key`` holds now;
+    the parts go to the other of two slots (a, b) than the ones it names, so that a run stopped between the rows
+    leaves the value before it whole."""
+    text = json.dumps(value)
+    if len(text) <= ATTR_PART_CHARS:
+        return [(key, value)]
+    packed = _pack(text.encode())
+    slot = "b" if (_split_marker(current) or {}).get("slot") == "a" else "a"
+    parts = [packed[i:i + ATTR_PART_CHARS] for i in range(0, len(packed), ATTR_PART_CHARS)]
+    marker = {"slot": slot, "parts": len(parts), "sha256": hashlib.sha256(packed.encode()).hexdigest()}
+    return [(f"{key}#{slot}{i}", part) for i, part in enumerate(parts)] + [(key, {SPLIT_MARK: marker})]
+
+
+def joined_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored attributes with each split value (`split_attr`) whole again and its parts left out."""
+    out = {}
+    for key, value in attrs.items():
+        part = _PART_KEY.fullmatch(key)
+        if part is not None and part["key"] in attrs:
+            continue
+        marker = _split_marker(value)
+        out[key] = value if marker is None else _joined(key, marker, attrs)
+    return out
+
+
+def _joined(key: str, marker: Mapping[str, Any], attrs: Mapping[str, Any]) -> Any:
+    parts = [attrs.get(f"{key}#{marker.get('slot')}{i}") for i in range(int(marker.get("parts", 0)))]
+    packed = "".join(p for p in parts if isinstance(p, str))
+    if None in parts or hashlib.sha256(packed.encode()).hexdigest() != marker.get("sha256"):
+        raise ValueError(f"study attribute {key}: its {len(parts)} stored parts are incomplete or damaged (edited "
+                         "by hand?); start another study")
+    return json.loads(_unpack(packed))
+
+
+@functools.cache
+def split_attr_storage_class():
+    """Optuna's RDB storage, with study attributes of any size (`split_attr`, `joined_attrs`): the class
+    `open_storage` opens URLs with (made on first use: Optuna is imported only when a study runs)."""
+    import optuna
+
+    class SplitAttrRDBStorage(optuna.storages.RDBStorage):
+        __doc__ = split_attr_storage_class.__doc__
+
+        def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
+            current = super().get_study_user_attrs(study_id).get(key) if len(json.dumps(value)) > ATTR_PART_CHARS \
+                else None
+            for k, v in split_attr(key, value, current):
+                super().set_study_user_attr(study_id, k, v)
+
+        def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
+            return joined_attrs(super().get_study_user_attrs(study_id))
+
+        def get_all_studies(self) -> list:
+            studies = super().get_all_studies()
+            for s in studies:
+                s.user_attrs = joined_attrs(s.user_attrs)
+            return studies
+
+    SplitAttrRDBStorage.__module__, SplitAttrRDBStorage.__qualname__ = __name__, "SplitAttrRDBStorage"
+    return SplitAttrRDBStorage
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SplitAttrRDBStorage":  # (where pickle looks the class up)
+        return split_attr_storage_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---- storage: a failure mid-run ---------------------------------------------------------------------------
+class StorageWriteError(OSError):
+    """The study's storage failed while a run used it (a full disk, a lost database server, a value the
+    database refused). Every trial that finished before is in it. ``reason``: the database's own message;
+    ``kept``: the study's finished trials (None when the storage could not even be read); `line` says it all
+    in one line, with the command that resumes when the caller knows it."""
+
+    def __init__(self, reason: str, *, writing: bool = True, storage: str | None = None,
+                 study_name: str | None = None, kept: int | None = None):
+        self.reason, self.writing, self.storage, self.study_name, self.kept = reason, writing, storage, study_name, kept
+        super().__init__(self.line())
+
+    def line(self, resume: str | None = None) -> str:
+        where = f"the study's storage{f' {self.storage}' if self.storage else ''}"
+        what = f"{where} could not write ({self.reason})" if self.writing else f"{where} failed ({self.reason})"
+        if self.study_name is None:
+            return what
+        kept = "every trial finished before" if self.kept is None else \
+            f"its {self.kept} finished trial{'s' * (self.kept != 1)}"
+        full = any(w in self.reason.lower() for w in ("full", "no space", "quota"))
+        when = "free space for it" if full else "once it works again"
+        how = f"resume with: {resume}" if resume else \
+            f"resume with study_name={self.study_name!r} and the same storage"
+        return f"{what}; study {self.study_name} keeps {kept}; {when}, then {how}"
+
+
+_WRITES = ("INSERT", "UPDATE", "DELETE", "COMMIT", "CREATE", "ALTER", "DROP")
+
+
+def storage_failure(exc: BaseException) -> tuple[str, bool] | None:
+    """The database's message and whether it failed writing, when ``exc`` is, or was caused by, a failure of
+    the storage (a driver's error as SQLAlchemy wraps it, Optuna's wrapper of a failed commit, or a
+    `StorageWriteError`); else None. Optuna's trial loop turns a failed write into "Should not reach": the
+    failure is found in what that exception happened during."""
+    import sqlite3
+
+    import optuna
+    import sqlalchemy.exc
+
+    seen, found = set(), None
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, StorageWriteError):
+            return exc.reason, exc.writing
+        if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
+            orig = exc.orig
+            statement = (exc.statement or "").lstrip().upper()
+            return _error_text(orig), not statement or statement.startswith(_WRITES)
+        if isinstance(exc, sqlite3.Error):
+            return _error_text(exc), True
+        if found is None and isinstance(exc, (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)):
+            found = (_error_text(exc), True)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return found
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = f"{type(exc).__module__.split('.')[0]}.{type(exc).__name__}"
+    return f"{name}: {text}" if text else name
+
+
+def _finished_in(storage: Any, study_name: str) -> int | None:
+    """The finished trials of a study, read through a new connection (None where the storage cannot be read)."""
+    import optuna
+
+    try:
+        opened = open_storage(storage, create=False) if isinstance(storage, str) else storage
+        study = optuna.load_study(study_name=study_name, storage=opened)
+        return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    except Exception:  # (a storage that cannot be read now: the message says "every trial finished before")
+        return None
+
+
+@contextlib.contextmanager
+def storage_failures(storage: Any, study_name: str):
+    """A failure of the study's storage inside the block, however Optuna wrapped it, as one `StorageWriteError`
+    that says what failed and how many finished trials the study keeps."""
+    try:
+        yield
+    except Exception as exc:
+        found = storage_failure(exc)
+        if found is None:
+            raise
+        raise StorageWriteError(found[0], writing=found[1], storage=_storage_label(storage), study_name=study_name,
+                                kept=_finished_in(storage, study_name)) from None
+
+
+@contextlib.contextmanager
+def _quiet_heartbeat_failures():
+    """A heartbeat thread that fails to write (a full disk) ends without printing its traceback: the trial's own
+    next write fails too, and `storage_failures` says it in one line."""
+    import threading
+
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if not ("_record_heartbeat" in getattr(args.thread, "name", "") and args.exc_value is not None
+                and storage_failure(args.exc_value) is not None):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
 
 
 def _uses_trial_constraints() -> bool:
@@ -1203,9 +1475,19 @@ def _trial_function(problem: Problem, study) -> Callable:
     from skistune.ilp import SolverStats
 
     stats = SolverStats()
-    solvers = layer_bits_solvers(problem, stats)
+    solvers = layer_bits_solvers(without_deadline(problem), stats)  # (its programs simulate nothing)
 
     def run(trial):
+        try:
+            return scored(trial)
+        except TimeUp:  # (stored PRUNED: its capacity search was cut short, so it has no figures)
+            run.timed_out = True
+            with contextlib.suppress(RuntimeError):  # (raised outside study.optimize: `_simplify`'s asked trial)
+                trial.study.stop()
+            raise optuna.TrialPruned(f"the timeout ({_deadline_of(problem).timeout_s:g} s) ran out inside this "
+                                     "trial") from None
+
+    def scored(trial):
         calls, solve_s = stats.calls, stats.total_s
         config = suggest_config(trial, problem.space, problem.base, solvers)
         if stats.calls > calls:  # stored with the trial: every worker's runs add up in the study
@@ -1220,7 +1502,7 @@ def _trial_function(problem: Problem, study) -> Callable:
                     raise
                 run.failures.append(exc)
                 # (stored PRUNED, not FAIL, so that Optuna logs no traceback of its own: the error says why)
-                trial.set_user_attr(ERROR_ATTR, f"{type(exc).__name__}: {exc}")
+                trial.set_user_attr(ERROR_ATTR, _capped(f"{type(exc).__name__}: {exc}"))
                 with contextlib.suppress(RuntimeError):  # (raised outside study.optimize: an asked trial, `_simplify`)
                     trial.study.stop()
                 raise optuna.TrialPruned(str(exc)) from None  # (a failed trial would log Optuna's traceback)
@@ -1232,14 +1514,24 @@ def _trial_function(problem: Problem, study) -> Callable:
         return evaluation.values[0] if len(evaluation.values) == 1 else list(evaluation.values)
 
     run.failures = []  # what stopped the study: raised by `_optimize` once the trial is over
+    run.timed_out = False  # whether the run's deadline cut a trial short (`with_deadline`)
     return run
+
+
+ERROR_ATTR_CHARS = 2000  # of a user's error stored with its trial (a trial's attributes are not split: `split_attr`)
+
+
+def _capped(text: str) -> str:
+    cut = " ... (cut short)"
+    return text if len(text) <= ERROR_ATTR_CHARS else text[:ERROR_ATTR_CHARS - len(cut)] + cut
 
 
 def _optimize(study, trial_function: Callable, **kwargs: Any) -> None:
     """``study.optimize``, then the error of a user's objective or constraint that stopped it, if any. Trials
     left running by a worker killed before its first heartbeat are failed and queued again first."""
     fail_trials_that_never_beat(study)
-    study.optimize(trial_function, **kwargs)
+    with _quiet_heartbeat_failures():
+        study.optimize(trial_function, **kwargs)
     failures = getattr(trial_function, "failures", None)
     if failures:
         raise failures[0]
@@ -1553,9 +1845,14 @@ def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, 
         with _StopsInsideTrials() as gate:
             _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), lambda: _worker_tag(seed, unseeded=True)),
                       n_trials=n_trials, timeout=left, callbacks=[_orphaned(parent)])
+    except TimeUp:  # (the deadline, met between trials: nothing to report)
+        return
     except Exception as exc:
+        failed = storage_failure(exc)
         if isinstance(exc, ReturnValueError) or raised_by(exc) is not None:  # the user's callable: its own error
             errors.put(_picklable(exc))
+        elif failed is not None:  # (the parent says it, with the trials the study keeps)
+            errors.put(StorageWriteError(failed[0], writing=failed[1]))
         elif isinstance(exc, (ValueError, OSError, KeyError)):
             errors.put(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         else:
@@ -1907,7 +2204,8 @@ def join_study(storage: Any, study_name: str, *, seed: int | None = None) -> Wor
         raise ValueError(f"study {study_name!r}: holds no skistune recipe (made by another tool or an older "
                          "skistune); resume it once with skistune optimize to store one")
     problem, search = problem_from_recipe(recipe)
-    study = open_study(problem, opened, study_name, sampler=None)
+    with storage_failures(storage, study_name):
+        study = open_study(problem, opened, study_name, sampler=None)
     seed = _random_seed() if seed is None else seed
     study.sampler = make_sampler(search["sampler"], seed=seed, problem=problem, parallel=True,
                                  n_trials=search["n_trials"])
@@ -1915,16 +2213,20 @@ def join_study(storage: Any, study_name: str, *, seed: int | None = None) -> Wor
 
 
 def run_worker(job: WorkerJob, *, n_trials: int, timeout: float | None = None,
-               progress: Callable[[Progress], None] | None = None) -> WorkerRun:
-    """Run ``n_trials`` trials of the joined study (`join_study`); each records its worker's tag."""
+               progress: Callable[[Progress], None] | None = None, storage: Any = None) -> WorkerRun:
+    """Run ``n_trials`` trials of the joined study (`join_study`); each records its worker's tag. ``timeout``
+    stops the trial it falls in too (at most one simulation late; that trial is stored pruned). A failure of
+    the storage raises `StorageWriteError` (``storage``: the URL the study was joined with, to name it)."""
     import optuna
 
     _check_counts(n_trials, 1, 0, timeout)
     tag = dict(job.tag)
     first, pids = _first_new_trial(job.study), {tag["pid"]}
     callbacks = [lambda s, t: progress(_progress_of(job.problem, s, first, n_trials, pids))] if progress else []
-    with _StopsInsideTrials() as gate:
-        _optimize(job.study, _tagged(gate.wrap(_trial_function(job.problem, job.study)), lambda: tag),
+    problem = with_deadline(job.problem, Deadline.after(timeout))
+    with storage_failures(job.study._storage if storage is None else storage, job.study.study_name), \
+            _StopsInsideTrials() as gate:
+        _optimize(job.study, _tagged(gate.wrap(_trial_function(problem, job.study)), lambda: tag),
                   n_trials=n_trials, timeout=timeout, callbacks=callbacks)
     mine = [t for t in job.study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == tag]
     states = optuna.trial.TrialState
@@ -2246,12 +2548,33 @@ def load_runtime_in_background(problem: Problem):
 def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, requests: RequestSet | None = None,
              progress: Callable[[str], None] | None = None) -> list[Validation]:
     """Replay each config (and then the baseline, at the winner's rate) on the real runtime; the returned
-    list is in measured order (the first held its constraints and is best by measurement), baseline last."""
+    list is in measured order (the first held its constraints and is best by measurement), baseline last.
+    A ``problem`` with a deadline (`with_deadline`) replays only what starts before it; the list's
+    ``cut_short`` says what the deadline left out (None: nothing)."""
+    validated, cut = _validate(problem, configs, runtime=runtime, requests=requests, progress=progress)
+    return Validations(validated, cut)
+
+
+class Validations(list):
+    """`validate`'s list, with ``cut_short``: what the run's deadline left unreplayed (None: nothing)."""
+
+    def __init__(self, validations: Iterable[Validation] = (), cut_short: str | None = None):
+        super().__init__(validations)
+        self.cut_short = cut_short
+
+
+def _validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, requests: RequestSet | None = None,
+              progress: Callable[[str], None] | None = None) -> tuple[list[Validation], str | None]:
+    """`validate`, and what the problem's deadline cut short of it (None: nothing)."""
     requests = requests or validation_requests(problem)
     runtime = load_runtime(problem) if runtime is None else runtime
     if hasattr(runtime, "result"):  # a Future from `load_runtime_in_background`
         runtime = runtime.result()
-    scored = [score(problem, config, requests, precision=REFINE_PRECISION) for config in configs]
+    not_validated = f"not validated on the real runtime ({len(configs)} config{'s' * (len(configs) != 1)} asked)"
+    try:
+        scored = [score(problem, config, requests, precision=REFINE_PRECISION) for config in configs]
+    except TimeUp:
+        return [], not_validated
     # one replay per schedule: configs the simulator predicts to run the same steps of the slice (near the
     # SLO's edge one replay holds and its twin's breaks by a few percent of the machine's speed) are replayed
     # once, as the first of them in the search's order
@@ -2259,36 +2582,73 @@ def validate(problem: Problem, configs: Sequence[KVConfig], *, runtime=None, req
     for e in scored:
         group = next((g for g in groups if same_prediction(g[0], e)), None)
         (group.append(e) if group is not None else groups.append([e]))
-    predicted = [g[0] for g in groups]
+    if _deadline_of(problem).passed:
+        return [], not_validated
+    out, cut = _replay_candidates(problem, runtime, [g[0] for g in groups], requests, progress)
+    kept = [(v, g) for v, g in zip(out, groups) if v is not None]
+    if not kept:
+        return [], cut and not_validated
+    out = _measured_order(problem, [replace(v, twins=tuple(e.config for e in g[1:])) for v, g in kept])
+    return _and_baseline(problem, runtime, out, requests, progress, cut)
+
+
+def _replay_candidates(problem: Problem, runtime, predicted: list[Evaluation], requests: RequestSet,
+                       progress: Callable[[str], None] | None) -> tuple[list[Validation | None], str | None]:
+    """Each config replayed (twice where the first broke a constraint), in the search's order, as far as the
+    deadline lets (None: not replayed); and what the deadline cut short."""
+    deadline = _deadline_of(problem)
     quality = held_out_quality(problem, [p.config for p in predicted], runtime, progress)
     out: list[Validation | None] = [None] * len(predicted)
     for replay in range(VALIDATE_REPEATS):  # interleaved, so that a slow spell of the machine hits every config
         for i, p in enumerate(predicted):
-            if replay and not _replay_again(problem, out[i]):
+            if replay and (out[i] is None or not _replay_again(problem, out[i])):
                 continue
             if progress:
                 progress(f"{i + 1}/{len(predicted)}{_replay_label(replay)}")
-            out[i] = _better(problem, out[i],
-                             _measure(problem, runtime, p, requests, "candidate", quality.get(p.config)))
-    out = _measured_order(problem, [replace(v, twins=tuple(e.config for e in g[1:])) for v, g in zip(out, groups)])
+            try:
+                deadline.check()  # (a replay on the real runtime is not simulated: checked before it starts)
+                out[i] = _better(problem, out[i],
+                                 _measure(problem, runtime, p, requests, "candidate", quality.get(p.config)))
+            except TimeUp:
+                done = sum(v is not None for v in out)
+                return out, (f"validated {done} of {len(predicted)} configs on the real runtime" if replay == 0
+                             else "a second replay of a config that broke a constraint not made")
+    return out, None
+
+
+def _and_baseline(problem: Problem, runtime, out: list[Validation], requests: RequestSet,
+                  progress: Callable[[str], None] | None, cut: str | None) -> tuple[list[Validation], str | None]:
+    """The validations with the baseline's last, replayed at the winner's rate where that can compare them, as
+    far as the deadline lets; and what the deadline cut short (``cut`` so far)."""
     # the baseline among the candidates, replayed at the winner's rate (the winner itself, or one the search
     # found as good): its replays stand for both roles, another replay would only measure the machine's noise
     for v in out:
         if v.config.effective() == problem.base.effective() and v.predicted.rate_scale == out[0].predicted.rate_scale:
-            return out + [replace(v, role="baseline")]
+            return out + [replace(v, role="baseline")], cut
     if problem.base in out[0].twins:  # predicted to run the winner's schedule: nothing a replay could compare
-        return out
-    base = score_at(problem, problem.base, requests, out[0].predicted.rate_scale)
+        return out, cut
+    no_baseline = "; ".join(filter(None, (cut, "the baseline not replayed (no measured gain)")))
+    try:
+        base = score_at(problem, problem.base, requests, out[0].predicted.rate_scale)
+    except TimeUp:
+        return out, no_baseline
     if same_prediction(base, out[0].predicted):  # the same, though not among the candidates
-        return [replace(out[0], twins=out[0].twins + (problem.base,))] + out[1:]
+        return [replace(out[0], twins=out[0].twins + (problem.base,))] + out[1:], cut
     measured = None
     for replay in range(VALIDATE_REPEATS):
         if replay and not _replay_again(problem, measured):
             break
         if progress:
             progress(f"the baseline{_replay_label(replay)}")
-        measured = _better(problem, measured, _measure(problem, runtime, base, requests, "baseline"))
-    return out + [measured]
+        try:
+            _deadline_of(problem).check()
+            measured = _better(problem, measured, _measure(problem, runtime, base, requests, "baseline"))
+        except TimeUp:
+            if measured is None:
+                return out, no_baseline
+            cut = "; ".join(filter(None, (cut, "a second replay of the baseline not made")))
+            break
+    return out + [measured], cut
 
 
 # figures of a validation's prediction that tell two schedules of the slice apart: equal in all (to the bit:
@@ -2532,11 +2892,27 @@ def _check_counts(n_trials: int, n_jobs: int, validate: int, timeout: float | No
         raise ValueError(f"timeout: {timeout!r} must be a positive number of seconds")
 
 
-def _refine(problem: Problem, evaluations: Sequence[Evaluation]) -> list[Evaluation]:
-    """Score again at `REFINE_PRECISION` with full metrics; feasible first, then best first."""
-    fine = [replace(score(problem, e.config, precision=REFINE_PRECISION, start_scale=e.rate_scale), trial=e.trial)
-            for e in evaluations]
+def _refine(problem: Problem, evaluations: Sequence[Evaluation], cut: list[str] | None = None) -> list[Evaluation]:
+    """Score again at `REFINE_PRECISION` with full metrics; feasible first, then best first. Those the run's
+    deadline leaves no time for keep the search's figures, and ``cut`` gets a phrase saying so."""
+    fine = []
+    for i, e in enumerate(evaluations):
+        try:
+            fine.append(replace(score(problem, e.config, precision=REFINE_PRECISION, start_scale=e.rate_scale),
+                                trial=e.trial))
+        except TimeUp:
+            fine += evaluations[i:]
+            if cut is not None:
+                cut.append(_unrefined(problem, f"{len(evaluations) - i} of the {len(evaluations)} top configs"))
+            break
     return sorted(fine, key=lambda e: (not e.feasible, _sort_key(problem, e)))
+
+
+def _unrefined(problem: Problem, what: str) -> str:
+    """What the deadline left at the search's figures: ``capacity of X refined to 10% instead of 2%``."""
+    if problem.at_capacity:
+        return f"capacity of {what} refined to {SEARCH_PRECISION:.0%} instead of {REFINE_PRECISION:.0%}"
+    return f"{what} not scored again with full metrics (the search's figures stand)"
 
 
 def _baseline_as_trial(baseline: Evaluation, evaluations: Sequence[Evaluation]) -> Evaluation | None:
@@ -2693,16 +3069,34 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
     """The best config with each of `SIMPLIFY_GROUPS` back at the baseline's values where the space can
     express them, each kept only if the config stays feasible and the best beats it on no objective
     (`beats_anywhere`: within a tie on each). Each try is a trial of the study (enqueued, so `skistune report`
-    sees it), then refined as the top configs were. With several objectives the best is the one written (#1)."""
-    import optuna
-
+    sees it), then refined as the top configs were. With several objectives the best is the one written (#1).
+    The problem's deadline (`with_deadline`) stops the tries, and a note says which were not made."""
     if not refined or not refined[0].feasible or refined[0].trial is None \
             or refined[0].config.effective() == problem.base.effective():
         return refined, []
+    stopped: list[str] = []  # the knob group the deadline stopped it at
+    try:
+        out, notes = _simplified(problem, study, refined, stage, stopped)
+    except TimeUp:
+        out, notes = refined, []
+        stopped.append(SIMPLIFY_GROUPS[0][0])
+    if stopped:
+        notes += _cut_notes(problem, ["the best config not simplified (its knob groups not tried at the defaults)"
+                                      if stopped[0] == SIMPLIFY_GROUPS[0][0] else
+                                      f"simplifying the best config stopped before its {stopped[0]} knobs"])
+    return out, notes
+
+
+def _simplified(problem: Problem, study, refined: list[Evaluation], stage: Callable[[str], None],
+                stopped: list[str]) -> tuple[list[Evaluation], list[str]]:
+    import optuna
+
+    _deadline_of(problem).check()
     first = best = refined[0]
     params = dict(_trial(study, best.trial).params)
     base_params = _baseline_params(problem)
-    run = _tagged(_trial_function(problem, study), lambda: _worker_tag(None))  # (enqueued: no sampler, no seed)
+    scoring = _trial_function(problem, study)
+    run = _tagged(scoring, lambda: _worker_tag(None))  # (enqueued: no sampler, no seed)
     stage("simplifying the best config")
     reverted = []
     # the tries already made for this best config (a resumed study): read back, not run again
@@ -2721,8 +3115,11 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
                 trial = study.ask()  # (the enqueued one: ask and tell, so that another worker's trial is never read)
                 try:
                     values = run(trial)
-                except optuna.TrialPruned:  # a user's callable failed on this config: its error, once
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                except optuna.TrialPruned:  # a user's callable failed on this config (its error, once), or
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # the deadline passed
+                    if scoring.timed_out:
+                        stopped.append(label)
+                        break
                     raise run.failures[0] from None
                 study.tell(trial, values)
             trial = _trial(study, trial.number)
@@ -2731,8 +3128,12 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
         tried = Evaluation.from_trial(trial)
         if tried.config == best.config or not tried.feasible:
             continue
-        fine = replace(score(problem, tried.config, precision=REFINE_PRECISION, start_scale=tried.rate_scale),
-                       trial=tried.trial)
+        try:
+            fine = replace(score(problem, tried.config, precision=REFINE_PRECISION, start_scale=tried.rate_scale),
+                           trial=tried.trial)
+        except TimeUp:
+            stopped.append(label)
+            break
         if fine.feasible and not beats_anywhere(problem, first, fine):
             best, params = fine, dict(_trial(study, tried.trial).params)
             reverted.append(label)
@@ -2789,34 +3190,38 @@ def trials_text(searched: int, simplifying: int) -> str:
 
 
 def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
-           on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+           on_stage: Callable[[str], None] | None = None, deadline: Deadline | None = None) -> dict[str, Any]:
     """After the search: the baseline, the Pareto front, the refined top-k, their validation (``top_k`` 0
-    skips it), or the infeasibility report. Returns the fields of an `OptimizeResult`."""
+    skips it), or the infeasibility report. Returns the fields of an `OptimizeResult`. ``deadline`` (or the
+    problem's own, `with_deadline`): each stage stops when it passes, and a note says what was cut short."""
     stage = on_stage or (lambda message: None)
+    problem = with_deadline(problem, deadline) if deadline is not None else problem
+    cut: list[str] = []  # what the deadline cut short, for the note
     evaluations = completed(study)
     stage("refining the top configs")
-    searched = [e for e in evaluations if e.config == problem.base] or evaluations
-    baseline = score(problem, problem.base, precision=REFINE_PRECISION, start_scale=scale_guess(searched))
+    baseline = _refined_baseline(problem, evaluations, cut)
     front = pareto_front(problem, evaluations)
     if not front:
         binding, closest = infeasibility(evaluations)
         # (the report then reads the baseline optimize printed, and says why as optimize said it)
         study.set_user_attr(REFINED_ATTR, {"best": [], "baseline": baseline.to_record()})
         return {"best": [], "pareto": [], "baseline": baseline, "binding": binding, "closest": closest,
-                "trials": _search_trials(study), "simplifying_trials": trial_counts(study)[1], "notes": []}
+                "trials": _search_trials(study), "simplifying_trials": trial_counts(study)[1],
+                "notes": _cut_notes(problem, cut)}
     pool = front if len(problem.objectives) > 1 else ranked(problem, evaluations)
     # (the same candidates whatever the validation count: a user validating one still sees the top three)
-    refined = _with_baseline(problem, _refine(problem, pool[:max(top_k, DEFAULT_TOP_K)]), baseline, evaluations)
+    refined = _with_baseline(problem, _refine(problem, pool[:max(top_k, DEFAULT_TOP_K)], cut), baseline, evaluations)
     refined, tie_notes = _ties_and_simpler(problem, study, refined, baseline, evaluations, stage)
-    validated = validate(problem, [e.config for e in refined if e.feasible][:top_k] or [refined[0].config],
-                         runtime=runtime, progress=lambda m: stage(f"validating {m} on the real runtime")) \
-        if top_k else []
+    validated = _validated(problem, refined, top_k, runtime, stage, cut)
     best, notes = _chosen(refined, validated)
     if validated and validated[0].untested:
         notes.append(untested_note(validated[0]))
     if validated and not validated[0].holds:
-        notes += _speed_after_validation(problem, runtime, stage)
-    best, baseline = [with_limit(problem, e) for e in best], with_limit(problem, baseline)
+        if _deadline_of(problem).passed:
+            cut.append("the machine's speed not timed again after the replays broke a constraint")
+        else:
+            notes += _speed_after_validation(problem, runtime, stage)
+    best, baseline = _with_limits(problem, best, baseline, cut)
     if validated:
         study.set_user_attr(VALIDATED_ATTR, [validation_record(v) for v in validated])
     study.set_user_attr(CHOSEN_ATTR, best[0].config.to_dict())
@@ -2825,7 +3230,65 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     notes += [n for n in (ilp_note(study), ceiling_note(problem, best[0])) if n]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
             "trials": _search_trials(study), "simplifying_trials": trial_counts(study)[1],
-            "notes": tie_notes + notes}
+            "notes": tie_notes + notes + _cut_notes(problem, cut)}
+
+
+def _refined_baseline(problem: Problem, evaluations: Sequence[Evaluation], cut: list[str]) -> Evaluation:
+    """The baseline scored at `REFINE_PRECISION`; past the deadline, its trial's figures (the search's). A
+    baseline the space cannot express was never a trial: it is scored at the search's precision then, past the
+    deadline by one capacity search, and ``cut`` says so."""
+    searched = [e for e in evaluations if e.config == problem.base]
+    try:
+        return score(problem, problem.base, precision=REFINE_PRECISION,
+                     start_scale=scale_guess(searched or evaluations))
+    except TimeUp:
+        pass
+    if searched:
+        cut.append(_unrefined(problem, "the baseline"))
+        return replace(searched[0], trial=None)
+    cut.append(f"the baseline, never a trial (the space cannot express it), scored after the deadline at the "
+               f"search's {SEARCH_PRECISION:.0%} precision")
+    return score(without_deadline(problem), problem.base, start_scale=scale_guess(evaluations))
+
+
+def _validated(problem: Problem, refined: list[Evaluation], top_k: int, runtime, stage: Callable[[str], None],
+               cut: list[str]) -> list[Validation]:
+    """The top ``top_k`` refined configs validated on the real runtime (`validate`), as far as the deadline lets."""
+    if not top_k:
+        return []
+    configs = [e.config for e in refined if e.feasible][:top_k] or [refined[0].config]
+    if _deadline_of(problem).passed:
+        cut.append(f"not validated on the real runtime ({len(configs)} config{'s' * (len(configs) != 1)} asked)")
+        return []
+    validated = validate(problem, configs, runtime=runtime,
+                         progress=lambda m: stage(f"validating {m} on the real runtime"))
+    if getattr(validated, "cut_short", None):
+        cut.append(validated.cut_short)
+    return list(validated)
+
+
+def _with_limits(problem: Problem, best: list[Evaluation], baseline: Evaluation,
+                 cut: list[str]) -> tuple[list[Evaluation], Evaluation]:
+    """`with_limit` of each best config and the baseline, as far as the deadline lets (the others keep no
+    ``limited_by``, which the table shows as "not refined")."""
+    out, skipped = [], 0
+    for e in [*best, baseline]:
+        try:
+            out.append(with_limit(problem, e))
+        except TimeUp:
+            out.append(e)
+            skipped += 1
+    if skipped:
+        cut.append(f"what sets the capacity of {skipped} of the {len(out)} configs shown not checked one step above it")
+    return out[:-1], out[-1]
+
+
+def _cut_notes(problem: Problem, cut: Sequence[str]) -> list[str]:
+    """One note on what the run's deadline cut short after the search (none when nothing was)."""
+    if not cut:
+        return []
+    return [f"{'; '.join(cut)}: the timeout ({_deadline_of(problem).timeout_s:g} s) was reached (a longer --timeout, "
+            "or the same command again on the same study, does the rest)"]
 
 
 def _speed_after_validation(problem: Problem, runtime, stage: Callable[[str], None]) -> list[str]:
@@ -2930,13 +3393,30 @@ def _quiet_optuna():
 def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | None = None, storage: Any = None,
           study_name: str | None = None, n_jobs: int = 1, seed: int = 0, sampler: str = "auto",
           validate: int = DEFAULT_TOP_K, progress: Callable[[Progress], None] | None = None,
-          on_stage: Callable[[str], None] | None = None, runtime: Any = None) -> OptimizeResult:
-    """`optimize` for a problem already built (`build_problem`), e.g. after checking every input first."""
+          on_stage: Callable[[str], None] | None = None, runtime: Any = None,
+          started: float | None = None) -> OptimizeResult:
+    """`optimize` for a problem already built (`build_problem`), e.g. after checking every input first.
+    ``timeout`` bounds the whole run, counted from ``started`` (a `time.monotonic` reading; default now): the
+    search gets what is left of it, and each stage after the search (refining, simplifying, validating) stops
+    when it is reached, at most one simulation or replay late, with a note saying what was cut short. A
+    failure of the storage mid-run raises `StorageWriteError` (the finished trials stay in the study)."""
     _check_counts(n_trials, n_jobs, validate, timeout)
+    deadline = Deadline.after(timeout, started)
     name = study_name or default_study_name(problem)
     storage = default_storage(name) if storage is None else storage
     if n_jobs > 1 and not isinstance(storage, str):
         raise ValueError("n_jobs > 1 needs a storage URL that every worker process can open (e.g. sqlite:///s.db)")
+    with storage_failures(storage, name):
+        fields_, unseeded = _search_and_finish(with_deadline(problem, deadline), deadline, name, storage,
+                                               n_trials=n_trials, n_jobs=n_jobs, seed=seed, sampler=sampler,
+                                               validate=validate, progress=progress, on_stage=on_stage,
+                                               runtime=runtime)
+    return OptimizeResult(without_deadline(problem), fields_.pop("study"), _storage_label(storage), seed=seed,
+                          sampler=sampler, unseeded=unseeded, **fields_)
+
+
+def _search_and_finish(problem: Problem, deadline: Deadline, name: str, storage: Any, *, n_trials: int, n_jobs: int,
+                       seed: int, sampler: str, validate: int, progress, on_stage, runtime) -> tuple[dict, str | None]:
     study = open_study(problem, open_storage(storage), name, sampler=None)
     store_recipe(study, problem, sampler=sampler, seed=seed, n_trials=n_trials)  # what `skistune worker` reads
     existing = len(study.get_trials(deepcopy=False))
@@ -2950,17 +3430,23 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
             validate = 0
     if validate and runtime is None and n_jobs == 1:
         runtime = load_runtime_in_background(problem)
-    if n_jobs == 1:
-        done = _run_sequential(problem, study, n_trials, timeout, progress,
-                               lambda: _worker_tag(sampling.seed, unseeded=sampling.joined is not None))
+    left = deadline.left()
+    tag_of = lambda: _worker_tag(sampling.seed, unseeded=sampling.joined is not None)  # noqa: E731
+    if left is not None and left <= 0:
+        done = 0  # (the time went before the search: loading, checking)
+    elif n_jobs == 1:
+        done = _run_sequential(problem, study, n_trials, left, progress, tag_of)
     else:
-        done, stopped = _run_parallel(problem, study, storage, sampler, n_trials, timeout, n_jobs, progress,
-                                      lambda: _worker_tag(sampling.seed, unseeded=sampling.joined is not None),
+        done, stopped = _run_parallel(problem, study, storage, sampler, n_trials, left, n_jobs, progress, tag_of,
                                       before_take_over=sampling.skip_to_now)
         notes += stopped
-    if timeout is not None and done < n_trials:  # (nothing else ends a search early without an error)
-        notes.append(f"the search stopped at its timeout ({timeout:g} s) after {done} of {n_trials} trials; the "
-                     "same search again adds trials to the study")
+    if deadline.at is not None and done < n_trials:  # (nothing else ends a search early without an error)
+        if not completed(study):
+            raise ValueError(f"the timeout ({deadline.timeout_s:g} s) ran out before any trial finished (a trial "
+                             "scores a config, in several simulations of the workload): give a longer --timeout "
+                             f"(study {name} keeps what it had)")
+        notes.append(f"the search stopped at its timeout ({deadline.timeout_s:g} s) after {done} of {n_trials} "
+                     "trials; the same search again adds trials to the study")
     notes += [n for n in (sampling.note(),) if n]
     unseeded = (f"{n_jobs} worker processes sampled with random seeds" if n_jobs > 1 else
                 f"another process searched the study at the same time: from trial {sampling.joined} this run "
@@ -2969,8 +3455,7 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
                 "skistune worker, or beside another process)" if _study_unseeded(study) else None)
     fields_ = finish(problem, study, top_k=validate, runtime=runtime, on_stage=on_stage)
     fields_["notes"] = notes + fields_["notes"]
-    return OptimizeResult(problem, study, _storage_label(storage), seed=seed, sampler=sampler, unseeded=unseeded,
-                          **fields_)
+    return {**fields_, "study": study}, unseeded
 
 
 callable_module(__name__, optimize)  # ``skistune.optimize(...)`` runs `optimize`, however it was reached

@@ -1,7 +1,8 @@
 """`skistune optimize`: search the knobs under SLOs, energy and quality constraints, validate the winners on
 the real runtime, and write the tuned config. A thin command over `skistune.optimize`.
 
-Exit codes: 0 written, 2 bad input (one line on stderr), 3 no config meets the constraints (the binding
+Exit codes: 0 written, 2 bad input or a storage that failed mid-run (one line on stderr: for a storage, what failed,
+the finished trials the study keeps, and the command that resumes it), 3 no config meets the constraints (the binding
 constraints and the configs closest to feasibility are printed; nothing is written), 4 written, but the config
 broke a constraint when validated on the real runtime (a warning names it, predicted vs measured).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import shlex
+import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -545,8 +547,9 @@ SpaceOpt = Annotated[Optional[str], typer.Option(
 TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="trials this run adds to the study")]
 TimeoutOpt = Annotated[Optional[float], typer.Option(
     "--timeout", min=0.001,
-    help="stop the search's trials after this many seconds (refining, simplifying and validating the "
-         "winners follow)")]
+    help="seconds the whole command may take: the search gets what the start leaves, then refining, "
+         "simplifying and validating the winners stop when it is reached (at most one simulation or replay late; "
+         "a note says what was cut short)")]
 StorageOpt = Annotated[Optional[str], typer.Option(
     "--storage", help="Optuna storage URL (default: sqlite:///skistune-STUDY.db in this folder)")]
 StudyOpt = Annotated[Optional[str], typer.Option(
@@ -572,7 +575,7 @@ KvMemoryOpt = Annotated[Optional[str], typer.Option(
 
 
 @_cli_errors
-def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt = None,
+def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt = None,
              quality_profile: QualityProfileOpt = None, workload: WorkloadOpt = "chat",
              format: FormatOpt = None, skip_bad_rows: SkipBadRowsOpt = False, workload_seed: WorkloadSeedOpt = 0,
              requests: RequestsOpt = None, rate: RateOpt = None, burstiness: BurstinessOpt = None,
@@ -590,10 +593,12 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
 
     Exit codes: 0 written; 2 bad input; 3 no config meets the constraints (nothing written); 4 written, but the
     config broke a constraint when validated on the real runtime (the warning names it)."""
+    started = time.monotonic()  # (--timeout bounds the whole command)
     import optuna
 
-    from skistune.optimize import (SAMPLERS, UnmeetableSLO, build_problem, default_storage, default_study_name,
-                                   open_storage, open_study, running_notes, stored_profile)
+    from skistune.optimize import (SAMPLERS, Deadline, StorageWriteError, UnmeetableSLO, build_problem,
+                                   default_storage, default_study_name, open_storage, open_study, running_notes,
+                                   storage_failures, stored_profile, with_deadline)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
     check_out_file(out, "--out", _input_files(workload, profile, space, quality_profile,
@@ -633,16 +638,45 @@ def optimize(slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt =
     if db is not None and Path(db).resolve() == out.resolve():
         raise ValueError(f"--out {out}: is the study's database ({storage}), which writing would overwrite "
                          "(give another file name)")
-    # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
-    existing = open_study(problem, open_storage(storage), name, sampler=None)
-    print_notes(w)  # (every input checked: what the workload's reader noticed, before the search)
-    _say_resumed(existing, name, trials)
-    for note in running_notes(existing):  # (another process's trials, or a killed one's)
-        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
-    _warn_broken_alone(problem)
-    result = _solve_with_progress(problem, json_out=json_out, n_trials=trials, timeout=timeout, storage=storage,
-                                  study_name=name, n_jobs=jobs, seed=seed, sampler=sampler, validate=validate)
+    try:
+        # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
+        with storage_failures(storage, name):
+            existing = open_study(problem, open_storage(storage), name, sampler=None)
+        print_notes(w)  # (every input checked: what the workload's reader noticed, before the search)
+        _say_resumed(existing, name, trials)
+        for note in running_notes(existing):  # (another process's trials, or a killed one's)
+            err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+        _warn_broken_alone(with_deadline(problem, Deadline.after(timeout, started)))
+        result = _solve_with_progress(problem, json_out=json_out, n_trials=trials, timeout=timeout, storage=storage,
+                                      study_name=name, n_jobs=jobs, seed=seed, sampler=sampler, validate=validate,
+                                      started=started)
+    except StorageWriteError as exc:  # (a full disk mid-search: what failed, what is kept, how to resume)
+        raise OSError(exc.line(command_line(ctx, study=name))) from None
     _report(result, out, json_out, resume)
+
+
+def command_line(ctx, **given: str) -> str:
+    """The command as it was typed, read back from click's context (each parameter given on the command line,
+    in the command's own order), with ``given`` options (``study=NAME``: ``--study NAME``) added where they were
+    not: the command that resumes the same study, to paste."""
+    words = ["skistune", ctx.info_name]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        value = ctx.params.get(param.name)
+        if getattr(source, "name", None) != "COMMANDLINE" or value is None:
+            continue
+        if param.param_type_name == "argument":
+            words += [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+            continue
+        option = max(param.opts, key=len)
+        if getattr(param, "is_flag", False):
+            words += [option] if value else list(param.secondary_opts[:1])
+        else:
+            words += [w for v in (value if isinstance(value, (list, tuple)) else [value]) for w in (option, str(v))]
+    for name, value in given.items():
+        if getattr(ctx.get_parameter_source(name), "name", None) != "COMMANDLINE":
+            words += [f"--{name.replace('_', '-')}", value]
+    return shlex.join(words)
 
 
 def _input_files(*paths) -> tuple[Path, ...]:
@@ -673,9 +707,14 @@ def _warn_broken_alone(problem) -> None:
     under the prefill of the workload's longest prompts) is likely to leave every config infeasible."""
     from skistune.optimize import served_alone, slos_broken_alone
 
+    from skistune.optimize import TimeUp
+
     label = f"{problem.baseline_engine}'s defaults"
-    with err_console.status(f"checking {label} with each request served alone"):  # (seconds on a big trace)
-        alone = served_alone(problem, problem.base)[0]
+    try:
+        with err_console.status(f"checking {label} with each request served alone"):  # (seconds on a big trace)
+            alone = served_alone(problem, problem.base)[0]
+    except TimeUp:  # (--timeout reached already: the search says so)
+        return
     if alone.num_finished == 0:  # (its latencies are NaN: "breaks p99 (nan ms)" had named the wrong cause)
         why = next(iter(alone.rejections.values()), "no request finished")
         print_warning(f"{label} serve no request of the workload, even alone ({why}): a config must hold more KV, "
@@ -741,6 +780,7 @@ def _report(result, out: Path, json_out: bool, resume: str) -> None:
     for line in gain_lines(result):
         console.print(escape(line), highlight=False)
     name = result.study.study_name
+    previous = replaced_file(out)  # (read before the file is written over)
     try:
         path = result.write(out)
     except OSError as e:  # (after the search: say the trials are not lost, and how to get the file)
@@ -748,13 +788,47 @@ def _report(result, out: Path, json_out: bool, resume: str) -> None:
                       f"command with {resume} writes the file (`skistune report {name}` shows them)") from None
     console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command with {resume} adds "
                          "trials)"), highlight=False, soft_wrap=True)
+    if previous is not None:  # (two runs in one folder both write skistune-tuned.yaml: the second says so)
+        err_console.print(f"[yellow]note:[/] {escape(replaced_line(path, previous, name))}", highlight=False,
+                          soft_wrap=True)
     broke = validation_warning(result)
     if broke:
         print_warning(broke)
     if json_out:
-        print_json(_summary(result, path))
+        print_json({**_summary(result, path), "replaced": previous})
     if broke:
         raise typer.Exit(EXIT_BROKE_WHEN_VALIDATED)
+
+
+REPLACED_READ_BYTES = 4 << 20  # of an existing --out file, read to tell whether it is a tuned config
+
+
+def replaced_file(out: Path) -> dict | None:
+    """What ``out`` holds before it is written over: None when there is no such file, else ``{"study": the study
+    its provenance names (None when it is no skistune tuned config), "created": when that was written}``."""
+    import yaml
+
+    if not out.is_file():
+        return None
+    try:
+        with open(out, "rb") as f:
+            data = yaml.safe_load(f.read(REPLACED_READ_BYTES))
+    except (OSError, ValueError, yaml.YAMLError):  # (unreadable, not UTF-8, not YAML: not a tuned config)
+        data = None
+    provenance = data.get("provenance") if isinstance(data, dict) else None
+    search = provenance.get("search") if isinstance(provenance, dict) else None
+    tuned = isinstance(search, dict) and str(provenance.get("tool", "")).startswith("skistune")
+    return {"study": str(search.get("study")) if tuned else None,
+            "created": str(provenance.get("created")) if tuned and provenance.get("created") else None}
+
+
+def replaced_line(path: Path, previous: dict, study: str) -> str:
+    """One line on the file this run wrote over: whose tuned config it was."""
+    if previous["study"] is None:
+        return f"{path} existed and was replaced (it was not a skistune tuned config)"
+    when = f", written {previous['created']}" if previous["created"] else ""
+    same = "this same study, an earlier run" if previous["study"] == study else f"study {previous['study']}"
+    return f"{path} existed and was replaced: it held the tuned config of {same}{when}"
 
 
 def validation_warning(result) -> str | None:

@@ -5,7 +5,8 @@ storage can join. Run `skistune optimize` with the same storage and study again 
 write the tuned config from every worker's trials.
 
 Exit codes: 0 done, 2 bad input (one line on stderr: a storage that cannot be opened, a missing study, a
-study whose problem is Python code), 130 interrupted (Ctrl-C) and 143 terminated (SIGTERM): its running trial
+study whose problem is Python code) or a storage that failed mid-run (a full disk: what failed, the finished trials
+the study keeps, the command that goes on), 130 interrupted (Ctrl-C) and 143 terminated (SIGTERM): its running trial
 is marked failed, the finished ones are kept.
 """
 from __future__ import annotations
@@ -27,30 +28,30 @@ StudyOpt = Annotated[Optional[str], typer.Option("--study", help="the study, as 
                                                                  "takes it)")]
 TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="trials this worker adds to the study")]
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001,
-                                                     help="stop after this many seconds")]
+                                                     help="stop after this many seconds (the trial it falls in "
+                                                          "too, at most one simulation late)")]
 SeedOpt = Annotated[Optional[int], typer.Option(
     "--seed", min=0, help="this worker's sampler seed (default: random, so that workers started together "
                           "propose different configs; each trial records its worker's seed)")]
 
 
-def _run(job, trials: int, timeout: float | None):
-    """`skistune.optimize.run_worker` under a progress bar; a storage lost mid-run is one line, not a
-    traceback (the trials finished before are in the storage already)."""
-    import sqlalchemy.exc
+def _run(job, trials: int, timeout: float | None, storage: str, resume: str):
+    """`skistune.optimize.run_worker` under a progress bar; a storage that fails mid-run (a full disk, a lost
+    server) is one line, not a traceback: what failed, the finished trials the study keeps (they are in the
+    storage already), and ``resume``, the command that goes on."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from skistune.optimize import interrupted_exit_code, run_worker, sigterm_as_interrupt
+    from skistune.optimize import StorageWriteError, interrupted_exit_code, run_worker, sigterm_as_interrupt
 
     bar = Progress(SpinnerColumn(), TextColumn("[bold]worker"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=err_console)
     try:
         with sigterm_as_interrupt(), bar:
             task = bar.add_task("trials", total=trials)
-            return run_worker(job, n_trials=trials, timeout=timeout,
+            return run_worker(job, n_trials=trials, timeout=timeout, storage=storage,
                               progress=lambda p: bar.update(task, completed=p.done))
-    except sqlalchemy.exc.SQLAlchemyError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"storage: {reason}") from None
+    except StorageWriteError as exc:
+        raise OSError(exc.line(resume)) from None
     except KeyboardInterrupt as exc:
         stopped = "interrupted" if interrupted_exit_code(exc) == 130 else "terminated"
         err_console.print(f"{stopped}: finished trials are kept in the study", highlight=False)
@@ -68,14 +69,14 @@ def _best(job) -> tuple[Any, int]:
 
 
 @cli_errors
-def worker(study_arg: StudyArg = None, study: StudyOpt = None, storage: StorageArg = None, trials: TrialsOpt = 10,
+def worker(ctx: typer.Context, study_arg: StudyArg = None, study: StudyOpt = None, storage: StorageArg = None, trials: TrialsOpt = 10,
            timeout: TimeoutOpt = None, seed: SeedOpt = None, json_out: JsonOpt = False) -> None:
     """Run trials of an existing study as one more worker (on this or any machine that reaches the storage);
     the study's creator stored everything a worker needs."""
     import optuna
 
     from skistune.optimize import _storage_label, default_storage, join_study, running_notes
-    from skistune.optimize_cli import _best_text
+    from skistune.optimize_cli import _best_text, command_line
 
     if study_arg and study and study_arg != study:
         raise ValueError(f"two studies given: {study_arg} and --study {study}; give one")
@@ -86,10 +87,15 @@ def worker(study_arg: StudyArg = None, study: StudyOpt = None, storage: StorageA
     storage = storage or default_storage(study)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
-    job = join_study(storage, study, seed=seed)  # every check before the first trial (and the progress bar)
+    from skistune.optimize import StorageWriteError
+
+    try:
+        job = join_study(storage, study, seed=seed)  # every check before the first trial (and the progress bar)
+    except StorageWriteError as exc:
+        raise OSError(exc.line(command_line(ctx))) from None
     for note in running_notes(job.study):  # (the other workers' trials, or a killed one's)
         err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
-    run = _run(job, trials, timeout)
+    run = _run(job, trials, timeout, storage, command_line(ctx))
     best, front = _best(job)
     objectives = job.problem.objectives
     values = {o.name: (best.values[i] if best is not None else None) for i, o in enumerate(objectives)}

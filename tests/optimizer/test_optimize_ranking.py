@@ -220,12 +220,18 @@ def test_the_quality_objective_prints_with_its_unit():
 
 # ---- what the command says ------------------------------------------------------------------------------------
 def test_a_search_cut_short_says_so_and_a_baseline_verdict_says_after_how_many_trials(tmp_path, monkeypatch):
+    """A timeout that no trial fits in is an error (a first trial past it had taken minutes on a big trace); on a
+    study that has a trial, the search stops at it and the verdict counts the study's trials."""
     monkeypatch.chdir(tmp_path)
-    r = invoke("--slo", "p99=200ms", "--requests", "16", "--trials", "5", "--timeout", "0.001", "--validate", "0",
-               "--profile", PROFILE, "--json")
+    common = ("--slo", "p99=200ms", "--requests", "16", "--validate", "0", "--profile", PROFILE, "--study", "cut",
+              "--json")
+    r = invoke(*common, "--trials", "5", "--timeout", "0.001")
+    assert r.exit_code == 2 and "ran out before any trial finished" in r.output
+    assert invoke(*common, "--trials", "1").exit_code == 0
+    r = invoke(*common, "--trials", "5", "--timeout", "0.001")
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    stopped = "the search stopped at its timeout (0.001 s) after 1 of 5 trials; the same search again adds trials to " \
+    stopped = "the search stopped at its timeout (0.001 s) after 0 of 5 trials; the same search again adds trials to " \
               "the study"
     assert stopped in summary["notes"] and summary["trials"] == 1
     text = " ".join(r.stdout.split())
