@@ -105,26 +105,35 @@ def count(rev: str, args, tmp: Path) -> dict:
             "output_tokens": int(tokens)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=description(__doc__))
+def add_revision_args(ap: argparse.ArgumentParser, workload: str) -> None:
+    """The options of a side-by-side measurement of two revisions (this benchmark's and `sim_memory`'s)."""
     ap.add_argument("--base", required=True, help="git revision to compare against (or WT)")
     ap.add_argument("--new", default="WT", help="git revision measured against it (default: the working tree)")
-    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="azure-conv")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default=workload)
     ap.add_argument("--rate-scale", type=positive_float, default=0.01)
-    ap.add_argument("--requests", type=positive_int, default=3000, help="the workload's first N requests")
-    ap.add_argument("--replays", type=positive_int, default=2, help="the last is counted (2: a repeat)")
     ap.add_argument("--profile", type=hardware_profile, default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
-    add_json(ap)
-    args = ap.parse_args()
+
+
+def check_revision_args(args) -> None:
+    """Every input checked before either revision runs: a bad revision found by `git archive` in one thread had
+    printed its error at once, and the process then waited for the other revision's replay (a minute) to exit."""
     if args.base == args.new:
         fail(f"--base and --new are both {args.base}")
-    # every input before either replay starts: a bad revision found by `git archive` in one thread had printed
-    # its error at once, and the process then waited for the other revision's replay (a minute) to exit
     for option, rev in (("--base", args.base), ("--new", args.new)):
         check_revision(option, rev)
     if not WORKLOADS[args.workload].is_file():
         fail(f"--workload {args.workload}: no trace sample at {WORKLOADS[args.workload]}")
-    args.profile = str(Path(args.profile).resolve())  # (the replays run in a temporary folder)
+    args.profile = str(Path(args.profile).resolve())  # (the revisions run in a temporary folder)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=description(__doc__))
+    add_revision_args(ap, "azure-conv")
+    ap.add_argument("--requests", type=positive_int, default=3000, help="the workload's first N requests")
+    ap.add_argument("--replays", type=positive_int, default=2, help="the last is counted (2: a repeat)")
+    add_json(ap)
+    args = ap.parse_args()
+    check_revision_args(args)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         fail("needs valgrind (callgrind and callgrind_control): apt-get install valgrind")
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as pool:  # both at once: counts are exact

@@ -23,8 +23,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_args import add_json, description, fail, hardware_profile, positive_float, positive_int, print_json
-from sim_instructions import ROOT, WORKLOADS, check_revision, package_at
+from bench_args import add_json, description, fail, positive_int, print_json
+from sim_instructions import WORKLOADS, add_revision_args, check_revision_args, package_at
 
 # run in the revision's process: builds the requests and replays them once, under tracemalloc
 MEASURE = """
@@ -69,21 +69,11 @@ def measure(rev: str, args, tmp: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--base", required=True, help="git revision to compare against (or WT)")
-    ap.add_argument("--new", default="WT", help="git revision measured against it (default: the working tree)")
-    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="mooncake-conv")
-    ap.add_argument("--rate-scale", type=positive_float, default=0.01)
+    add_revision_args(ap, "mooncake-conv")
     ap.add_argument("--requests", type=positive_int, default=10**9, help="the workload's first N requests (default: all)")
-    ap.add_argument("--profile", type=hardware_profile, default=str(ROOT / "profiles" / "cpu-smollm2-135m.json"))
     add_json(ap)
     args = ap.parse_args()
-    if args.base == args.new:
-        fail(f"--base and --new are both {args.base}")
-    for option, rev in (("--base", args.base), ("--new", args.new)):
-        check_revision(option, rev)
-    if not WORKLOADS[args.workload].is_file():
-        fail(f"--workload {args.workload}: no trace sample at {WORKLOADS[args.workload]}")
-    args.profile = str(Path(args.profile).resolve())
+    check_revision_args(args)
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as pool:
         rows = list(pool.map(lambda rev: measure(rev, args, Path(tmp)), [args.base, args.new]))
     first = rows[0]

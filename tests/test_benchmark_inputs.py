@@ -68,6 +68,8 @@ def load(name: str, monkeypatch):
     ("sim_instructions.py", ["--base", "nonexistentrev"], "error: --base nonexistentrev: not a git revision"),
     ("sim_instructions.py", ["--base", "HEAD", "--profile", "/nonexistent.json"],
      "argument --profile: /nonexistent.json: no such file"),
+    ("sim_memory.py", ["--base", "HEAD", "--new", "HEAD"], "error: --base and --new are both HEAD"),
+    ("sim_memory.py", ["--base", "nonexistentrev"], "error: --base nonexistentrev: not a git revision"),
     ("quality_kv.py", ["--only", ","], "argument --only: ',' names nothing"),  # (it meant every config)
     ("quality_heldout.py", ["--config", "eviction.policy"], "error: --config 'eviction.policy': 'eviction.policy' "
      "is not knob=value"),

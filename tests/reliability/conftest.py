@@ -6,13 +6,12 @@ Where no server binaries or no driver exist the PostgreSQL tests skip with the r
 """
 from __future__ import annotations
 
-import os
 import warnings
 
 import optuna
 import pytest
 from pg_server import PostgresServer, unavailable_reason
-from reliability_helpers import PROFILE
+from reliability_helpers import PROFILE, running_server
 
 from skistune.profile import load_profile
 
@@ -29,16 +28,7 @@ def profile():
 @pytest.fixture(scope="session")
 def postgres():
     """A running PostgreSQL server for the session."""
-    reason = unavailable_reason()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL tests cannot run in CI: {reason} (.ci/run installs both)")
-        pytest.skip(reason)
-    server = PostgresServer()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    yield from running_server("PostgreSQL", unavailable_reason(), PostgresServer)
 
 
 @pytest.fixture

@@ -115,3 +115,20 @@ def resume_after_kill(url: str, study_name: str, n_trials: int, heartbeat_s: int
         return opt.run_worker(opt.join_study(url, study_name, seed=2), n_trials=n_trials)
     finally:
         opt.HEARTBEAT_S = product
+
+
+def running_server(name: str, unavailable: str | None, make):
+    """A fixture's body for a database server: ``make()``'s server started, stopped and removed afterwards. Where
+    it cannot run (``unavailable``: why), the test skips with the reason, except under CI (``CI`` set, where
+    .ci/run installs the server and its driver): a skip there would hide a missing install step."""
+    import pytest
+
+    if unavailable is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} tests cannot run in CI: {unavailable} (.ci/run installs both)")
+        pytest.skip(unavailable)
+    server = make()
+    try:
+        yield server.start()
+    finally:
+        server.stop()

@@ -4,12 +4,12 @@ column holds 65,535 bytes, and a study's recipe on a big trace is longer (65 KB 
 
 Where no server binaries or no driver exist these tests skip with the reason, except under CI (``CI`` set, where
 .ci/run installs both), where they fail instead."""
-import os
 
 import optuna
 import pytest
 import sqlalchemy.exc
 from mysql_server import MariaDBServer, unavailable_reason
+from reliability_helpers import running_server
 from test_study_attr_size import ATTR_TABLES, LIMIT, MOONCAKE
 
 import skistune.optimize as opt
@@ -19,16 +19,7 @@ from skistune.workloads import load_workload
 
 @pytest.fixture(scope="module")
 def mariadb():
-    reason = unavailable_reason()
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"MariaDB tests cannot run in CI: {reason} (.ci/run installs both)")
-        pytest.skip(reason)
-    server = MariaDBServer()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    yield from running_server("MariaDB", unavailable_reason(), MariaDBServer)
 
 
 def max_attr_bytes(server: MariaDBServer, database: str) -> dict[str, int]:
