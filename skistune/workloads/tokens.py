@@ -72,6 +72,8 @@ class StreamPrompt:
 
     dtype = np.dtype(np.int32)
     ndim = 1
+    __slots__ = ("source", "block_tokens", "from_blocks", "length", "block_keys", "block_chain", "own_key",
+                 "__weakref__")  # (no __dict__: a trace holds one per request; the weak reference: `PROMPT_HASHES`)
 
     def __init__(self, source: TokenSource, block_keys: np.ndarray, block_chain: np.ndarray, block_tokens: int,
                  from_blocks: int, own_key: np.uint64, length: int) -> None:
