@@ -224,7 +224,13 @@ PIPED_WIDTH = 200  # columns of tables written to a file or a pipe (rich's 80 cu
 def main() -> None:
     if "COLUMNS" not in os.environ and not sys.stdout.isatty():
         os.environ["COLUMNS"] = str(PIPED_WIDTH)  # (a terminal's own width otherwise; COLUMNS= still decides)
-    app()
+    try:
+        app()
+    except SystemExit:  # (the command has ended, its output printed: a signal now changes nothing)
+        from skistune.signals import finished_before_signals
+
+        finished_before_signals()
+        raise
 
 
 from skistune.workloads.cli import workload_app  # noqa: E402

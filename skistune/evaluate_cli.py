@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from skistune.cli import JsonOpt, cli_errors, console, err_console, print_json
 from skistune.optimize_cli import ModelOpt, ProfileOpt, profile_or_measure
+from skistune.signals import stopped_by_signal
 from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,
                                     LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, RequestsOpt,
                                     SampleOpt, SeedOpt, SkipBadRowsOpt, WindowOpt, WorkloadOpt, parse_window,
@@ -57,7 +58,11 @@ def evaluate(
 
     if mode not in (*MODES, "compare"):
         raise ValueError(f"--mode {mode!r}: use simulate, run or compare")
-    with _stopped_by_signal(mode, json_out):
+    # Ctrl-C (exit 130) or SIGTERM (143) ends it as it ends optimize's search: a line on stderr and, with --json,
+    # {"stopped": ..., "exit_code": ..., "mode": ...} as the last line (a script reading it learns why there are
+    # no figures)
+    with stopped_by_signal(lambda: ("no figures (a replay stopped part way is not reported)", {"mode": mode}),
+                           json_out):
         cfg = load_config(str(config))
         w = fit_workload(load_workload(
             workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests, rate_rps=rate,
@@ -176,24 +181,6 @@ def run_progress(requests, predicted_s: float | None = None):
     update(0, len(requests))  # (before the first frame: it had read "ETA ?" with a prediction at hand)
     with progress:
         yield update
-
-
-@contextlib.contextmanager
-def _stopped_by_signal(mode: str, json_out: bool):
-    """Ctrl-C (exit 130) or SIGTERM (143: `timeout`, `docker stop`) ends the command as it ends optimize's
-    search: a line on stderr and, with --json, ``{"stopped": ..., "exit_code": ...}`` as the last line (a script
-    reading it learns why there are no figures)."""
-    from skistune.optimize import Terminated, interrupted_exit_code, sigterm_as_interrupt
-
-    try:
-        with sigterm_as_interrupt():
-            yield
-    except KeyboardInterrupt as exc:
-        stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        err_console.print(f"{stopped}: no figures (a replay stopped part way is not reported)", highlight=False)
-        if json_out:
-            print_json({"stopped": stopped, "exit_code": interrupted_exit_code(exc), "mode": mode})
-        raise typer.Exit(interrupted_exit_code(exc)) from None
 
 
 def profiled_machine(prof) -> str:

@@ -134,6 +134,7 @@ def incomplete_lines(profile) -> list[str]:
 @app.command()
 @cli_errors
 def quality(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help="model with real weights to measure")] = DEFAULT_MODEL,
     quick: Annotated[bool, typer.Option("--quick", help="a small grid (about 3 minutes on 2 CPU cores)")] = False,
     out: Annotated[Optional[Path], typer.Option(help="profile file to write [default: profiles/quality-MODEL.json, "
@@ -145,7 +146,17 @@ def quality(
 ) -> None:
     """Measure the quality cost of eviction and low-bit KV on the real model, through the runtime's own KV
     path: perplexity increase on standard-library docstrings (mean and worst window) and passkey retrieval,
-    per knob, per layer, and for joint configs that check the combination model."""
+    per knob, per layer, and for joint configs that check the combination model. Ctrl-C (exit 130) or SIGTERM
+    (143) keeps every measurement taken in --out, and says how to resume."""
+    from skistune.signals import file_states, stopped_by_signal
+
+    path = out or Path("profiles") / f"quality-{model}{'-quick' if quick else ''}.json"
+    before = file_states([path] if show is None else [])
+    with stopped_by_signal(lambda: _kept(before, fresh, ctx), json_out):
+        _quality(model, quick, out, fresh, show, json_out)
+
+
+def _quality(model: str, quick: bool, out: Optional[Path], fresh: bool, show: Optional[Path], json_out: bool) -> None:
     from skistune.quality import QualityProfile
     from skistune.quality.grid import GRIDS
     from skistune.quality.model import GOAL_RULE
@@ -177,6 +188,49 @@ def quality(
         print_json({"path": str(path), "model": profile.model, "grid": profile.data["protocol"]["grid"],
                     "measured_s": profile.data.get("measured_s"), "baseline": baseline, "headline": rows,
                     "combination": checks, "goal": GOAL_RULE})
+
+
+def _kept(before: dict, fresh: bool, ctx: typer.Context) -> tuple[str, dict]:
+    """What a stopped run leaves (`signals.stopped_by_signal`): its file keeps every measurement taken (written
+    after each one, whole: `paths.write_atomic`), which the same command, without --fresh, resumes."""
+    import json
+
+    from skistune.signals import rerun_command, written_since
+
+    if not before:  # (--show)
+        return "nothing written (--show only reads the profile)", {"out": None, "rerun": rerun_command(ctx)}
+    path = next(iter(before))
+    written = bool(written_since(before))
+    if not path.exists():
+        rerun = rerun_command(ctx, drop=("--fresh",))
+        return (f"no measurement taken yet, no file written; rerun `{rerun}` to start again",
+                {"out": None, "kept": 0, "total": None, "rerun": rerun})
+    if fresh and not written:  # (the old file is still there: --fresh replaces it at the first measurement)
+        rerun = rerun_command(ctx)
+        return (f"no measurement taken yet: {path} is as it was (--fresh had not replaced it); rerun `{rerun}` to "
+                "measure again", {"out": str(path), "kept": None, "total": None, "rerun": rerun})
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        kept, total = len(data["perplexity"]) + len(data["needle"]), _grid_total(data)
+    except (OSError, ValueError, KeyError, TypeError):  # (not ours to count: said as it is)
+        rerun = rerun_command(ctx)
+        return f"{path} is as it was; rerun `{rerun}` to measure", {"out": str(path), "kept": None, "total": None,
+                                                                      "rerun": rerun}
+    rerun = rerun_command(ctx, drop=("--fresh",))  # (--fresh would measure them all again)
+    fields = {"out": str(path), "kept": kept, "total": total, "rerun": rerun}
+    if total is not None and kept >= total:
+        return f"{path} keeps all {kept} measurements (the profile is whole); `{rerun}` prints it", fields
+    of = f" of {total}" if total is not None else ""
+    new = "" if written else " (none new)"
+    return f"{path} keeps {kept}{of} measurements{new}; rerun `{rerun}` to resume", fields
+
+
+def _grid_total(data: dict) -> int | None:
+    """How many measurements a profile's grid takes (None: a grid this version does not know)."""
+    from skistune.quality.grid import GRIDS
+
+    grid = GRIDS.get(data["protocol"].get("grid"))
+    return None if grid is None else len(grid.perplexity(data["n_layers"])) + len(grid.needle())
 
 
 def _measure(model: str, grid, path: Path, *, resume: bool):

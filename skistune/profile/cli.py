@@ -359,8 +359,53 @@ def profile(
         cli_errors,  # here: skistune.cli imports this module to register the command
     )
 
-    cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, check, json_out=json_out, cache=cache,
-                         given=_given(ctx))
+    from skistune.signals import stopped_by_signal
+
+    given = _given(ctx)
+    written = _target(model, device, quick, out, refit, cache)
+    with stopped_by_signal(lambda: _kept(written, ctx), json_out):
+        cli_errors(_profile)(model, device, quick, out, disk_dir, show, refit, check, json_out=json_out,
+                             cache=cache, given=given)
+
+
+def _target(model: str, device: str, quick: bool, out: Optional[Path], refit: Optional[Path],
+            cache: bool) -> dict[Path, object]:
+    """The file the command would write (`signals.file_states`: to tell, when it is stopped, whether it did):
+    --out, the file --refit fits again, the cache's, or the default profiles/DEVICE-MODEL[-quick].json; none
+    for --show and --check, which write nothing (nor for a bad --model or --device: refused before measuring)."""
+    from skistune.signals import file_states
+
+    path = out or refit
+    if path is None and not cache:
+        path = Path("profiles") / f"{device}-{model}{'-quick' if quick else ''}.json"
+    elif path is None:
+        try:
+            path = cached_profile_path(model, device, machine_fingerprint(device))
+        except (ValueError, OSError, KeyError):
+            path = None
+    return file_states([path] if path is not None else [])
+
+
+def _kept(before: dict[Path, object], ctx: typer.Context) -> tuple[str, dict]:
+    """What a stopped profile leaves (`signals.stopped_by_signal`): a profile is written whole once measured and
+    fitted (or fitted again: --refit), never part way, so nothing is kept of one stopped before its end; its file,
+    if there was one, is as it was. --show and --check write nothing."""
+    from skistune.signals import rerun_command, written_since
+
+    rerun, params = rerun_command(ctx), ctx.params
+    if params.get("show") is not None or params.get("check") is not None:
+        what = "--show only reads the profile" if params.get("show") is not None else \
+            "--check only times the profile's steps again"
+        return f"nothing written ({what}); rerun `{rerun}` to run it again", {"out": None, "rerun": rerun}
+    written = written_since(before)
+    if written:
+        return f"the profile was written whole: {written[0]}", {"out": str(written[0]), "rerun": rerun}
+    left = next((f" ({p} is as it was)" for p in before if p.exists()), "")
+    if params.get("refit") is not None:
+        return (f"no profile written: a refit is written whole at its end, nothing part way{left}; rerun `{rerun}` "
+                "to fit it again", {"out": None, "rerun": rerun})
+    return (f"no profile written: a profile is written whole at the end of the measurement, nothing part way"
+            f"{left}; rerun `{rerun}` to measure again", {"out": None, "rerun": rerun})
 
 
 def _check(path: Path, json_out: bool) -> None:
