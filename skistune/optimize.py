@@ -455,6 +455,8 @@ def build_problem(workload=DEFAULT_WORKLOAD, *, slo=(), objective="capacity", di
     from skistune.evaluate import fit_workload, workload_requests
     from skistune.simulator import spread_over_time, target_from_profile
 
+    _check_inputs(profile, space, quality, quality_profile, max_queue_s)
+    _check_inputs(profile, space, quality, quality_profile, max_queue_s)
     slos, budget, floors = _parse_specs(slo, energy, quality)
     objectives = parse_objectives(objective, direction)
     if max_queue_s is not None and not max_queue_s > 0:
@@ -1700,7 +1702,7 @@ def _run_sequential(problem, study, n_trials, timeout, progress, tag_of) -> int:
     callbacks = [lambda s, t: progress(_progress_of(problem, s, first, n_trials, pids))] if progress else []
     with _StopsInsideTrials() as gate:
         _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), tag_of), n_trials=n_trials,
-                  timeout=timeout, callbacks=callbacks)
+                  timeout=timeout, callbacks=[*callbacks, gate.stop_after_trial])
     return _progress_of(problem, study, first, n_trials, pids).done
 
 
@@ -1770,14 +1772,35 @@ def _orphaned(parent: int) -> Callable:
     return lambda study, trial: study.stop() if os.getppid() != parent else None
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+RAISE_RETRY_S = 0.02  # a stop that came in the storage's code is raised again this much later (`_StopsInsideTrials`)
+# code a stop must not be raised in: an exception there leaves SQLAlchemy's connection half closed ("Error closing
+# cursor ... Cannot operate on a closed database", a traceback), or the SQLite file locked by a read never ended
+_STORAGE_CODE = tuple(os.sep + os.path.join(*parts) + os.sep for parts in (("sqlalchemy",), ("optuna", "storages")))
+
+
+def _in_storage_code(frame: Any) -> bool:
+    """Whether ``frame`` (a signal handler's) or a caller of it runs the storage's code (SQLAlchemy, Optuna's)."""
+    while frame is not None:
+        if any(part in frame.f_code.co_filename for part in _STORAGE_CODE):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _StopsInsideTrials:
     """While a search runs, Ctrl-C and SIGTERM (where they raise: Python's Ctrl-C, `sigterm_as_interrupt`, a
     forked worker) stop it inside a trial, where Optuna marks the trial failed: one that comes while Optuna
     creates a trial would leave it running with no heartbeat, so that no later run could see it stale and retry
-    it. One that comes between trials waits for the next trial to start, or for the search to end."""
+    it. One that comes between trials stops the search after the trial (a callback: `stop_after_trial`), or
+    when the next one starts; one that comes while a trial writes to the storage is raised ``RAISE_RETRY_S``
+    later, out of it (SIGALRM), as is one that Python dropped (raised in a garbage collector's callback).
+    ``raising=False`` only records the stop (``pending``), for a caller that checks it where stopping is safe;
+    ``take_all`` takes both signals whatever their handler (a forked worker: its parent's handlers)."""
 
-    def __init__(self):
+    def __init__(self, raising: bool = True, take_all: bool = False):
         self.inside, self.pending, self.previous, self.unraisable = False, None, {}, None
+        self.raising, self.take_all, self.retry_armed = raising, take_all, False
 
     def __enter__(self):
         import sys
@@ -1786,19 +1809,42 @@ class _StopsInsideTrials:
         self.unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
         if threading.current_thread() is threading.main_thread():  # (only there can handlers be set)
             raising = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _terminate}
-            self.previous = {s: signal.getsignal(s) for s, h in raising.items() if signal.getsignal(s) is h}
+            self.previous = {s: signal.getsignal(s) for s, h in raising.items()
+                             if self.take_all or signal.getsignal(s) is h}
             for s in self.previous:
                 signal.signal(s, self._take)
+            if self.raising and self.previous and signal.getsignal(signal.SIGALRM) is signal.SIG_DFL:
+                self.previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._retry)
+                self.retry_armed = True
         return self
 
     def _take(self, signum: int, frame: Any) -> None:
         self.pending = self.pending or (Terminated() if signum == signal.SIGTERM else KeyboardInterrupt())
-        if self.inside:  # (raised where Python drops it, as in a garbage collector's callback, it is pending still)
-            raise self.pending
+        self._retry(signum, frame)
+
+    def _retry(self, signum: int, frame: Any) -> None:
+        """Raise the stop now if a trial runs and the storage's code does not, else try again a moment later."""
+        if not (self.inside and self.raising and self.pending is not None):
+            return  # (between trials: `stop_after_trial`, or the next trial's start)
+        if _in_storage_code(frame):
+            self._raise_later()
+            return
+        raise self.pending
+
+    def _raise_later(self) -> None:
+        if self.retry_armed:
+            signal.setitimer(signal.ITIMER_REAL, RAISE_RETRY_S)
 
     def _unraisable(self, unraisable: Any) -> None:
         if unraisable.exc_value is not self.pending:  # (the stop, dropped there: pending, no traceback printed)
             self.unraisable(unraisable)
+        else:
+            self._raise_later()
+
+    def stop_after_trial(self, study, trial) -> None:
+        """An Optuna callback: a stop that came during the trial's last writes ends the search before another."""
+        if self.pending is not None:
+            study.stop()
 
     def wrap(self, objective: Callable) -> Callable:
         def run(trial):
@@ -1817,6 +1863,8 @@ class _StopsInsideTrials:
         import sys
 
         sys.unraisablehook = self.unraisable
+        if self.retry_armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         for s, handler in self.previous.items():
             signal.signal(s, handler)
         if self.pending is not None and exc_info[0] is None:
@@ -1837,14 +1885,17 @@ def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, 
     seed = _random_seed()  # (Optuna's verbosity is the parent's: `_quiet_optuna`, or the CLI's)
     try:
         _stop_with_parent(parent)
-        left = _seconds_left(deadline)
-        if left is not None and left <= 0:
-            return
-        sampler = make_sampler(sampler_name, seed=seed, problem=problem, parallel=True, n_trials=n_trials)
-        study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url), sampler=sampler)
-        with _StopsInsideTrials() as gate:
+        # Ctrl-C and SIGTERM are blocked from the fork to here (`_forked`): a stop that came meanwhile, before
+        # any handler of this process, is delivered now, to the gate, and stops the worker before its first trial
+        with _StopsInsideTrials(take_all=True) as gate:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            left = _seconds_left(deadline)
+            if gate.pending is not None or (left is not None and left <= 0):
+                return
+            sampler = make_sampler(sampler_name, seed=seed, problem=problem, parallel=True, n_trials=n_trials)
+            study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url), sampler=sampler)
             _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), lambda: _worker_tag(seed, unseeded=True)),
-                      n_trials=n_trials, timeout=left, callbacks=[_orphaned(parent)])
+                      n_trials=n_trials, timeout=left, callbacks=[_orphaned(parent), gate.stop_after_trial])
     except TimeUp:  # (the deadline, met between trials: nothing to report)
         return
     except Exception as exc:
@@ -1860,6 +1911,9 @@ def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, 
         raise SystemExit(2) from None
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, its parent gone: its trial failed, the parent reports
         raise SystemExit(130) from None
+    finally:  # (a second signal while the process ends would print a traceback from multiprocessing's exit)
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
 
 
 def _picklable(exc: BaseException) -> BaseException | str:
@@ -1881,12 +1935,14 @@ def _shares(n_trials: int, n_jobs: int) -> list[int]:
 
 
 STOP_WAIT_S = 5.0  # how long a worker may take to stop once told (it marks its running trial failed)
+POLL_S = 0.05  # how often the parent of forked workers looks for a stop, and for workers that ended
+REPORT_S = 0.5  # ... and reads their progress from the storage
 
 
-def _stop_workers(workers: Sequence, wait_s: float) -> None:
-    """No worker left running: those still running after ``wait_s`` (Ctrl-C reached them too: they stop by
-    themselves) get SIGTERM (each fails its running trial), then, still running `STOP_WAIT_S` later (the
-    signal landed where Python drops exceptions), SIGKILL (the heartbeat fails and retries their trial)."""
+def _stop_workers(workers: Sequence, wait_s: float = 0.0) -> None:
+    """No worker left running: those still running after ``wait_s`` get SIGTERM (each fails its running
+    trial), then, still running `STOP_WAIT_S` later (the signal landed where Python drops exceptions), SIGKILL
+    (the heartbeat fails and retries their trial)."""
     started = [w for w in workers if w.pid is not None]
     for stop in (None, "terminate", "kill"):
         for w in started:
@@ -1897,11 +1953,50 @@ def _stop_workers(workers: Sequence, wait_s: float) -> None:
             w.join(max(0.0, deadline - time.monotonic()))
 
 
+def _tell_workers_to_stop(study, workers: Sequence, stop: KeyboardInterrupt) -> None:
+    """Stop the workers as this process was stopped: each gets the signal (Ctrl-C reached them already from a
+    terminal, `kill -INT` on this process did not; twice is once), fails its running trial and ends; one still
+    running `STOP_WAIT_S` later is killed, and its running trial failed (and queued again) from here, so that the
+    study is left with none running."""
+    import optuna
+
+    started = [w for w in workers if w.pid is not None]
+    for w in started:
+        with contextlib.suppress(ProcessLookupError):
+            if w.is_alive():
+                os.kill(w.pid, signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+    deadline = time.monotonic() + STOP_WAIT_S
+    for w in started:
+        w.join(max(0.0, deadline - time.monotonic()))
+    killed = [w for w in started if w.is_alive()]
+    for w in killed:
+        w.kill()
+        w.join()
+    if killed:
+        pids = {w.pid for w in killed}
+        running = [t._trial_id for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                   if _ran_here(t, pids)]
+        _fail_and_retry(study, running)
+
+
+def _start_forked(worker) -> None:
+    """Start a forked worker with Ctrl-C and SIGTERM blocked in it until it has its own handlers (`_worker`): one
+    that came as it started had raised in multiprocessing's start-up code (a traceback, exit code 1) or where
+    Python drops it (the worker searched on), and the parent's handlers, which it inherits, only record a stop."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        worker.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, n_jobs, progress,
                   tag_of, before_take_over: Callable[[], None] = lambda: None) -> tuple[int, list[str]]:
     """``n_jobs`` forked worker processes on one storage; this process reports progress from the storage.
     ``timeout`` bounds the whole search: the queued trials run here first, the workers get the time left.
-    Returns how many trials they finished, and a note for each worker that stopped before its share."""
+    Returns how many trials they finished, and a note for each worker that stopped before its share.
+    Ctrl-C or SIGTERM while the workers run is only recorded, then acted on between this process's reads of the
+    storage: raised in one, it had left SQLite's file locked, so that no worker could fail its running trial."""
     import multiprocessing
 
     import optuna
@@ -1918,27 +2013,29 @@ def _run_parallel(problem, study, storage_url, sampler_name, n_trials, timeout, 
         # processes may both pop one WAITING trial, and the second then fails to tell a trial already COMPLETE
         with _StopsInsideTrials() as gate:
             _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), tag_of), n_trials=min(queued, left),
-                      timeout=timeout, callbacks=[report] if report else [])
+                      timeout=timeout, callbacks=[*([report] if report else []), gate.stop_after_trial])
         left -= min(queued, left)
     shares = _shares(left, n_jobs)
     workers = [ctx.Process(target=_worker, args=(problem, storage_url, study.study_name, sampler_name, share,
                                                    deadline, os.getpid(), errors))
                for share in shares]
-    wait_s = 0.0
     try:
-        for w in workers:
-            w.start()
-            pids.add(w.pid)
-        # (a worker stopped by an error stops the others: the user's callable would fail for them too)
-        while any(w.is_alive() for w in workers) and not any(w.exitcode == 2 for w in workers):
-            if report:
-                report()
-            time.sleep(0.5)
-    except KeyboardInterrupt as exc:
-        wait_s = 0.0 if isinstance(exc, Terminated) else STOP_WAIT_S  # (Ctrl-C reached the workers too)
-        raise
+        with _StopsInsideTrials(raising=False) as gate:
+            for w in workers:
+                _start_forked(w)
+                pids.add(w.pid)
+            next_report = 0.0
+            # (a worker stopped by an error stops the others: the user's callable would fail for them too)
+            while gate.pending is None and any(w.is_alive() for w in workers) and \
+                    not any(w.exitcode == 2 for w in workers):
+                if report and time.monotonic() >= next_report:
+                    report()
+                    next_report = time.monotonic() + REPORT_S
+                time.sleep(POLL_S)
+            if gate.pending is not None:  # (raised by the gate's exit)
+                _tell_workers_to_stop(study, workers, gate.pending)
     finally:  # (however this process stops, it leaves no worker running)
-        _stop_workers(workers, wait_s)
+        _stop_workers(workers)
     if report:
         report()
     messages = [errors.get() for _ in range(sum(w.exitcode == 2 for w in workers))]
@@ -1973,7 +2070,7 @@ def _take_over(problem, study, workers: Sequence, shares: Sequence[int], deadlin
             before = sum(_ran_here(t, here) for t in study.get_trials(deepcopy=False))
             with _StopsInsideTrials() as gate:
                 _optimize(study, _tagged(gate.wrap(_trial_function(problem, study)), tag_of), n_trials=short,
-                          timeout=left, callbacks=[report] if report else [])
+                          timeout=left, callbacks=[*([report] if report else []), gate.stop_after_trial])
             ran = sum(_ran_here(t, here) for t in study.get_trials(deepcopy=False)) - before
         notes.append(f"worker {i + 1} stopped ({_exit_reason(w.exitcode)}) after {finished} of its {share} "
                      "trials; its finished trials are kept"
@@ -2227,7 +2324,7 @@ def run_worker(job: WorkerJob, *, n_trials: int, timeout: float | None = None,
     with storage_failures(job.study._storage if storage is None else storage, job.study.study_name), \
             _StopsInsideTrials() as gate:
         _optimize(job.study, _tagged(gate.wrap(_trial_function(problem, job.study)), lambda: tag),
-                  n_trials=n_trials, timeout=timeout, callbacks=callbacks)
+                  n_trials=n_trials, timeout=timeout, callbacks=[*callbacks, gate.stop_after_trial])
     mine = [t for t in job.study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == tag]
     states = optuna.trial.TrialState
     return WorkerRun(job, sum(t.state == states.COMPLETE for t in mine), sum(t.state == states.FAIL for t in mine),
@@ -2888,8 +2985,46 @@ def _check_counts(n_trials: int, n_jobs: int, validate: int, timeout: float | No
     for name, value, low in (("n_trials", n_trials, 1), ("n_jobs", n_jobs, 1), ("validate", validate, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name}: {value!r} must be an integer >= {low}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout: {timeout!r} must be a positive number of seconds")
+    if timeout is not None and not (_is_number(timeout) and timeout > 0):
+        raise ValueError(f"timeout: {timeout!r} must be a positive number of seconds (or None: no limit)")
+
+
+def _is_number(value: Any) -> bool:
+    """A real number, not a bool (True > 0) nor text ("5", which Python will not compare with 0)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_run(seed: Any, storage: Any) -> None:
+    """`optimize`'s and `solve`'s own arguments, as the CLI checks its options: a type error named, before any
+    work (``seed=-1`` had been taken, which --seed refuses; ``storage=5`` had failed with an AttributeError)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: {seed!r} must be an integer >= 0")
+    if storage is not None and not isinstance(storage, str) and not hasattr(storage, "create_new_study"):
+        raise ValueError(f"storage: {storage!r} must be an Optuna storage URL (e.g. sqlite:///study.db), an Optuna "
+                         "storage object, or None (a SQLite file here)")
+
+
+def _check_inputs(profile: Any, space: Any, quality: Any, quality_profile: Any, max_queue_s: Any) -> None:
+    """`build_problem`'s arguments of the wrong type, named (they had failed deep inside: a path's TypeError for
+    ``space={...}``, "'int' object is not iterable" for ``quality=1``, a comparison of text for ``max_queue_s="5s"``)."""
+    from skistune.profile import HardwareProfile
+    from skistune.quality import QualityProfile
+
+    path = (str, os.PathLike)
+    if profile is not None and not callable(profile) and not isinstance(profile, (*path, HardwareProfile)):
+        raise ValueError(f"profile: {profile!r} must be a HardwareProfile, its JSON file, or None (this machine's)")
+    if space is not None and not isinstance(space, (*path, SearchSpace)):
+        raise ValueError(f"space: {space!r} must be a SearchSpace, a shipped space's name (default, vllm, ...) or a "
+                         "YAML file")
+    if quality_profile is not None and not isinstance(quality_profile, (*path, QualityProfile)):
+        raise ValueError(f"quality_profile: {quality_profile!r} must be a QualityProfile, its JSON file, or None")
+    floors = [quality] if isinstance(quality, (str, QualityFloor)) else quality
+    if quality is not None and (isinstance(quality, Mapping) or not isinstance(floors, Iterable)
+                                or not all(isinstance(q, (str, QualityFloor)) for q in floors)):
+        raise ValueError(f"quality: {quality!r} must be a floor such as 'ppl+1%', 'worst:ppl+3%' or 'needle>=0.95', "
+                         "or a list of them")
+    if max_queue_s is not None and not _is_number(max_queue_s):
+        raise ValueError(f"max_queue_s: {max_queue_s!r} must be a number of seconds (or None: the guard off)")
 
 
 def _refine(problem: Problem, evaluations: Sequence[Evaluation], cut: list[str] | None = None) -> list[Evaluation]:
@@ -3364,6 +3499,7 @@ def optimize(workload: Any = DEFAULT_WORKLOAD, *, slo: Any = (), objective: Any 
     it, and one that raises stops it with its own exception.
     """
     _check_counts(n_trials, n_jobs, validate, timeout)
+    _check_run(seed, storage)
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler {sampler!r}: use {', '.join(SAMPLERS)}")
     problem = build_problem(workload, slo=slo, objective=objective, direction=direction, constraints=constraints,
@@ -3401,6 +3537,7 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
     when it is reached, at most one simulation or replay late, with a note saying what was cut short. A
     failure of the storage mid-run raises `StorageWriteError` (the finished trials stay in the study)."""
     _check_counts(n_trials, n_jobs, validate, timeout)
+    _check_run(seed, storage)
     deadline = Deadline.after(timeout, started)
     name = study_name or default_study_name(problem)
     storage = default_storage(name) if storage is None else storage

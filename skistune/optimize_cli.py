@@ -603,6 +603,7 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
     check_out_file(out, "--out", _input_files(workload, profile, space, quality_profile,
                                                None if storage is None else _sqlite_file(storage)))
+    check_replaceable(out, "--out")
     if sampler not in SAMPLERS:
         raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
     w = _workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=workload_seed, requests=requests,
@@ -677,6 +678,38 @@ def command_line(ctx, **given: str) -> str:
         if getattr(ctx.get_parameter_source(name), "name", None) != "COMMANDLINE":
             words += [f"--{name.replace('_', '-')}", value]
     return shlex.join(words)
+
+
+FS_IOC_GETFLAGS = 0x80086601  # Linux ioctl(2): a file's attributes, as lsattr reads them
+FS_IMMUTABLE_FL, FS_APPEND_FL = 0x10, 0x20  # chattr +i, chattr +a: no rename over the file, even by root
+
+
+def check_replaceable(out: Path, option: str) -> None:
+    """Refuse an existing file that cannot be written over, before the work (a tester's immutable --out was found
+    after a 19 s search): one marked immutable or append-only (chattr +i, +a), which the rename of
+    `skistune.paths.write_atomic` cannot replace, even as root. Read-only: the file is opened to read its flags,
+    never created or changed. (The folder's own refusal of new files is `check_out_file`'s.)"""
+    import fcntl
+    import os
+    import struct
+
+    target = Path(os.path.realpath(out))  # (a link is written through: its target is replaced)
+    if not target.is_file():
+        return
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:  # (unreadable: the write says so, if it fails)
+        return
+    try:
+        flags = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(8))[:4])[0]
+    except OSError:  # (a file system without such flags: tmpfs, NFS)
+        return
+    finally:
+        os.close(fd)
+    for flag, what, lift in ((FS_IMMUTABLE_FL, "immutable", "-i"), (FS_APPEND_FL, "append-only", "-a")):
+        if flags & flag:
+            raise ValueError(f"{option} {out}: the existing file is {what} (chattr +{lift[1]}), so it cannot be "
+                             f"replaced: give another file, or lift the flag (chattr {lift} {out}, as root)")
 
 
 def _input_files(*paths) -> tuple[Path, ...]:
@@ -784,7 +817,7 @@ def _report(result, out: Path, json_out: bool, resume: str) -> None:
     try:
         path = result.write(out)
     except OSError as e:  # (after the search: say the trials are not lost, and how to get the file)
-        raise OSError(e.errno, f"{e.strerror}; the study {name} in {result.storage} keeps its trials: the same "
+        raise OSError(f"{e.strerror or e}; the study {name} in {result.storage} keeps its trials: the same "
                       f"command with {resume} writes the file (`skistune report {name}` shows them)") from None
     console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command with {resume} adds "
                          "trials)"), highlight=False, soft_wrap=True)
