@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 
 from skistune.config import (FAMILIES, KVConfig, _check_value, declared_kind, knob_fields, load_yaml, parse_bytes,
-                             yaml_problem)
+                             shown, shown_name, yaml_problem)
 
 Solver = Callable[[KVConfig], Any]  # given the config built so far, returns the knob's value
 
@@ -42,6 +42,7 @@ _TOP_KEYS = ("name", "description", "switches", "knobs", "fixed")
 _RANGE_KEYS = ("type", "low", "high", "log", "step", "at_most")
 _SPEC_KEYS = ("choices", "solver", "same_as", "when", "when_any") + _RANGE_KEYS
 _SCALARS = (bool, int, float, str, type(None))  # what Optuna can store as a categorical choice
+MAX_SWITCH_NAME = 64  # characters of a switch's name (every message about the switch repeats it)
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def _build_space(data: Any, source: str) -> SearchSpace:
         raise ValueError("expected a mapping with name, description, knobs (and optionally switches, fixed)")
     unknown = sorted(set(map(str, data)) - set(_TOP_KEYS))
     if unknown:
-        raise ValueError(f"{unknown[0]}: unknown section (sections: {', '.join(_TOP_KEYS)})")
+        raise ValueError(f"{shown_name(unknown[0])}: unknown section (sections: {', '.join(_TOP_KEYS)})")
     knobs = data.get("knobs")
     if not isinstance(knobs, dict) or not knobs:
         raise ValueError("knobs: missing or empty; list at least one knob to search")
@@ -183,7 +184,7 @@ def _is_type(value: Any, kind: str) -> bool:
 def _unknown_knob(name: str, fields_: Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(name, list(fields_), n=1)
     hint = f"did you mean {close[0]}?" if close else "knobs are family.field, see skistune.config.knob_fields()"
-    return f"{name}: unknown knob ({hint})"
+    return f"{shown_name(name)}: unknown knob ({hint})"
 
 
 def _field_value(name: str, f: dataclasses.Field, raw: Any, role: str = "") -> Any:
@@ -194,7 +195,7 @@ def _field_value(name: str, f: dataclasses.Field, raw: Any, role: str = "") -> A
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if value is not None and kind != "other" and not _is_type(value, kind):
-        raise ValueError(f"{name}: {role}{raw!r} is not {'an' if kind == 'int' else 'a'} {kind}")
+        raise ValueError(f"{name}: {role}{shown(raw)} is not {'an' if kind == 'int' else 'a'} {kind}")
     try:
         _check_value(name.partition(".")[0], f, value)
     except ValueError as exc:
@@ -208,12 +209,36 @@ def _structured_value(name: str, raw: Any) -> Any:
     try:
         return getattr(FAMILIES[family].from_dict({knob: raw}), knob)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: {raw!r} is not a valid value ({exc})") from None
+        raise ValueError(f"{name}: {shown(raw)} is not a valid value ({exc})") from None
 
 
 def _same(a: Any, b: Any) -> bool:
     """Equality that keeps true apart from 1 (YAML and Python both let them compare equal)."""
     return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def _same_key(value: Any) -> tuple[bool, Any]:
+    """``value`` as a set member under `_same`: equal keys for 1 and 1.0, apart ones for true and 1. A set of
+    them finds a value among 100,000 choices at once, where comparing with each one had taken minutes."""
+    return isinstance(value, bool), value
+
+
+def _same_keys(values: Any) -> set:
+    """The `_same_key` of each (hashable) value; NaN, equal to nothing under `_same`, is left out."""
+    return {_same_key(v) for v in values if v == v}
+
+
+def _among(value: Any, keys: set) -> bool:
+    """Whether ``value`` is `_same` as a value of ``keys`` (`_same_keys`); an unhashable one is not."""
+    try:
+        return value == value and _same_key(value) in keys
+    except TypeError:  # (a list where a scalar was expected)
+        return False
+
+
+def _listed(values: Any) -> str:
+    """Values for a message, comma-separated, cut as `shown` cuts a long one."""
+    return shown_name(", ".join(map(str, values)))
 
 
 # ---- sections ---------------------------------------------------------------------------------------
@@ -239,7 +264,7 @@ def _parse_when(name: str, raw: Any, key: str = "when") -> tuple[tuple[str, tupl
     for ref, values in raw.items():
         values = values if isinstance(values, list) else [values]
         if not values:
-            raise ValueError(f"{name}: {key} {ref}: empty list of values (the knob could never be active)")
+            raise ValueError(f"{name}: {key} {shown_name(ref)}: empty list of values (the knob could never be active)")
         out.append((str(ref), tuple(values)))
     return tuple(out)
 
@@ -253,20 +278,22 @@ def _parse_choices(name: str, raw: Any, f: dataclasses.Field | None) -> tuple:
     if not isinstance(raw, list) or not raw:
         raise ValueError(f"{name}: choices: expected a non-empty list")
     values: list = []
+    seen: set = set()
     for item in raw:
         value = _field_value(name, f, item, "choice ") if f is not None else item
         if not isinstance(value, _SCALARS):
-            raise ValueError(f"{name}: choice {item!r} is not a scalar (null, bool, number or string)")
-        if any(_same(value, v) for v in values):
-            raise ValueError(f"{name}: choice {item!r} is listed twice")
+            raise ValueError(f"{name}: choice {shown(item)} is not a scalar (null, bool, number or string)")
+        if _among(value, seen):
+            raise ValueError(f"{name}: choice {shown(item)} is listed twice")
+        seen |= _same_keys((value,))
         values.append(value)
     return tuple(values)
 
 
 def _parse_switch(name: str, spec: Any) -> Param:
-    if not name.isidentifier():
-        raise ValueError(f"switches: {name}: a switch name is a plain identifier without dots "
-                         "(dotted names are knobs; list those under knobs)")
+    if not name.isidentifier() or len(name) > MAX_SWITCH_NAME:
+        raise ValueError(f"switches: {shown_name(name)}: a switch name is a plain identifier without dots, of at "
+                         f"most {MAX_SWITCH_NAME} characters (dotted names are knobs; list those under knobs)")
     if not isinstance(spec, dict) or "choices" not in spec or set(spec) - {"choices", "when", "when_any"}:
         raise ValueError(f"switches: {name}: expected {{choices: [...]}} (optionally with when: or when_any:)")
     return Param(name, "choices", choices=_parse_choices(name, spec["choices"], None), **_conditions(name, spec))
@@ -277,10 +304,10 @@ def _parse_knob(name: str, spec: Any, fields_: Mapping[str, dataclasses.Field]) 
     if f is None:
         raise ValueError(f"knobs: {_unknown_knob(name, fields_)}")
     if not isinstance(spec, dict):
-        raise ValueError(f"{name}: expected a mapping such as {{choices: [...]}} or {{low: 1, high: 8}}, got {spec!r}")
+        raise ValueError(f"{name}: expected a mapping such as {{choices: [...]}} or {{low: 1, high: 8}}, got {shown(spec)}")
     unknown = sorted(set(map(str, spec)) - set(_SPEC_KEYS))
     if unknown:
-        raise ValueError(f"{name}: unknown key {unknown[0]!r} (keys: {', '.join(_SPEC_KEYS)})")
+        raise ValueError(f"{name}: unknown key {shown(unknown[0])} (keys: {', '.join(_SPEC_KEYS)})")
     kinds = [k for k in ("choices", "solver", "same_as") if k in spec] + (
         ["range"] if "low" in spec or "high" in spec else [])
     if len(kinds) != 1:
@@ -306,7 +333,7 @@ def _parse_range(name: str, spec: dict, f: dataclasses.Field, when: Mapping[str,
     if kind not in ("int", "float") or f.metadata.get("choices") is not None:
         raise ValueError(f"{name}: not a numeric range knob; list its values with choices:")
     if spec.get("type", kind) != kind:
-        raise ValueError(f"{name}: type {spec['type']!r} does not match the knob, which is {kind}")
+        raise ValueError(f"{name}: type {shown(spec['type'])} does not match the knob, which is {kind}")
     if "low" not in spec or "high" not in spec or spec["low"] is None or spec["high"] is None:
         raise ValueError(f"{name}: a range needs both low and high")
     low, high = _field_value(name, f, spec["low"], "low "), _field_value(name, f, spec["high"], "high ")
@@ -357,7 +384,7 @@ def _check_refs(params: list[Param], fixed: dict[str, Any], fields_: Mapping[str
 
 def _condition_values(name: str, ref: str, values: tuple, by_name: Mapping[str, Param], fixed: Mapping[str, Any],
                       fields_: Mapping[str, dataclasses.Field], key: str = "when") -> tuple:
-    where = f"{name}: {key} {ref}"
+    where = f"{name}: {key} {shown_name(ref)}"
     if ref == name:
         raise ValueError(f"{where}: a knob cannot depend on itself")
     target = by_name.get(ref)
@@ -369,11 +396,12 @@ def _condition_values(name: str, ref: str, values: tuple, by_name: Mapping[str, 
         raise ValueError(f"{where}: conditions can test only knobs given by choices, switches or fixed knobs, "
                          f"not a {target.kind} knob")
     allowed = target.choices if target is not None else (fixed[ref],)
+    keys = _same_keys(allowed) if target is not None else None  # (a fixed value may be no scalar: layer_bits)
     out = []
     for raw in values:
         value = _field_value(ref, fields_[ref], raw, "condition value ") if ref in fields_ else raw
-        if not any(_same(value, a) for a in allowed):
-            raise ValueError(f"{where}: {raw!r} is not one of its values ({', '.join(map(str, allowed))})")
+        if not (_among(value, keys) if keys is not None else _same(value, allowed[0])):
+            raise ValueError(f"{where}: {shown(raw)} is not one of its values ({_listed(allowed)})")
         out.append(value)
     return tuple(out)
 
@@ -383,7 +411,7 @@ def _check_link(p: Param, ref: str, by_name: Mapping[str, Param], fixed: Mapping
     """``at_most``/``same_as`` read another knob: it must exist, be of the same type, and be known
     before solvers run; a tie must only ever copy values this knob accepts."""
     how = "at_most" if ref == p.at_most else "same_as"
-    where = f"{p.name}: {how} {ref}"
+    where = f"{p.name}: {how} {shown_name(ref)}"
     if ref == p.name or ref not in fields_:
         raise ValueError(f"{where}: " + ("a knob cannot refer to itself" if ref == p.name
                                          else _unknown_knob(ref, fields_).partition(": ")[2]))
@@ -508,7 +536,7 @@ def _apply_solvers(space: SearchSpace, config: KVConfig, decided: Mapping[str, A
         try:
             config = config.with_knobs({p.name: value})
         except ValueError as exc:
-            raise ValueError(f"solver {p.solver!r} returned an invalid {p.name}: {exc}") from None
+            raise ValueError(f"solver {shown(p.solver)} returned an invalid {p.name}: {exc}") from None
     return config
 
 
@@ -568,7 +596,7 @@ def _walk(space: SearchSpace, base: KVConfig, n: int, i: int, decided: dict[str,
 
 def _grid(space: SearchSpace, base: KVConfig, points_per_range: int, max_points: int):
     if isinstance(points_per_range, bool) or not isinstance(points_per_range, int) or points_per_range < 2:
-        raise ValueError(f"points_per_range: {points_per_range!r} must be an integer >= 2 (both ends of each range "
+        raise ValueError(f"points_per_range: {shown(points_per_range)} must be an integer >= 2 (both ends of each range "
                          "are included)")
     for count, point in enumerate(_walk(space, base, points_per_range, 0, {}, dict(space.fixed)), start=1):
         if count > max_points:
@@ -610,7 +638,7 @@ def cap_knob(space: SearchSpace, knob: str, limit: int | float) -> tuple[SearchS
         if not dropped:
             return space, ()
         if not kept:
-            raise ValueError(f"{knob}: every value the search space gives ({', '.join(map(str, p.choices))}) is "
+            raise ValueError(f"{knob}: every value the search space gives ({_listed(p.choices)}) is "
                              f"above {limit:,.0f}, what this machine can hold")
         capped = replace(p, choices=kept)
     elif p.kind == "int" and p.high > limit:

@@ -78,6 +78,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from skistune.config import shown
 from skistune.kernels.rows import LEGACY_RULE, PLAIN_RULE, ProjectionRule
 from skistune.runtime.kv_layout import KVTraffic
 
@@ -113,7 +114,7 @@ class ProjectionTimes:
         if n < 2 or len(self.layers_s) != n or len(self.head_s) != n:
             raise ValueError("projection table: needs two or more sizes, with a time of each kind at each")
         if any(b <= a for a, b in zip(self.rows, self.rows[1:])) or self.rows[0] < 1:
-            raise ValueError(f"projection table: rows must increase from 1 or more, got {list(self.rows)}")
+            raise ValueError(f"projection table: rows must increase from 1 or more, got {shown(list(self.rows))}")
         if not all(t > 0 and t == t for t in self.layers_s + self.head_s):
             raise ValueError("projection table: every time must be a positive number of seconds")
 
@@ -164,14 +165,14 @@ def rule_from_json(data, where: str = "step cost model: rows") -> ProjectionRule
             return ProjectionRule.from_dict(data)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{where}: {exc}") from None
-    raise ValueError(f"{where}: {data!r} is not one of {', '.join(NAMED_RULES)} or a projection rule")
+    raise ValueError(f"{where}: {shown(data)} is not one of {', '.join(NAMED_RULES)} or a projection rule")
 
 
 def _integer(value, where: str, minimum: int = 0) -> int:
     """An integer read from a file (`fields.whole`), at least ``minimum``."""
     value = whole(value, where)
     if value < minimum:
-        raise ValueError(f"{where}: {value!r} is {'negative' if minimum == 0 else f'below {minimum}'}")
+        raise ValueError(f"{where}: {shown(value)} is {'negative' if minimum == 0 else f'below {minimum}'}")
     return value
 
 
@@ -273,7 +274,7 @@ class StepCostModel:
             raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
         features = items(data, "features", where, nonempty=False)
         if features not in [list(f) for f in READABLE_FEATURES]:
-            raise ValueError(f"{where}.features: {features!r} are not {list(ALL_FEATURES)} "
+            raise ValueError(f"{where}.features: {shown(features, 1000)} are not {list(ALL_FEATURES)} "
                              "(or the first terms of them an older profile was written with)")
         coef = tuple(finite(c, f"{where}.coef[{i}]")
                      for i, c in enumerate(items(data, "coef", where, nonempty=False)))

@@ -6,18 +6,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from skistune.config import shown
+
 
 def finite(value: Any, where: str) -> float:
     """A finite number (not a bool, nor a string that float() would take)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{where}: expected a finite number, got {value!r}")
+        raise ValueError(f"{where}: expected a finite number, got {shown(value)}")
     return float(value)
 
 
 def whole(value: Any, where: str) -> int:
     """An integer (not a bool, a float or a string that int() would take)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}: expected an integer, got {value!r}")
+        raise ValueError(f"{where}: expected an integer, got {shown(value)}")
     return value
 
 
@@ -32,14 +34,14 @@ def entry(data: Any, key: str, where: str) -> Any:
 def number(data: Any, key: str, where: str, *, minimum: float = 0.0) -> float:
     value = finite(entry(data, key, where), f"{where}.{key}")
     if value < minimum:
-        raise ValueError(f"{where}.{key}: {value!r} is below {minimum:g}")
+        raise ValueError(f"{where}.{key}: {shown(value)} is below {minimum:g}")
     return value
 
 
 def integer(data: Any, key: str, where: str, *, minimum: int = 0) -> int:
     value = whole(entry(data, key, where), f"{where}.{key}")
     if value < minimum:
-        raise ValueError(f"{where}.{key}: {value!r} is below {minimum}")
+        raise ValueError(f"{where}.{key}: {shown(value)} is below {minimum}")
     return value
 
 
@@ -48,7 +50,7 @@ def text(data: Any, key: str, where: str, *, choices: tuple[str, ...] | None = N
     if not isinstance(value, str):
         raise ValueError(f"{where}.{key}: expected a string, got {type(value).__name__}")
     if choices is not None and value not in choices:
-        raise ValueError(f"{where}.{key}: {value!r} is not one of {', '.join(choices)}")
+        raise ValueError(f"{where}.{key}: {shown(value)} is not one of {', '.join(choices)}")
     return value
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import shown
 from ..runtime.kv_layout import FULL_PRECISION_BITS
 from .cost import StepShape
 from .fields import entry, int_map, integer, number, text
@@ -82,7 +83,7 @@ class StepPoint:
             raise ValueError(f"{where}.shape: expected the fields {names}") from None
         held_out = entry(data, "held_out", where)
         if not isinstance(held_out, bool):
-            raise ValueError(f"{where}.held_out: expected true or false, got {held_out!r}")
+            raise ValueError(f"{where}.held_out: expected true or false, got {shown(held_out)}")
         return cls(text(data, "kind", where, choices=STEP_KINDS), int_map(data, "grid", where), step_shape,
                    Timing.from_dict(entry(data, "timing", where), f"{where}.timing"), held_out)
 

@@ -17,6 +17,7 @@ import gzip
 import io
 import json
 import math
+import zlib
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Iterator
 
 import numpy as np
 
+from skistune.config import shown
 from skistune.workloads.model import MAX_TOKENS, Workload, chain_blocks, gather_blocks, recut_blocks
 from skistune.workloads.synthetic import SESSION_BLOCK_TOKENS, burstiness_notes, renewal_arrivals
 from skistune.workloads.transforms import QUANTUM_NOTE
@@ -51,6 +53,11 @@ class ArrivalSpec:
     seed: int = 0
 
 
+# what reading a damaged gzip file raises: cut short (EOFError), a bad header (BadGzipFile), or compressed data
+# that does not decode (zlib.error: random bytes after a valid header)
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
 def open_text(path: Path) -> io.TextIOBase:
     """Open a trace as text; gzip-compressed files (how large traces are often kept) are recognised."""
     with open(path, "rb") as raw:
@@ -71,11 +78,14 @@ def _first_line(path: Path) -> str:
 def detect_format(path: str | Path) -> str:
     """The trace format from the file's content (the first non-empty line), not its name."""
     path = Path(path)
-    line = _first_line(path)
+    try:
+        line = _first_line(path)
+    except GZIP_ERRORS as exc:
+        raise ValueError(f"{path}: damaged gzip file ({exc})") from None
     if line.startswith("{"):
         try:
             record = json.loads(line)
-        except ValueError:  # (not JSON, or an integer past Python's 4,300 digits)
+        except (ValueError, RecursionError):  # (not JSON, an integer past Python's 4,300 digits, nested too deep)
             record = {}
         if isinstance(record, dict) and {"input_length", "output_length"} <= record.keys():
             return "mooncake"
@@ -118,7 +128,7 @@ def read_trace(path: str | Path, *, format: str | None = None, skip_bad_rows: bo
     try:
         fmt = detect_format(path) if format is None else format
         if fmt not in FORMATS:
-            raise ValueError(f"format {fmt!r}: unknown (known: {', '.join(FORMATS)})")
+            raise ValueError(f"format {shown(fmt)}: unknown (known: {', '.join(FORMATS)})")
         bad = BadRows(path, skip_bad_rows)
         if fmt == "mooncake":
             workload = _read_mooncake(path, bad, block_tokens or MOONCAKE_BLOCK_TOKENS)  # (rescaled if not 512)
@@ -127,7 +137,7 @@ def read_trace(path: str | Path, *, format: str | None = None, skip_bad_rows: bo
     # bytes that are no text, or a damaged gzip file: the whole file is unreadable, not one row
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a text trace (not UTF-8; binary or corrupted?)") from None
-    except (EOFError, gzip.BadGzipFile) as exc:
+    except GZIP_ERRORS as exc:
         raise ValueError(f"{path}: damaged gzip file ({exc})") from None
     note = bad.note()
     return workload.with_note(note) if note else workload
@@ -239,15 +249,15 @@ class _ValueChecker:
             self.times_are_numbers = _is_float(value)
         if self.times_are_numbers:
             if not _is_float(value) or not math.isfinite(float(value)):
-                return None, f"{value!r} is not a time in seconds"
+                return None, f"{shown(value)} is not a time in seconds"
             if abs(float(value)) > MAX_TIMESTAMP_S:
                 return None, _time_problem(repr(value), "seconds")
             return float(value), None
         try:
             stamp = np.datetime64(value, "ns")
         except ValueError:
-            return None, f"{value!r} is not a date-time"
-        return (None, f"{value!r} is not a date-time") if np.isnat(stamp) else (stamp, None)
+            return None, f"{shown(value)} is not a date-time"
+        return (None, f"{shown(value)} is not a date-time") if np.isnat(stamp) else (stamp, None)
 
 
 def _number_text(number: int | float) -> str:
@@ -309,7 +319,7 @@ def _slow_columns(path: Path, kinds: dict[str, Kind], bad: BadRows) -> dict[str,
 def _field_count_problem(row: list[str], header: list[str]) -> str:
     if len(row) < len(header):
         return f"column {header[len(row)]}: missing (row has {len(row)} of {len(header)} fields)"
-    return f"column {len(header) + 1}: unexpected extra field {row[len(header)]!r}"
+    return f"column {len(header) + 1}: unexpected extra field {shown(row[len(header)])}"
 
 
 def _bad_values(kind: Kind, values: list[str], checker: _ValueChecker) -> list[tuple[int, str]]:
@@ -384,7 +394,7 @@ def _check_count(record: dict, key: str) -> str | None:
     if key not in record:
         return f"column {key}: missing"
     if isinstance(value, bool) or not isinstance(value, int):
-        return f"column {key}: {value!r} is not an integer"
+        return f"column {key}: {shown(value)} is not an integer"
     return f"column {key}: {_length_problem(value)}" if not 0 <= value <= MAX_TOKENS else None
 
 
@@ -395,7 +405,7 @@ def _check_mooncake(record: object, block_tokens: int) -> str | None:
     # (finiteness of floats only: math.isfinite overflowed on a 400-digit integer, which the bound then refuses)
     if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or (
             isinstance(timestamp, float) and not math.isfinite(timestamp)):
-        return f"column timestamp: {timestamp!r} is not a time in milliseconds"
+        return f"column timestamp: {shown(timestamp)} is not a time in milliseconds"
     if abs(timestamp) > MAX_TIMESTAMP_S * 1000:
         return f"column timestamp: {_time_problem(_number_text(timestamp), 'milliseconds')}"
     problem = _check_count(record, "input_length") or _check_count(record, "output_length")
@@ -423,6 +433,9 @@ def _mooncake_records(path: Path, bad: BadRows, block_tokens: int) -> Iterator[d
                 continue
             except ValueError:  # (Python's limit on integer digits, which told to call sys.set_int_max_str_digits)
                 bad.report(line_no, "not valid JSON (a number of over 4,300 digits)")
+                continue
+            except RecursionError:  # (lists or objects nested thousands deep: the parser's recursion ran out)
+                bad.report(line_no, "not valid JSON (nested too deeply)")
                 continue
             problem = _check_mooncake(record, block_tokens)
             if problem:
