@@ -49,6 +49,7 @@ from skistune.runtime.request import Request
 from skistune.paths import write_atomic
 from skistune.searchspace import SearchSpace, cap_knob, load_space, param_refs, suggest_config
 from skistune.slo import SLO, as_slos
+from skistune.signals import Terminated, raise_terminated
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_WORKLOAD = "chat"
@@ -1706,37 +1707,6 @@ def _run_sequential(problem, study, n_trials, timeout, progress, tag_of) -> int:
     return _progress_of(problem, study, first, n_trials, pids).done
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread: a search stopped by it ends as one stopped by Ctrl-C (the running
-    trial marked failed, the finished ones kept) instead of leaving its trial running."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise Terminated
-
-
-def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
-    """A command's exit code when a signal stopped it: 128 + the signal, as a shell reports a process the
-    signal killed (130 for Ctrl-C, 143 for SIGTERM)."""
-    return 143 if isinstance(exc, Terminated) else 130
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM raises `Terminated` (a KeyboardInterrupt) while the block runs; outside the main thread, where
-    no handler can be set, it stays as it was."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 PR_SET_PDEATHSIG = 1  # Linux prctl(2): the signal a process gets when the thread that forked it ends
 
 
@@ -1749,7 +1719,7 @@ def _stop_with_parent(parent: int) -> None:
 
     import threading
 
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, raise_terminated)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # (it died before the line above)
@@ -1808,7 +1778,7 @@ class _StopsInsideTrials:
 
         self.unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
         if threading.current_thread() is threading.main_thread():  # (only there can handlers be set)
-            raising = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _terminate}
+            raising = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: raise_terminated}
             self.previous = {s: signal.getsignal(s) for s, h in raising.items()
                              if self.take_all or signal.getsignal(s) is h}
             for s in self.previous:

@@ -764,7 +764,8 @@ def _solve_with_progress(problem, *, n_trials: int, json_out: bool = False, **op
     """`skistune.optimize.solve` under a progress bar (trials done, feasible count, best so far, then the
     refinement and validation stages); Ctrl-C (exit 130) or SIGTERM (exit 143) keeps the finished trials and
     says how to resume."""
-    from skistune.optimize import Terminated, interrupted_exit_code, sigterm_as_interrupt, solve
+    from skistune.optimize import solve
+    from skistune.signals import Terminated, interrupted_exit_code, sigterm_as_interrupt
 
     feasible, done = [0], [0]
 
@@ -841,11 +842,13 @@ def replaced_file(out: Path) -> dict | None:
     its provenance names (None when it is no skistune tuned config), "created": when that was written}``."""
     import yaml
 
+    from skistune.config import load_yaml
+
     if not out.is_file():
         return None
     try:
         with open(out, "rb") as f:
-            data = yaml.safe_load(f.read(REPLACED_READ_BYTES))
+            data = load_yaml(f.read(REPLACED_READ_BYTES).decode("utf-8"))  # (bounded: any file may sit there)
     except (OSError, ValueError, yaml.YAMLError):  # (unreadable, not UTF-8, not YAML: not a tuned config)
         data = None
     provenance = data.get("provenance") if isinstance(data, dict) else None

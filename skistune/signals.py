@@ -8,7 +8,7 @@ script reading it learns why there are no figures, and what is left).
 
 ``kept`` is called only when a signal stopped the work, so that it can look at what was written by then
 (`file_states` before the work, `written_since` after). SIGTERM raises `Terminated` (a KeyboardInterrupt) in the
-block, as optimize's search does (`skistune.optimize.sigterm_as_interrupt`, shared here).
+block (`sigterm_as_interrupt`: optimize's search and its workers stop on the same exception).
 """
 from __future__ import annotations
 
@@ -20,13 +20,42 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-# (one definition: optimize's search, its workers and every other command stop on the same exception)
-from skistune.optimize import Terminated, interrupted_exit_code, sigterm_as_interrupt
-
-__all__ = ["Terminated", "interrupted_exit_code", "sigterm_as_interrupt", "stopped_by_signal", "stopped_line",
+__all__ = ["Terminated", "interrupted_exit_code", "raise_terminated", "sigterm_as_interrupt", "stopped_by_signal", "stopped_line",
            "file_states", "written_since", "rerun_command", "finished_before_signals"]
 
 Kept = Callable[[], tuple]  # () -> (the text, the JSON fields)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: a search stopped by it ends as one stopped by Ctrl-C (the running
+    trial marked failed, the finished ones kept) instead of leaving its trial running."""
+
+
+def raise_terminated(signum: int, frame: Any) -> None:
+    """SIGTERM's handler where a command stops on it: raises `Terminated`."""
+    raise Terminated
+
+
+def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
+    """A command's exit code when a signal stopped it: 128 + the signal, as a shell reports a process the
+    signal killed (130 for Ctrl-C, 143 for SIGTERM)."""
+    return 143 if isinstance(exc, Terminated) else 130
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raises `Terminated` (a KeyboardInterrupt) while the block runs; outside the main thread, where
+    no handler can be set, it stays as it was."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stopped_line(exc: KeyboardInterrupt, kept: str) -> str:

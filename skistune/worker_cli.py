@@ -41,7 +41,8 @@ def _run(job, trials: int, timeout: float | None, storage: str, resume: str):
     storage already), and ``resume``, the command that goes on."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from skistune.optimize import StorageWriteError, interrupted_exit_code, run_worker, sigterm_as_interrupt
+    from skistune.optimize import StorageWriteError, run_worker
+    from skistune.signals import interrupted_exit_code, sigterm_as_interrupt
 
     bar = Progress(SpinnerColumn(), TextColumn("[bold]worker"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=err_console)

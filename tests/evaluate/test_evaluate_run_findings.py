@@ -92,7 +92,7 @@ def test_the_compare_table_has_the_eviction_swap_and_disk_counts_of_both_sides()
 @pytest.mark.parametrize("signal_name, code", [("interrupted", 130), ("terminated", 143)])
 def test_a_stopped_evaluate_ends_its_json_with_why(monkeypatch, tmp_path, signal_name, code):
     """Ctrl-C with --json printed nothing on stdout (exit 130); optimize ends with {"stopped": ...}."""
-    from skistune.optimize import Terminated
+    from skistune.signals import Terminated
 
     def stopped(*args, **kwargs):
         raise Terminated() if signal_name == "terminated" else KeyboardInterrupt()

@@ -45,3 +45,13 @@ def test_an_explicit_out_that_is_not_a_tuned_config_is_named_too(here):
     assert replaced_lines(r) == ["note: mine.yaml existed and was replaced (it was not a skistune tuned config)"]
     assert json.loads(r.stdout.splitlines()[-1])["replaced"] == {"study": None, "created": None}
     assert "provenance" in yaml.safe_load((here / "mine.yaml").read_text())
+
+
+def test_a_file_nested_thousands_deep_where_the_out_file_goes_is_named_not_a_traceback(tmp_path):
+    """The file --out replaces may hold anything: reading it to name it had raised RecursionError (yaml.safe_load
+    on 5,000 nested lists), which nothing caught."""
+    from skistune.optimize_cli import replaced_file
+
+    out = tmp_path / "t.yaml"
+    out.write_text("provenance: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert replaced_file(out)["study"] is None  # (not a tuned config, named as such)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import skistune.paths
 from skistune.cli import app
-from skistune.optimize import Terminated
+from skistune.signals import Terminated
 
 STOPS = [(KeyboardInterrupt, 130, "interrupted"), (Terminated, 143, "terminated")]
 
