@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from profile_tiny import SHIPPED
+from test_profile_validation import _set
 from typer.testing import CliRunner
 
 from skistune.cli import app
@@ -22,15 +23,6 @@ def _coef(value: float):
     def edit(data):
         model = data["step"]["cost_model"]
         model["coef"] = [value] * len(model["coef"])
-    return edit
-
-
-def _set(*path, value):
-    def edit(data):
-        target = data
-        for key in path[:-1]:
-            target = target[key]
-        target[path[-1]] = value
     return edit
 
 
@@ -48,22 +40,22 @@ DEGENERATE = {
                                     "and under an hour: it predicts {any} s for {step} (step.points[0])"),
     "step coefficients all 1e-20": (_coef(1e-20), "step.cost_model: predicted times must be at least 1 µs, "
                                     "finite and under an hour: it predicts {any} µs for {step} (step.points[0])"),
-    "bandwidth 1e300 B/s": (_set("transfers", "device_to_host", "fit", "bytes_per_s", value=1e300),
+    "bandwidth 1e300 B/s": (_set(("transfers", "device_to_host", "fit", "bytes_per_s"), 1e300),
                             "transfers.device_to_host.fit.bytes_per_s: 1e+300 B/s is past 1e+15 B/s (1 PB/s)"),
-    "copy latency 1e300 s": (_set("transfers", "host_to_disk", "fit", "latency_s", value=1e300),
+    "copy latency 1e300 s": (_set(("transfers", "host_to_disk", "fit", "latency_s"), 1e300),
                              "transfers.host_to_disk.fit: predicted times must be positive, finite and under an hour: "
                              "it predicts 1e+300 s for a copy of {any} bytes in 1 call "
                              "(transfers.host_to_disk.points[0])"),
-    "block conversion coefficients 1e300": (_set("block_io", "device_to_bytes", "fit", "coef", value=[1e300] * 3),
+    "block conversion coefficients 1e300": (_set(("block_io", "device_to_bytes", "fit", "coef"), [1e300] * 3),
                                             "block_io.device_to_bytes.fit: predicted times must be positive, finite "
                                             "and under an hour: it predicts {any} s for 1 block of"),
-    "scheduler overhead of an hour": (_set("overhead", "fit", "coef", value=[3600.0, 0.0]),
+    "scheduler overhead of an hour": (_set(("overhead", "fit", "coef"), [3600.0, 0.0]),
                                       "overhead.fit: predicted times must be positive, finite and under an hour: it "
                                       "predicts 3.6e+03 s for scheduling 1 sequence (overhead.points[0])"),
-    "no power": (lambda d: (_set("power", "idle_w", value=0.0)(d), _set("power", "dynamic_w", value=0.0)(d)),
+    "no power": (lambda d: (_set(("power", "idle_w"), 0.0)(d), _set(("power", "dynamic_w"), 0.0)(d)),
                  f"power: idle_w + dynamic_w must be positive and below {MAX_POWER_W:,.0f} W (the machine busy), "
                  "got 0 W"),
-    "power 1e300 W": (_set("power", "dynamic_w", value=1e300), "power: idle_w + dynamic_w must be positive and below"),
+    "power 1e300 W": (_set(("power", "dynamic_w"), 1e300), "power: idle_w + dynamic_w must be positive and below"),
 }
 
 
