@@ -1,8 +1,8 @@
 """Fixtures of the reliability suite: a real PostgreSQL server (`pg_server.PostgresServer`: a temporary
 directory, a free loopback port, stopped and removed afterwards) and the shipped CPU profile.
 
-Where no server binaries or no driver exist the PostgreSQL tests skip with the reason, except under CI
-(``CI`` set), where a skip would hide a missing install step, so they fail instead.
+Where no server binaries or no driver exist the PostgreSQL tests fail with the reason (`running_server`):
+.ci/run installs both.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 column holds 65,535 bytes, and a study's recipe on a big trace is longer (65 KB of JSON for 400 Mooncake requests,
 550 KB for 8,000), so it is stored in parts: the creator, a worker and the report all read it back whole.
 
-Where no server binaries or no driver exist these tests skip with the reason, except under CI (``CI`` set, where
-.ci/run installs both), where they fail instead."""
+Where no server binaries or no driver exist these tests fail with the reason (`running_server`): .ci/run installs
+both."""
 
 import optuna
 import pytest
