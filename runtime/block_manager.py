@@ -15,7 +15,7 @@ rewrites are first made its own (copy-on-write) so that other sequences and the 
 from __future__ import annotations
 
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter
 from itertools import islice
 from typing import Any, Callable, Protocol, Sequence
 
@@ -53,24 +53,48 @@ class TokenList:
 
 
 class BlockPool:
-    """Blocks ``1..num_blocks``, their reference counts and the prefix-cache index."""
+    """Blocks ``1..num_blocks``, their reference counts and the prefix-cache index.
+
+    The free queue is a list read from ``head`` on: blocks are taken from its front a slice at a time and
+    freed onto its end, so that allocating and freeing move whole slices in C (the simulator allocates and
+    frees millions of blocks; an ordered dict cost two hash-table updates per block). A free block that a
+    prefix hit takes back (`touch`) stays in the list as a ghost, counted in ``ghosts``, and is skipped when
+    the front reaches it: a block's entries leave the list in the order they entered it, so its ghosts
+    always come before the entry that is live."""
+
+    COMPACT_AFTER = 4096  # taken entries the queue's front may hold before they are dropped
 
     def __init__(self, num_blocks: int, on_drop: Callable[[int, int], None] | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"KV pool: needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_cnt = [0] * (num_blocks + 1)
+        # the hash a block was last cached under: stale once the cache points elsewhere (`is_findable`)
         self.block_hash: list[int | None] = [None] * (num_blocks + 1)
-        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks + 1))
+        self._queue: list[int] = list(range(1, num_blocks + 1))  # least recently freed first, from `_head`
+        self._head = 0
+        self.ghosts: dict[int, int] = {}  # block -> entries of it in the queue that a prefix hit took back
+        self._num_ghosts = 0
         self.cached: dict[int, int] = {}  # block hash -> block id
         # called with (block id, hash) when a findable cached block is reused: the tiers keep its KV below
         self.on_drop = on_drop
 
     def num_free(self) -> int:
-        return len(self.free_queue)
+        return len(self._queue) - self._head - self._num_ghosts
 
     def num_used(self) -> int:
-        return self.num_blocks - len(self.free_queue)
+        return self.num_blocks - self.num_free()
+
+    def free_blocks(self) -> list[int]:
+        """The free blocks, least recently freed first (the order `allocate` takes them in)."""
+        ghosts = dict(self.ghosts)
+        out = []
+        for b in islice(self._queue, self._head, None):
+            if ghosts.get(b):
+                ghosts[b] -= 1
+            else:
+                out.append(b)
+        return out
 
     def lookup(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
@@ -81,21 +105,56 @@ class BlockPool:
 
     def touch(self, block_ids: Sequence[int]) -> None:
         """Take a reference on cached blocks (prefix hits), pulling free ones out of the free queue."""
-        ref_cnt, free_queue = self.ref_cnt, self.free_queue
+        ref_cnt, ghosts = self.ref_cnt, self.ghosts
         for b in block_ids:  # (a long prefix hit touches hundreds of blocks)
             if ref_cnt[b] == 0:
-                del free_queue[b]
+                ghosts[b] = ghosts.get(b, 0) + 1
+                self._num_ghosts += 1
             ref_cnt[b] += 1
+
+    def _take(self, n: int) -> list[int]:
+        """The ``n`` least recently freed blocks, out of the queue (``n`` <= `num_free`)."""
+        queue, head = self._queue, self._head
+        out = queue[head:head + n]
+        head += n
+        if self._num_ghosts:
+            ghosts, live = self.ghosts, []
+            while True:
+                for b in out:
+                    left = ghosts.get(b)
+                    if left:  # an entry a prefix hit took back: skip it
+                        self._num_ghosts -= 1
+                        if left == 1:
+                            del ghosts[b]
+                        else:
+                            ghosts[b] = left - 1
+                    else:
+                        live.append(b)
+                if len(live) == n:
+                    break
+                out = queue[head:head + n - len(live)]
+                head += n - len(live)
+            out = live
+        if head > self.COMPACT_AFTER and head * 2 > len(queue):  # drop the taken front (amortised O(1) a block)
+            del queue[:head]
+            head = 0
+        self._head = head
+        return out
 
     def allocate(self, n: int) -> list[int] | None:
         """``n`` fresh blocks, evicting the least recently freed cached ones; ``None`` if too few are free."""
-        free_queue = self.free_queue
-        if n > len(free_queue):
+        if n > self.num_free():
             return None
-        out = list(islice(free_queue, n))  # the n least recently freed, in order
+        out = self._take(n)  # the n least recently freed, in order
         block_hash, ref_cnt, cached, on_drop = self.block_hash, self.ref_cnt, self.cached, self.on_drop
+        if not cached:
+            # Nothing is findable, so no block here leaves the cache: a hash such a block still holds is
+            # stale, and a stale hash is never read as a match (`is_findable`: the cache must point back).
+            # Most replays cache nothing (`private_prefixes`): this skips two reads per block for them.
+            for b in out:
+                ref_cnt[b] = 1
+            return out
         for b in out:  # (one loop per block, no call: the simulator allocates millions of them)
-            del free_queue[b]
             ref_cnt[b] = 1
             h = block_hash[b]
             if h is not None:
@@ -108,14 +167,18 @@ class BlockPool:
 
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block, in the given order (that order is the eviction order)."""
-        ref_cnt, free_queue = self.ref_cnt, self.free_queue
+        ref_cnt = self.ref_cnt
+        freed = []
         for b in block_ids:
             left = ref_cnt[b] - 1
             ref_cnt[b] = left
             if not left:
-                free_queue[b] = None
+                freed.append(b)
             elif left < 0:
+                ref_cnt[b] = 0
+                self._queue += freed
                 raise RuntimeError(f"KV pool: block {b} freed twice")
+        self._queue += freed
 
     def is_findable(self, block_id: int) -> bool:
         """Whether a prefix lookup can return this block (a block with equal content may hold the hash)."""

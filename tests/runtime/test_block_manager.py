@@ -1,6 +1,7 @@
 """Block accounting: exact block ids, eviction order, prefix reuse, and a property test."""
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import numpy as np
@@ -66,7 +67,7 @@ def test_sequence_blocks_grow_by_block_size_and_free_tail_first():
     s.token_ids.append(97)
     assert compute(kv, s, 1) == [4]
     kv.free(s)
-    assert list(kv.pool.free_queue)[-4:] == [4, 3, 2, 1]  # tail freed first, evicted first
+    assert kv.pool.free_blocks()[-4:] == [4, 3, 2, 1]  # tail freed first, evicted first
     assert kv.pool.num_free() == 8
 
 
@@ -146,7 +147,82 @@ def test_random_operations_never_leak_double_free_or_overflow(ops, num_blocks, p
                 refs[b] += 1
             assert len(kv.block_table(s.seq_id)) == kv.blocks_for(s.num_computed_tokens)
         assert refs == pool.ref_cnt
-        assert set(pool.free_queue) == {b for b in range(1, num_blocks + 1) if refs[b] == 0}
+        assert set(pool.free_blocks()) == {b for b in range(1, num_blocks + 1) if refs[b] == 0}
     for s in list(live.values()):
         kv.free(s)
     assert kv.pool.num_free() == num_blocks
+
+
+class ReferencePool:
+    """The free queue as an ordered dict (least recently freed first), one operation per block: what
+    `BlockPool`'s sliced list with ghosts must reproduce exactly."""
+
+    def __init__(self, n):
+        from collections import OrderedDict
+        self.ref = [0] * (n + 1)
+        self.queue = OrderedDict((b, None) for b in range(1, n + 1))
+
+    def allocate(self, n):
+        if n > len(self.queue):
+            return None
+        out = list(self.queue)[:n]
+        for b in out:
+            del self.queue[b]
+            self.ref[b] = 1
+        return out
+
+    def touch(self, blocks):
+        for b in blocks:
+            if self.ref[b] == 0:
+                del self.queue[b]
+            self.ref[b] += 1
+
+    def free(self, blocks):
+        for b in blocks:
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.queue[b] = None
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), num_blocks=st.integers(1, 24))
+def test_pool_takes_blocks_in_the_reference_queue_order_through_ghosts_and_compaction(seed, num_blocks):
+    # Prefix hits on free blocks leave ghosts in the queue, and the taken front is dropped past 4,096
+    # entries: neither may change which blocks an allocation gets, nor how many are free.
+    rng = np.random.default_rng(seed)
+    pool, ref = BlockPool(num_blocks), ReferencePool(num_blocks)
+    pool.COMPACT_AFTER = 8  # (4,096 in use: here the front is dropped every few allocations)
+    held: list[int] = []  # one entry per reference a "sequence" holds
+    for _ in range(1500):
+        op = rng.integers(4)
+        if op == 0:
+            n = int(rng.integers(0, num_blocks + 2))
+            got = pool.allocate(n)
+            assert got == ref.allocate(n)
+            held += got or []
+        elif op == 1 and held:  # free some references, in a random order
+            picks = rng.permutation(len(held))[:int(rng.integers(1, len(held) + 1))]
+            blocks = [held[i] for i in picks]
+            for i in sorted(picks, reverse=True):
+                del held[i]
+            pool.free(blocks)
+            ref.free(blocks)
+        elif op == 2:  # a prefix hit: take references on some blocks, free or not
+            blocks = [int(b) for b in rng.choice(np.arange(1, num_blocks + 1), size=int(rng.integers(1, 4)))]
+            blocks = list(dict.fromkeys(blocks))
+            pool.touch(blocks)
+            ref.touch(blocks)
+            held += blocks
+        else:
+            assert pool.free_blocks() == list(ref.queue)
+        assert pool.num_free() == len(ref.queue) and pool.ref_cnt == ref.ref
+    assert pool.free_blocks() == list(ref.queue)
+
+
+def test_pool_refuses_a_double_free_and_keeps_its_count():
+    pool = BlockPool(3)
+    a = pool.allocate(2)
+    pool.free(a)
+    with pytest.raises(RuntimeError, match="freed twice"):
+        pool.free([a[0]])
+    assert pool.num_free() == 3 and pool.ref_cnt == [0, 0, 0, 0]
