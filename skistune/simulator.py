@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -594,30 +594,42 @@ def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Seque
     # without a guess, start at the trace's own rate and move a whole doubling at a time
     guessed = start is not None and start > 0
     x = min(max(round(math.log2(start) / step) * step, low), high) if guessed else 0.0
-    stride = step if guessed else 1.0
-    if check(x) is not None:
+    best = highest_feasible(lambda x: check(x) is not None, x, step if guessed else 1.0, low, high, step)
+    if best is None:
+        return Capacity(0.0, 0.0, None, len(held))
+    return Capacity(2.0 ** best, 2.0 ** best * base_rps, held[best], len(held))
+
+
+def highest_feasible(feasible: Callable[[float], bool], x: float, stride: float, low: float, high: float,
+                     step: float) -> float | None:
+    """The highest point in [low, high] where ``feasible`` holds, to ``step`` (None if not even at ``low``),
+    for a feasibility that falls as the point rises: gallop from ``x`` by ``stride``, doubling it, until the
+    answer is bracketed, then bisect in multiples of ``step``. Starting from a multiple of ``step`` with a
+    ``stride`` that is one (``step`` is a power-of-two fraction of 1), every point tried is one, clamped to
+    the bounds: so every start gives the same answer."""
+    if feasible(x):
         lo = x
-        while True:  # gallop up until a rate breaks an SLO
+        while True:  # gallop up until a point breaks
             if lo >= high:
-                return Capacity(2.0 ** lo, 2.0 ** lo * base_rps, held[lo], len(held))
+                return lo
             hi = min(lo + stride, high)
-            if check(hi) is None:
+            if not feasible(hi):
                 break
             lo, stride = hi, stride * 2
     else:
         hi = x
-        while True:  # gallop down until every SLO holds
+        while True:  # gallop down until a point holds
             if hi <= low:
-                return Capacity(0.0, 0.0, None, len(held))
+                return None
             lo = max(hi - stride, low)
-            if check(lo) is not None:
+            if feasible(lo):
                 break
             hi, stride = lo, stride * 2
     while hi - lo > step * 1.5:  # bisect on the lattice
         mid = lo + round((hi - lo) / 2 / step) * step
-        if check(mid) is not None:
+        if feasible(mid):
             lo = mid
         else:
             hi = mid
-    return Capacity(2.0 ** lo, 2.0 ** lo * base_rps, held[lo], len(held))
+    return lo
 

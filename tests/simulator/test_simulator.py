@@ -7,7 +7,7 @@ from skistune.config import KVConfig
 from skistune.profile.cost import FEATURES, StepCostModel
 from skistune.runtime.presets import PRESETS
 from skistune.runtime.request import Request
-from skistune.simulator import SimTarget, build_engine, simulate
+from skistune.simulator import SimTarget, build_engine, highest_feasible, simulate
 from skistune.workloads import load_workload, to_requests
 
 SPEC = PRESETS["smollm2-135m"]
@@ -197,3 +197,26 @@ def test_a_config_without_chunking_and_a_small_budget_finishes_its_replay():
     m = simulate(config, reqs, target(cost(fixed=2e-3, seqs=1e-4, tokens=2e-4, kv=1e-11, samples=1e-5)))
     assert m.num_finished + m.num_rejected == 100 and m.num_finished > 0
     assert all("with chunked prefill off" in why for why in m.rejections.values())
+
+
+@pytest.mark.parametrize("threshold", [-10.0, -3.3, 0.0, 0.126, 2.5, 6.0])
+def test_highest_feasible_finds_the_same_lattice_point_from_every_start(threshold):
+    step, low, high = 1 / 8, -10.0, 6.0
+    tried = []
+
+    def feasible(x):
+        tried.append(x)
+        return x <= threshold
+
+    answers = set()
+    for x, stride in [(0.0, 1.0), (-10.0, step), (6.0, step), (2.5, step), (-3.375, step)]:
+        answers.add(highest_feasible(feasible, x, stride, low, high, step))
+    assert len(answers) == 1
+    (best,) = answers
+    assert best <= threshold < best + step or best == high  # the highest multiple of step that holds
+    assert all(abs(x / step - round(x / step)) < 1e-9 for x in tried)
+
+
+def test_highest_feasible_is_none_when_even_the_lowest_point_breaks():
+    assert highest_feasible(lambda x: False, 0.0, 1.0, -10.0, 6.0, 1 / 8) is None
+    assert highest_feasible(lambda x: True, 0.0, 1.0, -10.0, 6.0, 1 / 8) == 6.0
