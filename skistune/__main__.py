@@ -1,3 +1,5 @@
-from skistune.cli import main
+from skistune.entry import main
 
-main()
+# (guarded: a process that re-imports the main module, as multiprocessing's spawn does, must not run the CLI)
+if __name__ == "__main__":
+    main()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
 import math
 import os
@@ -22,6 +23,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
+
+from skistune.signals import Terminated
 
 # emoji=False: user text (a trace's first line 'a:b:c', a path) is printed as it is; escape() leaves rich's
 # :name: emoji codes alone, and 'a:b:c' had printed as 'a🅱c'
@@ -95,7 +98,7 @@ class OneLineErrors(TyperGroup):
     """The root command: click's usage errors (those of every subcommand too: they are parsed inside the
     root's ``invoke``) become one line on stderr, ``error: <message> (see skistune <cmd> --help)``, with
     click's exit code (2), instead of the boxed usage panel. Help, ``no_args_is_help``, ``typer.Exit``
-    codes and Ctrl-C are untouched."""
+    codes and Ctrl-C are untouched; a SIGTERM that no command handled ends with 143."""
 
     def make_context(self, info_name: Any, args: list[str], *rest: Any, **kwargs: Any) -> Any:
         with _one_line_errors("skistune", "--json" in args):
@@ -125,6 +128,10 @@ def _one_line_errors(command: str, json_out: bool = False) -> Iterator[None]:
     ``--json`` among the arguments, the error is also the JSON object on stdout's last line."""
     try:
         yield
+    except Terminated:
+        # SIGTERM where no command handled it (arguments parsed, help printed, a command's own start): typer
+        # ends a KeyboardInterrupt with 130, Ctrl-C's code; SIGTERM's is 143 (`skistune.entry` sets the handler)
+        raise typer.Exit(143) from None
     except CLICK_EXCEPTION as exc:
         if "NoArgsIsHelpError" in {c.__name__ for c in type(exc).__mro__}:
             raise
@@ -248,6 +255,7 @@ app.command()(evaluate)
 from skistune.export_cli import export  # noqa: E402
 app.command()(export)
 
-import skistune.worker_cli  # noqa: E402,F401  (its import registers `skistune worker`)
-import skistune.quality_cli  # noqa: E402,F401  (its import registers `skistune quality`)
-import skistune.report_cli  # noqa: E402,F401  (its import registers `skistune report`)
+# (their imports register `skistune worker`, `skistune quality` and `skistune report`; imported by name, as
+# nothing here uses them)
+for _commands in ("skistune.worker_cli", "skistune.quality_cli", "skistune.report_cli"):
+    importlib.import_module(_commands)

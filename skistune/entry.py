@@ -1,0 +1,94 @@
+"""The `skistune` program: its console script and ``python -m skistune`` start here, not in `skistune.cli`.
+
+Loading the command line (typer, rich, numpy, Optuna, the command modules) takes 0.3 s on a quiet machine and
+more on a slow one; a Ctrl-C or SIGTERM in that time had printed a KeyboardInterrupt traceback (exit -2) or
+killed the process (exit -15). Here both are handled before that import starts: the program ends as a stopped
+command does (`skistune.signals`): one line on stderr, ``interrupted: ...`` or ``terminated: ...``, exit 130
+(Ctrl-C) or 143 (SIGTERM), and with --json ``{"stopped": ..., "exit_code": ...}`` as stdout's last line.
+
+So this module imports only the standard library and `skistune.signals` (which imports nothing heavier) before
+`skistune.cli`; ``import skistune`` itself is light (its public API loads on first use).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import NoReturn
+
+# tests only (tests/test_entry_signals.py): once the handlers below are set, write STARTUP_MARK on stderr and
+# wait this many seconds before loading the command line, so that a test can stop the program at a moment it
+# knows to be inside start-up, whatever the speed of the machine
+TEST_DELAY_ENV = "SKISTUNE_TEST_STARTUP_DELAY_S"
+STARTUP_MARK = "skistune: starting\n"
+
+
+def main() -> None:
+    try:
+        from skistune.signals import interrupted_exit_code, raise_terminated
+
+        # SIGTERM raises `Terminated` (a KeyboardInterrupt) from now to the end, as the long commands set it for
+        # their work: the command line maps one that no command handled to exit 143 (`cli._one_line_errors`). A
+        # SIGTERM the parent process set to be ignored stays ignored. (Python's Ctrl-C handler is set already.)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, raise_terminated)
+        _test_delay()
+        from skistune.cli import main as cli_main
+    except KeyboardInterrupt as exc:
+        _stopped_while_starting(exc)
+    try:
+        cli_main()
+    except SystemExit:  # (every command ends so, stopped by a signal or not)
+        _forget_caught_interrupt()
+        raise
+    except KeyboardInterrupt as exc:
+        # one that came past typer's handling as the command ended, before `cli.main` ignored signals: the
+        # command's output is out, so nothing more is said than the exit code
+        _ignore_signals()
+        _forget_caught_interrupt()
+        raise SystemExit(interrupted_exit_code(exc)) from None
+
+
+def _ignore_signals() -> None:
+    """Ctrl-C and SIGTERM ignored to the end: a second one while the program ends would print a traceback
+    (as `signals._signals_ignored`; the process ends just after, so they are not put back)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+
+
+def _forget_caught_interrupt() -> None:
+    """Keep the exit code the program chose. CPython notes a KeyboardInterrupt that ends code run from a string
+    (``exec(str)``: dataclasses and namedtuple build their methods so, at import) even when a caller catches it,
+    and under ``python -m`` then ends the process with SIGINT whatever its exit code (-2, not 130: a Ctrl-C in
+    a dataclass's creation, about one stop in three while `skistune.cli` loads). The next string exec clears the note
+    (CPython's `run_eval_code_obj`; the console script runs as a file, which does not check it)."""
+    exec("None", {})
+
+
+def _test_delay() -> None:
+    delay = os.environ.get(TEST_DELAY_ENV)
+    if delay is not None:
+        import time
+
+        sys.stderr.write(STARTUP_MARK)
+        sys.stderr.flush()
+        # (the wait runs from a string, as dataclasses build their methods at import: a stop there is the one
+        # that CPython ends with SIGINT under `python -m`, which `_forget_caught_interrupt` undoes)
+        exec(f"sleep({float(delay)!r})", {"sleep": time.sleep})
+
+
+def _stopped_while_starting(exc: KeyboardInterrupt) -> NoReturn:
+    """End the program stopped by ``exc`` before any command ran: the line, the JSON with --json, the code."""
+    _ignore_signals()  # (a second signal would cut the line with a traceback)
+    from skistune.signals import Terminated, interrupted_exit_code, stopped_line
+
+    code = interrupted_exit_code(exc)
+    # (plain writes, not rich: the import that would load it is what was stopped)
+    sys.stderr.write(stopped_line(exc, "skistune was starting; no command ran, nothing was done") + "\n")
+    if "--json" in sys.argv[1:]:
+        import json
+
+        stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        sys.stdout.write(json.dumps({"stopped": stopped, "exit_code": code}, separators=(",", ":")) + "\n")
+    _forget_caught_interrupt()
+    raise SystemExit(code)
