@@ -18,6 +18,7 @@ import numpy as np
 # output is a typo or a corrupt row (2^63-1 read as a length wrapped to negative counts downstream). Readers
 # refuse such a row, `--length-scale` such a scale, and a `Workload` such a request.
 MAX_TOKENS = 10_000_000
+CHAIN_CHUNK_BLOCKS = 1 << 24  # about the blocks whose new ids `chain_blocks` numbers in one step (16 M: 150 MB)
 
 
 def _as_array(values: object, dtype: type) -> np.ndarray:
@@ -181,26 +182,43 @@ def chain_blocks(input_tokens: np.ndarray, prev_turn: list[int | None],
     """Block lists for multi-turn sessions: a turn whose prompt is longer than its previous turn's re-sends
     that prompt, so it lists the previous turn's full blocks and then new ids (a partial last block holds
     different tokens once the prompt grows). Turns that extend or are extended get blocks covering their
-    whole prompt; other requests list none (their prompt is their own)."""
+    whole prompt; other requests list none (their prompt is their own). New ids are numbered in request
+    order, then block order."""
     n = len(input_tokens)
-    extends = [p is not None and input_tokens[i] > input_tokens[p] for i, p in enumerate(prev_turn)]
+    tokens = np.asarray(input_tokens, dtype=np.int64)
+    prev = np.fromiter((-1 if p is None else p for p in prev_turn), dtype=np.int64, count=n)
+    prev_tokens = tokens[np.maximum(prev, 0)]
+    extends = (prev >= 0) & (tokens > prev_tokens)
     extended = np.zeros(n, dtype=bool)
-    extended[[p for i, p in enumerate(prev_turn) if extends[i]]] = True
-    empty = np.zeros(0, dtype=np.int64)
-    pieces: list[np.ndarray] = []
-    next_id = 0
-    for i in range(n):
-        if not (extends[i] or extended[i]):
-            pieces.append(empty)
-            continue
-        shared = empty
-        if extends[i]:
-            p = prev_turn[i]
-            shared = pieces[p][: int(input_tokens[p]) // block_tokens]
-        n_blocks = -(-int(input_tokens[i]) // block_tokens)
-        fresh = np.arange(next_id, next_id + n_blocks - len(shared), dtype=np.int64)
-        next_id += len(fresh)
-        pieces.append(np.concatenate([shared, fresh]))
+    extended[prev[extends]] = True
+    counts = np.where(extends | extended, -(-tokens // block_tokens), 0)
+    shared = np.where(extends, prev_tokens // block_tokens, 0)  # the previous turn's full blocks
     block_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.fromiter((len(piece) for piece in pieces), dtype=np.int64, count=n), out=block_offsets[1:])
-    return block_offsets, (np.concatenate(pieces) if n else empty)
+    np.cumsum(counts, out=block_offsets[1:])
+    # Every list written in place of one array (a list per request, then joined, had taken 3.4 s and twice the
+    # ids' memory for 1e6 chat requests; 0.6 s now, and 6-13 s -> 3-4 s for agent's 845 M ids). First the new
+    # ids, consecutive in request order: each request's run of them starts after its shared blocks ...
+    fresh = counts - shared
+    first_fresh = np.cumsum(fresh) - fresh
+    fresh_from = block_offsets[:-1] + shared
+    total = int(block_offsets[-1])
+    block_ids = np.empty(total, dtype=np.int64)
+    # (in chunks of whole requests about `CHAIN_CHUNK_BLOCKS` blocks long: no temporary as long as the ids)
+    at = np.searchsorted(block_offsets, np.arange(0, total, CHAIN_CHUNK_BLOCKS), side="right") - 1
+    bounds = np.unique(np.concatenate([[0], at, [n]])).tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        lo, hi = int(block_offsets[a]), int(block_offsets[b])
+        # the positions of new ids: +1 where a request's run starts, -1 where its list ends, summed (only the
+        # new ids are written: shared blocks, 70% of long-context's, were written twice, 5.3 s -> 1.3 s there)
+        edges = np.zeros(hi - lo + 1, dtype=np.int8)
+        np.add.at(edges, fresh_from[a:b] - lo, 1)
+        np.add.at(edges, block_offsets[a + 1:b + 1] - lo, -1)
+        new = np.cumsum(edges[:-1], dtype=np.int8).view(bool)
+        block_ids[lo:hi][new] = np.arange(first_fresh[a], first_fresh[a] + fresh[a:b].sum(), dtype=np.int64)
+    # ... then the shared blocks copied from the previous turn's list, in request order: a previous turn comes
+    # earlier, so its own list is whole by then
+    turns = np.flatnonzero(extends)
+    for start, source, k in zip(block_offsets[turns].tolist(), block_offsets[prev[turns]].tolist(),
+                                shared[turns].tolist()):
+        block_ids[start:start + k] = block_ids[source:source + k]
+    return block_offsets, block_ids

@@ -13,6 +13,8 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import numbers
+import os
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -214,28 +216,40 @@ def wire_sessions(arrival_s: np.ndarray, input_tokens: np.ndarray, follow_u: np.
     In arrival order, a request with ``follow_u < follow_prob`` continues the open session whose last
     prompt is the longest one shorter than its own (a conversation grows turn by turn), among sessions
     whose last turn came at least ``turn_gap_s`` earlier and at most ``idle_s`` earlier."""
-    waiting: deque[tuple[float, int, int]] = deque()  # (eligible from, prompt tokens, request): FIFO in time
-    open_turns: list[tuple[int, int]] = []  # (prompt tokens, request), sorted
+    waiting: deque[tuple[float, int]] = deque()  # (eligible from, turn key): FIFO in time
+    open_turns: list[int] = []  # turn keys, sorted: by prompt tokens, then request (`_turn_key`)
     prev_turn: list[int | None] = [None] * len(arrival_s)
-    for i, (now_s, tokens) in enumerate(zip(arrival_s.tolist(), input_tokens.tolist(), strict=True)):
+    # (Python lists, not numpy arrays, in the loop, and one int a turn, not a tuple: indexing an array makes a
+    # numpy scalar each time, and tuples compare element by element; a fifth faster. The floats and the order
+    # are the same.)
+    times, follow = arrival_s.tolist(), follow_u.tolist()
+    for i, (now_s, tokens) in enumerate(zip(times, input_tokens.tolist(), strict=True)):
         while waiting and waiting[0][0] <= now_s:
-            _, length, j = waiting.popleft()
-            bisect.insort(open_turns, (length, j))
+            bisect.insort(open_turns, waiting.popleft()[1])
         if i % 1024 == 0:  # drop ended sessions now and then, so the list stays short
-            open_turns = [turn for turn in open_turns if arrival_s[turn[1]] >= now_s - idle_s]
-        if follow_u[i] < follow_prob:
-            prev_turn[i] = _pop_longest_below(open_turns, tokens, arrival_s, now_s - idle_s)
-        waiting.append((now_s + turn_gap_s, tokens, i))
+            open_turns = [key for key in open_turns if times[key & _REQUEST_MASK] >= now_s - idle_s]
+        if follow[i] < follow_prob:
+            prev_turn[i] = _pop_longest_below(open_turns, tokens, times, now_s - idle_s)
+        waiting.append((now_s + turn_gap_s, _turn_key(tokens, i)))
     return prev_turn
 
 
-def _pop_longest_below(open_turns: list[tuple[int, int]], tokens: int, arrival_s: np.ndarray,
+_REQUEST_BITS = 40  # (2**40 requests: far past what any machine's memory holds, `check_request_count`)
+_REQUEST_MASK = (1 << _REQUEST_BITS) - 1
+
+
+def _turn_key(tokens: int, request: int) -> int:
+    """One int that sorts as (prompt tokens, request) does."""
+    return (tokens << _REQUEST_BITS) | request
+
+
+def _pop_longest_below(open_turns: list[int], tokens: int, arrival_s: list[float],
                        ended_before_s: float) -> int | None:
-    k = bisect.bisect_left(open_turns, (tokens, -1)) - 1
-    while k >= 0 and arrival_s[open_turns[k][1]] < ended_before_s:
+    k = bisect.bisect_left(open_turns, tokens << _REQUEST_BITS) - 1  # (the last turn with a shorter prompt)
+    while k >= 0 and arrival_s[open_turns[k] & _REQUEST_MASK] < ended_before_s:
         del open_turns[k]
         k -= 1
-    return open_turns.pop(k)[1] if k >= 0 else None
+    return open_turns.pop(k) & _REQUEST_MASK if k >= 0 else None
 
 
 def session_reuse(input_tokens: np.ndarray, prev_turn: list[int | None], block_tokens: int) -> float:
@@ -325,6 +339,125 @@ PRESETS: dict[str, dict] = {
 DEFAULT_REQUESTS = 2000
 
 
+# ---- how many requests this machine can simulate ----
+
+# What simulating a request takes at least: the replay's peak heap a request, measured with tracemalloc over
+# whole traces by `benchmarks/sim_memory.py` (BENCHMARKS.md, "Simulator memory"): 10.0 KB on Azure conv (19,366
+# requests, 1,157 prompt tokens on average), 19.5 KB on Mooncake conversation (7,980 requests, 5,439). The
+# smaller figure, so that a count refused could not have been simulated here whatever its prompts; the
+# workload's block lists, which grow with the prompts, are counted apart (`BLOCK_ID_BYTES`).
+SIMULATED_BYTES_PER_REQUEST = 10_000
+# a prompt's block list holds an int64 id a block (`chain_blocks`), which the workload keeps while the simulator
+# runs (agent, 1e6 requests: 6.8 GB of ids, and a peak RSS of 7.5 GB in `synthesize`)
+BLOCK_ID_BYTES = 8
+
+
+def available_memory_bytes() -> int | None:
+    """The memory this process can still take: Linux's MemAvailable (free memory and what the kernel can
+    reclaim), within a cgroup's limit (a container's, a systemd unit's), else the free or total physical memory
+    the C library reports; None where none is known (then nothing is refused)."""
+    known = [b for b in (_meminfo_available(), _cgroup_room()) if b is not None]
+    if known:
+        return min(known)
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):  # (macOS has only the total)
+        try:
+            return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            continue
+    return None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # (kB)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The least room (limit - usage) in this process's memory cgroup and the cgroups above it (v2, or v1's
+    memory controller); None where none has a limit. A container's MemAvailable is its host's, far above what
+    the container may use."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    places = []  # (folder, limit file, usage file)
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # v2 (at the root, or beside v1 controllers under unified/)
+            places += [(folder, "memory.max", "memory.current")
+                       for base in (root, os.path.join(root, "unified")) for folder in _upwards(base, path)]
+        elif "memory" in controllers.split(","):
+            places += [(folder, "memory.limit_in_bytes", "memory.usage_in_bytes")
+                       for folder in _upwards(os.path.join(root, "memory"), path)]
+    rooms = []
+    for folder, limit_name, usage_name in places:
+        try:
+            with open(os.path.join(folder, limit_name)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(folder, usage_name)) as f:
+                usage = int(f.read().strip())
+            # (v2 writes "max" for no limit; v1 a number near 2**63)
+            if limit != "max" and int(limit) < 2**60:
+                rooms.append(max(int(limit) - usage, 0))
+        except (OSError, ValueError):
+            continue
+    return min(rooms) if rooms else None
+
+
+def _upwards(base: str, path: str) -> list[str]:
+    """The folder of cgroup ``path`` under ``base`` and each one above it, up to ``base``."""
+    folder, base = os.path.normpath(base + "/" + path), os.path.normpath(base)
+    folders = []
+    while folder == base or folder.startswith(base + os.sep):
+        folders.append(folder)
+        if folder == base:
+            break
+        folder = os.path.dirname(folder)
+    return folders
+
+
+def _mean_tokens(lengths: LengthDist) -> float:
+    return lengths.expected_mean() if isinstance(lengths, LognormalLengths) else float(np.mean(lengths.values))
+
+
+def bytes_per_request(preset: Preset, block_tokens: int = SESSION_BLOCK_TOKENS) -> float:
+    """About what a request of ``preset`` takes to synthesize and simulate, at least: `SIMULATED_BYTES_PER_REQUEST`
+    and its prompt's block list (every prompt's counted: a request in no session has none)."""
+    return SIMULATED_BYTES_PER_REQUEST + BLOCK_ID_BYTES * _mean_tokens(preset.input) / block_tokens
+
+
+def max_requests(preset: Preset, block_tokens: int = SESSION_BLOCK_TOKENS) -> int | None:
+    """The most requests of ``preset`` whose simulation fits in the memory available now; None if unknown."""
+    available = available_memory_bytes()
+    return None if available is None else int(available // bytes_per_request(preset, block_tokens))
+
+
+def check_request_count(n: int, preset: Preset, block_tokens: int = SESSION_BLOCK_TOKENS) -> None:
+    """Refuse, in one line and before anything is allocated, ``n`` requests whose simulation could not fit in
+    this machine's memory (`--requests 100000000` had run for minutes, its memory growing, before failing)."""
+    available = available_memory_bytes()
+    if available is None:
+        return
+    each = bytes_per_request(preset, block_tokens)
+    if n * each <= available:
+        return
+    blocks = "" if block_tokens == SESSION_BLOCK_TOKENS else f", {block_tokens}-token blocks"
+    raise ValueError(f"--requests {n:,}: {preset.name} requests take about {each / 1e3:.1f} KB each to simulate"
+                     f"{blocks}, {n * each / 1e9:,.1f} GB in all, more than the {available / 1e9:.1f} GB of "
+                     f"memory available here; at most {int(available // each):,} requests fit (in Python: "
+                     "requests=)")
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
@@ -353,8 +486,13 @@ def synthesize(preset: str | Preset, *, requests: int | None = None, seed: int =
     preset = get_preset(preset) if isinstance(preset, str) else preset
     n = DEFAULT_REQUESTS if requests is None else requests
     rate_rps = preset.rate_rps if rate_rps is None else rate_rps
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise ValueError(f"requests must be a whole number, got {n!r}")
     if n < 1:
         raise ValueError(f"requests must be >= 1, got {n}")
+    if isinstance(block_tokens, bool) or not isinstance(block_tokens, numbers.Integral) or block_tokens < 1:
+        raise ValueError(f"block_tokens must be a whole number >= 1, got {block_tokens!r}")
+    check_request_count(n, preset, block_tokens)  # (before anything is drawn: 1e8 requests took minutes and GBs)
     # any burstiness is drawn, with a note when the draw falls short: refusing it broke small bursty workloads that
     # benchmarks replay (12 requests at 4), and a few requests of code-like traffic are still wanted
     burstiness = preset.burstiness if burstiness is None else burstiness
