@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import tempfile
 import time
 from pathlib import Path
 
 from bench_args import add_json, description, fail, print_json, slo_text
 
-PHASES = ("build_problem", "_run_sequential", "_refine", "validate", "_measure", "load_runtime")
+# each phase: the function timed, and the module whose calls of it are timed (a module calls what it imported)
+PHASES = {"build_problem": "skistune.optimize", "_run_sequential": "skistune.optimize", "_refine": "skistune.optimize",
+          "validate": "skistune.optimize", "_measure": "skistune.validation", "load_runtime": "skistune.validation"}
 
 
 def replay_rows(validated) -> list[dict]:
     """Each validation's replay: its role, wall time and verdict, and whether it is a candidate's replay reused
-    (`skistune.optimize.validate` returns the baseline as a copy of its candidate's validation when the baseline
+    (`skistune.validation.validate` returns the baseline as a copy of its candidate's validation when the baseline
     was among the candidates at the winner's rate: the same replay, not a third one)."""
     rows = []
     for v in validated:
@@ -49,8 +52,8 @@ def main() -> None:
 
     spent: dict[str, float] = {}
 
-    def timed(name: str):
-        inner = getattr(opt, name)
+    def timed(name: str, module) -> None:
+        inner = getattr(module, name)
 
         @functools.wraps(inner)
         def wrapper(*a, **k):
@@ -59,10 +62,10 @@ def main() -> None:
                 return inner(*a, **k)
             finally:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
-        setattr(opt, name, wrapper)
+        setattr(module, name, wrapper)
 
-    for name in PHASES:
-        timed(name)
+    for name, module in PHASES.items():
+        timed(name, importlib.import_module(module))
     # the default storage is a SQLite file in the working folder: the same kind of file, in a folder of its own
     # (the run had left skistune-phases-<n>.db behind)
     with tempfile.TemporaryDirectory(prefix="skistune-phases-") as tmp:

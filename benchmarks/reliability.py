@@ -34,7 +34,8 @@ WORKERS, PER_WORKER = 4, 4
 def workers_figures(url: str, folder: Path, profile) -> dict:
     """4 worker processes on one study: trials requested, complete, lost, run twice; best vs a serial run."""
     import skistune
-    from skistune.optimize import finish, open_storage
+    from skistune.optimize import finish
+    from skistune.study_storage import open_storage
     from skistune.workloads import load_workload
 
     created = create_study(url, "fleet", profile)

@@ -21,7 +21,7 @@ BUDGET = 200
 
 
 VARIANTS = {  # name: (TPE settings, local-move settings) over `make_sampler`'s own
-    "current": ({}, {}),  # skistune.optimize.make_sampler as it is
+    "current": ({}, {}),  # skistune.search.make_sampler as it is
     "tpe-only": ({}, {"share": 0.0}),  # no local moves (skistune's sampler before they existed)
     "local15": ({}, {"share": 0.15}),
     "local50": ({}, {"share": 0.5}),
@@ -43,19 +43,19 @@ def _named(make_sampler, name: str, _asked: str, **options):
 
 def sampler_for(variant: str):
     """`make_sampler` with the variant's settings."""
-    import skistune.optimize as opt
+    import skistune.search as search
 
     if VARIANTS[variant] == "gp":
-        return functools.partial(_named, opt.make_sampler, "gp")
+        return functools.partial(_named, search.make_sampler, "gp")
     tpe, local = VARIANTS[variant]
-    return functools.partial(opt.make_sampler, tpe_options=tpe, local_options=local)
+    return functools.partial(search.make_sampler, tpe_options=tpe, local_options=local)
 
 
 def main() -> None:
     import optuna
     from rich.progress import Progress
 
-    import skistune.optimize as opt
+    import skistune.search as search
 
     ap = argparse.ArgumentParser(description=description(__doc__))
     names = [s.name for s in se.SCENARIOS]
@@ -76,7 +76,7 @@ def main() -> None:
     scenarios = [s for s in se.SCENARIOS if s.name in args.scenarios]
     if args.code:
         se.check_cached(code, scenarios, se.DEFAULT_CACHE)
-    real = opt.make_sampler
+    real = search.make_sampler
     rows = []
     for scenario in scenarios:
         problem = scenario.problem()
@@ -87,14 +87,14 @@ def main() -> None:
         optimum, _ = table.optimum(maximize)
         share = math.ceil(se.GRID_SHARE * len(table.rows))
         for variant in args.variants:
-            opt.make_sampler = sampler_for(variant)
+            search.make_sampler = sampler_for(variant)
             started, to_goal = time.perf_counter(), []
             try:
                 for seed in range(args.seeds):
                     trials, _ = se.run_search("skistune", problem, table, seed, BUDGET, se.SearchStats())
                     to_goal.append(se.trials_to_goal(trials, optimum, maximize))
             finally:
-                opt.make_sampler = real
+                search.make_sampler = real
             reached = [n for n in to_goal if n is not None]
             row = {"scenario": scenario.name, "variant": variant, "seeds": args.seeds, "trials_to_goal": to_goal,
                    "median": statistics.median(reached) if reached else None, "max": max(reached, default=None),

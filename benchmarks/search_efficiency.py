@@ -6,7 +6,7 @@ do not depend on this machine) over a reduced, all-categorical search space writ
 is enumerated through `suggest_config` itself (a stand-in trial answers each `suggest_*` call with every
 choice in turn), so `when:` conditions, inactive knobs and solver-filled knobs are handled exactly as in
 a trial, and points that build the same config collapse; every distinct config is then scored with
-`skistune.optimize.score`, as a trial scores it. Where the space has the ``layer_bits`` solver (a quality
+`skistune.scoring.score`, as a trial scores it. Where the space has the ``layer_bits`` solver (a quality
 floor with ``mixed_precision``), the grid holds what the optimizer's space holds: the integer program's
 per-layer bits at every mixed-precision point. The table is cached (``--cache-dir``, keyed by the scenario,
 the profiles, the skistune version and its source), so a re-run only redoes the searches.
@@ -367,13 +367,13 @@ _POOL_PROBLEM = None
 
 
 def _score_in_worker(config) -> Row:
-    from skistune.optimize import score
+    from skistune.scoring import score
 
     return _row(score(_POOL_PROBLEM, config))
 
 
 def _score_all(problem, configs: list, jobs: int, progress: Callable[[int], None]) -> list:
-    from skistune.optimize import score
+    from skistune.scoring import score
 
     if jobs <= 1:
         out = []
@@ -405,7 +405,7 @@ def _load_rows(items: list[dict[str, Any]]) -> dict[Any, Row]:
 
 def exhaustive(scenario: Scenario, problem, cache: Path | None, jobs: int, progress) -> Table:
     """The scenario's table: from the cache when it holds this very scenario, else scored now (and cached)."""
-    from skistune.optimize import layer_bits_solvers
+    from skistune.search import layer_bits_solvers
 
     if cache is not None and cache.is_file():
         data = json.loads(cache.read_text())
@@ -452,7 +452,7 @@ class SearchStats:
 
 
 class Lookup:
-    """Stands in for `skistune.optimize.score` during a search: the table's figures as an `Evaluation`."""
+    """Stands in for `skistune.scoring.score` in the trial function (`skistune.search`): the table's figures as an `Evaluation`."""
 
     def __init__(self, problem, table: Table, real_score: Callable, stats: SearchStats):
         self.problem, self.table, self.real_score, self.stats = problem, table, real_score, stats
@@ -469,10 +469,11 @@ class Lookup:
 
 @contextmanager
 def searching(problem, table: Table, stats: SearchStats, with_solver: bool):
-    """`skistune.optimize` with its scoring replaced by the table and its solver counted (or removed)."""
-    import skistune.optimize as opt
+    """The search's trials (`skistune.search`) with their scoring replaced by the table and their solver counted (or
+    removed)."""
+    import skistune.search as search
 
-    real_score, real_solvers = opt.score, opt.layer_bits_solvers
+    real_score, real_solvers = search.score, search.layer_bits_solvers
 
     def solvers(p, *args, **kwargs):
         found = real_solvers(p, *args, **kwargs) if with_solver else None
@@ -491,11 +492,11 @@ def searching(problem, table: Table, stats: SearchStats, with_solver: bool):
 
         return {name: timed(name, fn) for name, fn in found.items()}
 
-    opt.score, opt.layer_bits_solvers = Lookup(problem, table, real_score, stats), solvers
+    search.score, search.layer_bits_solvers = Lookup(problem, table, real_score, stats), solvers
     try:
         yield
     finally:
-        opt.score, opt.layer_bits_solvers = real_score, real_solvers
+        search.score, search.layer_bits_solvers = real_score, real_solvers
 
 
 def run_search(searcher: str, problem, table: Table, seed: int, n_trials: int,
@@ -504,14 +505,14 @@ def run_search(searcher: str, problem, table: Table, seed: int, n_trials: int,
     trial's config (as a key: equal keys, equal configs)."""
     import optuna
 
-    import skistune.optimize as opt
+    import skistune.search as search
 
     storage = optuna.storages.InMemoryStorage()
     with searching(problem, table, stats, with_solver=searcher == "skistune"):
         if searcher == "skistune":  # as `solve` does it
-            study = opt.open_study(problem, storage, f"search-efficiency-{seed}", sampler=None)
+            study = search.open_study(problem, storage, f"search-efficiency-{seed}", sampler=None)
             existing = len(study.get_trials(deepcopy=False))
-            study.sampler = opt.make_sampler("auto", seed=seed + existing, problem=problem, parallel=False,
+            study.sampler = search.make_sampler("auto", seed=seed + existing, problem=problem, parallel=False,
                                              n_trials=n_trials)
         else:
             sampler = optuna.samplers.TPESampler(seed=seed) if searcher == "tpe" else \
@@ -519,25 +520,25 @@ def run_search(searcher: str, problem, table: Table, seed: int, n_trials: int,
             study = optuna.create_study(storage=storage, directions=problem.directions, sampler=sampler)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # experimental-feature notices of the samplers
-            study.optimize(opt._trial_function(problem, study), n_trials=n_trials)
+            study.optimize(search._trial_function(problem, study), n_trials=n_trials)
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     trials = sorted(trials, key=lambda t: t.number)
     for t in trials:
-        for program in t.user_attrs.get(getattr(opt, "ILP_ATTR", "skistune.ilp"), {}).values():
+        for program in t.user_attrs.get(getattr(search, "ILP_ATTR", "skistune.ilp"), {}).values():
             stats.programs += program["calls"]
             stats.program_s += program["solve_s"]
     keys = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in trials]
-    return [(t.values[0], opt._trial_feasible(t)) for t in trials], keys
+    return [(t.values[0], search._trial_feasible(t)) for t in trials], keys
 
 
 # ---- one scenario -----------------------------------------------------------------------------------------
 def baseline_row(problem, table: Table) -> Row | None:
     """The grid's row of the baseline as the optimizer enqueues it (the trial parameters `open_study` enqueues,
     the space's first choice where the baseline has no value in it)."""
-    import skistune.optimize as opt
+    from skistune.problem import _baseline_params
     from skistune.searchspace import suggest_config
 
-    params = opt._baseline_params(problem)
+    params = _baseline_params(problem)
     trial = GridTrial([])
     trial._choose = lambda name, options: params[name] if params.get(name) in options else options[0]
     return table.rows.get(suggest_config(trial, problem.space, problem.base, None))

@@ -36,10 +36,12 @@ from rich.table import Table
 
 from bench_args import (add_json, console as table_console, description, fail, hardware_profile, nonnegative_int,
                         positive_int, print_json)
-from skistune.optimize import (Problem, RequestSet, _measure, build_problem, load_runtime, score, score_at,
-                               solve, validation_requests)
-from skistune.workloads import PRESETS
+from skistune.optimize import Problem, build_problem, solve
 from skistune.optimize_cli import _diff
+from skistune.problem import RequestSet
+from skistune.scoring import score, score_at
+from skistune.validation import _measure, load_runtime, validation_requests
+from skistune.workloads import PRESETS
 
 MEMORY_BOUND_FILL = 0.9  # KV peak over the pool at which a config counts as memory-bound
 

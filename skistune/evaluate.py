@@ -141,13 +141,13 @@ def sim_target(model: str, profile=None, device: str = "cpu") -> SimTarget:
 # ---- tiers larger than the machine -------------------------------------------------------------------------
 def tier_notes(config, mode: str, profile=None, target=None) -> list[str]:
     """Notes, in every mode, for a config's tiers larger than the machine can give them: a prediction's against
-    the profiled machine (`optimize.oversized_tier_notes`, with ``profile`` and its ``target``), a run's disk
+    the profiled machine (`problem.oversized_tier_notes`, with ``profile`` and its ``target``), a run's disk
     tier against the disk where its file lives (`run_disk_note`). A run refuses a host tier (and, on a CPU, a
     device pool) larger than the memory before this, with an error; its disk tier is noted, not refused. In
     compare mode both, the run's where the prediction's does not name the disk tier already."""
     notes = []
     if mode != "run":
-        from skistune.optimize import oversized_tier_notes  # (lazily: it imports the search's modules)
+        from skistune.problem import oversized_tier_notes  # (lazily: it imports the search's modules)
 
         notes = oversized_tier_notes(config, profile, target)
     if mode != "simulate" and not any(n.startswith("offload.disk_kv_bytes:") for n in notes):
@@ -157,13 +157,13 @@ def tier_notes(config, mode: str, profile=None, target=None) -> list[str]:
 
 def run_disk_note(config) -> str | None:
     """A run's disk tier larger than the disk where its file lives can give one (the optimizer's limit:
-    `optimize.DISK_TIER_SHARE` of the space free there now), or None. A note, not a refusal: the file is
+    `problem.DISK_TIER_SHARE` of the space free there now), or None. A note, not a refusal: the file is
     sparse, so a run that writes less than the free space is served in full, and a write the disk refuses
     loses only its block (recomputed, and counted as a disk write error)."""
     import tempfile
 
     from skistune.config import format_bytes
-    from skistune.optimize import DISK_TIER_SHARE
+    from skistune.problem import DISK_TIER_SHARE
     from skistune.profile.transfers import disk_free_bytes
     from skistune.runtime.disk_pool import DISK_DIR_ENV, default_disk_dir
 

@@ -20,8 +20,10 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from skistune.display import significant
-from skistune.objectives import parse_max_queue
-from skistune.optimize import DEFAULT_MAX_QUEUE_S, DEFAULT_REQUESTS, DEFAULT_TOP_K, DEFAULT_TRIALS
+from skistune.objectives import DEFAULT_MAX_QUEUE_S, parse_max_queue
+from skistune.optimize import DEFAULT_TOP_K
+from skistune.problem import DEFAULT_REQUESTS
+from skistune.search import DEFAULT_TRIALS
 
 EXIT_INFEASIBLE = 3
 # the search's best is written (it is still the best estimate), but its replay broke a constraint: a script that
@@ -97,7 +99,7 @@ def _diff(config, base, names) -> str:
     (``names``) in the space's order, then any other (a knob the space fixes away from the baseline: a config of
     30 fixed 8-bit layers read "(baseline)")."""
     from skistune.config import byte_size_text, knob_fields, layer_bits_text
-    from skistune.optimize import _value as knob_value
+    from skistune.problem import _value as knob_value
 
     all_short = [n.partition(".")[2] for n in knob_fields()]
     # (a knob that does nothing here changes nothing: uniform bits under per-layer ones, for one)
@@ -159,7 +161,7 @@ def _limit_cell(figures) -> str:
 
 def _lowest_rate_rps(problem) -> float:
     """The lowest arrival rate the capacity search tries: a config that breaks a constraint there meets none."""
-    from skistune.optimize import MIN_RATE_SCALE
+    from skistune.scoring import MIN_RATE_SCALE
 
     return MIN_RATE_SCALE * problem.search.base_rps
 
@@ -255,8 +257,8 @@ def pareto_knob_lines(result) -> list[str]:
 def validation_table(result) -> Table:
     p = result.problem
     first = result.validated[0].measured.figures["requests"]
-    from skistune.optimize import VALIDATE_MAX_INPUT, VALIDATE_MAX_OUTPUT
     from skistune.simulator import MAX_RATE_SCALE
+    from skistune.validation import VALIDATE_MAX_INPUT, VALIDATE_MAX_OUTPUT
 
     # (the slice's own figures: its capacity and J/token are not the search workload's in the table above)
     # (the operating point `score` chose: the capacity where an objective needs it, else the trace's own rate)
@@ -313,8 +315,10 @@ def twin_lines(result) -> list[str]:
 
 
 def gain_lines(result) -> list[str]:
-    from skistune.optimize import REFINE_PRECISION, _value as knob_value, baseline_outside_space, tie
     from skistune.config import layer_bits_text
+    from skistune.optimize import baseline_outside_space
+    from skistune.problem import _value as knob_value
+    from skistune.scoring import REFINE_PRECISION, tie
 
     p, label = result.problem, f"{result.problem.baseline_engine} defaults"
     if result.best and result.best[0].config.effective() == result.baseline.config.effective():
@@ -432,7 +436,7 @@ def why_no_rate_line(problem, closest) -> str | None:
     the constraints were checked at; a bursty workload's bursts (scaling the rate stretches every gap, so the
     requests of a burst still arrive together); or requests that outlast the shortest gap between arrivals
     even at the lowest rate the search tries."""
-    from skistune.optimize import MIN_RATE_SCALE, outlasting_gaps, served_alone, slos_broken_alone
+    from skistune.scoring import MIN_RATE_SCALE, outlasting_gaps, served_alone, slos_broken_alone
     from skistune.workloads.stats import workload_stats
 
     if not closest:
@@ -596,9 +600,11 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
     started = time.monotonic()  # (--timeout bounds the whole command)
     import optuna
 
-    from skistune.optimize import (SAMPLERS, Deadline, StorageWriteError, UnmeetableSLO, build_problem,
-                                   default_storage, default_study_name, open_storage, open_study, running_notes,
-                                   storage_failures, stored_profile, with_deadline)
+    from skistune.problem import UnmeetableSLO, build_problem
+    from skistune.scoring import Deadline, with_deadline
+    from skistune.search import SAMPLERS, default_study_name, open_study, running_notes
+    from skistune.study_recipe import stored_profile
+    from skistune.study_storage import StorageWriteError, default_storage, open_storage, storage_failures
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
     check_out_file(out, "--out", _input_files(workload, profile, space, quality_profile,
@@ -738,9 +744,7 @@ def _say_resumed(study, name: str, trials: int) -> None:
 def _warn_broken_alone(problem) -> None:
     """Before a long search: an SLO the baseline breaks even with each request served alone (a TTFT limit
     under the prefill of the workload's longest prompts) is likely to leave every config infeasible."""
-    from skistune.optimize import served_alone, slos_broken_alone
-
-    from skistune.optimize import TimeUp
+    from skistune.scoring import TimeUp, served_alone, slos_broken_alone
 
     label = f"{problem.baseline_engine}'s defaults"
     try:

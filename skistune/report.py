@@ -33,10 +33,12 @@ import numpy as np
 from skistune.config import KVConfig
 from skistune.display import significant
 from skistune.objectives import structural_changes
-from skistune.optimize import (CHOSEN_ATTR, RECIPE_ATTR, REFINE_PRECISION, REFINED_ATTR, VALIDATED_ATTR, Evaluation,
-                               Problem, completed, front_with, infeasibility, nondominated, ranked, score, trial_counts,
-                               with_refined)
+from skistune.optimize import (CHOSEN_ATTR, REFINED_ATTR, VALIDATED_ATTR, completed, front_with, infeasibility,
+                               nondominated, ranked, trial_counts, with_refined)
 from skistune.plotting import log_axis, place_label, wants_log
+from skistune.problem import Problem
+from skistune.scoring import REFINE_PRECISION, Evaluation, score
+from skistune.study_recipe import RECIPE_ATTR
 
 DEFAULT_TOP_K = 5  # best configs shown
 FILES = {"pareto": "pareto.png", "latency": "latency-cdf.png", "memory": "memory-timeline.png",
@@ -51,8 +53,8 @@ def load_study(study_name: str, storage: Any = None) -> tuple[Any, Problem, str]
     password). ``storage`` None: ``skistune-<study>.db`` in this folder, as `skistune optimize` names it."""
     import optuna
 
-    from skistune.optimize import (_existing_sqlite, _storage_label, default_storage, open_storage,
-                                   problem_from_recipe)
+    from skistune.study_recipe import problem_from_recipe
+    from skistune.study_storage import _existing_sqlite, _storage_label, default_storage, open_storage
 
     storage = default_storage(study_name) if storage is None else storage
     _existing_sqlite(storage)  # opening a missing SQLite file would create an empty one
@@ -84,7 +86,7 @@ class Report:
     beat the written one there by less than the resolution and left the front for it (`optimize.front_with`);
     ``baseline``: the target
     engine's defaults (`baseline_label`), refined where optimize refined them; ``validated``: the last validation's
-    records (`optimize.validation_record`), winner first, baseline last; ``binding``/``closest``: trials each
+    records (`validation.validation_record`), winner first, baseline last; ``binding``/``closest``: trials each
     constraint ruled out, configs closest to feasible; ``importance``: each knob's share of the first objective's
     variance (empty with ``importance_note`` saying why); ``why``: why no config was feasible, where it can be told,
     as `skistune optimize` says it
@@ -386,10 +388,11 @@ def _sampled_run(config: KVConfig, requests, target, rate_scale: float, label: s
 
 def memory_timeline(report: Report, replays: Replays | None = None) -> Timeline | None:
     """The validated winner replayed (simulated) on the validation slice at its validated rate, with the KV
-    pools the runtime replay used (`optimize.replay_config`); without a validation stored, the best config
+    pools the runtime replay used (`validation.replay_config`); without a validation stored, the best config
     on the search's requests at its operating rate. None: no feasible config and no validation.
     ``replays``: replays of the same report already run (`Replays`), reused."""
-    from skistune.optimize import replay_config, score_at, validation_requests
+    from skistune.scoring import score_at
+    from skistune.validation import replay_config, validation_requests
     from skistune.runtime.kv_layout import KVPoolTooSmall
 
     p = report.problem
@@ -437,7 +440,7 @@ def refined_rows(report: Report) -> list[bool]:
 
 
 def best_configs_table(report: Report):
-    from skistune.optimize import REFINE_PRECISION
+    from skistune.scoring import REFINE_PRECISION
     from skistune.optimize_cli import best_table
 
     table = best_table(_view(report, report.best))
@@ -501,7 +504,7 @@ def pareto_lines(report: Report) -> list[str]:
     lines = [f"trial {e.trial} (Pareto front): {_diff(e.config, report.problem.base, names)}"
              for e in report.pareto if e.trial not in best]
     if report.front_ties:  # (a worker's later trial at the search's precision read as beating #1 on every axis)
-        from skistune.optimize import REFINE_PRECISION
+        from skistune.scoring import REFINE_PRECISION
 
         trials = ", ".join(f"trial {e.trial}" for e in report.front_ties)
         lines.append(f"{trials}: within {REFINE_PRECISION:.0%} of #1 on every axis of the front (its figures at the "
@@ -939,7 +942,7 @@ def write_report(report: Report, out_dir: str | Path) -> tuple[dict[str, Path], 
 
 def summary(report: Report, files: Mapping[str, Path]) -> dict[str, Any]:
     """The report as JSON: best configs, front, baseline, binding constraints, validation, importance, files."""
-    from skistune.optimize import REFINE_PRECISION, SEARCH_PRECISION
+    from skistune.scoring import REFINE_PRECISION, SEARCH_PRECISION
 
     fine = {e.config.effective() for e, f in zip(report.best, refined_rows(report)) if f}
     if report.refined:

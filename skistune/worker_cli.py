@@ -36,13 +36,14 @@ SeedOpt = Annotated[Optional[int], typer.Option(
 
 
 def _run(job, trials: int, timeout: float | None, storage: str, resume: str):
-    """`skistune.optimize.run_worker` under a progress bar; a storage that fails mid-run (a full disk, a lost
+    """`skistune.study_recipe.run_worker` under a progress bar; a storage that fails mid-run (a full disk, a lost
     server) is one line, not a traceback: what failed, the finished trials the study keeps (they are in the
     storage already), and ``resume``, the command that goes on."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from skistune.optimize import StorageWriteError, run_worker
     from skistune.signals import interrupted_exit_code, sigterm_as_interrupt
+    from skistune.study_recipe import run_worker
+    from skistune.study_storage import StorageWriteError
 
     bar = Progress(SpinnerColumn(), TextColumn("[bold]worker"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=err_console)
@@ -76,8 +77,10 @@ def worker(ctx: typer.Context, study_arg: StudyArg = None, study: StudyOpt = Non
     the study's creator stored everything a worker needs."""
     import optuna
 
-    from skistune.optimize import _storage_label, default_storage, join_study, running_notes
     from skistune.optimize_cli import _best_text, command_line
+    from skistune.search import running_notes
+    from skistune.study_recipe import join_study
+    from skistune.study_storage import _storage_label, default_storage
 
     if study_arg and study and study_arg != study:
         raise ValueError(f"two studies given: {study_arg} and --study {study}; give one")
@@ -88,7 +91,7 @@ def worker(ctx: typer.Context, study_arg: StudyArg = None, study: StudyOpt = Non
     storage = storage or default_storage(study)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
-    from skistune.optimize import StorageWriteError
+    from skistune.study_storage import StorageWriteError
 
     try:
         job = join_study(storage, study, seed=seed)  # every check before the first trial (and the progress bar)

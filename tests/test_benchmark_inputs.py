@@ -242,8 +242,9 @@ def test_optimize_phases_stores_its_study_in_a_folder_it_removes_and_labels_a_re
     import skistune.optimize as opt
 
     optimize_phases = load("optimize_phases", monkeypatch)
-    for name in optimize_phases.PHASES:  # (the script wraps them: restored after the test)
-        monkeypatch.setattr(opt, name, getattr(opt, name))
+    for name, module_name in optimize_phases.PHASES.items():  # (the script wraps them: restored after the test)
+        module = importlib.import_module(module_name)
+        monkeypatch.setattr(module, name, getattr(module, name))
     seen = {}
     base, other = object(), object()
 

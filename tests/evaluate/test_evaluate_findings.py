@@ -115,9 +115,9 @@ def test_requests_per_second_are_printed_to_three_significant_digits(rate, shown
 # ---- notes: tiers larger than the profiled machine holds, and the machine's in a run ----
 
 def test_a_simulated_oversized_tier_is_noted_on_stderr_and_in_the_json(tmp_path, monkeypatch):
-    import skistune.optimize as opt
+    import skistune.problem as problem_module
 
-    monkeypatch.setattr(opt, "host_tier_limit", lambda profile, target: (1 << 30, 2 << 30))
+    monkeypatch.setattr(problem_module, "host_tier_limit", lambda profile, target: (1 << 30, 2 << 30))
     r = _evaluate(tmp_path, "offload:\n  host_kv_bytes: 1TiB\n", *SMALL, "--json")
     out = _json(r)
     [note] = out["notes"]
@@ -156,10 +156,11 @@ def test_a_run_with_a_host_tier_on_the_cpu_says_so_and_prints_no_0_percent_prefe
 def test_compare_json_has_the_tier_rows_errors_and_the_oversized_tier_notes(tmp_path, monkeypatch):
     """The table printed the tier rows' errors; `errors` in the JSON had only the latency, throughput, KV
     and energy figures."""
-    import skistune.optimize as opt
+    import skistune.problem as problem_module
     from skistune.evaluate import relative_error
 
-    monkeypatch.setattr(opt, "host_tier_limit", lambda profile, target: (1 << 20, 64 << 30))  # (memory: the pool fits)
+    monkeypatch.setattr(problem_module, "host_tier_limit",
+                        lambda profile, target: (1 << 20, 64 << 30))  # (memory: the pool fits)
     # (a device pool of 9 blocks for 6 requests: preempted sequences swap out to the host and back)
     config = "offload:\n  host_kv_bytes: 64MiB\n  device_kv_bytes: 8MiB\nbatching:\n  preemption: swap\n"
     r = _evaluate(tmp_path, config, "--mode", "compare", "--requests", "6", "--max-input", "48", "--max-output",

@@ -201,10 +201,10 @@ def test_the_compare_table_shows_what_the_tiers_did():
 def test_a_simulated_tier_larger_than_the_profiled_machine_holds_is_noted(tmp_path, monkeypatch):
     """The search keeps tiers to what the profiled machine can give them; `evaluate --mode simulate` had
     priced a 100 TiB host tier on a 23.5 GiB machine without a word (a replay refuses it)."""
-    import skistune.optimize as opt
+    import skistune.problem as problem_module
 
-    monkeypatch.setattr(opt, "host_tier_limit", lambda profile, target: (1 << 30, 2 << 30))
-    monkeypatch.setattr(opt, "disk_tier_limit", lambda profile: (None, None))  # (unknown: no note)
+    monkeypatch.setattr(problem_module, "host_tier_limit", lambda profile, target: (1 << 30, 2 << 30))
+    monkeypatch.setattr(problem_module, "disk_tier_limit", lambda profile: (None, None))  # (unknown: no note)
     notes = {}
     for size in ("512MiB", "8GiB"):
         config = tmp_path / f"{size}.yaml"

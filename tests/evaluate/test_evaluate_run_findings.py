@@ -46,7 +46,7 @@ def test_the_table_says_when_disk_blocks_were_lost_or_corrupt():
 def test_a_run_notes_a_disk_tier_larger_than_the_disk_it_lives_on(monkeypatch, tmp_path):
     """`--mode simulate` noted a disk tier larger than the profiled disk's free space; `--mode run` said
     nothing (a comment claimed the run refused it). A run notes it from the free space where its file lives."""
-    import skistune.optimize as opt
+    import skistune.problem as problem_module
     import skistune.profile.transfers as transfers
     from skistune.evaluate import tier_notes
 
@@ -60,9 +60,10 @@ def test_a_run_notes_a_disk_tier_larger_than_the_disk_it_lives_on(monkeypatch, t
     assert tier_notes(KVConfig.from_dict({"offload": {"disk_kv_bytes": 8 << 30}}), "run") == []
     assert tier_notes(KVConfig(), "run") == []
     # compare replays here too: the run's note, unless the profiled machine's already names the disk tier
-    monkeypatch.setattr(opt, "oversized_tier_notes", lambda config, profile, target: [])
+    monkeypatch.setattr(problem_module, "oversized_tier_notes", lambda config, profile, target: [])
     assert tier_notes(big, "compare") == tier_notes(big, "run")
-    monkeypatch.setattr(opt, "oversized_tier_notes", lambda config, profile, target: ["offload.disk_kv_bytes: x"])
+    monkeypatch.setattr(problem_module, "oversized_tier_notes",
+                        lambda config, profile, target: ["offload.disk_kv_bytes: x"])
     assert tier_notes(big, "compare") == ["offload.disk_kv_bytes: x"] == tier_notes(big, "simulate")
 
 

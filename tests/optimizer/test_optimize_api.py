@@ -9,8 +9,8 @@ import pytest
 import skistune
 from skistune.config import KVConfig, load_config
 from skistune.objectives import NO_LOSS, parse_quality, predict_quality
-from skistune.optimize import (DEFAULT_TRIALS, OptimizeResult, baseline_config, build_problem, modeled_space,
-                               not_modeled_note, pareto_front, score)
+from skistune.optimize import DEFAULT_TRIALS, OptimizeResult, baseline_config, build_problem, pareto_front, score
+from skistune.problem import modeled_space, not_modeled_note
 from skistune.searchspace import load_space
 from skistune.simulator import MODELED_KNOBS
 from skistune.workloads import load_workload
@@ -149,9 +149,10 @@ def test_an_slo_below_the_fastest_step_is_refused_before_any_search(workload, pr
     from skistune.runtime.kv_layout import kv_traffic
 
     import skistune.optimize as opt
+    from skistune.problem import slo_floor_s
 
     problem = build_problem(workload, slo="p99=200ms", profile=profile)
-    floor_s = opt.slo_floor_s(problem.target)
+    floor_s = slo_floor_s(problem.target)
     kv = kv_traffic(opt.baseline_config(), problem.target.spec, problem.target.kv_itemsize)
     assert 0 < floor_s <= problem.target.step_cost.predict_s(decode_shape(1, 0, kv))
     assert floor_s <= min(opt.score(problem, problem.base).figures["tbt_p99_s"], 0.2)

@@ -88,12 +88,13 @@ def test_an_slo_broken_with_each_request_served_alone_is_named_as_the_cause_not_
     """Long prompts whose prefill alone outlasts a TTFT SLO: no rate helps, whatever the bursts; the line names
     the SLO and the value it reaches alone."""
     import skistune.optimize as opt
+    import skistune.scoring as scoring
     from skistune.optimize_cli import why_no_rate_line
     from skistune.workloads import load_workload
 
     code = opt.build_problem(load_workload("code", requests=16), slo=["ttft:p99<=300ms", "p99=200ms"],
                              profile=PROFILE)
-    alone = opt.slos_broken_alone(code, opt.served_alone(code, code.base)[0])
+    alone = scoring.slos_broken_alone(code, scoring.served_alone(code, code.base)[0])
     assert list(alone) == ["ttft:p99<=300ms"] and alone["ttft:p99<=300ms"] > 0.3  # TBT holds alone
     line = why_no_rate_line(code, [opt.Evaluation(code.base, 1.0, (0.0,), {"ttft:p99<=300ms": 1.0}, {})])
     assert line.startswith("the closest config breaks ttft:p99<=300ms (") and "served alone" in line
@@ -104,19 +105,20 @@ def test_requests_that_outlast_the_gaps_at_the_lowest_rate_are_named_as_the_caus
     """Long prompts on a slow machine: even at 1/1024 of the workload's rate a request served alone outlasts
     the gap to the next arrival, so a queue builds at every rate tried; said with the counts and the times."""
     import skistune.optimize as opt
+    import skistune.scoring as scoring
     from skistune.optimize_cli import why_no_rate_line
     from skistune.workloads import load_workload
 
     problem = opt.build_problem(load_workload("long-context", requests=12), slo="p99=200ms", profile=PROFILE)
-    _, records = opt.served_alone(problem, problem.base)
+    _, records = scoring.served_alone(problem, problem.base)
     served = {r.request_id: r.finish_s - r.arrival_s for r in records}
     ordered = sorted(problem.search.requests, key=lambda r: r.arrival_s)
-    for scale in (opt.MIN_RATE_SCALE, 1e-9):  # counted independently: service alone against the scaled gaps
+    for scale in (scoring.MIN_RATE_SCALE, 1e-9):  # counted independently: service alone against the scaled gaps
         gaps = [(b.arrival_s - a.arrival_s) / scale for a, b in zip(ordered, ordered[1:])]
         expected = sum(served[a.request_id] > g for a, g in zip(ordered, gaps))
-        assert opt.outlasting_gaps(problem, records, scale) == (expected, min(gaps))
-    overlapping, _ = opt.outlasting_gaps(problem, records, opt.MIN_RATE_SCALE)
-    assert overlapping > 0 and opt.outlasting_gaps(problem, records, 1e-9)[0] == 0
+        assert scoring.outlasting_gaps(problem, records, scale) == (expected, min(gaps))
+    overlapping, _ = scoring.outlasting_gaps(problem, records, scoring.MIN_RATE_SCALE)
+    assert overlapping > 0 and scoring.outlasting_gaps(problem, records, 1e-9)[0] == 0
     line = why_no_rate_line(problem, [opt.Evaluation(problem.base, 1.0, (0.0,), {"queue<=5s": 1.0}, {})])
     assert f"requests still overlap there, {overlapping} of 12 taking longer to serve alone" in line
 
@@ -125,12 +127,13 @@ def test_requests_no_rate_can_serve_are_named_before_the_rates():
     """A pool too small for some requests (a tester's --kv-memory 48MiB): `served` binds at every rate, and the
     line had blamed overlapping requests and the queueing guard, which was off."""
     import skistune.optimize as opt
+    import skistune.scoring as scoring
     from skistune.optimize_cli import why_no_rate_line
     from skistune.workloads import load_workload
 
     problem = opt.build_problem(load_workload("chat", requests=16, max_input=512), slo="p99=200ms",
                                 kv_memory="24MiB", max_queue_s=None, profile=PROFILE)
-    alone, _ = opt.served_alone(problem, problem.base)
+    alone, _ = scoring.served_alone(problem, problem.base)
     assert 0 < alone.num_rejected < 16
     line = why_no_rate_line(problem, [opt.Evaluation(problem.base, 1.0, (0.0,), {"served": 0.5}, {})])
     assert line.startswith(f"the closest config can never serve {alone.num_rejected} of 16 requests, at any rate "
@@ -251,8 +254,9 @@ def test_two_worker_processes_share_one_study(here):
 def test_a_baseline_that_meets_no_rate_is_reported_with_what_breaks_not_as_an_infinite_gain():
     from dataclasses import replace
 
-    from skistune.optimize import MIN_RATE_SCALE, Evaluation, OptimizeResult, build_problem
+    from skistune.optimize import Evaluation, OptimizeResult, build_problem
     from skistune.optimize_cli import best_table, gain_lines, knob_lines
+    from skistune.scoring import MIN_RATE_SCALE
 
     problem = build_problem("chat", slo=["p99=200ms"], profile=PROFILE)
     tuned = Evaluation(replace(problem.base, batching=replace(problem.base.batching, max_num_seqs=8)),
@@ -352,9 +356,10 @@ def test_the_best_table_puts_each_cell_under_its_own_header():
 def test_a_capacity_search_of_one_request_is_bad_input_before_the_search(here, monkeypatch):
     """One request has no arrival rate to scale: refused while the inputs are read, not in trial 0 (which
     had left a study file holding a failed trial)."""
-    import skistune.optimize as opt
+    import skistune.problem as problem_module
 
-    monkeypatch.setattr(opt, "_load_profile", lambda *a: pytest.fail("the profile was read for a bad workload"))
+    monkeypatch.setattr(problem_module, "_load_profile",
+                        lambda *a: pytest.fail("the profile was read for a bad workload"))
     r = invoke("--workload", "chat", "--requests", "1", "--slo", "p99=200ms", "--trials", "3", "--validate", "0",
                "--profile", PROFILE)
     assert r.exit_code == 2, r.output

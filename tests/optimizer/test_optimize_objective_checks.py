@@ -62,8 +62,11 @@ def test_signatures_that_bind_choose_how_the_callable_is_called():
 
 def test_optimize_refuses_bad_objectives_and_workloads_before_any_trial(workload, profile, monkeypatch):
     import skistune.optimize as opt
+    import skistune.search as search_module
+    import skistune.validation as validation
 
-    monkeypatch.setattr(opt, "score", lambda *a, **k: pytest.fail("a config was scored"))
+    for scorer in (search_module, opt, validation):  # (each module that scores a config: trials, refining, replays)
+        monkeypatch.setattr(scorer, "score", lambda *a, **k: pytest.fail("a config was scored"))
     for kwargs, message in ((dict(objective=42), "objective: 42"),
                             (dict(objective=lambda a, b, c: 1.0), r"takes \(a, b, c\)"),
                             (dict(constraints=[lambda a, b, c: 0.0]), r"takes \(a, b, c\)")):

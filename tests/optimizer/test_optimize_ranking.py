@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 import skistune
 import skistune.optimize as opt
+import skistune.search as search_module
 from skistune.cli import app
-from skistune.objectives import ReturnValueError
+from skistune.objectives import NAMED, ReturnValueError
 from skistune.workloads import load_workload
 
 PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json")
@@ -175,7 +176,7 @@ def test_a_user_callable_that_raises_in_a_forked_worker_stops_every_worker_with_
 
 
 def test_an_error_of_skistune_itself_is_not_taken_for_the_users(slow, profile, monkeypatch):
-    monkeypatch.setattr(opt, "score", lambda *a, **k: {}["no such figure"])
+    monkeypatch.setattr(search_module, "score", lambda *a, **k: {}["no such figure"])  # (in the first trial)
     with pytest.raises(KeyError):
         skistune.optimize(slow, n_trials=2, validate=0, storage=optuna.storages.InMemoryStorage(), profile=profile)
 
@@ -214,8 +215,8 @@ def test_a_quality_objective_over_a_space_without_lossy_knobs_is_refused(workloa
 def test_the_quality_objective_prints_with_its_unit():
     from skistune.optimize_cli import _value
 
-    assert _value(opt.NAMED["quality"], 0.0123) == "+1.23% ppl"
-    assert _value(opt.NAMED["quality"], 0.0) == "+0.00% ppl"
+    assert _value(NAMED["quality"], 0.0123) == "+1.23% ppl"
+    assert _value(NAMED["quality"], 0.0) == "+0.00% ppl"
 
 
 # ---- what the command says ------------------------------------------------------------------------------------

@@ -8,13 +8,14 @@ import pytest
 
 import skistune
 import skistune.optimize as opt
+import skistune.validation as validation
 from skistune.workloads import load_workload
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def test_skip_idle_clock_jumps_over_waits_and_keeps_real_time_otherwise():
-    clock = opt.SkipIdleClock()
+    clock = validation.SkipIdleClock()
     started = time.perf_counter()
     clock.wait_until(100.0)
     assert time.perf_counter() - started < 0.5 and 100.0 <= clock.now() < 100.5
@@ -26,20 +27,21 @@ def test_skip_idle_clock_jumps_over_waits_and_keeps_real_time_otherwise():
 
 def test_replay_pool_is_capped_only_where_the_simulator_sees_no_difference(profile):
     problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=profile)
-    requests = opt.validation_requests(problem, 4)
+    requests = validation.validation_requests(problem, 4)
     predicted = opt.score(problem, opt.baseline_config(), requests, precision=0.1)
-    replayed = opt.replay_config(problem, predicted, requests)
-    assert replayed.offload.device_kv_bytes == max(2 * predicted.figures["kv_peak_bytes"], opt.VALIDATE_MIN_POOL_BYTES)
+    replayed = validation.replay_config(problem, predicted, requests)
+    assert replayed.offload.device_kv_bytes == max(2 * predicted.figures["kv_peak_bytes"],
+                                                   validation.VALIDATE_MIN_POOL_BYTES)
     assert replayed.with_knobs({"offload.device_kv_bytes": None}) == predicted.config
     tight = predicted.config.with_knobs({"offload.device_kv_bytes": 4 << 20})
-    assert opt.replay_config(problem, opt.score(problem, tight, requests), requests) == tight  # already small
+    assert validation.replay_config(problem, opt.score(problem, tight, requests), requests) == tight  # already small
 
 
 def _validation(problem, config, rate, violation):
     def ev(v):
         return opt.Evaluation(config, 1.0, (rate,), {"tbt:p99<=200ms": v}, {})
 
-    return opt.Validation(config, rate, ev(-0.5), ev(violation), 1.0)
+    return validation.Validation(config, rate, ev(-0.5), ev(violation), 1.0)
 
 
 def test_the_winner_is_chosen_by_measurement(profile):
@@ -47,12 +49,13 @@ def test_the_winner_is_chosen_by_measurement(profile):
     a, b, c = (opt.baseline_config().with_knobs({"batching.max_num_seqs": n}) for n in (8, 16, 32))
     ranked = [opt.Evaluation(x, 1.0, (r,), {}, {}) for x, r in ((a, 3.0), (b, 2.0), (c, 1.0))]
     held = [_validation(problem, a, 3.0, +0.2), _validation(problem, b, 2.0, -0.1), _validation(problem, c, 1.0, -0.3)]
-    order = opt._measured_order(problem, held)
+    order = validation._measured_order(problem, held)
     assert [v.config for v in order] == [b, c, a]  # predicted best broke its SLO on the runtime: b wins
     best, notes = opt._chosen(ranked, order)
     assert [e.config for e in best] == [b, a, c] and notes == []
     # both broke: which broke less is the machine's noise at the SLO's edge, the search's order stands
-    broken = opt._measured_order(problem, [_validation(problem, a, 3.0, +0.4), _validation(problem, b, 2.0, +0.1)])
+    broken = validation._measured_order(problem, [_validation(problem, a, 3.0, +0.4),
+                                                  _validation(problem, b, 2.0, +0.1)])
     best, notes = opt._chosen(ranked[:2], broken)
     assert best[0].config == a and "the search's best is kept" in notes[0]
 
@@ -66,9 +69,9 @@ def test_a_constraint_the_slices_own_prediction_breaks_is_not_judged_by_its_repl
     def ev(tbt, energy):
         return opt.Evaluation(config, 1.0, (1.0,), {"tbt:p99<=200ms": tbt, "energy<=1J/token": energy}, {})
 
-    v = opt.Validation(config, 1.0, ev(-0.5, +0.29), ev(-0.4, +0.30), 1.0)
+    v = validation.Validation(config, 1.0, ev(-0.5, +0.29), ev(-0.4, +0.30), 1.0)
     assert v.holds and v.untested == ["energy<=1J/token"] and v.broken == []
-    assert "energy<=1J/token: not tested on the real runtime" in opt.untested_note(v)
+    assert "energy<=1J/token: not tested on the real runtime" in validation.untested_note(v)
     import io
 
     from rich.console import Console
@@ -80,29 +83,32 @@ def test_a_constraint_the_slices_own_prediction_breaks_is_not_judged_by_its_repl
     figures = {"requests": 6, "slo_s": {str(problem.slos[0]): 0.07}, "energy_j_per_token": 1.23}
     judged = opt.Evaluation(config, 1.0, (1.0,), {str(problem.slos[0]): -0.5, "energy<=1J/token": 0.23}, figures)
     table = type("R", (), {"problem": problem, "best": [judged],
-                           "validated": [opt.Validation(config, 1.0, judged, judged, 1.0)]})()
+                           "validated": [validation.Validation(config, 1.0, judged, judged, 1.0)]})()
     console = Console(width=300, record=True, file=io.StringIO())
     console.print(validation_table(table))
     assert "1.230 / 1.230 (not judged)" in console.export_text()  # (a J/token over the budget beside "yes")
-    broke = opt.Validation(config, 1.0, ev(-0.5, +0.29), ev(+0.1, +0.30), 1.0)
+    broke = validation.Validation(config, 1.0, ev(-0.5, +0.29), ev(+0.1, +0.30), 1.0)
     assert not broke.holds and broke.broken == ["tbt:p99<=200ms"]  # (what the prediction met is judged)
-    assert opt.validation_record(broke)["binding"] == ["tbt:p99<=200ms"]
+    assert validation.validation_record(broke)["binding"] == ["tbt:p99<=200ms"]
 
 
 def test_among_configs_that_held_a_measured_difference_within_a_tie_keeps_the_search_order(profile):
     problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", profile=profile)
     a, b = (opt.baseline_config().with_knobs({"batching.max_num_seqs": n}) for n in (8, 16))
-    close = opt._measured_order(problem, [_validation(problem, a, 2.0, -0.1), _validation(problem, b, 2.03, -0.1)])
+    close = validation._measured_order(problem, [_validation(problem, a, 2.0, -0.1),
+                                                 _validation(problem, b, 2.03, -0.1)])
     assert [v.config for v in close] == [a, b]  # 1.5% more measured: a tie
-    clear = opt._measured_order(problem, [_validation(problem, a, 2.0, -0.1), _validation(problem, b, 2.1, -0.1)])
+    clear = validation._measured_order(problem, [_validation(problem, a, 2.0, -0.1),
+                                                 _validation(problem, b, 2.1, -0.1)])
     assert [v.config for v in clear] == [b, a]  # 5% more: measured better
 
 
 @pytest.mark.slow
 def test_top_config_and_baseline_are_measured_on_the_real_runtime(profile, monkeypatch, tmp_path):
-    monkeypatch.setattr(opt, "VALIDATE_REQUESTS", 3)
-    monkeypatch.setattr(opt, "VALIDATE_MAX_INPUT", 48)
-    monkeypatch.setattr(opt, "VALIDATE_MAX_OUTPUT", 6)
+    monkeypatch.setattr(validation, "VALIDATE_REQUESTS", 3)
+    for module in (validation, opt):  # (the slice's caps, and the provenance that records them)
+        monkeypatch.setattr(module, "VALIDATE_MAX_INPUT", 48)
+        monkeypatch.setattr(module, "VALIDATE_MAX_OUTPUT", 6)
     r = skistune.optimize(load_workload("chat", requests=16), slo="p99=200ms", n_trials=2, validate=1,
                           storage=optuna.storages.InMemoryStorage(), profile=profile)
     assert [v.role for v in r.validated] == ["candidate", "baseline"]
@@ -140,15 +146,16 @@ def test_configs_predicted_to_run_the_same_schedule_are_replayed_once(profile, m
     def fake_measure(problem_, runtime, p, requests, role, quality=None):
         replays.append(p.config)
         violation = +0.9 if p.config == problem.base else -0.6  # the baseline breaks, the others hold
-        return opt.Validation(p.config, 0.3, p, opt.Evaluation(p.config, 1.0, (0.3,), {"tbt:p99<=200ms": violation},
-                                                               {}), 1.0, role)
+        measured = opt.Evaluation(p.config, 1.0, (0.3,), {"tbt:p99<=200ms": violation}, {})
+        return validation.Validation(p.config, 0.3, p, measured, 1.0, role)
 
-    monkeypatch.setattr(opt, "score", fake_score)
-    monkeypatch.setattr(opt, "score_at", lambda problem_, config, requests, scale, **kw: fake_score(problem_, config))
-    monkeypatch.setattr(opt, "_measure", fake_measure)
-    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
-    requests = opt.validation_requests(problem, 2)
-    out = opt.validate(problem, [twin, problem.base, other], runtime=object(), requests=requests)
+    monkeypatch.setattr(validation, "score", fake_score)
+    monkeypatch.setattr(validation, "score_at",
+                        lambda problem_, config, requests, scale, **kw: fake_score(problem_, config))
+    monkeypatch.setattr(validation, "_measure", fake_measure)
+    monkeypatch.setattr(validation, "held_out_quality", lambda *a, **k: {})
+    requests = validation.validation_requests(problem, 2)
+    out = validation.validate(problem, [twin, problem.base, other], runtime=object(), requests=requests)
     assert problem.base not in replays and replays.count(twin) == 1  # one replay for twin and baseline, held
     assert [(v.config, v.role, v.twins) for v in out] == [(twin, "candidate", (problem.base,)),
                                                           (other, "candidate", ())]
@@ -161,11 +168,11 @@ def test_configs_predicted_to_run_the_same_schedule_are_replayed_once(profile, m
     assert not any("measured" in line for line in gain_lines(result))
 
     replays.clear()  # the baseline not among the candidates, but predicted the winner's schedule: not replayed
-    out = opt.validate(problem, [twin, other], runtime=object(), requests=requests)
+    out = validation.validate(problem, [twin, other], runtime=object(), requests=requests)
     assert replays == [twin, other] and out[0].twins == (problem.base,) and len(out) == 2
     predicted[problem.base] = {**figures, "e2e_p99_s": 1.2}  # another schedule: replayed, at the winner's rate
     replays.clear()
-    out = opt.validate(problem, [twin, other], runtime=object(), requests=requests)
+    out = validation.validate(problem, [twin, other], runtime=object(), requests=requests)
     assert replays[-1] == problem.base and out[-1].role == "baseline" and out[0].twins == ()
     result = opt.OptimizeResult(problem, None, "", [fake_score(problem, twin)], [], out[-1].predicted, validated=out)
     gain = result.measured_gain()
@@ -183,11 +190,11 @@ def test_same_prediction_reads_the_schedule_and_every_margin_not_the_kv_peak():
     def ev(values=(0.3,), violations=None, **changed):
         return opt.Evaluation(config, 1.0, values, violations or {"tbt:p99<=200ms": -0.5}, {**figures, **changed})
 
-    assert opt.same_prediction(ev(), ev(kv_peak_bytes=14 << 20))
-    assert not opt.same_prediction(ev(), ev(tbt_p99_s=0.065))
-    assert not opt.same_prediction(ev(), ev(values=(0.31,)))
-    assert not opt.same_prediction(ev(), ev(violations={"tbt:p99<=200ms": -0.5, "kv": 1.0}))
-    assert not opt.same_prediction(opt.Evaluation(config, 1.0, (0.3,), {}, {}), ev())
+    assert validation.same_prediction(ev(), ev(kv_peak_bytes=14 << 20))
+    assert not validation.same_prediction(ev(), ev(tbt_p99_s=0.065))
+    assert not validation.same_prediction(ev(), ev(values=(0.31,)))
+    assert not validation.same_prediction(ev(), ev(violations={"tbt:p99<=200ms": -0.5, "kv": 1.0}))
+    assert not validation.same_prediction(opt.Evaluation(config, 1.0, (0.3,), {}, {}), ev())
 
 
 def test_a_winning_baseline_is_replayed_once_and_reported_as_the_baseline(profile, monkeypatch):
@@ -202,19 +209,20 @@ def test_a_winning_baseline_is_replayed_once_and_reported_as_the_baseline(profil
         violation = -0.5 if predicted.config == problem.base else +0.5  # the baseline holds, the other breaks
         return _validation(problem, predicted.config, 1.0, violation)
 
-    monkeypatch.setattr(opt, "_measure", fake_measure)
-    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
-    requests = opt.validation_requests(problem, 2)
-    out = opt.validate(problem, [other, problem.base], runtime=object(), requests=requests)
+    monkeypatch.setattr(validation, "_measure", fake_measure)
+    monkeypatch.setattr(validation, "held_out_quality", lambda *a, **k: {})
+    requests = validation.validation_requests(problem, 2)
+    out = validation.validate(problem, [other, problem.base], runtime=object(), requests=requests)
     assert [(v.config, v.role) for v in out] == [(problem.base, "candidate"), (other, "candidate"),
                                                  (problem.base, "baseline")]
-    n = opt.VALIDATE_REPEATS
+    n = validation.VALIDATE_REPEATS
     # replays interleaved; only the config that broke its SLO is replayed again (`_replay_again`)
     assert replays == [(other, "candidate"), (problem.base, "candidate")] + [(other, "candidate")] * (n - 1)
     assert out[-1].measured is out[0].measured
     assert [v.replays for v in out] == [1, n, 1]  # (recorded: the table and the provenance say a replay was repeated)
     replays.clear()
-    out = opt.validate(problem, [other], runtime=object(), requests=requests)  # another winner: baseline replayed
+    out = validation.validate(problem, [other], runtime=object(),  # another winner: baseline replayed
+                              requests=requests)
     assert [r[1] for r in replays] == ["candidate"] * n + ["baseline"] and out[-1].config == problem.base
 
 
@@ -227,9 +235,10 @@ def test_the_baseline_among_the_candidates_at_the_winners_rate_is_not_replayed_a
         replays.append((predicted.config, role))  # both hold; the other serves more (the winner)
         return _validation(problem, predicted.config, 2.0 if predicted.config == other else 1.0, -0.5)
 
-    monkeypatch.setattr(opt, "_measure", fake_measure)
-    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
-    out = opt.validate(problem, [problem.base, other], runtime=object(), requests=opt.validation_requests(problem, 2))
+    monkeypatch.setattr(validation, "_measure", fake_measure)
+    monkeypatch.setattr(validation, "held_out_quality", lambda *a, **k: {})
+    out = validation.validate(problem, [problem.base, other], runtime=object(),
+                              requests=validation.validation_requests(problem, 2))
     assert [(v.config, v.role) for v in out] == [(other, "candidate"), (problem.base, "candidate"),
                                                  (problem.base, "baseline")]
     assert replays == [(problem.base, "candidate"), (other, "candidate")] and out[2].measured is out[1].measured
@@ -242,15 +251,15 @@ def test_a_config_that_held_is_replayed_again_only_under_an_objective_read_off_i
         replays.append(predicted.config)
         return _validation(problem_, predicted.config, 1.0, -0.5)  # every replay holds
 
-    monkeypatch.setattr(opt, "_measure", fake_measure)
-    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
-    monkeypatch.setattr(opt, "VALIDATE_REPEATS", 2)
+    monkeypatch.setattr(validation, "_measure", fake_measure)
+    monkeypatch.setattr(validation, "held_out_quality", lambda *a, **k: {})
+    monkeypatch.setattr(validation, "VALIDATE_REPEATS", 2)
     other = opt.baseline_config().with_knobs({"batching.chunk_size": 16})  # another schedule of the slice
     for objective, replays_each in (("capacity", 1), ("energy", 2)):
         problem = opt.build_problem(load_workload("chat", requests=16), slo="p99=200ms", objective=objective,
                                     profile=profile)
         replays.clear()
-        opt.validate(problem, [other], runtime=object(), requests=opt.validation_requests(problem, 2))
+        validation.validate(problem, [other], runtime=object(), requests=validation.validation_requests(problem, 2))
         assert replays == [other] * replays_each + [problem.base] * replays_each, objective
 
 
@@ -264,10 +273,11 @@ def test_the_better_of_two_replays_counts(profile, monkeypatch):
     def fake_measure(problem_, runtime, predicted, requests, role, quality=None):
         return _validation(problem, predicted.config, 1.0, next(violations[predicted.config]))
 
-    monkeypatch.setattr(opt, "_measure", fake_measure)
-    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
-    monkeypatch.setattr(opt, "VALIDATE_REPEATS", 2)
-    out = opt.validate(problem, [other, problem.base], runtime=object(), requests=opt.validation_requests(problem, 2))
+    monkeypatch.setattr(validation, "_measure", fake_measure)
+    monkeypatch.setattr(validation, "held_out_quality", lambda *a, **k: {})
+    monkeypatch.setattr(validation, "VALIDATE_REPEATS", 2)
+    out = validation.validate(problem, [other, problem.base], runtime=object(),
+                              requests=validation.validation_requests(problem, 2))
     assert [(v.config, v.holds) for v in out] == [(problem.base, True), (other, False), (problem.base, True)]
     assert out[0].measured.violations["tbt:p99<=200ms"] == -0.2 and out[1].measured.violations["tbt:p99<=200ms"] == 0.4
 
@@ -279,14 +289,14 @@ def test_declared_kv_memory_sizes_the_pool_the_simulator_and_the_runtime_use(pro
     small = opt.build_problem(workload, slo="p99=200ms", profile=profile, kv_memory="64MiB")
     assert small.target.device_free_bytes == 64 << 20 and small.kv_memory == 64 << 20
     base = opt.baseline_config()  # device_memory_fraction 0.9
-    deployed = opt.deployable(small, base)
+    deployed = validation.deployable(small, base)
     assert deployed.offload.device_kv_bytes == int(0.9 * (64 << 20))
     assert opt.score(small, deployed).figures == opt.score(small, base).figures  # the same pool either way
-    requests = opt.validation_requests(small, 4)
+    requests = validation.validation_requests(small, 4)
     predicted = opt.score(small, base, requests, precision=0.1)
-    assert opt.replay_config(small, predicted, requests).offload.device_kv_bytes <= int(0.9 * (64 << 20))
+    assert validation.replay_config(small, predicted, requests).offload.device_kv_bytes <= int(0.9 * (64 << 20))
     default = opt.build_problem(workload, slo="p99=200ms", profile=profile)
-    assert opt.deployable(default, base) == base  # no declared memory: the deployment's own device decides
+    assert validation.deployable(default, base) == base  # no declared memory: the deployment's own device decides
     pools = [opt.score(p, base).figures["kv_capacity_bytes"] for p in (default, small)]
     assert pools[0] > 8 * pools[1]
     assert small.identity() != default.identity()  # a study with another memory is another problem
@@ -309,7 +319,7 @@ def test_a_broken_validation_times_the_profiles_steps_again_and_says_how_fast_th
     timed = []
     monkeypatch.setattr(check, "speed_check", lambda prof, runtime: timed.append(runtime) or check.SpeedCheck((point,)))
     stages = []
-    notes = opt._speed_after_validation(problem, "the runtime", stages.append)
+    notes = validation._speed_after_validation(problem, "the runtime", stages.append)
     assert timed == ["the runtime"] and stages == ["timing a few of the profile's steps again"]
     assert notes == ["the replays broke a constraint; right after them, this machine runs the profile's steps x2.000 "
                      "(median of 1; decode x2.000): decode steps x2.00: this machine runs them 100% slower than the "
@@ -319,7 +329,7 @@ def test_a_broken_validation_times_the_profiles_steps_again_and_says_how_fast_th
         raise ValueError("no 16-bit step points")
 
     monkeypatch.setattr(check, "speed_check", no_points)
-    assert opt._speed_after_validation(problem, "the runtime", stages.append) == []
+    assert validation._speed_after_validation(problem, "the runtime", stages.append) == []
     # wired: only a chosen config that broke a constraint costs the check
     calls = []
     monkeypatch.setattr(opt, "_speed_after_validation", lambda *a: calls.append(a) or ["timed again"])
@@ -345,13 +355,13 @@ def test_a_profile_of_a_device_this_machine_lacks_is_searched_but_not_validated(
         warnings.simplefilter("ignore")
         h200 = load_profile(Path(opt.__file__).resolve().parents[1] / "profiles" / "cuda-llama-3-8b-quick.json")
     loads = []
-    monkeypatch.setattr(opt, "load_runtime", lambda problem: loads.append(problem))
+    monkeypatch.setattr(validation, "load_runtime", lambda problem: loads.append(problem))
     r = skistune.optimize(load_workload("chat", requests=16), slo="p99=200ms", model="llama-3-8b", profile=h200,
                           n_trials=3, storage=optuna.storages.InMemoryStorage(), validate=2)
     assert loads == [] and r.validated == []
     assert ("not validated on the real runtime (this machine has no CUDA device; profile cuda-llama-3-8b-quick is of "
             "llama-3-8b on cuda): the winner is the simulator's") in " ".join(r.notes)
-    assert opt.validation_unavailable(r.problem) is not None
+    assert validation.validation_unavailable(r.problem) is not None
 
 
 def test_the_best_configs_are_the_same_whatever_the_validation_count(monkeypatch, profile):
@@ -381,7 +391,7 @@ def test_the_validation_table_names_the_rate_it_replayed_at_and_a_ceiling_as_one
     figures = {"requests": 6, "slo_s": {slo: 0.07}, "energy_j_per_token": 0.3}
     ev = opt.Evaluation(problem.base, MAX_RATE_SCALE, (1.0,), {slo: -0.5}, figures)
     result = type("R", (), {"problem": problem, "best": [ev],
-                            "validated": [opt.Validation(problem.base, 3215.0, ev, ev, 1.0)]})()
+                            "validated": [validation.Validation(problem.base, 3215.0, ev, ev, 1.0)]})()
     console = Console(width=400, record=True, file=io.StringIO())
     console.print(validation_table(result))
     text = " ".join(console.export_text().split())  # (the title wraps at the table's width)

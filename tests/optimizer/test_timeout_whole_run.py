@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import skistune.optimize as opt
 import skistune.simulator as simulator
+import skistune.validation as validation
 from skistune.cli import app
 from skistune.workloads import load_workload
 
@@ -147,14 +148,16 @@ def test_validation_replays_only_what_starts_before_the_deadline(problem, monkey
         return opt.Validation(p.config, 0.3, p, opt.Evaluation(p.config, 1.0, (0.3,), {"tbt:p99<=200ms": -0.6}, {}),
                               1.0, role)
 
-    monkeypatch.setattr(opt, "score", fake_score)
-    monkeypatch.setattr(opt, "score_at", lambda problem_, config, requests, scale, **kw: fake_score(problem_, config))
-    monkeypatch.setattr(opt, "_measure", slow_replay)
-    monkeypatch.setattr(opt, "held_out_quality", lambda *a, **k: {})
+    monkeypatch.setattr(validation, "score", fake_score)
+    monkeypatch.setattr(validation, "score_at",
+                        lambda problem_, config, requests, scale, **kw: fake_score(problem_, config))
+    monkeypatch.setattr(validation, "_measure", slow_replay)
+    monkeypatch.setattr(validation, "held_out_quality", lambda *a, **k: {})
     timed = opt.with_deadline(problem, opt.Deadline.after(2 * SIM_S))
-    out = opt.validate(timed, [first, second], runtime=object(), requests=opt.validation_requests(problem, 2))
+    out = validation.validate(timed, [first, second], runtime=object(),
+                              requests=validation.validation_requests(problem, 2))
     assert replays == [first] and [(v.config, v.role) for v in out] == [(first, "candidate")]
     assert out.cut_short == "validated 1 of 2 configs on the real runtime; the baseline not replayed (no measured gain)"
-    assert opt.validate(problem, [first, second], runtime=object(),  # (no deadline: both, then the baseline)
-                        requests=opt.validation_requests(problem, 2)).cut_short is None
+    assert validation.validate(problem, [first, second], runtime=object(),  # (no deadline: both, then the baseline)
+                               requests=validation.validation_requests(problem, 2)).cut_short is None
     assert replays[1:] == [first, second, problem.base]

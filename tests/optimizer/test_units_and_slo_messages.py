@@ -92,7 +92,7 @@ def test_optimize_names_an_unknown_slo_unit_in_one_line(here):
 
 def test_the_api_takes_a_number_as_joules_per_token_and_text_with_its_unit():
     """A Python number has no unit to forget (``max_queue_s`` is seconds likewise); text does."""
-    from skistune.optimize import _parse_specs
+    from skistune.problem import _parse_specs
 
     assert _parse_specs(None, 0.5, ())[1] == _parse_specs(None, "500mJ/token", ())[1]
     with pytest.raises(ValueError, match="needs a unit"):

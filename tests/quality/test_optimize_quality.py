@@ -9,9 +9,11 @@ import pytest
 
 import skistune
 from skistune.config import KVConfig
-from skistune.optimize import (Evaluation, baseline_config, build_problem, held_out_quality, layer_bits_solvers,
-                               problem_from_recipe, problem_recipe, score)
+from skistune.optimize import Evaluation, baseline_config, build_problem, score
 from skistune.profile import load_profile
+from skistune.search import layer_bits_solvers
+from skistune.study_recipe import problem_from_recipe, problem_recipe
+from skistune.validation import held_out_quality
 from skistune.quality import QualityProfile
 from skistune.workloads import load_workload
 

@@ -15,6 +15,8 @@ import optuna
 
 import skistune
 import skistune.optimize as opt
+import skistune.study_recipe as study_recipe
+import skistune.study_storage as study_storage
 from skistune.workloads import load_workload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,19 +104,19 @@ def kill_mid_trial(url: str, study_name: str, after: int = 3) -> list[optuna.tri
     return stored_trials(url, study_name)
 
 
-def resume_after_kill(url: str, study_name: str, n_trials: int, heartbeat_s: int = 1) -> opt.WorkerRun:
+def resume_after_kill(url: str, study_name: str, n_trials: int, heartbeat_s: int = 1) -> study_recipe.WorkerRun:
     """Another worker on the study once the dead worker's trial is stale. The product's heartbeat is
     `HEARTBEAT_S` (5 s; stale after 4 beats); the resuming worker here beats every ``heartbeat_s`` so that
     the dead trial is stale after 4 x ``heartbeat_s`` instead of 20 s. SQLite's clock (``CURRENT_TIMESTAMP``)
     has whole seconds: a beat at 3.0 s and a check at 7.9 s read 3 and 7, not yet past a 4 s grace, so the
     wait is a second longer than the grace (0.3 s more failed on a host where trials ran fast)."""
-    product = opt.HEARTBEAT_S
-    opt.HEARTBEAT_S = heartbeat_s
+    product = study_storage.HEARTBEAT_S
+    study_storage.HEARTBEAT_S = heartbeat_s
     try:
         time.sleep(4 * heartbeat_s + 1.3)
-        return opt.run_worker(opt.join_study(url, study_name, seed=2), n_trials=n_trials)
+        return study_recipe.run_worker(study_recipe.join_study(url, study_name, seed=2), n_trials=n_trials)
     finally:
-        opt.HEARTBEAT_S = product
+        study_storage.HEARTBEAT_S = product
 
 
 def running_server(name: str, unavailable: str | None, make):

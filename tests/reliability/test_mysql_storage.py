@@ -12,8 +12,8 @@ from mysql_server import MariaDBServer, unavailable_reason
 from reliability_helpers import running_server
 from test_study_attr_size import ATTR_TABLES, LIMIT, MOONCAKE
 
-import skistune.optimize as opt
-from skistune.optimize import build_problem, join_study, run_worker, solve
+from skistune.optimize import build_problem, solve
+from skistune.study_recipe import RECIPE_ATTR, join_study, run_worker
 from skistune.workloads import load_workload
 
 
@@ -64,7 +64,7 @@ def test_a_study_of_a_big_trace_is_created_joined_and_reported_on_mariadb(mariad
 
     study, reported, _ = load_study("big", url)
     assert reported.identity() == problem.identity() and len(study.trials) == 3
-    assert opt.RECIPE_ATTR in study.user_attrs and not any("#" in key for key in study.user_attrs)
+    assert RECIPE_ATTR in study.user_attrs and not any("#" in key for key in study.user_attrs)
 
 
 def test_a_default_chat_study_resumes_on_mariadb(mariadb, profile):

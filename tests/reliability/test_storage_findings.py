@@ -21,8 +21,11 @@ from reliability_helpers import PROFILE, SLO, create_study, skistune_cmd, stored
 from typer.testing import CliRunner
 
 import skistune.optimize as opt
+import skistune.search as search_module
+import skistune.study_storage as study_storage
 from skistune.cli import app
-from skistune.optimize import build_problem, open_storage, running_notes, solve
+from skistune.optimize import build_problem, open_storage, solve
+from skistune.search import running_notes
 from skistune.workloads import load_workload
 
 COMPLETE, RUNNING, FAIL = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING,
@@ -222,7 +225,7 @@ def test_a_killed_workers_running_trial_fails_at_once_and_this_process_runs_its_
     it was asked for, and the trial it left running is failed and queued again at once, not 20 s later."""
     url = f"sqlite:///{tmp_path / 'take.db'}"
     first = tmp_path / "first"
-    real_worker, real_trial_function = opt._worker, opt._trial_function
+    real_worker, real_trial_function = search_module._worker, search_module._trial_function
 
     def worker(*args):
         try:  # (forked: the first worker to get here dies inside its second trial)
@@ -241,10 +244,10 @@ def test_a_killed_workers_running_trial_fails_at_once_and_this_process_runs_its_
                 return score(trial)
             trial_function.failures = score.failures
             return trial_function
-        opt._trial_function = dying
+        search_module._trial_function = dying
         return real_worker(*args)
 
-    monkeypatch.setattr(opt, "_worker", worker)
+    monkeypatch.setattr(search_module, "_worker", worker)
     problem = build_problem(load_workload("chat", requests=16), slo=SLO, profile=profile)
     result = solve(problem, n_trials=9, n_jobs=2, storage=url, study_name="take", validate=0)
     trials = stored_trials(url, "take")
@@ -292,7 +295,7 @@ def test_jobs_timeout_bounds_the_whole_search(tmp_path, profile, monkeypatch):
     def worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, parent, errors):
         (seen / str(os.getpid())).write_text(repr(deadline))
 
-    monkeypatch.setattr(opt, "_worker", worker)  # (forked: the children run this one)
+    monkeypatch.setattr(search_module, "_worker", worker)  # (forked: the children run this one)
     problem = build_problem(load_workload("chat", requests=16), slo=SLO, profile=profile)
     baseline_done = []
     started = time.monotonic()
@@ -357,11 +360,11 @@ def test_a_running_trial_that_never_beat_is_failed_and_retried_once_it_is_older_
     grace = storage.grace_period
     start = study.trials[silent.number].datetime_start
     young = start + timedelta(seconds=grace - 1)
-    assert opt.fail_trials_that_never_beat(study, now=young) == []  # it may still beat
+    assert study_storage.fail_trials_that_never_beat(study, now=young) == []  # it may still beat
     old = start + timedelta(seconds=grace + 1)
-    assert opt.fail_trials_that_never_beat(study, now=old) == [silent.number]
+    assert study_storage.fail_trials_that_never_beat(study, now=old) == [silent.number]
     trials = study.get_trials(deepcopy=False)
     assert trials[silent.number].state == FAIL and trials[beating.number].state == RUNNING  # the heartbeat's to judge
     retried = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
     assert len(retried) == 1 and retried[0].params == silent.params  # queued again, once, with its config
-    assert opt.fail_trials_that_never_beat(study, now=old) == []  # nothing twice
+    assert study_storage.fail_trials_that_never_beat(study, now=old) == []  # nothing twice

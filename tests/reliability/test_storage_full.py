@@ -18,6 +18,7 @@ from reliability_helpers import PROFILE, SLO, create_study, finished, stored_tri
 from typer.testing import CliRunner
 
 import skistune.optimize as opt
+import skistune.study_storage as study_storage
 from skistune.cli import app
 
 FULL = "database or disk is full"
@@ -152,7 +153,7 @@ def test_a_heartbeat_that_cannot_write_prints_no_traceback(monkeypatch):
     monkeypatch.setattr(threading, "excepthook", lambda args: printed.append((args.thread.name, args.exc_type)))
     full = sqlalchemy.exc.OperationalError("UPDATE trial_heartbeats", {}, sqlite3.OperationalError(FULL))
     before = threading.excepthook
-    with opt._quiet_heartbeat_failures():
+    with study_storage._quiet_heartbeat_failures():
         for name, error in (("Thread-7 (_record_heartbeat)", full), ("Thread-8 (other)", full),
                             ("Thread-9 (_record_heartbeat)", KeyError("a bug"))):
             t = threading.Thread(target=fails(error), name=name)
@@ -163,17 +164,17 @@ def test_a_heartbeat_that_cannot_write_prints_no_traceback(monkeypatch):
 
 
 def test_errors_that_are_not_the_storages_pass_through():
-    assert opt.storage_failure(ValueError("bad input")) is None
+    assert study_storage.storage_failure(ValueError("bad input")) is None
     try:
         try:
             raise sqlalchemy.exc.OperationalError("SELECT 1", {}, sqlite3.OperationalError("no such table"))
         except sqlalchemy.exc.OperationalError:
             raise ValueError("storage x: cannot open") from None  # (our own one line already: not re-read)
     except ValueError as exc:
-        assert opt.storage_failure(exc) is None
+        assert study_storage.storage_failure(exc) is None
     wrapped = AssertionError("Should not reach.")
     wrapped.__context__ = optuna.exceptions.StorageInternalError("commit failed")
     wrapped.__context__.__cause__ = sqlalchemy.exc.OperationalError("UPDATE trials", {}, sqlite3.OperationalError(FULL))
-    assert opt.storage_failure(wrapped) == (f"sqlite3.OperationalError: {FULL}", True)
+    assert study_storage.storage_failure(wrapped) == (f"sqlite3.OperationalError: {FULL}", True)
     lost = sqlalchemy.exc.OperationalError("SELECT x", {}, Exception("server closed the connection"))
-    assert opt.storage_failure(lost) == ("builtins.Exception: server closed the connection", False)
+    assert study_storage.storage_failure(lost) == ("builtins.Exception: server closed the connection", False)

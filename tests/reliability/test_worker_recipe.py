@@ -7,7 +7,8 @@ import optuna
 import pytest
 
 from skistune.objectives import EnergyBudget
-from skistune.optimize import build_problem, join_study, problem_from_recipe, problem_recipe
+from skistune.optimize import build_problem
+from skistune.study_recipe import join_study, problem_from_recipe, problem_recipe
 from skistune.workloads import load_workload
 
 SPACE = """name: two-knobs

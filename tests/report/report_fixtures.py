@@ -1,12 +1,13 @@
 """A small study for the report tests (4 trials of 16 chat requests: a few seconds), and validation records
-shaped like `optimize.validation_record`'s, made from simulated replays instead of the slow real model."""
+shaped like `validation.validation_record`'s, made from simulated replays instead of the slow real model."""
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
 
 import skistune
-from skistune.optimize import score, score_at, validation_requests
+from skistune.scoring import score, score_at
+from skistune.validation import validation_requests
 from skistune.profile import load_profile
 from skistune.workloads import load_workload
 

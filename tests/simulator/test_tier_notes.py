@@ -127,7 +127,7 @@ def test_a_device_pool_larger_than_the_profiled_machine_can_hold_gets_a_note(cpu
 
     from dataclasses import replace
 
-    from skistune.optimize import oversized_tier_notes
+    from skistune.problem import oversized_tier_notes
 
     host = replace(cpu_profile, fingerprint=replace(cpu_profile.fingerprint, host_memory_bytes=23 << 30))
     big = KVConfig().with_knobs({"offload.device_kv_bytes": 64 << 30})
