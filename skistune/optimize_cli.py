@@ -8,11 +8,12 @@ broke a constraint when validated on the real runtime (a warning names it, predi
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import shlex
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import typer
 from rich.markup import escape
@@ -603,63 +604,77 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
     from skistune.problem import UnmeetableSLO, build_problem
     from skistune.scoring import Deadline, with_deadline
     from skistune.search import SAMPLERS, default_study_name, open_study, running_notes
+    from skistune.signals import stopped_by_signal
     from skistune.study_recipe import stored_profile
-    from skistune.study_storage import StorageWriteError, default_storage, open_storage, storage_failures
+    from skistune.study_storage import default_storage, open_storage, storage_failures
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
-    check_out_file(out, "--out", _input_files(workload, profile, space, quality_profile,
-                                               None if storage is None else _sqlite_file(storage)))
-    check_replaceable(out, "--out")
-    if sampler not in SAMPLERS:
-        raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
-    w = _workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=workload_seed, requests=requests,
-                  rate_rps=rate, burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window=window,
-                  first=first, sample=sample, rate_scale=rate_scale, length_scale=length_scale,
-                  max_input=max_input, max_output=max_output)
-    chosen_profile = functools.partial(profile_or_measure, profile, model)
-    if profile is None and study is not None:  # resuming: the profile the study was made with, not today's cache
-        stored = stored_profile(storage or default_storage(study), study)
-        if stored is not None:
-            chosen_profile = stored
-            err_console.print(escape(f"note: study {study} keeps the profile it was created with ({stored.name}, "
-                                     f"measured {stored.fingerprint.date[:10]}); --profile FILE starts another study"),
-                              highlight=False, soft_wrap=True)
-    try:
-        problem = build_problem(w, slo=slo or (), objective=",".join(objective or ["capacity"]), energy=energy, quality=quality or (),
-                                model=model, profile=chosen_profile, space=space,
-                                target=target, max_queue_s=parse_max_queue(max_queue),
-                                quality_profile=quality_profile, kv_memory=kv_memory)
-    except UnmeetableSLO as exc:  # infeasible before any search: exit 3, as when no trial meets it
-        err_console.print(f"[bold red]infeasible:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        if json_out:  # (the keys of the other infeasible summary that mean something before any trial)
-            print_json({"feasible": False, "feasible_predicted": False, "feasible_measured": None, "trials": 0,
-                        "out": None, "best": None, "pareto": [], "binding": {exc.slo: 0}, "closest": [],
-                        "why": str(exc), "unmeetable": str(exc)})
-        raise typer.Exit(EXIT_INFEASIBLE) from None
-    name = study or default_study_name(problem)
-    resume = f"--study {shlex.quote(name)}" + (f" --storage {shlex.quote(storage)}" if storage else "")  # (to paste)
-    storage = storage or default_storage(name)
-    # the study's own file, now that its name is known, existing or about to be (a tester's --out skistune-NAME.db
-    # replaced the study with the tuned config: every trial lost)
-    db = _sqlite_file(storage)
-    if db is not None and Path(db).resolve() == out.resolve():
-        raise ValueError(f"--out {out}: is the study's database ({storage}), which writing would overwrite "
-                         "(give another file name)")
-    try:
+    # a stop before the search (the trace read, a profile measured, the baseline served alone) has written nothing
+    before_search = ("the search had not started: nothing written; run the same command to start it",
+                     {"out": None, "study": study, "storage": storage})
+    with stopped_by_signal(lambda: before_search, json_out):
+        optuna.logging.set_verbosity(optuna.logging.ERROR)  # (a failed trial: our own one line)
+        check_out_file(out, "--out", _input_files(workload, profile, space, quality_profile,
+                                                   None if storage is None else _sqlite_file(storage)))
+        check_replaceable(out, "--out")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
+        w = _workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=workload_seed, requests=requests,
+                      rate_rps=rate, burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window=window,
+                      first=first, sample=sample, rate_scale=rate_scale, length_scale=length_scale,
+                      max_input=max_input, max_output=max_output)
+        chosen_profile = functools.partial(profile_or_measure, profile, model)
+        if profile is None and study is not None:  # resuming: the profile the study was made with, not today's cache
+            stored = stored_profile(storage or default_storage(study), study)
+            if stored is not None:
+                chosen_profile = stored
+                err_console.print(escape(f"note: study {study} keeps the profile it was created with ({stored.name}, "
+                                         f"measured {stored.fingerprint.date[:10]}); --profile FILE starts another study"),
+                                  highlight=False, soft_wrap=True)
+        try:
+            problem = build_problem(w, slo=slo or (), objective=",".join(objective or ["capacity"]), energy=energy, quality=quality or (),
+                                    model=model, profile=chosen_profile, space=space,
+                                    target=target, max_queue_s=parse_max_queue(max_queue),
+                                    quality_profile=quality_profile, kv_memory=kv_memory)
+        except UnmeetableSLO as exc:  # infeasible before any search: exit 3, as when no trial meets it
+            err_console.print(f"[bold red]infeasible:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            if json_out:  # (the keys of the other infeasible summary that mean something before any trial)
+                print_json({"feasible": False, "feasible_predicted": False, "feasible_measured": None, "trials": 0,
+                            "out": None, "best": None, "pareto": [], "binding": {exc.slo: 0}, "closest": [],
+                            "why": str(exc), "unmeetable": str(exc)})
+            raise typer.Exit(EXIT_INFEASIBLE) from None
+        name = study or default_study_name(problem)
+        resume = f"--study {shlex.quote(name)}" + (f" --storage {shlex.quote(storage)}" if storage else "")  # (to paste)
+        storage = storage or default_storage(name)
+        # the study's own file, now that its name is known, existing or about to be (a tester's --out skistune-NAME.db
+        # replaced the study with the tuned config: every trial lost)
+        db = _sqlite_file(storage)
+        if db is not None and Path(db).resolve() == out.resolve():
+            raise ValueError(f"--out {out}: is the study's database ({storage}), which writing would overwrite "
+                             "(give another file name)")
         # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
-        with storage_failures(storage, name):
+        with _resumable(ctx, name), storage_failures(storage, name):
             existing = open_study(problem, open_storage(storage), name, sampler=None)
         print_notes(w)  # (every input checked: what the workload's reader noticed, before the search)
         _say_resumed(existing, name, trials)
         for note in running_notes(existing):  # (another process's trials, or a killed one's)
             err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         _warn_broken_alone(with_deadline(problem, Deadline.after(timeout, started)))
+    with _resumable(ctx, name):
         result = _solve_with_progress(problem, json_out=json_out, n_trials=trials, timeout=timeout, storage=storage,
                                       study_name=name, n_jobs=jobs, seed=seed, sampler=sampler, validate=validate,
                                       started=started)
-    except StorageWriteError as exc:  # (a full disk mid-search: what failed, what is kept, how to resume)
-        raise OSError(exc.line(command_line(ctx, study=name))) from None
     _report(result, out, json_out, resume)
+
+
+@contextlib.contextmanager
+def _resumable(ctx, study: str) -> Iterator[None]:
+    """A storage write that failed (a full disk) becomes one line: what failed, what is kept, how to resume."""
+    from skistune.study_storage import StorageWriteError
+
+    try:
+        yield
+    except StorageWriteError as exc:
+        raise OSError(exc.line(command_line(ctx, study=study))) from None
 
 
 def command_line(ctx, **given: str) -> str:
