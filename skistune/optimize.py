@@ -516,6 +516,18 @@ def _simplify(problem: Problem, study, refined: list[Evaluation],
     return out, notes
 
 
+def _running_trial(study, params: Mapping[str, Any], user_attrs: Mapping[str, Any]):
+    """A new trial of the study, already running, whose suggestions return ``params``: what `enqueue_trial`
+    then `ask` give, without the queue. `Study.ask` takes any waiting trial of the study, this process's or one
+    enqueued by another process sharing it, and two commands simplifying at once took each other's (a tester:
+    7 of 26 pairs crashed, a trial told twice or read before it had values)."""
+    import optuna
+
+    template = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING,
+                                         system_attrs={"fixed_params": dict(params)}, user_attrs=dict(user_attrs))
+    return optuna.Trial(study, study._storage.create_new_trial(study._study_id, template_trial=template))
+
+
 def _simplified(problem: Problem, study, refined: list[Evaluation], stage: Callable[[str], None],
                 stopped: list[str]) -> tuple[list[Evaluation], list[str]]:
     import optuna
@@ -528,8 +540,10 @@ def _simplified(problem: Problem, study, refined: list[Evaluation], stage: Calla
     run = _tagged(scoring, lambda: _worker_tag(None))  # (enqueued: no sampler, no seed)
     stage("simplifying the best config")
     reverted = []
-    # the tries already made for this best config (a resumed study): read back, not run again
-    tries = {t.user_attrs[SIMPLIFIES_ATTR]: t for t in study.get_trials(deepcopy=False)
+    # the tries already made for this best config (a resumed study): read back, not run again; one that is still
+    # running (another command simplifying the same config) has no values yet, so is made again here
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    tries = {t.user_attrs[SIMPLIFIES_ATTR]: t for t in study.get_trials(deepcopy=False, states=finished)
              if t.user_attrs.get(SIMPLIFIES_ATTR, "").startswith(f"{first.trial}:")}
     for label, prefixes in SIMPLIFY_GROUPS:
         candidate = {**params, **{n: v for n, v in base_params.items() if n.startswith(prefixes)}}
@@ -538,10 +552,9 @@ def _simplified(problem: Problem, study, refined: list[Evaluation], stage: Calla
             continue
         trial = tries.get(key)
         if trial is None:
-            study.enqueue_trial(candidate, user_attrs={SIMPLIFIES_ATTR: key})
             with warnings.catch_warnings():  # (a storage with heartbeats warns that ask and tell don't send them)
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
-                trial = study.ask()  # (the enqueued one: ask and tell, so that another worker's trial is never read)
+                trial = _running_trial(study, candidate, {SIMPLIFIES_ATTR: key})
                 try:
                     values = run(trial)
                 except optuna.TrialPruned:  # a user's callable failed on this config (its error, once), or

@@ -2,6 +2,7 @@
 determinism, the search space cut to modeled knobs, and the tuned file. Small workloads, the shipped
 profile, in-memory storage, no validation (see test_optimize_storage.py and test_optimize_validate.py)."""
 import math
+import re
 
 import optuna
 import pytest
@@ -408,3 +409,38 @@ def test_objectives_beside_capacity_are_noted_as_judged_at_each_configs_capacity
     for objective in ("capacity", "energy"):
         assert not any("judged at each config's capacity" in n
                        for n in build_problem(workload, slo="p99=200ms", objective=objective, profile=profile).notes)
+
+
+def test_simplifying_takes_no_other_commands_trial_and_skips_their_unfinished_tries(workload, profile):
+    """Two commands on one study simplified at the same moment (a tester: 7 of 26 pairs crashed): `Study.ask`
+    had taken the other command's enqueued trial, and a try the other was still running (no values yet) had
+    been read as done. Here another command's waiting trial is left to it, and its running tries of the same
+    config are made again, with the same outcome as alone."""
+    import skistune.optimize as opt
+
+    def searched():
+        problem = build_problem(workload, slo="p99=200ms", profile=profile)
+        study = opt.open_study(problem, optuna.storages.InMemoryStorage(), "s", sampler=None)
+        host = max(problem.space.param("offload.host_kv_bytes").choices)
+        study.enqueue_trial({**opt._baseline_params(problem), "offload.host_kv_bytes": host,
+                             "batching.max_num_batched_tokens": 8192, "batching.chunk_size": 512})
+        study.optimize(opt._trial_function(problem, study), n_trials=2)
+        return problem, study, opt._refine(problem, [e for e in opt.completed(study) if e.trial == 1])
+
+    problem, study, best = searched()
+    alone = opt._simplify(problem, study, best, lambda stage: None)
+    keys = [t.user_attrs[opt.SIMPLIFIES_ATTR] for t in study.trials if opt.SIMPLIFIES_ATTR in t.user_attrs]
+    assert keys
+
+    problem, study, best = searched()
+    foreign = {"batching.max_num_seqs": 7}
+    study.enqueue_trial(foreign)  # another command's, waiting for its own ask
+    for key in keys:  # the other command's tries of the same config, still running
+        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING,
+                                                  user_attrs={opt.SIMPLIFIES_ATTR: key, "config": {}}))
+    simpler, notes = opt._simplify(problem, study, best, lambda stage: None)
+    numbered = re.compile(r"trial \d+")  # (the tries are later trials here)
+    assert simpler[0].config == alone[0][0].config
+    assert [numbered.sub("trial N", n) for n in notes] == [numbered.sub("trial N", n) for n in alone[1]]
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.system_attrs["fixed_params"] for t in waiting] == [foreign]
