@@ -39,7 +39,7 @@ def time_simulation(requests, target) -> dict:
     return {"requests": len(requests), "wall_s": wall_s, "sim_req_per_s": len(requests) / wall_s,
             "repeat_wall_s": repeat_s, "repeat_req_per_s": len(requests) / repeat_s,
             "simulated_duration_s": metrics.duration_s, "faster_than_real_time": metrics.duration_s / wall_s,
-            "steps": executor.num_steps,
+            "steps": executor.num_steps, "scheduled_steps": executor.num_scheduled,
             "fast_forwards": executor.num_fast_forwards, "preemptions": metrics.preemptions}
 
 
@@ -53,7 +53,7 @@ def main() -> None:
     target = sim_target(MODEL, args.profile)
     rows = []
     print(f"{'workload':<14} {'rate x':>7} {'requests':>9} {'wall s':>8} {'sim req/s':>10} {'repeat':>8} "
-          f"{'x real time':>12} {'steps':>9} {'fast-fwd':>9}")
+          f"{'x real time':>12} {'steps':>9} {'scheduled':>9} {'fast-fwd':>9}")
     for name, path in WORKLOADS.items():
         t0 = time.perf_counter()
         requests = workload_requests(load_workload(path), MODEL)
@@ -63,7 +63,8 @@ def main() -> None:
                    **time_simulation(with_rate_scale(requests, scale), target)}
             rows.append(row)
             print(f"{name:<14} {scale:>7g} {row['requests']:>9,} {row['wall_s']:>8.2f} {row['sim_req_per_s']:>10,.0f} "
-                  f"{row['repeat_req_per_s']:>8,.0f} {row['faster_than_real_time']:>12,.0f} {row['steps']:>9,} {row['fast_forwards']:>9,}", flush=True)
+                  f"{row['repeat_req_per_s']:>8,.0f} {row['faster_than_real_time']:>12,.0f} {row['steps']:>9,} "
+                  f"{row['scheduled_steps']:>9,} {row['fast_forwards']:>9,}", flush=True)
     if args.json:
         print_json({"benchmark": "sim_speed", "model": MODEL, "rows": rows})
 

@@ -150,7 +150,8 @@ class ProfileExecutor:
         self.kv = kv
         self.clock = clock
         self.vocab = vocab
-        self.num_steps = 0
+        self.num_steps = 0  # every step, each fast-forwarded one too
+        self.num_scheduled = 0  # ... of which the scheduler scheduled one at a time (`execute`)
         self.num_fast_forwards = 0
         self._tokens_drawn = 0
         self._decode_lines: dict[int, tuple[float, float]] = {}  # batch -> (step s at 0 KV tokens, s per token)
@@ -202,6 +203,7 @@ class ProfileExecutor:
 
     def execute(self, out: SchedulerOutput, kv) -> dict[str, int]:
         self.num_steps += 1
+        self.num_scheduled += 1
         step_s = self.step_cost.predict_s(step_shape(out, self.kv))
         if kv.tiers is not None:  # on-demand copies add; a prefetch overlaps the step, late data stalls it
             whole, layered = layered_split(out, self.layerwise_layers > 0)
