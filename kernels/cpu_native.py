@@ -7,12 +7,16 @@ in registers and writes the eviction statistics as a side output.
 
 Build: ``cc -O3 -march=native -fopenmp`` into ``$XDG_CACHE_HOME/skistune/kernels`` (``~/.cache`` by
 default), keyed by the source, the compiler and this CPU's flags; a build takes about a second and
-happens once per machine. The library links the OpenMP runtime torch has already loaded (same soname),
-so it shares torch's threads and thread count. Without a C compiler, or with ``SKISTUNE_CPU_KERNELS=torch``,
+happens once per machine (one process builds, others wait on a lock beside it and use its build). The
+library's sha256 and size are written beside it (``.so.sha256``) and checked before every load: a damaged
+file is built again with a note, never loaded. Where the cache folder cannot be written, the kernel is
+compiled into a temporary folder for the run (a warning says so). The library links the OpenMP runtime
+torch has already loaded (same soname), so it shares torch's threads and thread count. Without a C compiler, or with ``SKISTUNE_CPU_KERNELS=torch``,
 the PyTorch path runs instead (a warning says why, once).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -25,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .cache import cpu_identity, user_cache_dir
+from .cache import cpu_identity, exclusive, user_cache_dir
 
 SOURCE = Path(__file__).with_name("paged_decode_cpu.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
@@ -41,23 +45,94 @@ def _compiler() -> str | None:
     return next((c for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
 
 
+def _checksum(path: Path) -> str:
+    """``<sha256> <size>`` of a file, as its sidecar records it."""
+    data = path.read_bytes()
+    return f"{hashlib.sha256(data).hexdigest()} {len(data)}"
+
+
+def _damage(target: Path) -> str | None:
+    """Why the cached library ``target`` must not be loaded (None: it is the file that was built). Checked
+    before loading: dlopen of a truncated library (a disk that filled, a copy cut short) had killed the
+    process with SIGBUS, and a 0-byte one failed every run without being built again."""
+    sidecar = target.with_name(target.name + ".sha256")
+    try:
+        recorded = sidecar.read_text().strip()
+    except FileNotFoundError:
+        return "no checksum recorded beside it"
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"its checksum file cannot be read: {getattr(exc, 'strerror', None) or exc}"
+    try:
+        size = target.stat().st_size
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    built_size = recorded.rpartition(" ")[2]
+    if built_size != str(size):  # (the size first: a truncated file is told without reading it)
+        return f"{size:,} bytes, {int(built_size):,} when built" if built_size.isdigit() else \
+            "its checksum file is damaged"
+    try:
+        actual = _checksum(target)
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    return None if actual == recorded else "its contents do not match the checksum recorded when it was built"
+
+
+def _compile(compiler: str, folder: Path, name: str) -> tuple[Path, str]:
+    """Compile into a new temporary folder inside ``folder``; the library's path there and its checksum."""
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
+    built = tmp / name
+    done = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], capture_output=True, text=True)
+    if done.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {last}")
+    return built, _checksum(built)
+
+
 def _build(compiler: str) -> Path:
-    """The shared library for this source, compiler and CPU: from the cache, else compiled into it."""
+    """The shared library for this source, compiler and CPU: from the cache when its checksum holds, else
+    compiled into it (one process at a time; the others wait and use its build)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS),
                                     cpu_identity()]).encode()).hexdigest()[:16]
     target = user_cache_dir("kernels") / f"paged_decode_cpu-{key}.so"
-    if target.exists():
+    if target.exists() and _damage(target) is None:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then moved: concurrent builds
-        built = Path(tmp) / target.name
-        done = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], capture_output=True, text=True)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise RuntimeError(f"{compiler} failed to build {SOURCE.name}: {last}")
-        os.replace(built, target)
-    return target
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(exclusive(target))
+    except OSError as exc:  # an unwritable cache: built for this process only (a second a run)
+        return _build_uncached(compiler, target, exc)
+    with held:
+        if target.exists():  # (another process may have built it while this one waited)
+            why = _damage(target)
+            if why is None:
+                return target
+            warnings.warn(f"the cached CPU attention kernel {target} is damaged ({why}); building it again",
+                          RuntimeWarning, stacklevel=3)
+        built, checksum = _compile(compiler, target.parent, target.name)
+        try:
+            # the library first, then its checksum: a reader that sees the new library before its checksum
+            # finds them apart, takes the lock and so waits for this build to finish
+            sidecar_tmp = built.with_name(built.name + ".sha256")
+            sidecar_tmp.write_text(checksum + "\n")
+            os.replace(built, target)
+            os.replace(sidecar_tmp, target.with_name(target.name + ".sha256"))
+        finally:
+            shutil.rmtree(built.parent, ignore_errors=True)
+        return target
+
+
+def _build_uncached(compiler: str, target: Path, exc: OSError) -> Path:
+    """Where the cache folder cannot be written: compiled into a temporary folder, loaded from there (the
+    loaded library stays mapped once its file is gone) and removed at exit."""
+    import atexit
+
+    warnings.warn(f"CPU attention kernel not cached: cannot write {target.parent} ({exc.strerror or exc}); "
+                  "it is compiled for this run only", RuntimeWarning, stacklevel=3)
+    folder = Path(tempfile.mkdtemp(prefix="skistune-kernel-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return _compile(compiler, folder, target.name)[0]
 
 
 @lru_cache(maxsize=1)

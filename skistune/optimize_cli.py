@@ -61,14 +61,17 @@ def _workload(spec: str, *, requests: int | None, first: int | None, window: str
 
 
 def profile_or_measure(path: str | None, model: str) -> Any:
-    """The given file, or this machine's cached quick profile (measured now, once, when missing: with a
-    status line, as `skistune optimize` and `skistune evaluate` both need it)."""
+    """The given file, or this machine's cached quick profile (measured now, once, when missing, damaged or
+    untrusted: with a status line, as `skistune optimize` and `skistune evaluate` both need it). What
+    `default_profile` says of the cache (damaged, waited for, not cacheable) comes as ``warning:`` lines."""
     if path is not None:
         return path
-    from skistune.profile import cached_profile_path, default_profile, machine_fingerprint
+    from skistune.profile import cached_profile_path, default_profile, machine_fingerprint, read_cached_profile
 
     cached = cached_profile_path(model, "cpu", machine_fingerprint("cpu"))
-    if not cached.is_file():  # (said in a line, not only a status: a status shows on a terminal only)
+    # (the fingerprint warning, if any, from `default_profile`'s own read: once)
+    if read_cached_profile(cached, check_fingerprint=False)[0] is None:
+        # (said in a line, not only a status: a status shows on a terminal only)
         err_console.print(escape(f"measuring this machine's quick profile for {model}: up to a minute, more on a busy "
                                  f"machine, once (cached in {cached})"), highlight=False, soft_wrap=True)
         with err_console.status("measuring the quick profile"):

@@ -27,10 +27,12 @@ from .profile import (
     FingerprintWarning,
     HardwareProfile,
     Measured,
+    ProfileCacheWarning,
     cache_dir,
     cached_profile_path,
     default_profile,
     load_profile,
+    read_cached_profile,
 )
 from .records import LINKS, GridPoint, StepPoint, Timing
 
@@ -41,8 +43,8 @@ __all__ = [
     "step_shape",
     "Fingerprint", "fingerprint_diff", "machine_fingerprint",
     "R2_FLAG_BELOW", "FitQuality", "LinearFit", "StepFit", "TransferFit", "PowerModel",
-    "FingerprintWarning", "HardwareProfile", "Measured", "cache_dir", "cached_profile_path", "default_profile",
-    "load_profile", "LINKS", "GridPoint", "StepPoint", "Timing",
+    "FingerprintWarning", "HardwareProfile", "Measured", "ProfileCacheWarning", "cache_dir", "cached_profile_path",
+    "default_profile", "load_profile", "read_cached_profile", "LINKS", "GridPoint", "StepPoint", "Timing",
     "FULL_GRID", "QUICK_GRID", "Grid", "measure_profile", "profile_model",
 ]
 

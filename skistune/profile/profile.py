@@ -11,6 +11,7 @@ quantizes KV).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from skistune.config import load_json, shown, shown_name
-from skistune.kernels.cache import user_cache_dir
+from skistune.kernels.cache import exclusive, user_cache_dir
 
 from skistune.kernels.rows import ProjectionRule
 from skistune.quality.model import FORMAT as QUALITY_FORMAT
@@ -643,20 +644,78 @@ def fit_step_points(steps: Sequence[StepPoint], rows: ProjectionRule, table: Pro
                          [p.held_out for p in steps], rows=rows, table=table)
 
 
+class ProfileCacheWarning(UserWarning):
+    """What happened to this machine's cached quick profile: damaged or untrusted and measured again, waited
+    for while another process measured it, or measured but not cached (an unwritable cache folder)."""
+
+
+def read_cached_profile(path: Path, *, check_fingerprint: bool = True) -> tuple[HardwareProfile | None, str | None]:
+    """The cached quick profile at ``path`` when it can be used, else None and why not, as a phrase after
+    "the cached profile PATH" (None where there is no file: not measured yet)."""
+    if not path.is_file():
+        return None, None
+    try:
+        cached = load_profile(path, check_fingerprint=check_fingerprint)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # (a cache entry never stops a command:
+        # the readers raise ValueError by design, the others would be a reader's bug on a shape it missed)
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"is damaged ({why.removeprefix(f'{path}: ')})"
+    # an entry from before quantized KV was measured is used as it is (its `quantized_kv_note` says what
+    # quantized KV predictions then rest on): `skistune profile` measures it again on demand
+    if cached.unreliable is not None:  # (one kept before this check existed is measured again)
+        return None, f"cannot be trusted ({cached.unreliable})"
+    return cached, None
+
+
+def _cache_warning(message: str) -> None:
+    warnings.warn(message, ProfileCacheWarning, stacklevel=_caller_level())
+
+
+def _not_cached(folder: Path, exc: OSError) -> None:
+    _cache_warning(f"this machine's quick profile is not cached: cannot write {folder} ({exc.strerror or exc}); "
+                   "it is measured for this run only and again on the next (make the folder writable, set "
+                   "XDG_CACHE_HOME to one that is, or keep one with `skistune profile --quick --out FILE` and "
+                   "pass --profile FILE)")
+
+
 def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder: Path | None = None,
                     progress=None) -> HardwareProfile:
     """The quick profile of this machine for ``model``: from the cache (one per fingerprint and model),
-    else measured now (`QUICK_GRID`: 31-58 s on the 2-core CPUs measured) and cached."""
+    else measured now (`QUICK_GRID`: 31-58 s on the 2-core CPUs measured) and cached.
+
+    One process measures at a time: the others wait on a lock beside the cache entry (a `ProfileCacheWarning`
+    says so) and then read its profile. A damaged or untrusted entry is measured again, with a warning. Where
+    the cache folder cannot be written, the profile is measured and used all the same, with a warning naming
+    the folder and why (it had failed the command after the minute of measuring, on every run)."""
     path = cached_profile_path(model, device, machine_fingerprint(device), folder)
-    if path.is_file():
-        try:
-            # an entry from before quantized KV was measured is used as it is (its `quantized_kv_note` says
-            # what quantized KV predictions then rest on): `skistune profile` measures it again on demand
-            cached = load_profile(path)
-            if cached.unreliable is None:  # (one kept before this check existed is measured again)
+    cached, problem = read_cached_profile(path)
+    if cached is not None:
+        return cached
+    if problem is not None:
+        _cache_warning(f"the cached profile {path} {problem}; measuring it again")
+    held = contextlib.ExitStack()
+    try:
+        waited = held.enter_context(exclusive(path, lambda pid: _cache_warning(
+            "waiting for another skistune process measuring this machine's quick profile"
+            f"{f' (pid {pid})' if pid else ''}")))
+    except OSError as exc:  # not cacheable: said before the minute of measuring, not after it
+        _not_cached(path.parent, exc)
+        return _measure_quick(model, device, progress)
+    with held:
+        if waited:  # (measured meanwhile by the process waited for, unless it failed or was stopped)
+            cached, problem = read_cached_profile(path)
+            if cached is not None:
                 return cached
-        except ValueError:
-            pass  # a damaged cache entry is measured again and overwritten
+        profile = _measure_quick(model, device, progress)
+        try:
+            profile.save(path)
+        except OSError as exc:
+            _not_cached(path.parent, exc)
+    return profile
+
+
+def _measure_quick(model: str, device: str, progress) -> HardwareProfile:
+    """The quick profile measured now (twice where the first drifted); ``ValueError`` where it cannot be trusted."""
     from .measure import (
         profile_model,  # torch and the runtime only when something must be measured
     )
@@ -671,5 +730,4 @@ def default_profile(model: str = "smollm2-135m", device: str = "cpu", *, folder:
         raise ValueError(f"this machine's quick profile, measured twice just now, cannot be trusted "
                          f"({profile.unreliable}): another process was probably using the CPU; measure it again when "
                          "the machine is quiet (`skistune profile --cache`), or pass --profile FILE")
-    profile.save(path)
     return profile
