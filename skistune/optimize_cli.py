@@ -663,9 +663,9 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
             err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         _warn_broken_alone(with_deadline(problem, Deadline.after(timeout, started)))
     with _resumable(ctx, name):
-        result = _solve_with_progress(problem, json_out=json_out, n_trials=trials, timeout=timeout, storage=storage,
-                                      study_name=name, n_jobs=jobs, seed=seed, sampler=sampler, validate=validate,
-                                      started=started)
+        result = _solve_with_progress(problem, json_out=json_out, rerun=command_line(ctx, study=name), n_trials=trials,
+                                      timeout=timeout, storage=storage, study_name=name, n_jobs=jobs, seed=seed,
+                                      sampler=sampler, validate=validate, started=started)
     _report(result, out, json_out, resume)
 
 
@@ -782,10 +782,10 @@ def _warn_broken_alone(problem) -> None:
                       "its trials)")
 
 
-def _solve_with_progress(problem, *, n_trials: int, json_out: bool = False, **options: Any):
+def _solve_with_progress(problem, *, n_trials: int, rerun: str, json_out: bool = False, **options: Any):
     """`skistune.optimize.solve` under a progress bar (trials done, feasible count, best so far, then the
     refinement and validation stages); Ctrl-C (exit 130) or SIGTERM (exit 143) keeps the finished trials and
-    says how to resume."""
+    says where, how many this run added, and the command that resumes (``rerun``)."""
     from skistune.optimize import solve
     from skistune.signals import Terminated, interrupted_exit_code, sigterm_as_interrupt
 
@@ -805,11 +805,12 @@ def _solve_with_progress(problem, *, n_trials: int, json_out: bool = False, **op
             return solve(problem, n_trials=n_trials, progress=on_progress, on_stage=on_stage, **options)
     except KeyboardInterrupt as exc:
         stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        err_console.print(f"{stopped}: finished trials are kept in the study; run the same command (or pass "
-                          "--study) to resume", highlight=False)
+        study = options.get("study_name")
+        err_console.print(escape(f"{stopped}: study {study} keeps its finished trials ({done[0]} from this run; "
+                                 f"nothing written); rerun `{rerun}` to resume"), highlight=False, soft_wrap=True)
         if json_out:  # (a script reading the last line learns why there is no result, and where the trials are)
-            print_json({"stopped": stopped, "exit_code": interrupted_exit_code(exc), "out": None,
-                        "study": options.get("study_name"), "storage": options.get("storage")})
+            print_json({"stopped": stopped, "exit_code": interrupted_exit_code(exc), "out": None, "study": study,
+                        "storage": options.get("storage"), "trials_this_run": done[0], "rerun": rerun})
         raise typer.Exit(interrupted_exit_code(exc)) from None
 
 

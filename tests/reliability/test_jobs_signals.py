@@ -81,7 +81,7 @@ def test_a_stopped_jobs_search_ends_at_once_in_one_line_with_no_trial_running(tm
     rc, out, err, took_s, sent_wall = _stop(tmp_path, sig, to_group=to_group, when=when)
     assert rc == code, err
     assert "Traceback" not in err and "Exception ignored" not in err and "KeyboardInterrupt" not in err, err
-    assert err.strip().splitlines()[-1].startswith(f"{stopped}: finished trials are kept in the study"), err
+    assert err.strip().splitlines()[-1].startswith(f"{stopped}: study sj keeps its finished trials ("), err
     assert json.loads(out.strip().splitlines()[-1])["stopped"] == stopped
     assert took_s < EXIT_WITHIN_S, f"exit {took_s:.1f} s after the signal"
     trials = _trials(tmp_path / "skistune-sj.db")

@@ -6,6 +6,7 @@ one timeout with it; `skistune worker` takes its study as `skistune report` does
 the missing driver, or say that journal files are not supported."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -170,14 +171,17 @@ def test_sigterm_stops_a_search_as_ctrl_c_does(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, err[-2000:]
-    assert err.rstrip().splitlines()[-1] == ("terminated: finished trials are kept in the study; run the same "
-                                             "command (or pass --study) to resume")
+    line = err.rstrip().splitlines()[-1]
+    done = re.fullmatch(r"terminated: study t keeps its finished trials \((\d+) from this run; nothing written\); "
+                        r"rerun `(skistune optimize .*)` to resume", line)
+    assert done, line
+    assert "--study t" in done[2] and f"--storage {url}" in done[2]  # (the command that resumes, to paste)
     states = [t.state for t in stored_trials(url, "t")]
     assert RUNNING not in states and states.count(COMPLETE) >= 2  # the trial it stopped in is failed, not left
     assert not (tmp_path / "never.yaml").exists()
     # with --json, the last line says why there is no result, and where the kept trials are
     assert json.loads(out.splitlines()[-1]) == {"stopped": "terminated", "exit_code": 143, "out": None, "study": "t",
-                                                "storage": url}
+                                                "storage": url, "trials_this_run": int(done[1]), "rerun": done[2]}
 
 
 def _children(pid: int) -> list[int]:
