@@ -619,6 +619,8 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
         check_out_file(out, "--out", _input_files(workload, profile, space, quality_profile,
                                                    None if storage is None else _sqlite_file(storage)))
         check_replaceable(out, "--out")
+        if storage is None:  # (before the profile is measured: a tester's read-only folder failed after 43 s of it)
+            _check_study_folder(Path.cwd())
         if sampler not in SAMPLERS:
             raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
         w = _workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=workload_seed, requests=requests,
@@ -678,6 +680,16 @@ def _resumable(ctx, study: str) -> Iterator[None]:
         yield
     except StorageWriteError as exc:
         raise OSError(exc.line(command_line(ctx, study=study))) from None
+
+
+def _check_study_folder(folder: Path) -> None:
+    """The default storage is a SQLite file in the working folder: SQLite writes the file and its journal
+    there, for a new study as for a resumed one."""
+    import os
+
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"the study is kept in a SQLite file in the working folder {folder}, which cannot be "
+                         "written: run from a writable folder, or give --storage URL")
 
 
 def command_line(ctx, **given: str) -> str:
