@@ -2,6 +2,7 @@
 whole or not at all."""
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -11,7 +12,19 @@ def check_out_file(path: Path, option: str, inputs: tuple[Path, ...] = ()) -> No
     """Refuse a file that ``option`` names where it cannot be written: its folder missing (a mistyped folder
     is an error, not a new folder) or a file, a folder that takes no new file (tried), the path a directory (a
     rename onto it would fail naming a temporary file, after the work), or one of the command's ``inputs``
-    (writing would replace what was read)."""
+    (writing would replace what was read). A name longer than the file system takes is refused too: stat
+    fails on it, and had printed a raw "[Errno 36] File name too long"."""
+    try:
+        _check_out_file(path, option, inputs)
+    except OSError as exc:  # (a name too long, a folder that cannot be searched)
+        raise ValueError(f"{option} {path}: {_lower_first(exc.strerror) if exc.strerror else exc}") from None
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def _check_out_file(path: Path, option: str, inputs: tuple[Path, ...]) -> None:
     if path.is_dir():
         raise ValueError(f"{option} {path}: is a directory (give a file name, e.g. {path / 'FILE'})")
     folder = path.parent if str(path.parent) else Path(".")
@@ -31,6 +44,13 @@ def check_existing_dir(path: Path, option: str) -> None:
     """Refuse a folder that ``option`` names for a command to write files in: missing (not created: a
     mistyped path is an error), not a folder, or one that takes no new file (tried): found before the work,
     not when the work reaches it."""
+    try:
+        _check_existing_dir(path, option)
+    except OSError as exc:  # (a name too long for the file system: stat fails on it)
+        raise ValueError(f"{option} {path}: {_lower_first(exc.strerror) if exc.strerror else exc}") from None
+
+
+def _check_existing_dir(path: Path, option: str) -> None:
     if not path.exists():
         raise ValueError(f"{option} {path}: no such directory (give an existing one)")
     if not path.is_dir():
@@ -42,13 +62,43 @@ def _check_writable(folder: Path, path: Path, option: str) -> None:
     """Create and remove a file in ``folder``, named as `write_atomic` names its temporary file: a folder's
     permission bits do not tell (root passes `os.access` everywhere) that /proc, a read-only mount or a full
     disk refuses new files, and a refusal after the work would lose it."""
-    probe = folder / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    size, most = len(os.fsencode(path.name)), _name_max(folder)
+    if size > most:  # (the rename onto it would fail, after the work)
+        raise ValueError(f"{option} {path}: file name too long ({size} bytes; this file system takes at most "
+                         f"{most})")
+    probe = folder / temporary_name(folder, path.name)
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
         raise ValueError(f"{option} {path}: cannot create a file in {folder} "
                          f"({exc.strerror or exc})") from None
     probe.unlink(missing_ok=True)
+
+
+NAME_MAX = 255  # bytes in a file name: Linux's file systems (where the folder's own limit cannot be read)
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):  # (no such folder, or a system that does not say)
+        return NAME_MAX
+
+
+def temporary_name(folder: Path, name: str) -> str:
+    """A new file name in ``folder`` for a file to be renamed to ``name``: ``.NAME.PID.RANDOM.tmp``, where the
+    folder's longest name (NAME_MAX, 255 bytes on Linux) allows it. For a long ``name`` (a legal 250-byte one had
+    been refused: "File name too long"), its start is kept and the rest replaced by a hash of it."""
+    tail = f".{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    full = f".{name}{tail}"
+    limit = _name_max(folder)
+    if len(os.fsencode(full)) <= limit:
+        return full
+    digest = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    start = name
+    while start and len(os.fsencode(f".{start}{digest}{tail}")) > limit:  # (whole characters: no half UTF-8)
+        start = start[:-1]
+    return f".{start}{digest}{tail}"
 
 
 def write_atomic(path: Path, text: str | bytes) -> Path:
@@ -69,7 +119,7 @@ def write_atomic(path: Path, text: str | bytes) -> Path:
         except OSError as exc:
             raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
         return path
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = path.with_name(temporary_name(path.parent, path.name))
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:

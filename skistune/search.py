@@ -85,17 +85,28 @@ def make_sampler(name: str, *, seed: int, problem: Problem, parallel: bool, n_tr
 
 
 def open_study(problem: Problem, storage, study_name: str, sampler):
-    """Create the study, or resume it when it exists for the same problem."""
+    """Create the study, or resume it when it exists for the same problem. Safe when another process creates
+    the same study at the same moment (two runs started together): one creates it, the other loads it, and
+    the baseline is queued once."""
     import optuna
 
-    study = optuna.create_study(storage=storage, study_name=study_name, directions=problem.directions,
-                                sampler=sampler, load_if_exists=True)
+    from skistune.study_storage import create_or_load_study, created_attr
+
+    study, created = create_or_load_study(storage, study_name, problem.directions, sampler)
     stored = study.user_attrs.get(PROBLEM_ATTR)
     identity = json.loads(json.dumps(problem.identity()))
+    if stored is None and not created and all(t.state == optuna.trial.TrialState.WAITING
+                                              for t in study.get_trials(deepcopy=False)):
+        # made a moment ago by a run started with this one: that run queues the baseline and names the problem
+        # (both had done it, and the baseline ran twice)
+        stored = created_attr(study, PROBLEM_ATTR)
     if stored is None:
+        # the baseline queued before the problem is named: a run that finds the name finds the baseline queued
+        # (skip_if_exists: a creator stopped in between had queued it already)
+        study.enqueue_trial(_baseline_params(problem), user_attrs={"enqueued": "baseline"}, skip_if_exists=True)
         study.set_user_attr(PROBLEM_ATTR, identity)
-        study.enqueue_trial(_baseline_params(problem), user_attrs={"enqueued": "baseline"})
-    elif stored != identity:
+        stored = identity
+    if stored != identity:
         differs = ", ".join(k for k in identity if stored.get(k) != identity[k])
         raise ValueError(f"study {study_name!r} was created for another problem (differs in: {differs}); pass "
                          "another study name (--study, or study_name= in Python), or omit it")

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -31,7 +32,13 @@ def default_storage(study_name: str) -> str:
         raise ValueError(f"study name {study_name!r}: the default storage is a file named after it "
                          "(skistune-NAME.db), so start it with a letter or digit and use only those, '.', '_' and '-', or give --storage "
                          "URL for any name")
-    return f"sqlite:///{Path.cwd() / f'skistune-{study_name}.db'}"
+    return default_storage_url(f"skistune-{study_name}.db")
+
+
+def default_storage_url(file_name: str) -> str:
+    """The URL of a file of this folder as `default_storage` writes it (how `open_storage` tells the default
+    storage, whose message then says to run elsewhere or give --storage)."""
+    return f"sqlite:///{Path.cwd() / file_name}"
 
 
 class _NoStudies(Exception):
@@ -52,7 +59,6 @@ def open_storage(storage, create: bool = True):
     """An Optuna storage object: a URL (SQLite, PostgreSQL, MySQL; heartbeats on, so trials of killed
     workers are failed, and each such trial is retried once by the next worker) or any storage object.
     ``create`` False leaves a database without Optuna's tables as it is (a worker joins, never creates)."""
-    import optuna
     import sqlalchemy.exc
 
     if not isinstance(storage, str):
@@ -65,14 +71,11 @@ def open_storage(storage, create: bool = True):
     # a wrong host or port should fail in seconds, not hang the command
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else \
         {"connect_args": {"connect_timeout": 10}} if url.startswith(("postgresql+psycopg", "mysql+pymysql")) else {}
+    _check_sqlite_folder(url, storage, create)
     try:
         if not create and not _has_optuna_tables(url, engine_kwargs):
             raise _NoStudies
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return split_attr_storage_class()(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
-                                              grace_period=4 * HEARTBEAT_S, skip_table_creation=not create,
-                                              **_retry_stale_trials())
+        return _rdb_storage(url, engine_kwargs, create)
     except _NoStudies:
         raise ValueError(f"storage {_storage_label(storage)}: holds no Optuna study; create the study first with "
                          "skistune optimize --storage URL --study NAME") from None
@@ -89,6 +92,165 @@ def open_storage(storage, create: bool = True):
     except (sqlalchemy.exc.SQLAlchemyError, ValueError) as exc:  # ValueError: e.g. a port that is no number
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"storage {_storage_label(storage)}: cannot open ({reason})") from None
+
+
+SCHEMA_TRIES = 6  # openings of a new database whose tables another process creates at the same moment
+SCHEMA_BACKOFF_S = 0.05  # the first wait between them (doubled each time, with jitter: about 3 s in all)
+
+
+def _rdb_storage(url: str, engine_kwargs: dict, create: bool):
+    """The RDB storage of ``url``, its tables created if missing (``create``). Two processes opening one new
+    database at once (two `skistune optimize` started together in an empty folder) both create Optuna's
+    tables, and the slower one failed ("table studies already exists", "UNIQUE constraint failed:
+    alembic_version.version_num"): it tries again after a short wait, and then finds the tables the other
+    made (creation skips what exists)."""
+    import random
+    import time
+
+    import optuna
+
+    for attempt in range(SCHEMA_TRIES):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return split_attr_storage_class()(url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_S,
+                                                  grace_period=4 * HEARTBEAT_S, skip_table_creation=not create,
+                                                  **_retry_stale_trials())
+        except Exception as exc:
+            if not create or attempt == SCHEMA_TRIES - 1 or not _creation_race(exc):
+                raise
+            # (jitter: two processes that collided once should not wake together again)
+            time.sleep(SCHEMA_BACKOFF_S * 2 ** attempt * (1 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def create_or_load_study(storage, study_name: str, directions: Sequence[str], sampler=None) -> tuple[Any, bool]:
+    """The study named ``study_name``, created if missing, and whether this call created it: of processes
+    creating the same study at the same moment (two runs started together), exactly one creates it (the name
+    is unique in the storage) and the others load it, so that only the creator sets it up (`created_attr`
+    tells the others when it has). Where the other's study cannot be read yet, or the insert fails as a race
+    does (`_creation_race`), this tries again after a short wait."""
+    import random
+    import time
+
+    import optuna
+    from optuna.study import StudyDirection
+
+    storage = optuna.storages.get_storage(storage)  # (one storage, its cache shared by the calls below)
+    wanted = [d if isinstance(d, StudyDirection) else StudyDirection[d.upper()] for d in directions]
+    for attempt in range(SCHEMA_TRIES):
+        last = attempt == SCHEMA_TRIES - 1
+        created = False
+        try:
+            storage.create_new_study(wanted, study_name)
+            created = True
+        except optuna.exceptions.DuplicatedStudyError:
+            pass  # (another process made it: loaded below)
+        except optuna.exceptions.StorageInternalError as exc:
+            if last or not _creation_race(exc):
+                raise
+            time.sleep(SCHEMA_BACKOFF_S * 2 ** attempt * (1 + random.random()))
+            continue
+        try:
+            return optuna.load_study(study_name=study_name, storage=storage, sampler=sampler), created
+        except KeyError:  # (its name was taken by a study not readable yet, or deleted since)
+            if last:
+                raise
+        time.sleep(SCHEMA_BACKOFF_S * 2 ** attempt * (1 + random.random()))
+    raise AssertionError("unreachable")
+
+
+CREATOR_WAIT_S = 10.0  # how long a run that loaded a new study waits for its creator to set it up
+
+
+def created_attr(study, key: str, timeout_s: float = CREATOR_WAIT_S) -> Any:
+    """The study attribute ``key`` that the process which created ``study`` a moment ago sets up (a run
+    that started with it, `create_or_load_study`), once it is there; None after ``timeout_s`` (a creator
+    stopped before it set it: the caller sets it up itself)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = study.user_attrs.get(key)
+        if value is not None or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.05)
+
+
+# what another process creating the same tables at the same moment makes fail: a duplicate row (Optuna's
+# version row, alembic's revision), a table or type that exists by the time this one creates it, or a server that
+# chose this one's DDL as a deadlock's victim (MySQL)
+_RACE_WORDS = ("already exists", "duplicate", "deadlock")
+
+
+def _creation_race(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from: Optuna wraps a failed commit) is what creating a database's
+    tables fails with when another process creates them too; never a wrong URL, a refused login or a lost
+    server, which fail the same way each time (those are said at once)."""
+    import sqlalchemy.exc
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, sqlalchemy.exc.IntegrityError):
+            return True
+        if isinstance(exc, sqlalchemy.exc.DBAPIError) and any(w in str(exc.orig).lower() for w in _RACE_WORDS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _check_sqlite_folder(url: str, storage: str, create: bool) -> None:
+    """Say in one line why a SQLite file cannot be made, where SQLite only says "unable to open database
+    file": its folder missing (``sqlite:///~/x.db`` names a folder ``~`` in this one: a URL expands no ``~``) or
+    one that takes no new file (tried: root passes every permission check, a read-only mount does not). A file
+    that exists is left to SQLite (reading one needs no writable folder)."""
+    import sqlalchemy.exc
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return  # RDBStorage reports it
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or not database or database.startswith("file:") \
+            or parsed.query.get("uri") or Path(database).exists():
+        return
+    path = Path(database)
+    folder = path.parent
+    label = _storage_label(storage)
+    if not folder.is_dir():
+        tilde = " (a ~ is not expanded in a URL: give the full path)" if "~" in database else ""
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"storage {label}: folder {folder} {what}{tilde}")
+    if not create:
+        return
+    why = folder_refusal(folder)
+    if why is None:
+        return
+    if path.name.startswith("skistune-") and storage == default_storage_url(path.name):
+        raise ValueError(f"storage {label}: cannot create the study's file in {folder} ({why}); run from a "
+                         "writable folder or give --storage")
+    if why == "read-only":
+        raise ValueError(f"storage {label}: folder {folder} is not writable")
+    raise ValueError(f"storage {label}: cannot create the study's file in {folder} ({why})")
+
+
+def folder_refusal(folder: Path) -> str | None:
+    """Why a new file cannot be made in ``folder`` ("read-only", or the system's reason), or None if it can:
+    tried with a probe file, as root passes every permission check and a read-only mount does not."""
+    import errno
+    import uuid
+
+    probe = folder / f".skistune-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        # (ENOENT in a folder that exists: /proc and the like, which take no new file)
+        refused = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)
+        return "read-only" if refused else (exc.strerror or str(exc))
+    probe.unlink(missing_ok=True)
+    return None
 
 
 # what `pip install` gets a missing database driver (by the module SQLAlchemy failed to import)
@@ -220,7 +382,8 @@ def _existing_sqlite(storage: Any) -> None:
     if database and database != ":memory:" and not Path(database).is_file():
         # (a misspelt study name reads as a missing file of the default storage: name the studies beside it)
         near = sorted(p.name for p in Path(database).parent.glob("skistune-*.db"))
-        here = f" (study files in that folder: {', '.join(near[:8])}{' ...' if len(near) > 8 else ''})" if near else ""
+        here = f" (study files in that folder: {', '.join(near[:8])}{' ...' if len(near) > 8 else ''})" if near else \
+            " (a ~ is not expanded in a URL: give the full path)" if "~" in database else ""
         raise ValueError(f"storage {storage}: no such database file{here}; create the study first with skistune "
                          "optimize --storage URL --study NAME")
 
