@@ -685,11 +685,12 @@ def _resumable(ctx, study: str) -> Iterator[None]:
 def _check_study_folder(folder: Path) -> None:
     """The default storage is a SQLite file in the working folder: SQLite writes the file and its journal
     there, for a new study as for a resumed one."""
-    import os
+    from skistune.study_storage import folder_refusal
 
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"the study is kept in a SQLite file in the working folder {folder}, which cannot be "
-                         "written: run from a writable folder, or give --storage URL")
+    why = folder_refusal(folder)
+    if why is not None:
+        raise ValueError(f"the study is kept in a SQLite file in the working folder {folder}, which cannot take a "
+                         f"new file ({why}): run from a writable folder, or give --storage URL")
 
 
 def command_line(ctx, **given: str) -> str:

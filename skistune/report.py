@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
+import shlex
 import itertools
 import math
 import os
@@ -110,6 +111,8 @@ class Report:
     front_ties: tuple[Evaluation, ...] = ()
     searched_trials: int = 0  # (the evaluations, less those of `simplifying_trials`: optimize's count)
     simplifying_trials: int = 0
+    running_trials: int = 0  # trials running when the study was read, and what the report says of them
+    running_note: str | None = None
 
     @property
     def feasible(self) -> bool:
@@ -120,11 +123,65 @@ class Report:
         return self.study.study_name
 
 
+class StudySnapshot:
+    """A study as read at one moment: its trials and attributes read once, the rest (name, directions) the
+    study's. Every count of a report comes from it: read apart while `skistune optimize` still wrote the study,
+    the title had said "15 trials" and the constraints table "0 of 7"."""
+
+    def __init__(self, study) -> None:
+        self._study = study
+        self._trials = tuple(study.get_trials(deepcopy=False))
+        self.user_attrs = study.user_attrs
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list:
+        import copy
+
+        trials = [t for t in self._trials if states is None or t.state in states]
+        return copy.deepcopy(trials) if deepcopy else trials
+
+    @property
+    def trials(self) -> list:
+        return self.get_trials()
+
+    def __getattr__(self, name: str) -> Any:  # (study_name, directions, ...: fixed for a study's life)
+        return getattr(self._study, name)
+
+
+def running_note(study) -> str | None:
+    """What a report of a study still searched should say: the trials running when it was read are not in it
+    (nor any finished since): it is a snapshot. Trials a stopped process left running are said apart (the
+    next run of the study retries them), as `search.running_notes` says them."""
+    import optuna
+
+    from skistune.search import _stopped_here
+    from skistune.study_storage import HEARTBEAT_S
+
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if not running:
+        return None
+    left = [t.number for t in running if _stopped_here(t.user_attrs.get("worker"))]
+    others = len(running) - len(left)
+    parts = []
+    if others:
+        parts.append(f"another process is still running study {study.study_name} ({_count(others, 'trial')} "
+                     f"running, or left by a process stopped less than {4 * HEARTBEAT_S} s ago): this report is a "
+                     "snapshot of the trials finished when it was read; run it again when the search ends")
+    if left:
+        named = ", ".join(map(str, left[:5])) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+        parts.append(f"trial{'s' * (len(left) != 1)} {named} left running by a stopped process, not in this report "
+                     "(the next run of the study retries them)")
+    return "; ".join(parts)
+
+
 def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_TOP_K) -> Report:
-    """Load the study and gather the report's data (scores the baseline once: about a second)."""
+    """Load the study and gather the report's data (scores the baseline once: about a second), every count
+    from one reading of its trials (`StudySnapshot`)."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k: {top_k!r} must be an integer >= 1")
     study, problem, label = load_study(study_name, storage)
+    import optuna
+
+    study = StudySnapshot(study)
     evaluations = completed(study)
     binding, closest = infeasibility(evaluations)
     importance, method, note = knob_importance(study, problem)
@@ -156,7 +213,9 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
     return Report(problem, study, label, tuple(pool), best, tuple(front),
                   baseline, validated, binding, tuple(closest), importance, method,
                   note, why, refined=0 if refined is None else len(refined["best"]),
-                  front_ties=tuple(e for e in raw if e not in front), **dict(zip(
+                  front_ties=tuple(e for e in raw if e not in front), running_trials=len(study.get_trials(
+                      deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))), running_note=running_note(study),
+                  **dict(zip(
                       ("searched_trials", "simplifying_trials"), trial_counts(study))))
 
 
@@ -614,6 +673,8 @@ def report_lines(report: Report) -> list[str]:
                      "the real runtime)")
     if report.importance_note:
         lines.append(f"note: {report.importance_note}")
+    if report.running_note:
+        lines.append(f"note: {report.running_note}")
     return lines
 
 
@@ -905,15 +966,39 @@ def report_html(report: Report, images: Mapping[str, bytes], notes: Sequence[str
     for name, png in images.items():
         parts.append(f"<h2>{_TITLES[name]}</h2><img alt='{name}' "
                      f"src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>")
-    parts.append(f"<p>Browse every trial: <code>optuna-dashboard {html.escape(report.storage)}</code></p>"
+    parts.append(f"<p>Browse every trial: <code>optuna-dashboard {html.escape(shlex.quote(report.storage))}</code></p>"
                  "</body></html>")
     return "\n".join(parts)
 
 
+def default_out_dir(study_name: str) -> Path:
+    """``skistune-report-STUDY`` in this folder; where that is longer than a file name may be (a 240-character
+    study name: "[Errno 36] File name too long"), the study name's start and a hash of the whole name."""
+    import hashlib
+
+    from skistune.paths import _name_max
+
+    name, limit = f"skistune-report-{study_name}", _name_max(Path.cwd())
+    if len(os.fsencode(name)) <= limit:
+        return Path(name)
+    digest = "-" + hashlib.sha256(study_name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    while len(os.fsencode(name + digest)) > limit:  # (whole characters: no half UTF-8 sequence)
+        name = name[:-1]
+    return Path(name + digest)
+
+
 def check_out_dir(out_dir: str | Path) -> Path:
     """The output folder, checked before any work: it may exist, but not as a file, and it must be writable
-    (or creatable: the closest existing folder above it writable)."""
+    (or creatable: the closest existing folder above it writable), its name one the file system takes."""
     out = Path(out_dir)
+    try:
+        return _check_out_dir(out)
+    except OSError as exc:  # (a name too long: stat fails on it, as creating it would)
+        why = exc.strerror[:1].lower() + exc.strerror[1:] if exc.strerror else str(exc)
+        raise ValueError(f"--out-dir {out}: {why} (give a shorter --out-dir)") from None
+
+
+def _check_out_dir(out: Path) -> Path:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out-dir {out}: is a file; give a folder")
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
@@ -961,4 +1046,5 @@ def summary(report: Report, files: Mapping[str, Path]) -> dict[str, Any]:
             "validated": [dict(v) for v in report.validated], "importance": dict(report.importance),
             "front_ties": [e.trial for e in report.front_ties],
             "importance_method": report.importance_method, "why": report.why,
+            "running_trials": report.running_trials, "running_note": report.running_note,
             "files": {k: str(v) for k, v in files.items()}}

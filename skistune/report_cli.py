@@ -7,6 +7,7 @@ skistune recipe).
 """
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,7 +20,8 @@ StudyArg = Annotated[str, typer.Argument(help="name of a study made by skistune 
 StorageOpt = Annotated[Optional[str], typer.Option(
     "--storage", help="the study's Optuna storage URL (default: sqlite:///skistune-STUDY.db in this folder)")]
 OutDirOpt = Annotated[Optional[Path], typer.Option(
-    "--out-dir", help="folder for the plots and report.html (default: ./skistune-report-STUDY/)")]
+    "--out-dir", help="folder for the plots and report.html (default: ./skistune-report-STUDY/, a long STUDY "
+                      "shortened with a hash to fit a file name)")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="best configs shown")]
 
 
@@ -30,10 +32,10 @@ def report(ctx: typer.Context, study: StudyArg, storage: StorageOpt = None, out_
     """Report on a study: the best configs, the Pareto front, the binding constraints, predicted vs
     validated figures and the knobs' importance (fANOVA); write plots and an HTML report. Ctrl-C (exit 130) or
     SIGTERM (143) says which of the folder's files were written; the same command rewrites them all."""
-    from skistune.report import FILES, check_out_dir
+    from skistune.report import FILES, check_out_dir, default_out_dir
     from skistune.signals import file_states, rerun_command, stopped_by_signal
 
-    out = check_out_dir(out_dir if out_dir is not None else Path(f"skistune-report-{study}"))
+    out = check_out_dir(out_dir if out_dir is not None else default_out_dir(study))
     made = not out.exists()  # (a folder this run creates and leaves empty is removed when it is stopped)
     before = file_states(out / name for name in FILES.values())
     rerun = rerun_command(ctx)
@@ -58,7 +60,7 @@ def _report(study: str, storage: Optional[str], out: Path, top: int, json_out: b
     for note in missing:
         err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
     console.print(escape(f"wrote {', '.join(str(p) for p in files.values())}; browse every trial with "
-                         f"optuna-dashboard {rep.storage}"), highlight=False, soft_wrap=True)
+                         f"optuna-dashboard {shlex.quote(rep.storage)}"), highlight=False, soft_wrap=True)
     if json_out:
         print_json(summary(rep, files))
 

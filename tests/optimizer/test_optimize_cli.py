@@ -424,14 +424,17 @@ def test_a_tuned_config_that_cannot_be_written_says_the_trials_are_kept(here, mo
 def test_a_working_folder_that_cannot_hold_the_default_study_is_refused_before_any_work(tmp_path, monkeypatch):
     """A tester's read-only working folder (with --out elsewhere) failed only after the profile was measured:
     now it is one line at once, and --storage elsewhere is not refused."""
-    import os
+    import skistune.study_storage as study_storage
 
-    real_access = os.access
+    real_refusal = study_storage.folder_refusal
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(tmp_path) else real_access(path, mode))
+    monkeypatch.setattr(study_storage, "folder_refusal",
+                        lambda folder: "read-only" if folder == tmp_path else real_refusal(folder))
     result = invoke(*SMALL, "--out", str(tmp_path / "elsewhere.yaml"))
     assert result.exit_code == 2
     assert result.stderr.strip() == (f"error: the study is kept in a SQLite file in the working folder {tmp_path}, "
-                                     "which cannot be written: run from a writable folder, or give --storage URL")
-    given = invoke(*SMALL, "--out", str(tmp_path / "elsewhere.yaml"), "--storage", f"sqlite:///{tmp_path / 's.db'}")
+                                     "which cannot take a new file (read-only): run from a writable folder, or give "
+                                     "--storage URL")
+    (tmp_path / "db").mkdir()
+    given = invoke(*SMALL, "--out", str(tmp_path / "elsewhere.yaml"), "--storage", f"sqlite:///{tmp_path / 'db' / 's.db'}")
     assert given.exit_code in (0, 3, 4), given.output
