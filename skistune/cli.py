@@ -8,6 +8,7 @@ object on the last line; on such an error too: ``{"error": <the line>, "exit_cod
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib
 import json
@@ -189,14 +190,14 @@ def demo(
 
     cfg = load_config(str(config)) if config else KVConfig()
     prompts = list(prompt or DEFAULT_DEMO_PROMPTS)
-    with console.status("loading SmolLM2-135M-Instruct"):
+    with err_console.status("loading SmolLM2-135M-Instruct"):
         rt = Runtime.from_preset("smollm2-135m", cfg)
     # (a completion ends at the model's end-of-turn token, which is not printed: past it SmolLM2 opens a
     # new ChatML turn, "<|im_end|>\n<|im_start|>...", as the demo printed before)
     requests = [Request(f"p{i}", rt.tokenizer.encode(p), max_new_tokens, stop_at_eos=True)
                 for i, p in enumerate(prompts)]
     engine = rt.new_engine()
-    with console.status(f"generating up to {max_new_tokens} tokens for {len(prompts)} prompts"):
+    with err_console.status(f"generating up to {max_new_tokens} tokens for {len(prompts)} prompts"):
         metrics = engine.replay(requests)
     if metrics.num_rejected == metrics.num_requests:  # nothing was served: a failure, not an empty table
         raise ValueError(f"every prompt was rejected ({'; '.join(rejection_lines(metrics))}): shorten the "
@@ -226,18 +227,88 @@ def demo(
 
 
 PIPED_WIDTH = 200  # columns of tables written to a file or a pipe (rich's 80 cut cells short in logs)
+EXIT_OUTPUT_LOST = 1  # the command's work is done, but what it printed could not be written (a full disk)
+READER_GONE = (errno.EPIPE, errno.ECONNRESET)  # `| head -1`: what was not read was not wanted
+
+
+class ForgivingOutput:
+    """stdout or stderr for the program: a write that fails (its reader went away, a full disk, a closed stream)
+    silences the stream instead of ending the command, so that the work goes on and its files are written (a
+    tester's `skistune optimize ... | head -1` had lost its tuned file, and `>/dev/full` with --json had ended in
+    two tracebacks). The descriptor is pointed at /dev/null, so that every later write to it, by any code, the
+    interpreter's last flush included, goes nowhere quietly. ``failure``: the first error, or None."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.failure: OSError | None = None
+
+    def write(self, text: str) -> int:
+        if self.failure is None:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError) as exc:  # (ValueError: a closed file)
+                self._silence(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.failure is None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError) as exc:
+                self._silence(exc)
+
+    def _silence(self, exc: Exception) -> None:
+        self.failure = exc if isinstance(exc, OSError) else OSError(errno.EBADF, str(exc))
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:  # (isatty, fileno, encoding, buffer: the stream's own)
+        return getattr(self._stream, name)
+
+
+def _usable_output() -> tuple[ForgivingOutput, ForgivingOutput]:
+    """stdout and stderr as the commands write them: a closed one (``>&-``) is /dev/null, a character its
+    encoding lacks is replaced (PYTHONIOENCODING=ascii had ended `profile --show` at its R²), and each is a
+    `ForgivingOutput`."""
+    streams = []
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            stream = open(os.devnull, "w")
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.reconfigure(errors="replace")
+        streams.append(ForgivingOutput(stream))
+        setattr(sys, name, streams[-1])
+    return streams[0], streams[1]
+
+
+def _lost_output_code(code: Any, out: ForgivingOutput) -> Any:
+    """The exit code once the command has ended: unchanged, but for output lost to something other than its
+    reader going away (a full disk, an I/O error), which is said on stderr and ends with `EXIT_OUTPUT_LOST` if
+    the command had succeeded: a script must not take a missing --json line for a success."""
+    if out.failure is None or out.failure.errno in READER_GONE:
+        return code
+    print_warning(f"the output could not be written ({out.failure.strerror or out.failure}): what the command "
+                  "printed is lost; the files it wrote are whole")
+    return EXIT_OUTPUT_LOST if code in (0, None) else code
 
 
 def main() -> None:
+    out, _ = _usable_output()
     if "COLUMNS" not in os.environ and not sys.stdout.isatty():
         os.environ["COLUMNS"] = str(PIPED_WIDTH)  # (a terminal's own width otherwise; COLUMNS= still decides)
     try:
         app()
-    except SystemExit:  # (the command has ended, its output printed: a signal now changes nothing)
+    except SystemExit as exc:  # (the command has ended, its output printed: a signal now changes nothing)
         from skistune.signals import finished_before_signals
 
         finished_before_signals()
-        raise
+        code = _lost_output_code(exc.code, out)
+        if code == exc.code:
+            raise
+        raise SystemExit(code) from None
 
 
 from skistune.workloads.cli import workload_app  # noqa: E402

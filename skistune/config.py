@@ -678,8 +678,9 @@ def load_provenance(path: str | os.PathLike) -> Mapping[str, Any]:
     return provenance if isinstance(provenance, Mapping) else {}
 
 
-def load_config(path: str) -> KVConfig:
+def load_config(path: str | os.PathLike) -> KVConfig:
     """Read a config file (.yaml/.yml or .json), raising ``ValueError`` that names the file."""
+    path = os.fspath(path)  # (a Path had failed on `.endswith`)
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()

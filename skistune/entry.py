@@ -33,6 +33,7 @@ def main() -> None:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, raise_terminated)
         _test_delay()
+        _drop_unusable_width()
         from skistune.cli import main as cli_main
     except KeyboardInterrupt as exc:
         _stopped_while_starting(exc)
@@ -47,6 +48,14 @@ def main() -> None:
         _ignore_signals()
         _forget_caught_interrupt()
         raise SystemExit(interrupted_exit_code(exc)) from None
+
+
+def _drop_unusable_width() -> None:
+    """COLUMNS that is not a positive whole number is dropped before the consoles are made (they read it then):
+    COLUMNS=0 had printed nothing at all, errors included."""
+    columns = os.environ.get("COLUMNS")
+    if columns is not None and not (columns.strip().isdigit() and int(columns) > 0):
+        del os.environ["COLUMNS"]
 
 
 def _ignore_signals() -> None:

@@ -87,7 +87,7 @@ def evaluate(
             check_fits_memory(cfg.offload.host_kv_bytes, "offload.host_kv_bytes", "host tier")
             device = prof.device if prof is not None else "cpu"  # a comparison replays where the profile was measured
             check_runtime_memory(model, device)
-            with console.status(f"loading {model}"):
+            with err_console.status(f"loading {model}"):
                 runtime = Runtime.from_preset(model, cfg, device=device, dtype=DTYPES[device])
         print_notes(w)
         tuned = tuned_workload_note(load_provenance(config), w, rate_scale)
@@ -107,7 +107,7 @@ def evaluate(
             with run_progress(reqs, estimate[0] if estimate else None) as on_progress:
                 metrics = run_evaluate(cfg, reqs, model=model, mode=mode, runtime=runtime, on_progress=on_progress)
         else:
-            with console.status(f"simulating {len(reqs)} requests"):
+            with err_console.status(f"simulating {len(reqs)} requests"):
                 metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof)
     label = f"predicted (simulator) for {profiled_machine(prof)}" if mode == "simulate" else "measured (runtime)"
     energy = energy_figure(metrics, power, measured_time=mode == "run")
@@ -160,7 +160,7 @@ def run_progress(requests, predicted_s: float | None = None):
     finished). Yields `evaluate.evaluate`'s ``on_progress``, None off a terminal (nothing is polled then)."""
     import time
 
-    if not console.is_terminal:
+    if not err_console.is_terminal:  # (the progress shows on stderr)
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -170,7 +170,7 @@ def run_progress(requests, predicted_s: float | None = None):
 
     arrivals_end_s = max((r.arrival_s for r in requests), default=0.0)
     progress = Progress(TextColumn("serving"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
-                        TimeElapsedColumn(), EtaColumn(), console=console, transient=True)
+                        TimeElapsedColumn(), EtaColumn(), console=err_console, transient=True)
     task = progress.add_task("serving", total=len(requests))
     start = time.monotonic()
 
@@ -204,7 +204,7 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
     from skistune.display import rejection_lines
     from skistune.evaluate import compare_metrics, energy_figure, evaluate as run_evaluate, relative_error
 
-    with console.status(f"simulating {len(reqs)} requests"):
+    with err_console.status(f"simulating {len(reqs)} requests"):
         predicted = run_evaluate(cfg, reqs, model=model, mode="simulate", profile=prof)
     _print_real_time_note(len(reqs), w.duration_s, (predicted.duration_s, prof.name))
     with run_progress(reqs, predicted.duration_s) as on_progress:
@@ -213,7 +213,7 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
     if speed_check:
         from skistune.profile.check import speed_check as time_again
 
-        with console.status("timing a few of the profile's steps again"):
+        with err_console.status("timing a few of the profile's steps again"):
             check = time_again(prof, runtime)
     rows = compare_metrics(predicted, measured)
     energy = {"predicted": energy_figure(predicted, prof.power),

@@ -835,6 +835,14 @@ def _report(result, out: Path, json_out: bool, resume: str) -> None:
         if json_out:
             print_json({**_summary(result, None), "why": why})
         raise typer.Exit(EXIT_INFEASIBLE)
+    # the tuned file first: what follows is printing, which no reader going away (`| head -1`) may cost it
+    name = result.study.study_name
+    previous = replaced_file(out)  # (read before the file is written over)
+    try:
+        path = result.write(out)
+    except OSError as e:  # (after the search: say the trials are not lost, and how to get the file)
+        raise OSError(f"{e.strerror or e}; the study {name} in {result.storage} keeps its trials: the same "
+                      f"command with {resume} writes the file (`skistune report {name}` shows them)") from None
     console.print(best_table(result))
     for line in knob_lines(result):
         console.print(escape(line), highlight=False, soft_wrap=True)
@@ -849,13 +857,6 @@ def _report(result, out: Path, json_out: bool, resume: str) -> None:
             console.print(escape(line), highlight=False)
     for line in gain_lines(result):
         console.print(escape(line), highlight=False)
-    name = result.study.study_name
-    previous = replaced_file(out)  # (read before the file is written over)
-    try:
-        path = result.write(out)
-    except OSError as e:  # (after the search: say the trials are not lost, and how to get the file)
-        raise OSError(f"{e.strerror or e}; the study {name} in {result.storage} keeps its trials: the same "
-                      f"command with {resume} writes the file (`skistune report {name}` shows them)") from None
     console.print(escape(f"wrote {path} (study {name} in {result.storage}; the same command with {resume} adds "
                          "trials)"), highlight=False, soft_wrap=True)
     if previous is not None:  # (two runs in one folder both write skistune-tuned.yaml: the second says so)

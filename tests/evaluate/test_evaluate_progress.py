@@ -78,7 +78,7 @@ def test_a_run_on_a_terminal_shows_requests_done_of_all_and_its_json_is_unchange
     """A real run of 4 requests (SmolLM2, a few seconds) on a forced terminal: the progress counts every request
     done, through counts between 0 and 4, and the --json line has no extra key."""
     screen = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=screen, force_terminal=True, width=120))
+    monkeypatch.setattr(cli, "err_console", Console(file=screen, force_terminal=True, width=120))  # (on stderr)
     monkeypatch.setattr(ev, "PROGRESS_INTERVAL_S", 0.02)
     calls: list[tuple[int, int]] = []
     original = ev.replay_with_progress
