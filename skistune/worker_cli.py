@@ -41,22 +41,28 @@ def _run(job, trials: int, timeout: float | None, storage: str, resume: str):
     storage already), and ``resume``, the command that goes on."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from skistune.signals import interrupted_exit_code, sigterm_as_interrupt
+    from skistune.signals import interrupted_exit_code, sigterm_as_interrupt, stopped_line
     from skistune.study_recipe import run_worker
     from skistune.study_storage import StorageWriteError
 
     bar = Progress(SpinnerColumn(), TextColumn("[bold]worker"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=err_console)
+    done = [0]
+
+    def on_progress(p) -> None:
+        done[0] = p.done
+        bar.update(task, completed=p.done)
+
     try:
         with sigterm_as_interrupt(), bar:
             task = bar.add_task("trials", total=trials)
-            return run_worker(job, n_trials=trials, timeout=timeout, storage=storage,
-                              progress=lambda p: bar.update(task, completed=p.done))
+            return run_worker(job, n_trials=trials, timeout=timeout, storage=storage, progress=on_progress)
     except StorageWriteError as exc:
         raise OSError(exc.line(resume)) from None
-    except KeyboardInterrupt as exc:
-        stopped = "interrupted" if interrupted_exit_code(exc) == 130 else "terminated"
-        err_console.print(f"{stopped}: finished trials are kept in the study", highlight=False)
+    except KeyboardInterrupt as exc:  # (as optimize's search says it: the study, this run's trials, what resumes)
+        err_console.print(escape(stopped_line(exc, f"study {job.study.study_name} keeps its finished trials "
+                                                   f"({done[0]} from this worker); rerun `{resume}` to add more")),
+                          highlight=False, soft_wrap=True)
         raise typer.Exit(interrupted_exit_code(exc)) from None
 
 

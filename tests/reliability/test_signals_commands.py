@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -126,3 +127,34 @@ def test_a_stopped_profile_check_writes_nothing(tmp_path):
     assert line == (f"terminated: nothing written (--check only times the profile's steps again); rerun "
                     f"`skistune profile --check {PROFILE}` to run it again")
     assert json.loads(out.strip().splitlines()[-1])["out"] is None
+
+
+# ---- worker ----
+
+def test_a_stopped_worker_names_its_study_and_the_command_that_adds_more(study, tmp_path):
+    """A worker stopped mid-search had said only "finished trials are kept in the study": now, as optimize's
+    search, the study, the trials this worker added and the command that adds more."""
+    import optuna
+
+    def trials():
+        return len(optuna.load_study(study_name="s", storage=study).get_trials(
+            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+    before = trials()
+    p = subprocess.Popen(skistune_cmd("worker", "s", "--storage", study, "--trials", "300"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=subprocess_env(), cwd=tmp_path, start_new_session=True)
+    try:
+        give_up = time.monotonic() + 120
+        while trials() == before and p.poll() is None and time.monotonic() < give_up:  # (its first trial stored)
+            time.sleep(0.1)
+        assert p.poll() is None, p.communicate()[1].decode()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 143, err.decode()
+    line = assert_one_line(err.decode(), "terminated")
+    assert re.fullmatch(rf"terminated: study s keeps its finished trials \(\d+ from this worker\); rerun "
+                        rf"`skistune worker s --storage {re.escape(study)} --trials 300` to add more", line), line
