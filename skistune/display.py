@@ -4,11 +4,19 @@ from __future__ import annotations
 import math
 import re
 
+from rich import table as rich_table
 from rich.progress import ProgressColumn
-from rich.table import Table
 from rich.text import Text
 
 from skistune.runtime.metrics import Metrics
+
+
+class Table(rich_table.Table):
+    """Every table the commands print: a cell too wide for its column wraps onto more lines (rich's default cut
+    it with "..." and lost the figure: a tester's 40-column terminal showed latencies as "19..." and "1,...")."""
+
+    def add_column(self, *args, overflow: str = "fold", **kwargs) -> None:
+        super().add_column(*args, overflow=overflow, **kwargs)
 
 
 LATENCY_COLUMNS = ("p50", "p90", "p99", "max", "mean")

@@ -260,7 +260,7 @@ def comparison_table(rows: list[dict], predicted, measured, title: str, energy: 
     energy per token (``energy``: predicted and measured `evaluate.energy_figure`s with their error), then
     the counts that tell two schedules apart. A figure that does not exist (no token gap with one output
     token each, no request finished) is ``-``, as in the simulate and run tables."""
-    from rich.table import Table
+    from skistune.display import Table
 
     from skistune.display import format_figure
     from skistune.evaluate import FIDELITY_FIGURES, relative_error

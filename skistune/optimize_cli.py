@@ -18,7 +18,7 @@ from typing import Annotated, Any, Iterator, Optional
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from skistune.display import Table
 
 from skistune.display import significant
 from skistune.objectives import DEFAULT_MAX_QUEUE_S, parse_max_queue

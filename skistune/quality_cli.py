@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from skistune.display import Table
 
 from skistune.cli import JsonOpt, app, cli_errors, console, err_console, print_json
 from skistune.paths import check_out_file

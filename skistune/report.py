@@ -519,7 +519,7 @@ def best_configs_table(report: Report):
 
 
 def pareto_table(report: Report):
-    from rich.table import Table
+    from skistune.display import Table
 
     from skistune.optimize_cli import _fmt, _quality_cell
 
@@ -574,7 +574,7 @@ def pareto_lines(report: Report) -> list[str]:
 def violations_table(report: Report):
     """Per constraint: the trials it ruled out, and its value (<= 0 met) for #1 (or the config closest to
     feasible, when none is) and the baseline."""
-    from rich.table import Table
+    from skistune.display import Table
 
     first = report.best[0] if report.best else (report.closest[0] if report.closest else None)
     who = "#1" if report.best else f"closest (trial {first.trial})" if first is not None else "-"
@@ -608,7 +608,7 @@ def _num(x: float) -> str:
 
 def validation_fidelity_table(report: Report):
     """Predicted vs measured figures of the last validation (the simulator's error in brackets)."""
-    from rich.table import Table
+    from skistune.display import Table
 
     first = report.validated[0]["measured"].get("requests")
     t = Table(title=f"Predicted vs validated on the real runtime ({first} requests, lengths capped, replayed "
@@ -628,7 +628,7 @@ def validation_fidelity_table(report: Report):
 
 
 def importance_table(report: Report):
-    from rich.table import Table
+    from skistune.display import Table
 
     trials = len(report.evaluations)
     t = Table(title=f"Knob importance for {report.problem.objectives[0].name} ({report.importance_method} over "

@@ -71,3 +71,23 @@ def test_characters_the_encoding_lacks_are_replaced_not_fatal(tmp_path):
     assert r.returncode == 0, r.stderr.decode()
     assert b"R?" in r.stdout or b"R^2" in r.stdout or b"R2" in r.stdout  # (the R-squared column, its ² replaced)
     json.loads(r.stdout.decode("ascii").strip().splitlines()[-1])
+
+
+def test_a_narrow_terminal_wraps_figures_instead_of_cutting_them():
+    """A tester's 40-column terminal showed latencies as "19…": every table's cells now wrap."""
+    import io
+
+    from rich.console import Console
+
+    from skistune.display import Table
+
+    table = Table(title="latency")
+    table.add_column("figure")
+    table.add_column("p99 (ms)", justify="right")
+    table.add_row("TTFT", "19,033.2")
+    screen = io.StringIO()
+    Console(file=screen, width=16, no_color=True).print(table)
+    text = screen.getvalue()
+    assert "…" not in text
+    cells = "".join(line.split("│")[2].strip() for line in text.splitlines() if line.count("│") == 3)
+    assert cells == "19,033.2"  # (on as many lines as it takes, every character)

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from skistune.display import Table
 
 from skistune.config import format_bytes
 from skistune.kernels.rows import PLAIN_RULE, ProjectionRule

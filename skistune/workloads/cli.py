@@ -7,7 +7,7 @@ from typing import Annotated, Callable, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from skistune.display import Table
 
 from skistune.workloads.load import load_workload, workload_name
 from skistune.workloads.model import Workload
