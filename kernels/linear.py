@@ -146,7 +146,7 @@ def _rule_path(weights: Sequence[torch.Tensor], label: str) -> Path:
     return user_cache_dir("projections") / f"{label}-{key}.json"
 
 
-_MEASURED: dict[Path, ProjectionRule] = {}  # this process's measurements, by cache entry
+_UNCACHED: dict[Path, ProjectionRule] = {}  # rules this process measured but could not cache, by cache entry
 
 
 def machine_rule(weights: Sequence[torch.Tensor], label: str) -> ProjectionRule:
@@ -157,8 +157,8 @@ def machine_rule(weights: Sequence[torch.Tensor], label: str) -> ProjectionRule:
     if weights[0].device.type != "cpu" or total < SMALL_WEIGHTS_BYTES or os.environ.get(ENV_SWITCH) == "plain":
         return PLAIN_RULE
     path = _rule_path(weights, label)
-    if path in _MEASURED:  # (measured in this process already: an unwritable cache had measured it per model built)
-        return _MEASURED[path]
+    if path in _UNCACHED:  # (an unwritable cache had measured it again for every model built in the run)
+        return _UNCACHED[path]
     try:
         return ProjectionRule.from_dict(json.loads(path.read_text())["rule"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -176,5 +176,5 @@ def machine_rule(weights: Sequence[torch.Tensor], label: str) -> ProjectionRule:
         os.replace(tmp, path)
     except OSError as exc:  # a read-only cache costs a measurement per run, nothing else
         log.warning("projection rule not cached (%s)", exc)
-    _MEASURED[path] = rule
+        _UNCACHED[path] = rule
     return rule

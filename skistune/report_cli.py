@@ -51,13 +51,13 @@ def _report(study: str, storage: Optional[str], out: Path, top: int, json_out: b
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with err_console.status(f"reading study {study} and scoring the baseline"):
         rep = build_report(study, storage=storage, top_k=top)
-    # the files first: what follows is printing, which no reader going away (`| head -1`) may cost them
-    with err_console.status("simulating the replays and drawing the plots"):
-        files, missing = write_report(rep, out)
+    # (the tables first, while the plots are drawn: a reader that goes away costs no file, `cli.ForgivingOutput`)
     for table in report_tables(rep):
         console.print(table)
     for line in report_lines(rep):
         console.print(line, highlight=False, soft_wrap=True)
+    with err_console.status("simulating the replays and drawing the plots"):
+        files, missing = write_report(rep, out)
     for note in missing:
         err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
     console.print(escape(f"wrote {', '.join(str(p) for p in files.values())}; browse every trial with "
