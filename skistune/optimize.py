@@ -545,11 +545,14 @@ def _simplified(problem: Problem, study, refined: list[Evaluation], stage: Calla
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     tries = {t.user_attrs[SIMPLIFIES_ATTR]: t for t in study.get_trials(deepcopy=False, states=finished)
              if t.user_attrs.get(SIMPLIFIES_ATTR, "").startswith(f"{first.trial}:")}
-    for label, prefixes in SIMPLIFY_GROUPS:
+    def simpler(label: str, prefixes: tuple[str, ...]) -> Evaluation | None:
+        """The best config so far with the group's knobs at the baseline's values, refined, if it stays feasible
+        and the first best beats it on no objective; None if not (or nothing to set back). The deadline appends
+        the group to ``stopped``."""
         candidate = {**params, **{n: v for n, v in base_params.items() if n.startswith(prefixes)}}
         key = f"{first.trial}:{label}:{json.dumps(candidate, sort_keys=True, default=str)}"
         if candidate == params:
-            continue
+            return None
         trial = tries.get(key)
         if trial is None:
             with warnings.catch_warnings():  # (a storage with heartbeats warns that ask and tell don't send them)
@@ -561,24 +564,40 @@ def _simplified(problem: Problem, study, refined: list[Evaluation], stage: Calla
                     study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # the deadline passed
                     if scoring.timed_out:
                         stopped.append(label)
-                        break
+                        return None
                     raise run.failures[0] from None
                 study.tell(trial, values)
             trial = _trial(study, trial.number)
         if "config" not in trial.user_attrs:
-            continue
+            return None
         tried = Evaluation.from_trial(trial)
         if tried.config == best.config or not tried.feasible:
-            continue
+            return None
         try:
             fine = replace(score(problem, tried.config, precision=REFINE_PRECISION, start_scale=tried.rate_scale),
                            trial=tried.trial)
         except TimeUp:
             stopped.append(label)
+            return None
+        return fine if fine.feasible and not beats_anywhere(problem, first, fine) else None
+
+    # Passes until one sets nothing back: a group kept only because of another (a 128 GiB host tier that 8-bit KV
+    # without prefix reuse needed, a tester's vLLM winner) goes once that other group has gone back.
+    pending = list(SIMPLIFY_GROUPS)
+    while pending and not stopped:
+        kept = []
+        for label, prefixes in pending:
+            fine = simpler(label, prefixes)
+            if stopped:
+                break
+            if fine is None:
+                kept.append((label, prefixes))
+            else:
+                best, params = fine, dict(_trial(study, fine.trial).params)
+                reverted.append(label)
+        if len(kept) == len(pending):
             break
-        if fine.feasible and not beats_anywhere(problem, first, fine):
-            best, params = fine, dict(_trial(study, tried.trial).params)
-            reverted.append(label)
+        pending = kept
     if best is first:
         return refined, []
     name = problem.objectives[0].name

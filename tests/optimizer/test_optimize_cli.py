@@ -438,3 +438,16 @@ def test_a_working_folder_that_cannot_hold_the_default_study_is_refused_before_a
     (tmp_path / "db").mkdir()
     given = invoke(*SMALL, "--out", str(tmp_path / "elsewhere.yaml"), "--storage", f"sqlite:///{tmp_path / 'db' / 's.db'}")
     assert given.exit_code in (0, 3, 4), given.output
+
+
+def test_a_knob_group_kept_only_for_another_goes_back_once_that_one_has(here):
+    """A tester's vLLM winner kept a 128 GiB host tier: tried at the baseline's first, while 8-bit KV and prefix
+    reuse off still needed it, the tier stayed, and was not tried again once those had gone back. Simplifying
+    now passes over the groups until a pass sets nothing back."""
+    result = invoke("--target", "vllm", "--quality", "ppl+1%", "--slo", "tbt:p99<=300ms", "--trials", "30",
+                    "--requests", "40", "--max-input", "256", "--max-output", "64", "--validate", "0",
+                    "--profile", PROFILE, "--out", "tv.yaml")
+    assert result.exit_code == 0, result.output
+    tuned = load_config("tv.yaml")
+    assert tuned.offload.host_kv_bytes == 0 and tuned.bitwidth.key_bits == 16
+    assert "KV bits, prefix reuse, KV tiers set back to the baseline's" in result.stderr
