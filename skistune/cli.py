@@ -29,8 +29,8 @@ from skistune.signals import Terminated
 
 # emoji=False: user text (a trace's first line 'a:b:c', a path) is printed as it is; escape() leaves rich's
 # :name: emoji codes alone, and 'a:b:c' had printed as 'a🅱c'
-console = Console(emoji=False)
-err_console = Console(stderr=True, emoji=False)
+console = Console(emoji=False, soft_wrap=True)  # (a line of text stays one line: logs are grepped)
+err_console = Console(stderr=True, emoji=False, soft_wrap=True)
 
 EXIT_BAD_INPUT = 2
 
