@@ -60,7 +60,7 @@ def _drop_unusable_width() -> None:
 
 def _ignore_signals() -> None:
     """Ctrl-C and SIGTERM ignored to the end: a second one while the program ends would print a traceback
-    (as `signals._signals_ignored`; the process ends just after, so they are not put back)."""
+    (as `signals.signals_ignored`; the process ends just after, so they are not put back)."""
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
 

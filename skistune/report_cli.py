@@ -47,6 +47,7 @@ def _report(study: str, storage: Optional[str], out: Path, top: int, json_out: b
     import optuna
 
     from skistune.report import build_report, report_lines, report_tables, summary, write_report
+    from skistune.signals import signals_ignored
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with err_console.status(f"reading study {study} and scoring the baseline"):
@@ -58,12 +59,15 @@ def _report(study: str, storage: Optional[str], out: Path, top: int, json_out: b
         console.print(line, highlight=False, soft_wrap=True)
     with err_console.status("simulating the replays and drawing the plots"):
         files, missing = write_report(rep, out)
-    for note in missing:
-        err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
-    console.print(escape(f"wrote {', '.join(str(p) for p in files.values())}; browse every trial with "
-                         f"optuna-dashboard {shlex.quote(rep.storage)}"), highlight=False, soft_wrap=True)
-    if json_out:
-        print_json(summary(rep, files))
+    # the work is done: a signal now would stop only the last lines, or land in a finalizer (a weakref callback
+    # printed "Exception ignored ... KeyboardInterrupt" after the report was written whole)
+    with signals_ignored():
+        for note in missing:
+            err_console.print(f"[yellow]note:[/] {escape(str(note))}", highlight=False, soft_wrap=True)
+        console.print(escape(f"wrote {', '.join(str(p) for p in files.values())}; browse every trial with "
+                             f"optuna-dashboard {shlex.quote(rep.storage)}"), highlight=False, soft_wrap=True)
+        if json_out:
+            print_json(summary(rep, files))
 
 
 def _kept(out: Path, before: dict, made: bool, rerun: str, study: str, storage: Optional[str]) -> tuple[str, dict]:

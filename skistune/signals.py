@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Terminated", "interrupted_exit_code", "raise_terminated", "sigterm_as_interrupt", "stopped_by_signal", "stopped_line",
-           "file_states", "written_since", "rerun_command", "finished_before_signals"]
+           "file_states", "written_since", "rerun_command", "finished_before_signals", "signals_ignored"]
 
 Kept = Callable[[], tuple]  # () -> (the text, the JSON fields)
 
@@ -80,7 +80,7 @@ def stopped_by_signal(kept: Kept, json_out: bool) -> Iterator[None]:
         from skistune.cli import err_console, print_json
 
         code = interrupted_exit_code(exc)
-        with _signals_ignored():
+        with signals_ignored():
             try:
                 text, fields = kept()
             except (OSError, ValueError, KeyError, TypeError) as error:  # (the line is printed whatever happens)
@@ -93,7 +93,7 @@ def stopped_by_signal(kept: Kept, json_out: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
+def signals_ignored() -> Iterator[None]:
     """SIGINT and SIGTERM ignored in the block (main thread only; restored after: tests run commands in
     process)."""
     import threading
