@@ -149,6 +149,24 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "quality constraints.")
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("skistune")
+        except PackageNotFoundError:  # (run from a checkout that was never installed)
+            installed = "(not installed)"
+        typer.echo(f"skistune {installed}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="print skistune's version and exit")] = False) -> None:
+    """Find the best KV-cache settings for serving an LLM under latency, energy and quality constraints."""
+
+
 def print_json(figures: dict) -> None:
     """The machine-readable result: one JSON object on the last line of stdout, strict JSON (an infinite
     or undefined figure, such as a gain over a baseline that meets no rate, is null: JSON has no Infinity)."""

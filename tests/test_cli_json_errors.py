@@ -23,3 +23,10 @@ def test_bad_input_with_json_ends_stdout_with_the_error_and_exit_code(args, erro
     assert r.stderr.strip() == f"error: {last['error']}"  # (the same line on stderr)
     plain = CliRunner().invoke(app, args)
     assert plain.exit_code == 2 and plain.stdout == ""  # (without --json, stdout stays empty)
+
+
+def test_version_prints_the_installed_version_and_exits_0():
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout == f"skistune {version('skistune')}\n"
