@@ -424,14 +424,9 @@ def _available_bytes(device: str) -> int | None:
     """Free memory where the weights and KV go (None where this platform does not say)."""
     if device == "cuda":
         return torch.cuda.mem_get_info()[0]
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass  # not Linux: measure and let the allocator say if it does not fit
-    return None
+    from skistune.host_memory import available_memory_bytes
+
+    return available_memory_bytes()  # (None: measure and let the allocator say if it does not fit)
 
 
 def _check_memory(model: str, dtype: torch.dtype, pool_bytes: int, device: str) -> None:

@@ -8,6 +8,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+import skistune.host_memory as host_memory
 import skistune.workloads.synthetic as synthetic
 from skistune.workloads import PRESETS, get_preset, load_workload, synthesize
 
@@ -111,7 +112,7 @@ def cgroups(tmp_path, own: str, files: dict[str, str]) -> int | None:
         path = tmp_path / "fs" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    return synthetic._cgroup_room(str(tmp_path / "cgroup"), str(tmp_path / "fs"))
+    return host_memory._cgroup_room(str(tmp_path / "cgroup"), str(tmp_path / "fs"))
 
 
 def test_a_containers_memory_limit_bounds_the_memory_available(tmp_path):
