@@ -66,13 +66,21 @@ def _check_writable(folder: Path, path: Path, option: str) -> None:
     if size > most:  # (the rename onto it would fail, after the work)
         raise ValueError(f"{option} {path}: file name too long ({size} bytes; this file system takes at most "
                          f"{most})")
-    probe = folder / temporary_name(folder, path.name)
+    exc = probe_folder(folder, temporary_name(folder, path.name))
+    if exc is not None:
+        raise ValueError(f"{option} {path}: cannot create a file in {folder} ({exc.strerror or exc})")
+
+
+def probe_folder(folder: Path, name: str | None = None) -> OSError | None:
+    """Create and remove a file in ``folder`` (named ``name``, else a probe's name): the error that refused it,
+    or None. Permission bits do not tell (root passes `os.access` everywhere), a read-only mount does."""
+    probe = folder / (name or f".skistune-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
-        raise ValueError(f"{option} {path}: cannot create a file in {folder} "
-                         f"({exc.strerror or exc})") from None
+        return exc
     probe.unlink(missing_ok=True)
+    return None
 
 
 NAME_MAX = 255  # bytes in a file name: Linux's file systems (where the folder's own limit cannot be read)

@@ -9,7 +9,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -240,17 +239,15 @@ def folder_refusal(folder: Path) -> str | None:
     """Why a new file cannot be made in ``folder`` ("read-only", or the system's reason), or None if it can:
     tried with a probe file, as root passes every permission check and a read-only mount does not."""
     import errno
-    import uuid
 
-    probe = folder / f".skistune-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except OSError as exc:
-        # (ENOENT in a folder that exists: /proc and the like, which take no new file)
-        refused = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)
-        return "read-only" if refused else (exc.strerror or str(exc))
-    probe.unlink(missing_ok=True)
-    return None
+    from skistune.paths import probe_folder
+
+    exc = probe_folder(folder)
+    if exc is None:
+        return None
+    # (ENOENT in a folder that exists: /proc and the like, which take no new file)
+    refused = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)
+    return "read-only" if refused else (exc.strerror or str(exc))
 
 
 # what `pip install` gets a missing database driver (by the module SQLAlchemy failed to import)
