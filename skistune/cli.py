@@ -164,7 +164,7 @@ def _print_version(asked: bool) -> None:
 @app.callback()
 def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                                 help="print skistune's version and exit")] = False) -> None:
-    """Find the best KV-cache settings for serving an LLM under latency, energy and quality constraints."""
+    """The program's own options, before any command (its help text is the app's)."""
 
 
 def print_json(figures: dict) -> None:
