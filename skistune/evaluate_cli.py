@@ -10,7 +10,7 @@ import typer
 
 from rich.markup import escape
 
-from skistune.cli import JsonOpt, cli_errors, console, err_console, print_json
+from skistune.cli_base import JsonOpt, cli_errors, console, err_console, print_json
 from skistune.optimize_cli import ModelOpt, ProfileOpt, profile_or_measure
 from skistune.signals import stopped_by_signal
 from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,

@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.syntax import Syntax
 
-from skistune.cli import JsonOpt, cli_errors, console, err_console, print_json, print_warning
+from skistune.cli_base import JsonOpt, cli_errors, console, err_console, print_json, print_warning
 from skistune.export import DEFAULT_MODEL, Companion, ExportResult, exporter_names, get_exporter
 from skistune.paths import check_out_file, write_atomic
 

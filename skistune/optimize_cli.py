@@ -18,9 +18,14 @@ from typing import Annotated, Any, Iterator, Optional
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from skistune.cli_base import JsonOpt, cli_errors, console, err_console, print_json, print_warning
 from skistune.display import Table
 
 from skistune.display import significant
+from skistune.paths import check_out_file
+from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,
+                                    LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, SampleOpt,
+                                    SkipBadRowsOpt, WindowOpt, WorkloadOpt, parse_window, print_notes)
 from skistune.objectives import DEFAULT_MAX_QUEUE_S, parse_max_queue
 from skistune.optimize import DEFAULT_TOP_K
 from skistune.problem import DEFAULT_REQUESTS
@@ -533,17 +538,6 @@ def _best_text(objective, best: float | None) -> str:
 
 
 # ---- the command ------------------------------------------------------------------------------------------
-def _cli_errors(fn):
-    """`skistune.cli.cli_errors`, looked up when the command runs: skistune.cli imports this module to
-    register the command, so this module imports it last (see the end of the file)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return cli_errors(fn)(*args, **kwargs)
-
-    return wrapper
-
-
 RequestsOpt = Annotated[Optional[int], typer.Option(
     "--requests", min=1, help=f"requests in a preset (default {DEFAULT_REQUESTS} here)")]
 ModelOpt = Annotated[str, typer.Option("--model", help="model preset")]
@@ -582,7 +576,7 @@ KvMemoryOpt = Annotated[Optional[str], typer.Option(
                         "as vLLM's VLLM_CPU_KVCACHE_SPACE): the tuned config's pool is its chosen fraction of it")]
 
 
-@_cli_errors
+@cli_errors
 def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, quality: QualityOpt = None,
              quality_profile: QualityProfileOpt = None, workload: WorkloadOpt = "chat",
              format: FormatOpt = None, skip_bad_rows: SkipBadRowsOpt = False, workload_seed: WorkloadSeedOpt = 0,
@@ -920,12 +914,3 @@ def validation_warning(result) -> str | None:
                          f"{v.measured.violations[name]:+.3g}; <= 0 is met)")
     return (f"the written config broke {', '.join(parts)} on the real runtime at {significant(v.rate_rps)} req/s: it "
             f"is the search's best, met in prediction only (exit {EXIT_BROKE_WHEN_VALIDATED})")
-
-
-# Last: skistune.cli imports this module at its end to register `optimize` (defined above by now); the
-# option aliases and consoles are read when the command runs (annotations are strings until then).
-from skistune.cli import JsonOpt, cli_errors, console, err_console, print_json, print_warning  # noqa: E402
-from skistune.paths import check_out_file  # noqa: E402
-from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,  # noqa: E402
-                                    LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, SampleOpt,
-                                    SkipBadRowsOpt, WindowOpt, WorkloadOpt, parse_window, print_notes)

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from skistune.display import Table
 
-from skistune.cli import JsonOpt, app, cli_errors, console, err_console, print_json
+from skistune.cli_base import JsonOpt, app, cli_errors, console, err_console, print_json
 from skistune.paths import check_out_file
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from skistune.cli import JsonOpt, app, cli_errors, console, err_console, print_json
+from skistune.cli_base import JsonOpt, app, cli_errors, console, err_console, print_json
 
 StudyArg = Annotated[str, typer.Argument(help="name of a study made by skistune optimize")]
 StorageOpt = Annotated[Optional[str], typer.Option(

@@ -77,7 +77,7 @@ def stopped_by_signal(kept: Kept, json_out: bool) -> Iterator[None]:
     except KeyboardInterrupt as exc:
         from rich.markup import escape
 
-        from skistune.cli import err_console, print_json
+        from skistune.cli_base import err_console, print_json
 
         code = interrupted_exit_code(exc)
         with signals_ignored():
@@ -133,7 +133,7 @@ def rerun_command(ctx: Any, drop: Iterable[str] = ()) -> str:
     """The command of click context ``ctx`` as it was given (``skistune report s --out-dir r``: its arguments,
     and the options given on the command line, not left at their defaults), quoted for a shell, without --json
     and the options in ``drop`` (quality's --fresh, which would not resume)."""
-    from skistune.cli import _command_path
+    from skistune.cli_base import _command_path
 
     dropped = {"--json", *drop}
     words = _command_path(ctx).split()

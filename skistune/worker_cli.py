@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from skistune.cli import JsonOpt, app, cli_errors, err_console, print_json
+from skistune.cli_base import JsonOpt, app, cli_errors, err_console, print_json
 
 StorageArg = Annotated[Optional[str], typer.Option(
     "--storage", help="the study's Optuna storage URL, e.g. postgresql://user@host/db (default: "

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from skistune.cli_base import JsonOpt, cli_errors, console, err_console, print_json, print_warning
 from skistune.display import Table
 
 from skistune.config import format_bytes
@@ -215,8 +216,6 @@ def _measure(model: str, device: str, quick: bool, disk_dir: Optional[Path], con
 
 
 def _report(profile: HardwareProfile, path: Path, json_out: bool, wall_s: float | None = None) -> None:
-    from skistune.cli import console, err_console, print_json
-
     console.print(profile_table(profile, path, wall_s))
     for flagged in profile.flagged_fits():
         err_console.print(f"[yellow]flagged:[/] {escape(str(flagged))} is below the R² threshold", highlight=False)
@@ -283,8 +282,6 @@ def _check_outputs(model: str, device: str, quick: bool, out: Optional[Path], di
 def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
              show: Optional[Path], refit: Optional[Path], check: Optional[Path], json_out: bool,
              cache: bool = False, given: tuple[str, ...] = ()) -> None:
-    from skistune.cli import err_console, print_warning
-
     if sum(x is not None for x in (show, refit, check)) > 1:
         raise ValueError("--show, --refit and --check: give one")
     if cache and (out is not None or show or refit or check):
@@ -355,10 +352,6 @@ def profile(
     a few with 8- and 4-bit KV), the attention kernel at 16/8/4/2 bits, quantize-on-append, the scheduler's
     overhead, transfers between tiers and power; fit the cost functions the simulator reads and write them
     to a profile file."""
-    from skistune.cli import (
-        cli_errors,  # here: skistune.cli imports this module to register the command
-    )
-
     from skistune.signals import stopped_by_signal
 
     given = _given(ctx)
@@ -411,8 +404,6 @@ def _kept(before: dict[Path, object], ctx: typer.Context) -> tuple[str, dict]:
 def _check(path: Path, json_out: bool) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from skistune.cli import console, err_console, print_json
-
     from .check import check_device, speed_check
 
     profile = load_profile(path, check_fingerprint=False)
@@ -435,6 +426,3 @@ def _check(path: Path, json_out: bool) -> None:
     if json_out:
         print_json({"profile": str(path), **result.to_dict()})
 
-
-# at the end: skistune.cli imports this module to register the command (typer reads the annotations then)
-from skistune.cli import JsonOpt  # noqa: E402

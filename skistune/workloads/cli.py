@@ -7,6 +7,7 @@ from typing import Annotated, Callable, Optional
 
 import typer
 from rich.markup import escape
+from skistune.cli_base import JsonOpt, cli_errors, console, err_console, print_json
 from skistune.display import Table
 
 from skistune.workloads.load import load_workload, workload_name
@@ -16,10 +17,7 @@ from skistune.workloads.readers import FORMATS
 from skistune.workloads.stats import MIN_BURSTINESS_GAPS, WorkloadStats, workload_stats
 from skistune.workloads.synthetic import PRESETS
 
-# Defined before importing skistune.cli: that module imports this one at its end to add the sub-app.
 workload_app = typer.Typer(no_args_is_help=True, help="Inspect workloads: trace files and synthetic presets.")
-
-from skistune.cli import JsonOpt, cli_errors, console, err_console, print_json  # noqa: E402
 
 WorkloadArg = Annotated[str, typer.Argument(
     help=f"a preset ({', '.join(PRESETS)}) or a trace file ({', '.join(FORMATS)}; detected by content)")]
