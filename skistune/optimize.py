@@ -48,6 +48,7 @@ from skistune.search import (DEFAULT_TRIALS, ILP_ATTR, SAMPLERS, Progress, _run_
 from skistune.searchspace import suggest_config
 from skistune.study_recipe import store_recipe
 from skistune.study_storage import StorageWriteError, _storage_label, default_storage, open_storage, storage_failures
+from skistune.workloads.synthetic import check_workers_fit
 from skistune.validation import (VALIDATE_MAX_INPUT, VALIDATE_MAX_OUTPUT, Validation, _speed_after_validation,
                                  deployable, load_runtime_in_background, same_schedule, untested_note, validate,
                                  validation_record, validation_unavailable)
@@ -852,6 +853,7 @@ def solve(problem: Problem, *, n_trials: int = DEFAULT_TRIALS, timeout: float | 
     storage = default_storage(name) if storage is None else storage
     if n_jobs > 1 and not isinstance(storage, str):
         raise ValueError("n_jobs > 1 needs a storage URL that every worker process can open (e.g. sqlite:///s.db)")
+    check_workers_fit(len(problem.search.requests), n_jobs)
     with storage_failures(storage, name):
         fields_, unseeded = _search_and_finish(with_deadline(problem, deadline), deadline, name, storage,
                                                n_trials=n_trials, n_jobs=n_jobs, seed=seed, sampler=sampler,

@@ -604,6 +604,7 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
     from skistune.signals import stopped_by_signal
     from skistune.study_recipe import stored_profile
     from skistune.study_storage import default_storage, open_storage, storage_failures
+    from skistune.workloads.synthetic import check_workers_fit
 
     # a stop before the search (the trace read, a profile measured, the baseline served alone) has written nothing
     before_search = ("the search had not started: nothing written; run the same command to start it",
@@ -621,6 +622,7 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
                       rate_rps=rate, burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window=window,
                       first=first, sample=sample, rate_scale=rate_scale, length_scale=length_scale,
                       max_input=max_input, max_output=max_output)
+        check_workers_fit(len(w), jobs)  # (before the profile is measured)
         chosen_profile = functools.partial(profile_or_measure, profile, model)
         if profile is None and study is not None:  # resuming: the profile the study was made with, not today's cache
             stored = stored_profile(storage or default_storage(study), study)

@@ -384,6 +384,24 @@ def check_request_count(n: int, preset: Preset, block_tokens: int = SESSION_BLOC
                      "requests=)")
 
 
+def check_workers_fit(requests: int, workers: int) -> None:
+    """Refuse, in one line and before any worker starts, ``workers`` worker processes (``--jobs``) that could not
+    all simulate ``requests`` requests in this machine's memory: each holds its own simulation of them (a worker
+    the kernel kills for memory loses its trial and slows the rest)."""
+    available = available_memory_bytes()
+    if available is None or workers <= 1:
+        return
+    each = requests * SIMULATED_BYTES_PER_REQUEST  # (the workload itself is the parent's, inherited by the fork)
+    if workers * each <= available:
+        return
+    fit = int(available // each)
+    instead = (f"at most {fit} fit (in Python: n_jobs=)" if fit >= 1 else
+               "not even one fits: give fewer requests")
+    raise ValueError(f"--jobs {workers}: each worker process simulates the search's {requests:,} requests, about "
+                     f"{each / 1e9:,.2f} GB each and {workers * each / 1e9:,.2f} GB in all, more than the "
+                     f"{available / 1e9:.1f} GB of memory available here; {instead}")
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str

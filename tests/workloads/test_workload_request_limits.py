@@ -136,3 +136,38 @@ def test_the_cli_refuses_it_with_exit_code_2_and_one_line(memory):
     assert r.exit_code == 2, r.output
     assert re.fullmatch(r"error: --requests 100,000,000: chat requests take .* at most [\d,]+ requests fit "
                         r"\(in Python: requests=\)\n", r.stderr)
+
+
+# ---- --jobs: each worker process simulates the search's requests itself ----
+def test_workers_that_would_not_fit_together_are_refused_naming_how_many_fit(memory):
+    each = 200_000 * synthetic.SIMULATED_BYTES_PER_REQUEST  # 2 GB a worker
+    memory(5 * GB)
+    synthetic.check_workers_fit(200_000, 2)  # 4 GB: fits
+    synthetic.check_workers_fit(10**9, 1)  # one worker: the request count's own check decides (`synthesize`)
+    with pytest.raises(ValueError) as refused:
+        synthetic.check_workers_fit(200_000, 3)
+    assert str(refused.value) == (
+        f"--jobs 3: each worker process simulates the search's 200,000 requests, about {each / 1e9:.2f} GB each and "
+        f"{3 * each / 1e9:.2f} GB in all, more than the 5.0 GB of memory available here; at most 2 fit (in Python: "
+        "n_jobs=)")
+    with pytest.raises(ValueError, match="not even one fits: give fewer requests"):
+        synthetic.check_workers_fit(600_000, 2)
+    memory(None)  # unknown: nothing refused
+    synthetic.check_workers_fit(10**9, 64)
+
+
+def test_optimize_refuses_too_many_workers_before_measuring_anything(memory, monkeypatch, tmp_path):
+    from skistune.cli import app
+    import skistune.optimize_cli as optimize_cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(optimize_cli, "profile_or_measure",
+                        lambda *a, **k: pytest.fail("the profile was read before the workers were checked"))
+    n = 2_000
+    memory(int(2.5 * n * synthetic.SIMULATED_BYTES_PER_REQUEST))  # two workers fit, three do not
+    result = CliRunner().invoke(app, ["optimize", "--slo", "p99=200ms", "--requests", str(n), "--jobs", "3",
+                                      "--json"])
+    assert result.exit_code == 2, result.output
+    assert "--jobs 3: each worker process simulates the search's 2,000 requests" in result.output
+    assert "at most 2 fit" in result.output
+    assert not list(tmp_path.iterdir())  # no study, no tuned file
