@@ -117,7 +117,7 @@ class BlockPool:
         queue, head = self._queue, self._head
         out = queue[head:head + n]
         head += n
-        if self._num_ghosts:
+        if self._num_ghosts and not self.ghosts.keys().isdisjoint(out):  # (one C scan: most slices hold none)
             ghosts, live = self.ghosts, []
             while True:
                 for b in out:
@@ -197,7 +197,11 @@ class BlockPool:
         block_hash, cached = self.block_hash, self.cached
         for b, h in zip(block_ids, block_hashes):  # (once per block of every sequence: locals, no calls)
             block_hash[b] = h
-            cached.setdefault(h, b)
+        if cached.keys().isdisjoint(block_hashes):  # the common case, in C: no hash here is cached yet
+            cached.update(zip(block_hashes, block_ids))  # (a chain's hashes are distinct: as setdefault)
+        else:
+            for b, h in zip(block_ids, block_hashes):
+                cached.setdefault(h, b)
 
     def reset_prefix_cache(self) -> None:
         self.cached.clear()
