@@ -33,6 +33,7 @@ from .profile import (
     default_profile,
     load_profile,
     read_cached_profile,
+    shipped_profiles,
 )
 from .records import LINKS, GridPoint, StepPoint, Timing
 
@@ -44,7 +45,7 @@ __all__ = [
     "Fingerprint", "fingerprint_diff", "machine_fingerprint",
     "R2_FLAG_BELOW", "FitQuality", "LinearFit", "StepFit", "TransferFit", "PowerModel",
     "FingerprintWarning", "HardwareProfile", "Measured", "ProfileCacheWarning", "cache_dir", "cached_profile_path",
-    "default_profile", "load_profile", "read_cached_profile", "LINKS", "GridPoint", "StepPoint", "Timing",
+    "default_profile", "load_profile", "read_cached_profile", "shipped_profiles", "LINKS", "GridPoint", "StepPoint", "Timing",
     "FULL_GRID", "QUICK_GRID", "Grid", "measure_profile", "profile_model",
 ]
 

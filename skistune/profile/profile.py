@@ -12,6 +12,7 @@ quantizes KV).
 from __future__ import annotations
 
 import contextlib
+import importlib.resources
 import json
 import math
 import os
@@ -557,10 +558,35 @@ def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
 
 
+SHIPPED_PACKAGE = "skistune.profiles"  # the repository's profiles/ folder, installed with the package
+
+
+def shipped_profiles() -> dict[str, Path]:
+    """The hardware profiles that ship with skistune, by name (the file's name less ``.json``; the quality
+    profiles beside them, ``quality-*.json``, are `skistune.quality`'s)."""
+    root = importlib.resources.files(SHIPPED_PACKAGE)
+    return {entry.name.removesuffix(".json"): Path(str(entry)) for entry in root.iterdir()
+            if entry.name.endswith(".json") and not entry.name.startswith("quality-")}
+
+
+def profile_path(spec: str | os.PathLike[str]) -> Path:
+    """The profile file ``spec`` names: a file, or a bare name that is no file here (``cpu-smollm2-135m``), the
+    shipped profile of that name (`shipped_profiles`: installed from a wheel, they live inside the package)."""
+    path = Path(spec)
+    if path.exists() or path.suffix == ".json" or len(path.parts) != 1:
+        return path
+    shipped = shipped_profiles()
+    if path.name in shipped:
+        return shipped[path.name]
+    raise ValueError(f"{spec}: no such profile file, nor a shipped profile (shipped: {', '.join(sorted(shipped))})")
+
+
 def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True,
                  model: str | None = None) -> HardwareProfile:
-    """Read and validate a profile file (measured for ``model``, when given: else a ``ValueError``, before any
-    warning); warn (`FingerprintWarning`) if it was measured elsewhere."""
+    """Read and validate a profile file, or the shipped profile a bare name names (`profile_path`) (measured for
+    ``model``, when given: else a ``ValueError``, before any warning); warn (`FingerprintWarning`) if it was
+    measured elsewhere."""
+    path = profile_path(path)
     data = read_json_file(path, "profile")
     if isinstance(data, dict) and data.get("format") == QUALITY_FORMAT:  # (the other kind of profile file)
         raise ValueError(f"{path}: a quality profile, not a hardware profile: print it with "
