@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from skistune.config import KVConfig
+from skistune.config import KVConfig, shown
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import RequestRecord
 from skistune.slo import SLO, TIME_UNITS
@@ -197,7 +197,10 @@ def parse_quality(text: str) -> QualityFloor:
 
 
 # ---- energy ----------------------------------------------------------------------------------------------
-_ENERGY = re.compile(r"^([-+]?[0-9]*\.?[0-9]+(?:e-?[0-9]+)?)(j|mj|uj)?(?:/(?:token|tok))?$")
+_ENERGY = re.compile(r"^([-+]?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)(j|mj|uj)?(?:/(?:token|tok))?$")
+# Budgets below this are refused: no hardware spends a picojoule on a token, and a subnormal budget had made every
+# violation (J/token / budget - 1) infinite, so that the closest configs could not be ranked
+MIN_ENERGY_J_PER_TOKEN = 1e-12
 _JOULES = {"j": 1.0, "mj": 1e-3, "uj": 1e-6}
 
 
@@ -215,13 +218,16 @@ class EnergyBudget:
 def parse_energy(text: str) -> EnergyBudget:
     m = _ENERGY.match(text.strip().lower().replace(" ", ""))
     if not m:
-        raise ValueError(f"energy {text!r}: write joules per generated token, e.g. 0.5J/token or 300mJ/token")
+        raise ValueError(f"energy {shown(text)}: write joules per generated token, e.g. 0.5J/token or 300mJ/token")
     limit = float(m.group(1)) * _JOULES[m.group(2) or "j"]
     if limit <= 0:
-        raise ValueError(f"energy {text!r}: the budget must be positive")
+        raise ValueError(f"energy {shown(text)}: the budget must be positive")
     if not m.group(2):  # refused, as a bare SLO is: 0.5 might have meant mJ, a budget a thousand times tighter
-        raise ValueError(f"energy {text!r}: the budget needs a unit: write {m.group(1)}J/token or "
-                         f"{m.group(1)}mJ/token (units: J, mJ, uJ per token)")
+        raise ValueError(f"energy {shown(text)}: the budget needs a unit: write {shown(m.group(1))[1:-1]}J/token or "
+                         f"{shown(m.group(1))[1:-1]}mJ/token (units: J, mJ, uJ per token)")
+    if limit < MIN_ENERGY_J_PER_TOKEN:
+        raise ValueError(f"energy {shown(text)}: below {MIN_ENERGY_J_PER_TOKEN:g} J/token, less than any hardware "
+                         "spends on a token; give the budget in J/token, e.g. 0.5J/token")
     return EnergyBudget(limit)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from skistune.config import FAMILIES, KVConfig, format_bytes, knob_fields, layer_bits_text
+from skistune.config import FAMILIES, KVConfig, format_bytes, knob_fields, layer_bits_text, shown
 from skistune.objectives import (DEFAULT_MAX_QUEUE_S, Constraint, EnergyBudget, Objective, QualityFloor, parse_energy,
                                  parse_objectives, parse_quality, queue_constraint, queue_name, served_constraint,
                                  slo_constraint, user_constraint)
@@ -345,7 +345,7 @@ def _parse_specs(slo, energy, quality) -> tuple[tuple[SLO, ...], EnergyBudget | 
         energy = f"{energy!r}J/token"  # ``max_queue_s`` is seconds: only text needs its unit (`parse_energy`)
     budget = energy if energy is None or isinstance(energy, EnergyBudget) else parse_energy(str(energy))
     if budget is not None and not math.isfinite(budget.limit_j_per_token):  # 1e999J/token parses as inf
-        raise ValueError(f"energy {energy}: the budget must be a finite number of joules per token")
+        raise ValueError(f"energy {shown(energy)}: the budget must be a finite number of joules per token")
     floors = tuple(q if isinstance(q, QualityFloor) else parse_quality(q) for q in _as_list(quality))
     return slos, budget, floors
 
