@@ -430,10 +430,16 @@ def energy_line(result) -> str | None:
     baseline = getattr(result, "baseline", None)
     scored = [*result.closest, *([baseline] if baseline is not None and name in baseline.violations else [])]
     least = min(limit * (1 + e.violations[name]) for e in scored)
+    problem = result.problem
+    if problem.at_capacity:
+        where, rate_advice = "at their capacity", "so a lower arrival rate raises it"
+    else:  # (judged at the workload's own rate: there a higher rate spreads the idle power over more tokens)
+        where = f"at the workload's rate ({significant(problem.search.base_rps)} req/s)"
+        rate_advice = "so a higher arrival rate (--rate) lowers it, up to where an SLO breaks"
     return (f"{name} binds in {result.binding[name]} of {result.trials} trials: the closest configs use "
-            f"{least:.3g} J/token or more at their capacity (x{least / limit:.3g} the budget, "
-            f"{result.problem.profile.power.source} power); idle power counts per token, so a lower arrival rate "
-            "raises it: a looser --energy budget, or a config that spends less per token, can help")
+            f"{least:.3g} J/token or more {where} (x{least / limit:.3g} the budget, "
+            f"{problem.profile.power.source} power); idle power counts per token, {rate_advice}: a looser --energy "
+            "budget, or a config that spends less per token, can help")
 
 
 BURSTY_CV = 2.0  # inter-arrival CV above which a workload's bursts, not its mean rate, decide its queues

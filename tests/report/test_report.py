@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from skistune.cli import app
 from skistune.config import KVConfig
+from skistune.display import significant
 from skistune.optimize import VALIDATED_ATTR
 from skistune.report import (FILES, build_report, memory_timeline, report_lines, report_tables, sampled_replay,
                              table_html, tradeoff_front, write_report)
@@ -363,6 +364,18 @@ def test_an_energy_infeasible_study_says_why_as_optimize_does(tmp_path):
     r = invoke("en", "--storage", storage, "--out-dir", str(tmp_path / "out"), "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout.strip().splitlines()[-1])["why"] == said and said[:60] in r.stdout
+
+
+def test_an_energy_budget_judged_at_the_workloads_rate_is_not_said_to_be_at_capacity(tmp_path):
+    """Goodput is judged at the workload's own rate: the line had said "at their capacity" and that a lower rate
+    raises J/token (true, but there a higher rate is what helps)."""
+    from skistune.optimize_cli import energy_line
+
+    result, _ = make_study(tmp_path, name="gp", n_trials=2, energy="0.05J/token", objective="goodput")
+    said = energy_line(result)
+    rate = result.problem.search.base_rps
+    assert "at their capacity" not in said and f"at the workload's rate ({significant(rate)} req/s)" in said
+    assert "a higher arrival rate (--rate) lowers it" in said
 
 
 def test_the_baselines_config_shows_the_base_rows_refined_figures_wherever_it_ranks(study, tmp_path):
