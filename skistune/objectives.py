@@ -49,7 +49,7 @@ class QualityLoss:
 
     ppl_mean: float
     ppl_worst: float
-    needle_retained: float
+    needle_retained: float | None  # None: not measured (a held-out validation runs passkeys for a needle floor only)
     basis: str = "measured"  # "exact" (nothing lossy), "measured", "proxy: <model>" or why it is unknown
     ppl_mean_bound: float | None = None
     ppl_worst_bound: float | None = None  # one-sided 95% prediction bound for a window not in the profile

@@ -182,8 +182,11 @@ def held_out_quality(problem: Problem, configs: Sequence[KVConfig], runtime=None
     rows = measure_quality(runtime, lossy, needle=needle,
                            progress=(lambda label, done, total: progress(label)) if progress else None)
     basis = "held-out" if runtime.spec.name == problem.model else f"held-out, proxy: {runtime.spec.name}"
-    return {c: QualityLoss(r["ppl_mean"], r["ppl_worst"], r.get("needle_retained") or (0.0 if needle else 1.0),
-                           basis=basis) for c, r in zip(lossy, rows)}
+    # (passkeys are run only for a needle floor: otherwise their share kept is unknown, not 1.0; a floor asked
+    # for them, so a missing figure there counts as none kept)
+    return {c: QualityLoss(r["ppl_mean"], r["ppl_worst"],
+                           (r.get("needle_retained") or 0.0) if needle else None, basis=basis)
+            for c, r in zip(lossy, rows)}
 
 
 def _measured_order(problem: Problem, validations: list[Validation]) -> list[Validation]:

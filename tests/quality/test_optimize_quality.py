@@ -131,3 +131,31 @@ def test_missing_quality_profile_is_bad_input(workload, hw):
 
 def test_lossless_configs_need_no_held_out_measurement(workload, hw, qp):
     assert held_out_quality(problem(workload, hw, qp), [KVConfig(), baseline_config()]) == {}
+
+
+def test_passkeys_not_run_leave_the_share_kept_unknown(workload, hw, qp, monkeypatch):
+    """Passkeys run only for a needle floor: without one the held-out share kept had read 1.0, as if measured."""
+    import skistune.quality.measure as measure
+
+    asked = []
+
+    def measured(runtime, configs, needle=False, progress=None):
+        asked.append(needle)
+        return [{"ppl_mean": 0.01, "ppl_worst": 0.02, **({"needle_retained": 0.75} if needle else {})}
+                for _ in configs]
+
+    monkeypatch.setattr(measure, "measure_quality", measured)
+    lossy = baseline_config().with_knobs(LOSSY)
+
+    class Runtime:  # (a runtime with a tokenizer and the problem's model: none is loaded)
+        tokenizer = object()
+
+        class spec:
+            name = "smollm2-135m"
+
+    without = held_out_quality(problem(workload, hw, qp), [lossy], runtime=Runtime)[lossy]
+    with_floor = held_out_quality(problem(workload, hw, qp, quality=["ppl+5%", "needle>=0.5"]), [lossy],
+                                  runtime=Runtime)[lossy]
+    assert asked == [False, True]
+    assert without.needle_retained is None and without.ppl_mean == 0.01 and without.basis == "held-out"
+    assert with_floor.needle_retained == 0.75
