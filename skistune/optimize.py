@@ -75,9 +75,11 @@ def completed(study) -> list[Evaluation]:
 
 
 def _distinct(evaluations: Sequence[Evaluation]) -> list[Evaluation]:
+    """The first of each config that serves differently (`KVConfig.effective`: a quantization group size at 16
+    bits does nothing, and two such configs had been listed as #1 and #2 with the same figures)."""
     seen: dict[KVConfig, Evaluation] = {}
     for e in evaluations:
-        seen.setdefault(e.config, e)
+        seen.setdefault(e.config.effective(), e)
     return list(seen.values())
 
 

@@ -47,6 +47,18 @@ def invoke(*args):
 
 
 # ---- the baseline first on a tie ---------------------------------------------------------------------------
+def test_configs_that_serve_alike_are_ranked_once(workload, profile):
+    """A tester's best-configs table listed #1 and #2 with the same figures: trial 18 differed from trial 9 only by
+    a quantization group size, which does nothing at 16 bits (`KVConfig.effective`)."""
+    problem = opt.build_problem(workload, slo="p99=200ms", profile=profile)
+    chunked = problem.base.with_knobs({"batching.chunk_size": 1694})
+    inert = chunked.with_knobs({"bitwidth.group_size": 128})
+    assert inert != chunked and inert.effective() == chunked.effective()
+    other = problem.base.with_knobs({"batching.chunk_size": 1024})
+    evaluations = [ev(chunked, (0.5,), 9), ev(inert, (0.5,), 18), ev(other, (0.4,), 20)]
+    assert [e.trial for e in opt.ranked(problem, evaluations)] == [9, 20]
+
+
 def test_energy_lower_by_float_noise_does_not_rank_a_tiered_config_before_the_baseline(workload, profile):
     """The tester's run: trial 5 (an unused 8 GiB host tier) tied the defaults on every objective but came
     first, by 0.673538355530488 against 0.6735383555304882 J/token, and so took the defaults' place on the
