@@ -543,8 +543,9 @@ def _tier_limits(profile, target) -> list[tuple[str, int | None, str, str, str]]
 def _capacity_point_note(objectives) -> list[str]:
     """With capacity among several objectives, every config is scored at its own capacity: the others are
     judged there, each config at its own rate, not at the workload's (a user who set --rate expects that)."""
-    others = [o.name for o in objectives if o.name != "capacity"]
-    if len(others) == len(objectives) or not others:
+    # (predicted quality loss is the KV knobs' alone: the same at every rate)
+    others = [o.name for o in objectives if o.name not in ("capacity", "quality")]
+    if not any(o.name == "capacity" for o in objectives) or not others:
         return []
     names, them = ", ".join(others), "it" if len(others) == 1 else "them"
     return [f"{names}: judged at each config's capacity (the highest rate its constraints allow), so two configs' "

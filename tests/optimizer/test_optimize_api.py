@@ -409,6 +409,12 @@ def test_objectives_beside_capacity_are_noted_as_judged_at_each_configs_capacity
     for objective in ("capacity", "energy"):
         assert not any("judged at each config's capacity" in n
                        for n in build_problem(workload, slo="p99=200ms", objective=objective, profile=profile).notes)
+    # predicted quality loss is the same at every rate: nothing to say of it (a tester found the note misleading)
+    for objective in ("capacity,quality", "energy,quality"):
+        assert not any("judged at each config's capacity" in n
+                       for n in build_problem(workload, slo="p99=200ms", objective=objective, profile=profile).notes)
+    notes = build_problem(workload, slo="p99=200ms", objective="capacity,energy,quality", profile=profile).notes
+    assert [n.split(":")[0] for n in notes if "judged at each config's capacity" in n] == ["energy"]
 
 
 def test_simplifying_takes_no_other_commands_trial_and_skips_their_unfinished_tries(workload, profile):
