@@ -280,7 +280,7 @@ def validation_table(result) -> Table:
         t.add_column(col)
     for s in p.slos:
         t.add_column(f"{s.metric.upper()} {s.percentile} (ms)", justify="right")
-    t.add_column("J/token", justify="right")
+    t.add_column(f"J/token ({p.profile.power.source})", justify="right")
     lossy = any(v.held_out_quality is not None for v in result.validated)
     if lossy:
         t.add_column("Δppl mean (predicted / held-out)", justify="right")
@@ -338,6 +338,10 @@ def gain_lines(result) -> list[str]:
              f"{', '.join(f'{k} {layer_bits_text(v)}' for k, v in outside.items())} is outside it"
              + (f" (the space fixes {', '.join(fixes)})" if fixes else "")
              + ", so the search never tried it and it cannot rank first on a tie"] if outside else []
+    if not result.baseline.feasible and not p.at_capacity:  # (at capacity that is "meets no rate", said below)
+        lines.append(f"the baseline ({label}) breaks {', '.join(result.baseline.binding)} in prediction at the "
+                     f"workload's rate, where the tuned config meets every constraint: the figures below set a "
+                     "feasible config against an infeasible one")
     gain = result.gain()
     for o, tuned, base in zip(p.objectives, result.best[0].values, result.baseline.values):
         name, ratio = o.name, gain[o.name]
@@ -510,13 +514,16 @@ def _seconds(value_s: float) -> str:
 def _summary(result, out: Path | None) -> dict:
     from skistune.optimize import baseline_outside_space, replayed_as
 
-    def scored(e):
-        return {"config": e.config.to_dict(), "values": list(e.values), "figures": dict(e.figures)}
+    def scored(e):  # (violations: <= 0 is met; the baseline's may break one, say at the workload's own rate)
+        return {"config": e.config.to_dict(), "values": list(e.values), "figures": dict(e.figures),
+                "violations": dict(e.violations)}
 
     return {"feasible": result.feasible, "feasible_predicted": result.feasible,
             "feasible_measured": result.measured_feasible, "study": result.study.study_name, "storage": result.storage,
             "trials": result.trials, "simplifying_trials": result.simplifying_trials,
             "out": str(out) if out else None, "notes": result.notes,
+            # (every energy figure's basis: "modeled" where no power meter was read, as the tables' J/token say)
+            "power_source": result.problem.profile.power.source,
             "best": {**scored(result.best[0]), "config": result.config.to_dict()} if result.best else None,
             "baseline": scored(result.baseline),
             "pareto": [{"trial": e.trial, **scored(e)} for e in result.pareto],

@@ -530,7 +530,8 @@ def pareto_table(report: Report):
               title_justify="left")
     # (the knobs are named under the tables, as the best configs' are: a column of them, folded to a terminal's
     # width, stood a dozen lines tall per row)
-    for col, justify in (("trial", "left"), ("config", "left"), (axis, "right"), ("J/token", "right"),
+    energy = f"J/token ({report.problem.profile.power.source})"
+    for col, justify in (("trial", "left"), ("config", "left"), (axis, "right"), (energy, "right"),
                          ("KV peak (MiB)", "right"), ("quality Δppl mean / worst", "right")):
         t.add_column(col, justify=justify, overflow="fold")
     for e in [*report.pareto, report.baseline]:
@@ -614,7 +615,9 @@ def validation_fidelity_table(report: Report):
     t = Table(title=f"Predicted vs validated on the real runtime ({first} requests, lengths capped, replayed "
                     "at the rate the simulator chose): predicted / measured (prediction error)",
               title_justify="left")
-    for col in ("config", "rate (req/s)", *(name for name, _, _ in _FIDELITY), "holds"):
+    power = report.problem.profile.power.source  # (J/token is predicted and measured with the profile's power)
+    names = [f"{name} ({power})" if key == "energy_j_per_token" else name for name, key, _ in _FIDELITY]
+    for col in ("config", "rate (req/s)", *names, "holds"):
         t.add_column(col, justify="left" if col == "config" else "right")
     labels = {e.config: f"#{i + 1}" for i, e in enumerate(report.best)}
     for v in report.validated:
@@ -1041,6 +1044,7 @@ def summary(report: Report, files: Mapping[str, Path]) -> dict[str, Any]:
     return {"study": report.name, "storage": report.storage, "trials": report.searched_trials,
             "simplifying_trials": report.simplifying_trials,
             "feasible": report.feasible, "objectives": [o.name for o in report.problem.objectives],
+            "power_source": report.problem.profile.power.source,  # (every J/token's basis: "modeled" without a meter)
             "best": [scored(e) for e in report.best], "pareto": [scored(e) for e in report.pareto],
             "baseline": scored(report.baseline), "binding": dict(report.binding),
             "validated": [dict(v) for v in report.validated], "importance": dict(report.importance),

@@ -24,7 +24,8 @@ def test_writes_the_tuned_config_with_provenance_and_a_json_summary(here):
     config = load_config(str(here / "skistune-tuned.yaml"))
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["feasible"] and summary["best"]["config"] == config.to_dict()
-    assert summary["pareto"] and all(set(e) >= {"trial", "config", "values"} for e in summary["pareto"])
+    assert summary["pareto"] and all(set(e) >= {"trial", "config", "values", "violations"} for e in summary["pareto"])
+    assert summary["power_source"] == "modeled" and set(summary["baseline"]["violations"]) >= {"served"}
     prov = __import__("yaml").safe_load((here / "skistune-tuned.yaml").read_text())["provenance"]
     assert prov["slo"] == ["tbt:p99<=200ms"] and prov["search"]["trials"] == 3
     assert prov["search"]["simplifying_trials"] == summary["simplifying_trials"] >= 0  # (counted apart, as report does)
@@ -278,6 +279,29 @@ def test_a_baseline_that_meets_no_rate_is_reported_with_what_breaks_not_as_an_in
     console = Console(width=200, record=True)
     console.print(best_table(result))
     assert f"none ≥ {lowest} req/s" in console.export_text()
+
+
+def test_a_baseline_that_breaks_a_constraint_at_the_workloads_rate_is_said_to_before_any_tie():
+    """At a fixed rate (goodput, quality, energy) the baseline can break the queue guard: optimize had printed only
+    "quality a tie" beside a written config that is not the baseline, which read as the tie rule broken."""
+    from dataclasses import replace
+
+    from skistune.optimize import Evaluation, OptimizeResult, build_problem
+    from skistune.optimize_cli import gain_lines
+
+    problem = build_problem("chat", slo=["p99=200ms"], objective="goodput", profile=PROFILE)
+    figures = {"slo_s": {"tbt:p99<=200ms": 0.18}, "energy_j_per_token": 1.0, "kv_peak_bytes": 1 << 20,
+               "quality_basis": "exact"}
+    tuned = Evaluation(replace(problem.base, batching=replace(problem.base.batching, max_num_seqs=8)), 1.0, (0.5,),
+                       {"tbt:p99<=200ms": -0.1, "queue<=5s": -0.5, "served": 0.0}, figures, trial=3)
+    base = Evaluation(problem.base, 1.0, (0.5,), {"tbt:p99<=200ms": -0.2, "queue<=5s": 0.11, "served": 0.0}, figures)
+    lines = gain_lines(OptimizeResult(problem=problem, best=[tuned], pareto=[tuned], baseline=base, study=None,
+                                      storage=""))
+    assert lines[0].startswith("the baseline (vLLM defaults) breaks queue<=5s in prediction at the workload's rate")
+    assert "goodput a tie" in lines[1]
+    feasible = replace(base, violations={**base.violations, "queue<=5s": -0.1})
+    assert not any("breaks" in line for line in gain_lines(
+        OptimizeResult(problem=problem, best=[tuned], pareto=[tuned], baseline=feasible, study=None, storage="")))
 
 
 def test_objective_repeats_as_a_pareto_front_like_a_comma_list(here):

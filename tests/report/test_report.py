@@ -265,6 +265,8 @@ def test_command_defaults_to_the_study_file_and_folder_here_and_ends_with_json(s
     assert summary["files"] == {k: f"skistune-report-t/{v}" for k, v in FILES.items()}
     assert all((tmp_path / path).is_file() for path in summary["files"].values())
     assert "Best configs of study t" in r.stdout and "Knob importance for capacity" in r.stdout
+    # (energy's basis, where scripts and readers see J/token: the shipped CPU profile's power is modeled)
+    assert summary["power_source"] == "modeled" and r.stdout.count("(modeled)") >= 2  # J/token of best, Pareto (folded)
 
 
 def test_infeasible_study_reports_the_binding_constraint_without_the_best_config_plots(tmp_path):
