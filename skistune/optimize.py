@@ -665,6 +665,15 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     stage("refining the top configs")
     baseline = _refined_baseline(problem, evaluations, cut)
     front = pareto_front(problem, evaluations)
+    if not front and problem.at_capacity:
+        # every trial was judged at the search's coarser capacity, where J/token is higher (idle power over fewer
+        # tokens): an energy budget that the refined capacity meets had ended the run infeasible (a tester's budget
+        # of 1.27 J/token, which the run without it had met at 1.251)
+        near = [e for e in infeasibility(evaluations)[1] if e.violations.get("served", 0.0) <= 0]
+        if near:
+            stage("refining the configs closest to feasibility")
+            evaluations = with_refined(evaluations, [*_refine(problem, near, cut), baseline])
+            front = pareto_front(problem, evaluations)
     if not front:
         binding, closest = infeasibility(evaluations)
         # (the report then reads the baseline optimize printed, and says why as optimize said it)

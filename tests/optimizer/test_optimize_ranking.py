@@ -283,3 +283,17 @@ def test_a_capacity_at_the_searchs_ceiling_is_said_to_be_a_lower_bound(profile):
     goodput = opt.build_problem(load_workload("chat", requests=16), slo="e2e:p99<=1000s", objective="goodput",
                                 profile=profile)
     assert opt.ceiling_note(goodput, at_top) is None  # (scored at the workload's own rate)
+
+
+def test_an_energy_budget_the_refined_capacity_meets_is_not_reported_infeasible(workload, profile, tmp_path):
+    """Trials are judged at the search's coarse capacity, where J/token is higher (idle power over fewer tokens):
+    a tester's budget that the run without it had met (1.27 J/token against 1.251) ended the run infeasible."""
+    from skistune.scoring import REFINE_PRECISION, score
+
+    problem = opt.build_problem(workload, slo="p99=200ms", profile=profile)
+    refined = score(problem, problem.base, precision=REFINE_PRECISION).figures["energy_j_per_token"]
+    budget = refined * 1.002
+    result = skistune.optimize(workload, slo="p99=200ms", energy=f"{budget!r}J/token", n_trials=2, validate=0,
+                               profile=profile, storage=f"sqlite:///{tmp_path / 's.db'}", study_name="e", seed=0)
+    assert not opt.pareto_front(result.problem, opt.completed(result.study)), "the search itself met the budget"
+    assert result.feasible and result.best[0].figures["energy_j_per_token"] <= budget
