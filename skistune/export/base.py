@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -156,8 +157,10 @@ def is_default(config: KVConfig, knob: str) -> bool:
 class Plan:
     """The bookkeeping of one export: which knobs were expressed and which were approximated."""
 
-    def __init__(self, config: KVConfig, engine: str, scope: frozenset[str]) -> None:
+    def __init__(self, config: KVConfig, engine: str, scope: frozenset[str],
+                 provenance: Mapping[str, Any] | None = None) -> None:
         self.config = config
+        self.provenance = provenance or {}  # a tuned file's (`skistune optimize`): how the config was found
         self.engine = engine
         self.relevant = relevant_knobs(config) & scope
         self.warnings: list[ExportWarning] = []
@@ -242,8 +245,9 @@ class Exporter(ABC):
         raise ValueError(f"--engine-version {name!r}: {self.engine} versions supported are {known} "
                          f"(default {self.default_version.name})")
 
-    def export(self, config: KVConfig, version: EngineVersion, model: ModelSpec, file_name: str) -> ExportResult:
-        plan = Plan(config, f"{self.engine} {version.name}", self.scope)
+    def export(self, config: KVConfig, version: EngineVersion, model: ModelSpec, file_name: str, *,
+               provenance: Mapping[str, Any] | None = None) -> ExportResult:
+        plan = Plan(config, f"{self.engine} {version.name}", self.scope, provenance)
         rendered = self.render(plan, version, model, file_name)
         plan.account_unmapped()
         outside = sorted(k for k in relevant_knobs(config) - self.scope if not is_default(config, k))

@@ -1,5 +1,5 @@
-"""`native`: the skistune YAML itself, every knob as written (the file `skistune optimize` writes and
-`skistune demo --config` / `skistune evaluate` read)."""
+"""`native`: the skistune YAML itself, every knob as written, and a tuned file's provenance (the file `skistune
+optimize` writes and `skistune demo --config` / `skistune evaluate` read)."""
 from __future__ import annotations
 
 from skistune.export.base import EngineVersion, Exporter, Plan, Rendered
@@ -16,5 +16,6 @@ class NativeExporter(Exporter):
 
     def render(self, plan: Plan, version: EngineVersion, model: ModelSpec, file_name: str) -> Rendered:
         plan.express(*plan.relevant)
-        return Rendered(plan.config.to_yaml(), command_line(["skistune", "evaluate", file_name],
+        # (the provenance travels with the config: a re-export of this file had lost the model it was tuned for)
+        return Rendered(plan.config.to_yaml(plan.provenance or None), command_line(["skistune", "evaluate", file_name],
                                                            {"mode": "run", "model": model.name}))

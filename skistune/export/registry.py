@@ -117,7 +117,7 @@ def export(config: KVConfig | str | Path, target: str, engine_version: str | Non
     provenance = {} if isinstance(config, KVConfig) else load_provenance(config)
     spec = get_preset(_model(model, provenance, config))
     try:
-        result = exporter.export(cfg, version, spec, file_name or exporter.default_file)
+        result = exporter.export(cfg, version, spec, file_name or exporter.default_file, provenance=provenance)
     except LayerCountError as exc:  # (a fault of the file, named as its other faults are)
         raise (exc if isinstance(config, KVConfig) else LayerCountError(f"{config}: {exc}")) from None
     other_model = _model_warning(spec.name, provenance, config)

@@ -303,3 +303,19 @@ def test_another_model_than_the_recorded_one_is_in_the_json_warnings_and_fails_s
 
 def test_a_recorded_model_that_is_no_preset_is_one_line_and_exit_2(tmp_path):
     one_line_error(run(tuned_file(tmp_path, "gpt-5"), "--to", "vllm"), "tuned for model 'gpt-5' (its provenance)")
+
+
+def test_a_native_export_keeps_the_provenance_so_a_re_export_keeps_the_model(tmp_path):
+    """`--to native` had dropped the provenance: re-exporting its file wrote SmolLM2's checkpoint for a config tuned
+    for llama-3-8b, with no warning."""
+    path = tuned_file(tmp_path, "llama-3-8b")
+    native = tmp_path / "native.yaml"
+    r = run(path, "--to", "native", "--out", str(native))
+    assert r.exit_code == 0, r.output
+    assert yaml.safe_load(native.read_text())["provenance"] == yaml.safe_load(open(path))["provenance"]
+    again = run(str(native), "--to", "sglang")
+    assert again.exit_code == 0, again.output
+    assert "--model-path meta-llama/Meta-Llama-3-8B-Instruct " in again.stderr
+    assert run(str(native), "--to", "native").stdout == native.read_text()  # (idempotent)
+    from skistune.config import KVConfig
+    assert "provenance" not in export(KVConfig(), "native").text  # (a bare config has none to keep)
