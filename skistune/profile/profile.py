@@ -607,10 +607,17 @@ def warn_if_elsewhere(profile: HardwareProfile, path: str | os.PathLike[str]) ->
     software (apart from `load_profile`: a command may refuse the profile first, in one line). The warning
     points at the caller's line outside skistune (`skistune.sim_target(...)`, not skistune's own call)."""
     differences = fingerprint_diff(profile.fingerprint, machine_fingerprint(profile.device))
-    if differences:
+    # (a field the profile predates proves no difference: a profile measured here by an earlier skistune had been
+    # called another machine's for its missing cpu_arch)
+    unrecorded = [d.split(":")[0] for d in differences if ": not recorded -> " in d]
+    if len(differences) > len(unrecorded):
         warnings.warn(f"{path}: measured on a different machine or software ({'; '.join(differences)}); "
                       "its timings are that machine's and may not hold here", FingerprintWarning,
                       stacklevel=_caller_level())
+    elif unrecorded:
+        warnings.warn(f"{path}: measured by an earlier skistune that did not record {', '.join(unrecorded)}, so "
+                      "whether it was measured on this machine is not known; `skistune profile` measures this one",
+                      FingerprintWarning, stacklevel=_caller_level())
 
 
 def _caller_level() -> int:

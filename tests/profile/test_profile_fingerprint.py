@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -155,7 +156,8 @@ def test_a_profile_from_before_cpu_arch_loads_and_says_it_was_not_recorded(edite
     with pytest.warns(FingerprintWarning) as record:
         profile = load_profile(edited(lambda data: data["fingerprint"].pop("cpu_arch")))
     assert profile.fingerprint.cpu_arch is None
-    assert f"cpu_arch: not recorded -> {here.cpu_arch}" in str(record[0].message)
+    # (measured here: only the field it predates differs, which is no evidence of another machine)
+    assert "did not record cpu_arch, so whether it was measured on this machine is not known" in str(record[0].message)
     assert fingerprint_diff(profile.fingerprint, here) == [f"cpu_arch: not recorded -> {here.cpu_arch}"]
 
 
@@ -196,3 +198,22 @@ def test_the_machine_memory_is_recorded_and_profiles_from_before_it_load(edited)
     foreign = Fingerprint(**{**old.fingerprint.to_dict(), "cpu_model": "Imaginary CPU 9000"})
     assert recorded_memory(foreign, "cpu") is None  # another machine: unknown
     assert recorded_memory(Fingerprint(**{**foreign.to_dict(), "host_memory_bytes": 7 << 30}), "cpu") == 7 << 30
+
+
+def test_a_profile_of_this_machine_from_before_cpu_arch_is_not_called_another_machines(tmp_path):
+    """A profile measured here minutes earlier by a skistune that predates cpu_arch had been called "measured on a
+    different machine or software (cpu_arch: not recorded -> ...)"."""
+    from skistune.profile.profile import warn_if_elsewhere
+
+    here = machine_fingerprint("cpu")
+    profile = load_profile(Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json",
+                           check_fingerprint=False)
+    older_here = replace(profile, fingerprint=replace(here, cpu_arch=None))
+    with pytest.warns(FingerprintWarning) as record:
+        warn_if_elsewhere(older_here, "old.json")
+    [message] = [str(r.message) for r in record]
+    assert message == ("old.json: measured by an earlier skistune that did not record cpu_arch, so whether it was "
+                       "measured on this machine is not known; `skistune profile` measures this one")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_elsewhere(replace(profile, fingerprint=here), "same.json")  # (all recorded and equal: silent)
