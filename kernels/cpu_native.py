@@ -51,6 +51,11 @@ def _checksum(path: Path) -> str:
     return f"{hashlib.sha256(data).hexdigest()} {len(data)}"
 
 
+# a library without a checksum beside it: built by a skistune that recorded none, or a build cut short between
+# its two renames; either way built again, but without calling it damaged (a tester's upgrade had read so)
+UNCHECKED = "no checksum recorded beside it"
+
+
 def _damage(target: Path) -> str | None:
     """Why the cached library ``target`` must not be loaded (None: it is the file that was built). Checked
     before loading: dlopen of a truncated library (a disk that filled, a copy cut short) had killed the
@@ -59,7 +64,7 @@ def _damage(target: Path) -> str | None:
     try:
         recorded = sidecar.read_text().strip()
     except FileNotFoundError:
-        return "no checksum recorded beside it"
+        return UNCHECKED
     except (OSError, UnicodeDecodeError) as exc:
         return f"its checksum file cannot be read: {getattr(exc, 'strerror', None) or exc}"
     try:
@@ -108,8 +113,9 @@ def _build(compiler: str) -> Path:
             why = _damage(target)
             if why is None:
                 return target
-            warnings.warn(f"the cached CPU attention kernel {target} is damaged ({why}); building it again",
-                          RuntimeWarning, stacklevel=3)
+            if why != UNCHECKED:
+                warnings.warn(f"the cached CPU attention kernel {target} is damaged ({why}); building it again",
+                              RuntimeWarning, stacklevel=3)
         built, checksum = _compile(compiler, target.parent, target.name)
         try:
             # the library first, then its checksum: a reader that sees the new library before its checksum
