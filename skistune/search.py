@@ -84,6 +84,17 @@ def make_sampler(name: str, *, seed: int, problem: Problem, parallel: bool, n_tr
         return optuna.samplers.RandomSampler(seed=seed)
 
 
+class ProblemMismatch(ValueError):
+    """A study was created for another problem, as its stored identity says (or by an earlier skistune, which
+    described the same problem differently: a profile's fingerprint key and a preset's draws have changed)."""
+
+    def __init__(self, study_name: str, differs: str) -> None:
+        self.study_name, self.differs = study_name, differs
+        super().__init__(f"study {study_name!r} was created for another problem, or by an earlier skistune that "
+                         f"described it differently (differs in: {differs}); pass another study name (--study, or "
+                         "study_name= in Python), or omit it")
+
+
 def open_study(problem: Problem, storage, study_name: str, sampler):
     """Create the study, or resume it when it exists for the same problem. Safe when another process creates
     the same study at the same moment (two runs started together): one creates it, the other loads it, and
@@ -108,8 +119,7 @@ def open_study(problem: Problem, storage, study_name: str, sampler):
         stored = identity
     if stored != identity:
         differs = ", ".join(k for k in identity if stored.get(k) != identity[k])
-        raise ValueError(f"study {study_name!r} was created for another problem (differs in: {differs}); pass "
-                         "another study name (--study, or study_name= in Python), or omit it")
+        raise ProblemMismatch(study_name, differs)
     return study
 
 

@@ -16,7 +16,8 @@ from skistune.objectives import NAMED, EnergyBudget, QualityFloor
 from skistune.problem import Problem, _check_counts, _constraint_specs, build_problem
 from skistune.scoring import Deadline, with_deadline
 from skistune.search import (DEFAULT_TRIALS, Progress, _first_new_trial, _optimize, _progress_of, _random_seed,
-                             _StopsInsideTrials, _tagged, _trial_function, _worker_tag, make_sampler, open_study)
+                             ProblemMismatch, _StopsInsideTrials, _tagged, _trial_function, _worker_tag, make_sampler,
+                             open_study)
 from skistune.searchspace import SearchSpace
 from skistune.slo import SLO
 from skistune.study_storage import _existing_sqlite, _pack, _storage_label, _unpack, open_storage, storage_failures
@@ -185,8 +186,14 @@ def join_study(storage: Any, study_name: str, *, seed: int | None = None) -> Wor
         raise ValueError(f"study {study_name!r}: holds no skistune recipe (made by another tool or an older "
                          "skistune); resume it once with skistune optimize to store one")
     problem, search = problem_from_recipe(recipe)
-    with storage_failures(storage, study_name):
-        study = open_study(problem, opened, study_name, sampler=None)
+    try:
+        with storage_failures(storage, study_name):
+            study = open_study(problem, opened, study_name, sampler=None)
+    except ProblemMismatch as exc:  # (the problem is the study's own recipe: only another skistune differs)
+        raise ValueError(f"study {study_name!r} was made by an earlier skistune: this one rebuilds its problem from "
+                         f"its recipe and describes it differently (differs in: {exc.differs}), so its workers "
+                         "cannot add to it; add trials with the skistune that made it, or start a new study with "
+                         "skistune optimize") from None
     seed = _random_seed() if seed is None else seed
     study.sampler = make_sampler(search["sampler"], seed=seed, problem=problem, parallel=True,
                                  n_trials=search["n_trials"])

@@ -64,3 +64,27 @@ def test_a_worker_leaves_a_database_of_something_else_as_it_was(tmp_path):
     with pytest.raises(ValueError, match="holds no Optuna study"):
         join_study(f"sqlite:///{empty}", "w1")
     assert empty.read_bytes() == b""
+
+
+def test_a_study_an_earlier_skistune_described_differently_is_refused_by_a_worker_saying_so(tmp_path, profile):
+    """A study made by a skistune that keyed the same profile differently (a CPU profile's key had once held the
+    Triton version): the worker rebuilds the problem from the study's own recipe, so 'created for another problem;
+    pass another study name' made no sense for it."""
+    import skistune
+    from skistune.search import PROBLEM_ATTR
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    skistune.optimize(load_workload("chat", requests=8, seed=0), slo="p99=200ms", n_trials=1, validate=0,
+                      profile=profile, storage=url, study_name="old")
+    study = optuna.load_study(study_name="old", storage=url)
+    study.set_user_attr(PROBLEM_ATTR, {**study.user_attrs[PROBLEM_ATTR], "profile": "f4f4284a3ea5"})
+    with pytest.raises(ValueError) as refused:
+        join_study(url, "old")
+    assert str(refused.value) == (
+        "study 'old' was made by an earlier skistune: this one rebuilds its problem from its recipe and describes it "
+        "differently (differs in: profile), so its workers cannot add to it; add trials with the skistune that made "
+        "it, or start a new study with skistune optimize")
+    with pytest.raises(ValueError, match=r"^study 'old' was created for another problem, or by an earlier skistune "
+                                         r"that described it differently \(differs in: profile\); pass another"):
+        skistune.optimize(load_workload("chat", requests=8, seed=0), slo="p99=200ms", n_trials=1, validate=0,
+                          profile=profile, storage=url, study_name="old")
