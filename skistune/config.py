@@ -682,7 +682,7 @@ def load_config(path: str | os.PathLike) -> KVConfig:
     """Read a config file (.yaml/.yml or .json), raising ``ValueError`` that names the file."""
     path = os.fspath(path)  # (a Path had failed on `.endswith`)
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:  # (a byte-order mark, as some editors write, is dropped)
             text = fh.read()
     except OSError as exc:
         raise ValueError(f"{path}: cannot read config ({exc.strerror})") from None

@@ -269,3 +269,12 @@ def test_byte_sizes_reach_the_top_of_their_range_in_its_own_unit():
     assert parse_bytes("offload.disk_kv_bytes", "1PiB") == 1 << 50 and parse_bytes("x", "2PB") == 2 * 10**15
     assert format_bytes(1 << 50) == "1PiB" and format_bytes(3 << 40) == "3TiB"
     assert KVConfig.from_dict({"offload": {"disk_kv_bytes": "1PiB"}}).offload.disk_kv_bytes == 1 << 50
+
+
+@pytest.mark.parametrize("name, text", [("kv.json", '{"batching": {"max_num_seqs": 64}}'),
+                                        ("kv.yaml", "batching:\n  max_num_seqs: 64\n")])
+def test_a_config_with_a_byte_order_mark_loads_in_either_format(tmp_path, name, text):
+    """A tester's .json config with a UTF-8 BOM (as some Windows editors save) was refused; the same YAML loaded."""
+    path = tmp_path / name
+    path.write_bytes("\ufeff".encode() + text.encode())
+    assert load_config(path).batching.max_num_seqs == 64

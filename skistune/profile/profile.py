@@ -544,7 +544,7 @@ def _read_power(data: Any) -> PowerModel:
 def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
     """A JSON file's contents, or ``ValueError`` naming the file and what is wrong (``what``: "profile")."""
     try:
-        raw = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_text(encoding="utf-8-sig")  # (a byte-order mark is dropped)
     except OSError as exc:
         raise ValueError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
