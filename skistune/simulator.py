@@ -109,7 +109,7 @@ def target_from_profile(profile, model: str | None = None) -> SimTarget:
         if device_free <= 0:
             raise ValueError(f"profile {profile.name!r}: {profile.model}'s weights ({weights / 2**30:.1f} GiB) "
                              f"fill the device's {total / 2**30:.1f} GiB")
-    drift = tuple(n for n in (profile.drift_note, profile.step_coverage_note) if n)
+    drift = tuple(n for n in (profile.drift_note, profile.step_coverage_note, profile.step_fit_note) if n)
     return SimTarget(spec, profile.step_cost, itemsize, device_free, notes=tuple(profile.notes) + drift,
                      quantized_kv_note=profile.quantized_kv_note,
                      transfers={link: m.fit for link, m in profile.transfers.items()},

@@ -173,3 +173,28 @@ def test_cli_rejects_unknown_model_and_device():
 def test_a_valid_file_still_loads(edited):
     assert load_profile(edited(), check_fingerprint=False).name == "cpu-tiny"
     assert json.loads(edited().read_text())["format"] == "skistune.hardware_profile"
+
+
+def test_a_step_fit_that_misses_its_held_out_points_is_noted_wherever_it_predicts(tmp_path):
+    """A quick profile whose step fit missed its held-out points by 94% at the median (R² 0.27) had been used by
+    evaluate and optimize with no word; only `skistune profile --show` flagged it."""
+    import json
+    import warnings
+
+    from skistune.profile import load_profile, shipped_profiles
+    from skistune.simulator import target_from_profile
+
+    data = json.loads(shipped_profiles()["cpu-smollm2-135m"].read_text())
+    data["step"]["fit"]["held_out"] = {"r2": 0.27, "median_rel_error": 0.939, "max_rel_error": 0.981, "points": 15,
+                                       "flagged": True}
+    (tmp_path / "weak.json").write_text(json.dumps(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        profile = load_profile(tmp_path / "weak.json")
+        shipped = load_profile("cpu-smollm2-135m")
+    assert profile.step_fit_note == (
+        f"profile {profile.name}: its step-time fit misses its held-out points by 94% at the median, R² 0.27: "
+        "predictions from it carry errors that large; measure it again (`skistune profile`)")
+    assert profile.step_fit_note in target_from_profile(profile, "smollm2-135m").notes
+    assert shipped.step_fit_note is None and not any("step-time fit" in n for n in
+                                                     target_from_profile(shipped, "smollm2-135m").notes)
