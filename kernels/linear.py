@@ -22,6 +22,7 @@ import logging
 import os
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -175,6 +176,8 @@ def machine_rule(weights: Sequence[torch.Tensor], label: str) -> ProjectionRule:
         tmp.write_text(json.dumps(record, indent=1))
         os.replace(tmp, path)
     except OSError as exc:  # a read-only cache costs a measurement per run, nothing else
-        log.warning("projection rule not cached (%s)", exc)
+        # (a warning, so that the command line prints it as its other warnings: the log line had no "warning:")
+        warnings.warn(f"this CPU's projection rule is not cached ({exc.strerror or exc}: {path.parent}); it is "
+                      "measured again in each run", RuntimeWarning, stacklevel=2)
         _UNCACHED[path] = rule
     return rule

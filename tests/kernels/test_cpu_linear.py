@@ -1,6 +1,7 @@
 """The projection in each orientation (`kernels.linear`): the same product as ``F.linear``, in rows; the
 rule that picks the orientation (`kernels.rows.ProjectionRule`), how it is measured and cached per machine."""
 import json
+import warnings
 
 import pytest
 import torch
@@ -107,6 +108,22 @@ def test_machine_rule_is_measured_once_then_cached(monkeypatch, tmp_path):
     entry.write_text('{"rule": {"flip')  # damaged: measured again
     machine_rule(weights, "tiny")
     assert measured == [2, 2, 2]
+
+
+def test_an_unwritable_cache_says_the_rule_is_not_cached_as_a_warning_once(monkeypatch, tmp_path):
+    """It had been a log line with no "warning:" (`skistune` prints Python warnings as such)."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(not_a_folder))
+    monkeypatch.setattr(linear_module, "SMALL_WEIGHTS_BYTES", 0)
+    monkeypatch.setattr(linear_module, "measure_rule", lambda w: LEGACY_RULE)
+    weights = [torch.zeros(8, 4), torch.zeros(24, 8)]
+    with pytest.warns(RuntimeWarning, match=r"^this CPU's projection rule is not cached \(Not a directory: .*\); "
+                                            r"it is measured again in each run$"):
+        assert machine_rule(weights, "tiny") == LEGACY_RULE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert machine_rule(weights, "tiny") == LEGACY_RULE  # (once a run: kept in memory)
 
 
 def test_machine_rule_is_plain_without_measuring_for_small_weights_or_when_switched_off(monkeypatch, tmp_path):
