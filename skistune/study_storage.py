@@ -391,10 +391,13 @@ def _storage_label(storage) -> str:
     import sqlalchemy.exc
     from sqlalchemy.engine import make_url
 
+    # (a path's bytes that an ASCII file-system encoding could not decode, as surrogates: their UTF-8 text, which
+    # the URL had held under a UTF-8 locale; SQLAlchemy refused the surrogates, and "sqlite://..." went into files)
+    text = storage.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     try:
-        return make_url(storage).render_as_string(hide_password=True)
+        return make_url(text).render_as_string(hide_password=True)
     except (sqlalchemy.exc.ArgumentError, ValueError):  # not a URL SQLAlchemy reads: show only its scheme
-        return f"{storage.partition('://')[0]}://..." if "://" in storage else repr(storage)
+        return f"{text.partition('://')[0]}://..." if "://" in text else repr(text)
 
 
 # ---- storage: study attributes of any size ----------------------------------------------------------------

@@ -372,3 +372,13 @@ def test_a_running_trial_that_never_beat_is_failed_and_retried_once_it_is_older_
     retried = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
     assert len(retried) == 1 and retried[0].params == silent.params  # queued again, once, with its config
     assert study_storage.fail_trials_that_never_beat(study, now=old) == []  # nothing twice
+
+
+def test_a_storage_url_under_an_ascii_file_system_encoding_keeps_its_path():
+    """In a folder named with non-ASCII letters under LC_ALL=C (no UTF-8 mode), the study's URL held the name's
+    bytes as surrogates; SQLAlchemy refused them and the tuned file's provenance said only `sqlite://...`."""
+    from skistune.study_storage import _storage_label
+
+    undecoded = "sqlite:////tmp/caf" + b"\xc3\xa9".decode("ascii", "surrogateescape") + "/s.db"
+    assert _storage_label(undecoded) == _storage_label("sqlite:////tmp/café/s.db") == "sqlite:////tmp/caf%C3%A9/s.db"
+    assert _storage_label("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
