@@ -43,8 +43,8 @@ from skistune.problem import (DEFAULT_MODEL, DEFAULT_WORKLOAD, Problem, Unmeetab
 from skistune.scoring import (REFINE_PRECISION, SEARCH_PRECISION, Deadline, Evaluation, TimeUp, _deadline_of, beats,
                               beats_anywhere, scale_guess, score, score_at, with_deadline, without_deadline)
 from skistune.search import (DEFAULT_TRIALS, ILP_ATTR, SAMPLERS, Progress, _run_parallel, _run_sequential,
-                             _RunSampler, _study_unseeded, _tagged, _trial_function, _worker_tag,
-                             default_study_name, make_sampler, open_study)
+                             _RunSampler, _first_new_trial, _study_unseeded, _tagged, _trial_function,
+                             _worker_tag, default_study_name, make_sampler, open_study)
 from skistune.searchspace import suggest_config
 from skistune.study_recipe import store_recipe
 from skistune.study_storage import StorageWriteError, _storage_label, default_storage, open_storage, storage_failures
@@ -294,11 +294,16 @@ def _measured_provenance(result: OptimizeResult) -> dict[str, Any] | None:
             "max_output": VALIDATE_MAX_OUTPUT, "runs": runs, "gain_vs_baseline": result.measured_gain()}
 
 
-def provenance(result: OptimizeResult) -> dict[str, Any]:
-    """How the config was found: inputs (workload digest, profile fingerprint, space, seed), the search,
-    and the predicted and measured figures of the winner and the baseline."""
+def provenance(result: OptimizeResult, workload_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """How the config was found: inputs (workload digest and the options that built it, profile fingerprint,
+    space, seed), the search, and the predicted and measured figures of the winner and the baseline.
+    ``workload_options``: the command line's (`evaluate.workload_options`), which `skistune evaluate` rebuilds
+    the workload from; None (the Python API): a preset's when the workload is one untransformed
+    (`evaluate.preset_options`), else none."""
     from datetime import datetime, timezone
     from importlib.metadata import PackageNotFoundError, version
+
+    from skistune.evaluate import preset_options
 
     p = result.problem
     try:
@@ -306,7 +311,8 @@ def provenance(result: OptimizeResult) -> dict[str, Any]:
     except PackageNotFoundError:
         tool = "skistune"
     w = p.workload
-    return _clean({
+    options = dict(workload_options) if workload_options is not None else preset_options(w)
+    recorded = _clean({
         "tool": tool, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "objective": [o.name for o in p.objectives], "slo": [str(s) for s in p.slos],
         "constraints": [c.name for c in p.constraints],
@@ -330,6 +336,9 @@ def provenance(result: OptimizeResult) -> dict[str, Any]:
         "measured": _measured_provenance(result),
         "notes": list(result.notes),
     })
+    if options is not None:  # (exact, not rounded by `_clean`: a rounded --rate would build other arrivals)
+        recorded["workload"]["options"] = options
+    return recorded
 
 
 # ---- the main job -----------------------------------------------------------------------------------------
@@ -879,6 +888,7 @@ def _search_and_finish(problem: Problem, deadline: Deadline, name: str, storage:
     study = open_study(problem, open_storage(storage), name, sampler=None)
     store_recipe(study, problem, sampler=sampler, seed=seed, n_trials=n_trials)  # what `skistune worker` reads
     existing = len(study.get_trials(deepcopy=False))
+    earlier = _first_new_trial(study)  # trials of earlier runs (a new study's queued baseline is this run's)
     sampling = _RunSampler(study, lambda s: make_sampler(sampler, seed=s, problem=problem, parallel=n_jobs > 1,
                                                          n_trials=n_trials), seed + existing)
     notes = list(problem.notes)
@@ -911,7 +921,10 @@ def _search_and_finish(problem: Problem, deadline: Deadline, name: str, storage:
                 f"another process searched the study at the same time: from trial {sampling.joined} this run "
                 "sampled with a random seed" if sampling.joined is not None else
                 "trials of this study were proposed with random seeds before this run (by workers of --jobs or "
-                "skistune worker, or beside another process)" if _study_unseeded(study) else None)
+                "skistune worker, or beside another process)" if _study_unseeded(study) else
+                # (each run seeds its sampler anew: 10 trials and 10 more sample otherwise than 20 in one run)
+                f"the study was searched in more than one run ({earlier} trials before this run's): the seed "
+                "reproduces it only as the same runs in turn, each with its own --trials" if earlier else None)
     fields_ = finish(problem, study, top_k=validate, runtime=runtime, on_stage=on_stage)
     fields_["notes"] = notes + fields_["notes"]
     return {**fields_, "study": study}, unseeded
