@@ -27,6 +27,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -334,7 +335,8 @@ def provenance(result: OptimizeResult, workload_options: Mapping[str, Any] | Non
         "predicted": _scored(p, result.best[0]),
         "baseline": {"predicted": _scored(p, result.baseline), "gain": result.gain()},
         "measured": _measured_provenance(result),
-        "notes": list(result.notes),
+        # (without the solve times, which differ run to run: two runs of one seed write the same file but its date)
+        "notes": [ILP_TIMING.sub("", n) for n in result.notes],
     })
     if options is not None:  # (exact, not rounded by `_clean`: a rounded --rate would build other arrivals)
         recorded["workload"]["options"] = options
@@ -408,6 +410,9 @@ def _chosen(refined: list[Evaluation], validated: list[Validation]) -> tuple[lis
                                       "compare` tells its drift from the model's error)")]
     first = [e for e in refined if e.config == winner.config]
     return first + [e for e in refined if e.config != winner.config], notes
+
+
+ILP_TIMING = re.compile(r", \d+ ms each on average")  # the part of `ilp_note` that is a timing
 
 
 def ilp_note(study) -> str | None:
