@@ -348,27 +348,181 @@ def run_eta_s(done: int, total: int, elapsed_s: float, arrivals_end_s: float,
 callable_module(__name__, evaluate)  # ``skistune.evaluate(...)`` runs `evaluate`, however it was reached
 
 
-def tuned_workload_note(provenance: Mapping[str, Any], workload, rate_scale: float | None) -> str | None:
+# ---- a tuned file: what its figures are for ---------------------------------------------------------------
+# The workload options `skistune optimize` and `skistune evaluate` share (their names are the same in both; the
+# workload seed is evaluate's --seed too), in their order, each with the value it takes when not given: a tuned
+# file records the others (`provenance.workload.options`), so that evaluate can say how to rebuild its workload.
+WORKLOAD_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("format", None), ("skip-bad-rows", False), ("workload-seed", 0), ("requests", None), ("rate", None),
+    ("burstiness", None), ("block-tokens", None), ("jitter", None), ("window", None), ("first", None),
+    ("sample", None), ("length-scale", 1.0), ("max-input", None), ("max-output", None), ("rate-scale", 1.0))
+SAME_RATE_SCALE = 1e-9  # relative: a scale pasted from the note is the recorded one, exactly (repr)
+
+
+def workload_options(workload: str | os.PathLike, **given: Any) -> dict[str, Any]:
+    """A command line's workload options as a tuned file records them: ``workload`` (a preset's name, or a
+    trace's absolute path, so that the note's command works from any folder), then each of `WORKLOAD_OPTIONS`
+    given (keywords with ``_`` for ``-``: ``max_input=512``) that is not its default, exactly as given."""
+    from skistune.workloads import PRESETS
+
+    known = dict(WORKLOAD_OPTIONS)
+    unknown = sorted(set(given) - {name.replace("-", "_") for name in known})
+    if unknown:
+        raise TypeError(f"workload_options: unknown option(s) {', '.join(unknown)}")
+    spec = str(workload) if str(workload) in PRESETS else os.path.abspath(workload)
+    options: dict[str, Any] = {"workload": spec}
+    for name, default in WORKLOAD_OPTIONS:
+        value = given.get(name.replace("-", "_"), default)
+        if value != default:
+            options[name] = value
+    return options
+
+
+def preset_options(workload: Workload) -> dict[str, Any] | None:
+    """The options that build ``workload`` again, where it is a preset's requests untouched by any transform
+    (checked by its digest), else None: what a tuned file made by the Python API can record, which is given a
+    `Workload`, not the options that made it (its source names them, with the rate rounded)."""
+    from skistune.workloads import PRESETS, load_workload
+
+    words = workload.source.split()
+    if workload.transforms or not words or not words[0].startswith("preset:"):
+        return None
+    name, fields = words[0].removeprefix("preset:"), dict(w.split("=", 1) for w in words[1:] if "=" in w)
+    try:
+        requests, seed = int(fields["requests"]), int(fields.get("seed", 0))
+        again = load_workload(name, requests=requests, seed=seed) if name in PRESETS else None
+    except (KeyError, ValueError):
+        return None
+    if again is None or again.digest() != workload.digest():
+        return None
+    return workload_options(name, requests=requests, workload_seed=seed)
+
+
+def options_command(options: Mapping[str, Any], rate_scale: float) -> str:
+    """The workload options, in `skistune evaluate`'s words, that rebuild the workload a tuned file records
+    (``options``: its `provenance.workload.options`), at ``rate_scale`` x its rate (optimize's own --rate-scale
+    included: evaluate has the one)."""
+    words = ["--workload", str(options["workload"])]
+    for name, value in options.items():
+        if name in ("workload", "rate-scale") or value is None or value is False:
+            continue
+        words += [f"--{name}"] if value is True else [f"--{name}", repr(value) if isinstance(value, float) else
+                                                      str(value)]
+    if rate_scale != 1.0:
+        words += ["--rate-scale", repr(float(rate_scale))]
+    return shlex.join(words)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def recorded_options(tuned: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A tuned file's workload options (`workload_options`), None where it records none: a file made before
+    they were recorded, or by the Python API from a `Workload` it could not name (`preset_options`)."""
+    options = tuned.get("options")
+    return options if isinstance(options, Mapping) and isinstance(options.get("workload"), str) else None
+
+
+def digest_as_tuned(workload: Workload, options: Mapping[str, Any] | None) -> str:
+    """The digest ``workload`` (built without evaluate's --rate-scale) has as optimize built it: at optimize's
+    own --rate-scale, which its recorded digest includes."""
+    from skistune.workloads.transforms import scale_rate
+
+    scale = _number((options or {}).get("rate-scale")) or 1.0
+    return (scale_rate(workload, scale) if scale != 1.0 else workload).digest()
+
+
+def _same_requests(tuned: Mapping[str, Any], workload: Workload, options: Mapping[str, Any] | None) -> bool:
+    """Whether ``workload`` holds the requests the figures are for: the same digest; a file that records none
+    (written by hand), the same source, transforms and count."""
+    digest = tuned.get("digest")
+    if isinstance(digest, str):
+        return digest_as_tuned(workload, options) == digest
+    return (tuned.get("source") == workload.source and tuned.get("requests") == len(workload)
+            and list(tuned.get("transforms") or []) == list(workload.transforms))
+
+
+def _same_options(tuned: Mapping[str, Any], recorded: Mapping[str, Any] | None, workload: Workload,
+                  options: Mapping[str, Any] | None) -> bool:
+    """Whether this evaluation asked for the workload the figures are for, whatever it holds now: the options
+    recorded (evaluate's --rate-scale aside); a file that records none, the same source and transforms."""
+    if recorded is not None:
+        if options is None:
+            return False
+        return ({k: v for k, v in recorded.items() if k != "rate-scale"}
+                == {k: v for k, v in options.items() if k != "rate-scale"})
+    return tuned.get("source") == workload.source and list(tuned.get("transforms") or []) == list(workload.transforms)
+
+
+def _how_to_check(tuned, recorded, workload, options, same_requests: bool, same_rate: bool, scale: float) -> str:
+    """The end of `tuned_workload_note`: how to evaluate what the figures are for, or why no command can."""
+    if same_requests:  # (only the rate differs)
+        return (f"to check them, evaluate that workload ({options_command(recorded, scale)})" if recorded else
+                f"to check them, evaluate these requests at --rate-scale {scale!r}")
+    if isinstance(tuned.get("digest"), str) and _same_options(tuned, recorded, workload, options):
+        made = "an earlier skistune" if str(tuned.get("source")).startswith("preset:") else \
+            "an earlier skistune, or another version of the trace file"
+        return (f"these are the options that built the workload tuned on, but they now build other requests (it was "
+                f"made by {made}), so its figures will not be matched exactly"
+                + ("" if same_rate else f" (they were predicted at --rate-scale {scale!r})"))
+    if recorded is not None:
+        return f"to check them, evaluate that workload ({options_command(recorded, scale)})"
+    if not isinstance(tuned.get("digest"), str):  # (a provenance written by hand)
+        return "the file records neither the workload options that built those requests nor their digest"
+    at = f" at --rate-scale {scale!r}" if scale != 1.0 else ""
+    return ("the file does not record the workload options that built those requests (made by an earlier skistune, "
+            f"or by the Python API from a Workload): the workload of that digest{at} reproduces them (`skistune "
+            "workload show` prints a workload's digest)")
+
+
+def tuned_workload_note(provenance: Mapping[str, Any], workload: Workload, rate_scale: float | None,
+                        options: Mapping[str, Any] | None = None) -> str | None:
     """When the config is a tuned file (`skistune optimize` wrote its provenance) and this evaluation's workload
-    is not the one its predicted figures are for: another trace or preset, another number of requests, or the
-    workload's own rate where the figures were predicted at a multiple of it (a tester read a TTFT p50 of 2,989 s
-    for a file whose provenance said 0.3 s: 2,000 requests at the preset's rate against optimize's 100 at
-    x0.027). None when it is the same, or the file has no provenance."""
+    is not the one its predicted figures are for: other requests (another digest: a tester's same trace under
+    another path spelling had been told apart by its source text, and a preset that now draws other requests
+    had not), or another rate (a tester read a TTFT p50 of 2,989 s for a file whose provenance said 0.3 s: 2,000
+    requests at the preset's rate against optimize's 100 at x0.027). None when it is the same, or the file has no
+    provenance. ``workload``: evaluate's, built without its --rate-scale (``rate_scale``, None: 1); ``options``:
+    evaluate's `workload_options`. The note says how to evaluate what the figures are for, from the options the
+    file records (`recorded_options`), or what is known where it records none."""
     tuned, predicted = provenance.get("workload"), provenance.get("predicted")
     if not isinstance(tuned, Mapping):
         return None
-    scale = predicted.get("rate_scale") if isinstance(predicted, Mapping) else None
-    scale = scale if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None
+    recorded = recorded_options(tuned)
+    predicted_scale = _number(predicted.get("rate_scale")) if isinstance(predicted, Mapping) else None
+    own_scale = _number((recorded or {}).get("rate-scale")) or 1.0  # (optimize's own --rate-scale)
+    scale = own_scale * (predicted_scale if predicted_scale is not None else 1.0)  # (evaluate's, to match them)
     rate_scale = 1.0 if rate_scale is None else rate_scale
-    other = tuned.get("source") != workload.source or tuned.get("requests") != len(workload)
-    if not other and (scale is None or math.isclose(rate_scale, scale, rel_tol=1e-6)):
+    same_requests = _same_requests(tuned, workload, recorded)
+    same_rate = predicted_scale is None or math.isclose(rate_scale, scale, rel_tol=SAME_RATE_SCALE)
+    if same_requests and same_rate:
         return None
-    at = f" at x{scale:.4g} its rate" if scale is not None else ""
-    source = str(tuned.get("source") or "")
-    # (a preset's source reads "preset:chat requests=100 ...", a trace's is its file)
-    name = source.removeprefix("preset:").split(" ")[0] if source.startswith("preset:") else source
-    options = (f"--workload {shlex.quote(name)} " if name else "") + f"--requests {tuned.get('requests')}" \
-        + (f" --rate-scale {scale!r}" if scale is not None else "")
+    transforms = ", ".join(str(t) for t in tuned.get("transforms") or [])
+    digest = f"digest {tuned['digest']}" if isinstance(tuned.get("digest"), str) else "no digest recorded"
+    at = f" at x{predicted_scale:.4g} its rate" if predicted_scale is not None else ""
     return (f"the config's predicted figures (its provenance) are for {tuned.get('requests')} requests of "
-            f"{tuned.get('source')}{at}; this is {len(workload)} requests of {workload.source} at x{rate_scale:g}: "
-            f"to check them, evaluate that workload ({options})")
+            f"{tuned.get('source')}{f' | {transforms}' if transforms else ''} ({digest}){at}; this is "
+            f"{len(workload)} requests of {workload.label()} (digest {digest_as_tuned(workload, recorded)}) at "
+            f"x{rate_scale:g}: {_how_to_check(tuned, recorded, workload, options, same_requests, same_rate, scale)}")
+
+
+def tuned_model(asked: str | None, provenance: Mapping[str, Any], config: str | os.PathLike) -> str:
+    """The model to evaluate for: ``asked``, else the one a tuned file records (`provenance.model`), else
+    smollm2-135m; the rule `skistune export` follows, shared rather than copied (a file tuned for llama-3-8b
+    had been evaluated for smollm2-135m, silently)."""
+    from skistune.export.registry import tuned_model as rule
+
+    return rule(asked, provenance, config)
+
+
+def other_model_note(model: str, provenance: Mapping[str, Any], config: str | os.PathLike) -> str | None:
+    """A model asked for (--model) other than the one the tuned file records, in one line (None: the same, or
+    none recorded), as `skistune export` warns of it."""
+    from skistune.export.registry import recorded_model
+
+    recorded = recorded_model(provenance)
+    if recorded is None or recorded == model:
+        return None
+    return (f"evaluated for model {model} (--model), but {config} was tuned for {recorded}: its predicted figures "
+            f"(provenance) are that model's, and its byte sizes were chosen for it")

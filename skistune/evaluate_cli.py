@@ -11,7 +11,8 @@ import typer
 from rich.markup import escape
 
 from skistune.cli_base import JsonOpt, cli_errors, console, err_console, print_json
-from skistune.optimize_cli import ModelOpt, ProfileOpt, profile_or_measure
+from skistune.export_cli import TunedModelOpt
+from skistune.optimize_cli import ProfileOpt, profile_or_measure
 from skistune.signals import stopped_by_signal
 from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,
                                     LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, RequestsOpt,
@@ -25,7 +26,7 @@ def evaluate(
     workload: WorkloadOpt = "chat",
     mode: Annotated[str, typer.Option(help="simulate (hardware profile), run (real runtime), or compare (both, "
                                       "and the prediction's error)")] = "simulate",
-    model: ModelOpt = "smollm2-135m",
+    model: TunedModelOpt = None,
     profile: ProfileOpt = None,
     format: FormatOpt = None,
     skip_bad_rows: SkipBadRowsOpt = False,
@@ -52,8 +53,9 @@ def evaluate(
     from skistune.config import load_config, load_provenance
     from skistune.display import metrics_table, prefetch_mode, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
-                                   check_runtime_memory, power_model, predicted_run_s, run_machine, sim_target,
-                                   tier_notes, tuned_workload_note, workload_requests)
+                                   check_runtime_memory, other_model_note, power_model, predicted_run_s, run_machine,
+                                   sim_target, tier_notes, tuned_model, tuned_workload_note, workload_options,
+                                   workload_requests)
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
@@ -64,11 +66,14 @@ def evaluate(
     with stopped_by_signal(lambda: ("no figures (a replay stopped part way is not reported)", {"mode": mode}),
                            json_out):
         cfg = load_config(str(config))
-        w = fit_workload(load_workload(
+        provenance = load_provenance(config)
+        asked, model = model, tuned_model(model, provenance, config)  # (a tuned file's own model unless told)
+        # built without --rate-scale first: what a tuned file's digest is compared with (`tuned_workload_note`)
+        unscaled = load_workload(
             workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests, rate_rps=rate,
             burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window_s=parse_window(window),
-            first=first, sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output,
-            rate_scale=rate_scale), model)
+            first=first, sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output)
+        w = fit_workload(load_workload(unscaled, rate_scale=rate_scale), model)
         # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
         prof = hardware_profile(model, profile_or_measure(profile, model)) if mode != "run" else None
         # (a profile of another model is refused here, not after the notes)
@@ -90,10 +95,17 @@ def evaluate(
             with err_console.status(f"loading {model}"):
                 runtime = Runtime.from_preset(model, cfg, device=device, dtype=DTYPES[device])
         print_notes(w)
-        tuned = tuned_workload_note(load_provenance(config), w, rate_scale)
+        options = workload_options(workload, format=format, skip_bad_rows=skip_bad_rows, workload_seed=seed,
+                                   requests=requests, rate=rate, burstiness=burstiness, block_tokens=block_tokens,
+                                   jitter=jitter, window=window, first=first, sample=sample,
+                                   length_scale=length_scale, max_input=max_input, max_output=max_output,
+                                   rate_scale=rate_scale)
+        tuned = tuned_workload_note(provenance, unscaled, rate_scale, options)
+        other_model = other_model_note(model, provenance, config) if asked is not None else None
         # (a run refuses a host tier or a CPU's device pool larger than the memory before this, with an error:
-        # `check_fits_memory`; a disk tier larger than the disk's free space is noted in every mode)
-        notes = tier_notes(cfg, mode, prof, target) + ([tuned] if tuned is not None else [])
+        # `check_fits_memory`; a disk tier larger than the disk's free space is noted in every mode; another model
+        # than the tuned file's first: it bears on every figure)
+        notes = [n for n in [other_model] if n] + tier_notes(cfg, mode, prof, target) + [n for n in [tuned] if n]
         # (on stderr, as the workload's notes and optimize's: --json's last line stays the one object)
         for note in notes:
             err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)

@@ -22,7 +22,8 @@ from skistune.cli_base import JsonOpt, cli_errors, console, err_console, print_j
 from skistune.export import DEFAULT_MODEL, Companion, ExportResult, exporter_names, get_exporter
 from skistune.paths import check_out_file, write_atomic
 
-ExportModelOpt = Annotated[Optional[str], typer.Option(
+# (evaluate's too: both commands take a tuned file's own model unless told, `export.registry.tuned_model`)
+TunedModelOpt = Annotated[Optional[str], typer.Option(
     "--model", help="model preset (default: the one the tuned file records, else smollm2-135m)")]
 ToOpt = Annotated[str, typer.Option("--to", help=f"export target: {', '.join(exporter_names())}")]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
@@ -82,7 +83,7 @@ def export(
     config: Annotated[Path, typer.Argument(help="KV config file (YAML/JSON), e.g. one written by optimize")],
     to: ToOpt,
     engine_version: EngineVersionOpt = None,
-    model: ExportModelOpt = DEFAULT_MODEL,
+    model: TunedModelOpt = DEFAULT_MODEL,
     out: ExportOutOpt = None,
     strict: StrictOpt = False,
     json_out: JsonOpt = False,

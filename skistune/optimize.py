@@ -183,6 +183,9 @@ class OptimizeResult:
     # why the seed does not reproduce this run's proposals (worker processes, another process on the study)
     unseeded: str | None = None
     notes: list[str] = field(default_factory=list)
+    # the command line's options that built the workload (`evaluate.workload_options`), for the tuned file:
+    # `skistune evaluate` rebuilds the workload from them; None from the Python API (see `provenance`)
+    workload_options: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         """A line a notebook can show: the dataclass's own repr printed the problem whole, every prompt's
@@ -295,11 +298,11 @@ def _measured_provenance(result: OptimizeResult) -> dict[str, Any] | None:
             "max_output": VALIDATE_MAX_OUTPUT, "runs": runs, "gain_vs_baseline": result.measured_gain()}
 
 
-def provenance(result: OptimizeResult, workload_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def provenance(result: OptimizeResult) -> dict[str, Any]:
     """How the config was found: inputs (workload digest and the options that built it, profile fingerprint,
-    space, seed), the search, and the predicted and measured figures of the winner and the baseline.
-    ``workload_options``: the command line's (`evaluate.workload_options`), which `skistune evaluate` rebuilds
-    the workload from; None (the Python API): a preset's when the workload is one untransformed
+    space, seed), the search, and the predicted and measured figures of the winner and the baseline. The
+    workload's options are the command line's (``result.workload_options``), which `skistune evaluate` rebuilds
+    the workload from; from the Python API, a preset's when the workload is one untransformed
     (`evaluate.preset_options`), else none."""
     from datetime import datetime, timezone
     from importlib.metadata import PackageNotFoundError, version
@@ -312,7 +315,7 @@ def provenance(result: OptimizeResult, workload_options: Mapping[str, Any] | Non
     except PackageNotFoundError:
         tool = "skistune"
     w = p.workload
-    options = dict(workload_options) if workload_options is not None else preset_options(w)
+    options = dict(result.workload_options) if result.workload_options is not None else preset_options(w)
     recorded = _clean({
         "tool": tool, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "objective": [o.name for o in p.objectives], "slo": [str(s) for s in p.slos],

@@ -9,6 +9,7 @@ broke a constraint when validated on the real runtime (a warning names it, predi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import shlex
 import time
@@ -56,13 +57,20 @@ ObjectiveOpt = Annotated[Optional[list[str]], typer.Option(
                         "Pareto front")]
 
 
+def _requests(spec: str, requests: int | None, first: int | None) -> int | None:
+    """--requests, else `DEFAULT_REQUESTS` of a preset (unless --first picks them): evaluate's default is
+    another, so the tuned file records the count either way."""
+    from skistune.workloads import PRESETS
+
+    return DEFAULT_REQUESTS if requests is None and first is None and spec in PRESETS else requests
+
+
 def _workload(spec: str, *, requests: int | None, first: int | None, window: str | None, **options: Any):
     """The workload after `workload show`'s options (a preset of `DEFAULT_REQUESTS` unless told)."""
-    from skistune.workloads import PRESETS, load_workload
+    from skistune.workloads import load_workload
 
-    if requests is None and first is None and spec in PRESETS:
-        requests = DEFAULT_REQUESTS
-    return load_workload(spec, requests=requests, first=first, window_s=parse_window(window), **options)
+    return load_workload(spec, requests=_requests(spec, requests, first), first=first, window_s=parse_window(window),
+                         **options)
 
 
 def profile_or_measure(path: str | None, model: str) -> Any:
@@ -612,6 +620,7 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
     started = time.monotonic()  # (--timeout bounds the whole command)
     import optuna
 
+    from skistune.evaluate import workload_options
     from skistune.problem import UnmeetableSLO, build_problem
     from skistune.scoring import Deadline, with_deadline
     from skistune.search import SAMPLERS, default_study_name, open_study, running_notes
@@ -637,6 +646,12 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
                       first=first, sample=sample, rate_scale=rate_scale, length_scale=length_scale,
                       max_input=max_input, max_output=max_output)
         check_workers_fit(len(w), jobs)  # (before the profile is measured)
+        # what built the workload, for the tuned file: evaluate's note rebuilds it from them (`workload_options`)
+        options = workload_options(workload, format=format, skip_bad_rows=skip_bad_rows, workload_seed=workload_seed,
+                                   requests=_requests(workload, requests, first), rate=rate, burstiness=burstiness,
+                                   block_tokens=block_tokens, jitter=jitter, window=window, first=first,
+                                   sample=sample, length_scale=length_scale, max_input=max_input,
+                                   max_output=max_output, rate_scale=rate_scale)
         chosen_profile = functools.partial(profile_or_measure, profile, model)
         if profile is None and study is not None:  # resuming: the profile the study was made with, not today's cache
             stored = stored_profile(storage or default_storage(study), study)
@@ -678,7 +693,7 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
         result = _solve_with_progress(problem, json_out=json_out, rerun=command_line(ctx, study=name), n_trials=trials,
                                       timeout=timeout, storage=storage, study_name=name, n_jobs=jobs, seed=seed,
                                       sampler=sampler, validate=validate, started=started)
-    _report(result, out, json_out, resume)
+    _report(dataclasses.replace(result, workload_options=options), out, json_out, resume)
 
 
 @contextlib.contextmanager

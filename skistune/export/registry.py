@@ -70,17 +70,17 @@ def _tuned_on(provenance: Mapping[str, Any]) -> tuple[str, str] | None:
         return None
 
 
-def _recorded_model(provenance: Mapping[str, Any]) -> str | None:
+def recorded_model(provenance: Mapping[str, Any]) -> str | None:
     recorded = provenance.get("model")
     return recorded if isinstance(recorded, str) else None
 
 
-def _model(asked: str | None, provenance: Mapping[str, Any], config: str | Path) -> str:
+def tuned_model(asked: str | None, provenance: Mapping[str, Any], config: str | Path) -> str:
     """The model preset to export for: ``asked``, else the one the config was tuned for, else
     `FALLBACK_MODEL`. Asking for another model than the recorded one is allowed (a config tuned on a small
     model, deployed on a larger one) but warned about (`_model_warning`): byte pools become other token
     counts."""
-    recorded = _recorded_model(provenance)
+    recorded = recorded_model(provenance)
     if asked is None:
         if recorded is not None and recorded not in PRESETS:
             raise ValueError(f"{config}: tuned for model {recorded!r} (its provenance), which is not a preset here "
@@ -95,7 +95,7 @@ def _model_warning(model: str, provenance: Mapping[str, Any], config: str | Path
     in the result's warnings (so in --json's), and refused by --strict (docs/export.md promises that of every
     warning; a Python warning on standard error alone had let a CI job with --strict --json deploy byte pools
     and per-layer settings sized for another model)."""
-    recorded = _recorded_model(provenance)
+    recorded = recorded_model(provenance)
     if recorded is None or recorded == model:
         return None
     return ExportWarning("provenance.model", recorded, f"settings for {model}",
@@ -115,7 +115,7 @@ def export(config: KVConfig | str | Path, target: str, engine_version: str | Non
     version = exporter.version(engine_version)
     cfg = config if isinstance(config, KVConfig) else load_config(str(config))
     provenance = {} if isinstance(config, KVConfig) else load_provenance(config)
-    spec = get_preset(_model(model, provenance, config))
+    spec = get_preset(tuned_model(model, provenance, config))
     try:
         result = exporter.export(cfg, version, spec, file_name or exporter.default_file, provenance=provenance)
     except LayerCountError as exc:  # (a fault of the file, named as its other faults are)

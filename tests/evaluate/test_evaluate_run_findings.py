@@ -134,8 +134,9 @@ def test_a_tuned_file_evaluated_on_another_workload_or_rate_says_which_its_figur
     provenance = {"workload": {"source": w.source, "requests": 100}, "predicted": {"rate_scale": 0.0268}}
     assert tuned_workload_note(provenance, w, 0.0268) is None  # (the workload and rate optimize predicted at)
     note = tuned_workload_note(provenance, w, None)  # (evaluate's default: the workload's own rate)
-    assert note.endswith("at x1: to check them, evaluate that workload (--workload chat --requests 100 --rate-scale "
-                         "0.0268)")
+    # (a file that records no options: only the rate differs, so these requests at the recorded scale; the
+    # options that rebuild a workload are tests/evaluate/test_evaluate_tuned_file.py's)
+    assert note.endswith("at x1: to check them, evaluate these requests at --rate-scale 0.0268")
     other = load_workload("chat", requests=2000)
     assert "this is 2000 requests of" in tuned_workload_note(provenance, other, 0.0268)
     assert tuned_workload_note({}, w, None) is None  # (a config written by hand)

@@ -57,7 +57,8 @@ def test_default_name_resumes_the_same_problem_and_separates_others(tmp_path, mo
 def test_a_study_of_another_problem_is_refused(tmp_path, profile):
     url = f"sqlite:///{tmp_path / 's.db'}"
     run(url, profile, study_name="s")
-    with pytest.raises(ValueError, match=r"another problem \(differs in: slo"):
+    with pytest.raises(ValueError, match=r"another problem, or by an earlier skistune that described it differently "
+                                         r"\(differs in: slo"):
         run(url, profile, study_name="s", slo="p99=300ms")
 
 
