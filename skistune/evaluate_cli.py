@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from skistune.cli_base import JsonOpt, cli_errors, console, err_console, print_json
+from skistune.export import FALLBACK_MODEL
 from skistune.export_cli import TunedModelOpt
 from skistune.optimize_cli import ProfileOpt, profile_or_measure
 from skistune.signals import stopped_by_signal
@@ -68,6 +69,9 @@ def evaluate(
         cfg = load_config(str(config))
         provenance = load_provenance(config)
         asked, model = model, tuned_model(model, provenance, config)  # (a tuned file's own model unless told)
+        if asked is None and model != FALLBACK_MODEL:  # (said first: a profile measured for it, or a run, may fail)
+            err_console.print(escape(f"note: evaluating for {model}, the model {config} was tuned for (its "
+                                     "provenance; --model names another)"), highlight=False, soft_wrap=True)
         # built without --rate-scale first: what a tuned file's digest is compared with (`tuned_workload_note`)
         unscaled = load_workload(
             workload, format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests, rate_rps=rate,

@@ -246,8 +246,12 @@ def _tuned_for(tmp_path, model: str) -> Path:
 def test_evaluate_takes_the_model_the_tuned_file_records_as_export_does(tmp_path):
     """A file tuned for llama-3-8b had been evaluated for smollm2-135m, with no word of it."""
     config = _tuned_for(tmp_path, "llama-3-8b")
-    out = _json(_evaluate(config, *TINY, profile="cuda-llama-3-8b-quick"))
+    result = _evaluate(config, *TINY, profile="cuda-llama-3-8b-quick")
+    out = _json(result)
     assert out["model"] == "llama-3-8b" and out["notes"] == []
+    # (said on stderr before anything is measured or loaded for that model, which may fail on this machine)
+    assert (f"note: evaluating for llama-3-8b, the model {config} was tuned for (its provenance; --model names "
+            "another)") in result.stderr
     assert _json(_evaluate(config, *TINY, "--model", "llama-3-8b", profile="cuda-llama-3-8b-quick"))["notes"] == []
     plain = tmp_path / "plain.yaml"
     plain.write_text("{}\n")
