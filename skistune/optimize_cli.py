@@ -475,10 +475,15 @@ def why_no_rate_line(problem, closest) -> str | None:
     if alone.rejections and closest[0].violations.get("served", 0) > 0:  # (what no rate can change comes first)
         from skistune.display import rejection_lines
 
+        # (the default space rarely lands on what such a pool needs, several knobs at once: small batches, low bits,
+        # small blocks; the memory-constrained space searches there, and found it for a tester's 96 MiB case)
+        space = "" if problem.full_space.name == "memory-constrained" else (
+            ", as can the search space made for it (--space memory-constrained"
+            + ("" if problem.quality_profile is not None else ", with --quality") + ")")
         return (f"the closest config can never serve {alone.num_rejected} of {alone.num_requests} requests, at any "
                 f"rate ({'; '.join(rejection_lines(alone, limit=2))}): a larger KV pool (--kv-memory, "
                 "offload.device_memory_fraction), lower KV bits or eviction (with --quality), or shorter prompts "
-                "(--max-input) can help")
+                f"(--max-input) can help{space}")
     broken = slos_broken_alone(problem, alone)
     if broken:
         return (f"the closest config breaks {_broken_text(broken)} even with each request served alone, nothing "

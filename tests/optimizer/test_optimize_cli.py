@@ -140,6 +140,11 @@ def test_requests_no_rate_can_serve_are_named_before_the_rates():
     assert line.startswith(f"the closest config can never serve {alone.num_rejected} of 16 requests, at any rate "
                            "(needs ") and "KV blocks, the cache holds" in line and "--kv-memory" in line
     assert "queueing guard" not in line
+    # the space made for such pools is named (the default space missed a tester's only feasible region)
+    assert line.endswith("as can the search space made for it (--space memory-constrained, with --quality)")
+    lean = opt.build_problem(load_workload("chat", requests=16, max_input=512), slo="p99=200ms", kv_memory="24MiB",
+                             max_queue_s=None, profile=PROFILE, space="memory-constrained", quality="ppl+1%")
+    assert "--space" not in why_no_rate_line(lean, [opt.Evaluation(lean.base, 1.0, (0.0,), {"served": 0.5}, {})])
 
 
 def test_without_a_capacity_objective_the_workloads_own_rate_is_named():
