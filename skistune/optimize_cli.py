@@ -698,6 +698,10 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
         result = _solve_with_progress(problem, json_out=json_out, rerun=command_line(ctx, study=name), n_trials=trials,
                                       timeout=timeout, storage=storage, study_name=name, n_jobs=jobs, seed=seed,
                                       sampler=sampler, validate=validate, started=started)
+    seed_given = getattr(ctx.get_parameter_source("seed"), "name", None) == "COMMANDLINE"
+    if result.unseeded and (seed_given or jobs > 1):  # (said where it is asked for, not only in the tuned file)
+        err_console.print(escape(f"note: --seed {seed} does not reproduce this search: {result.unseeded}"),
+                          highlight=False, soft_wrap=True)
     _report(dataclasses.replace(result, workload_options=options), out, json_out, resume)
 
 

@@ -480,3 +480,16 @@ def test_a_knob_group_kept_only_for_another_goes_back_once_that_one_has(here):
     tuned = load_config("tv.yaml")
     assert tuned.offload.host_kv_bytes == 0 and tuned.bitwidth.key_bits == 16
     assert "KV bits, prefix reuse, KV tiers set back to the baseline's" in result.stderr
+
+
+def test_a_seed_that_does_not_reproduce_the_search_is_said_on_the_console(here):
+    """`--jobs 2 --seed 5` (or a study resumed) said so only in the tuned file's provenance."""
+    first = invoke("--slo", "p99=200ms", *SMALL, "--seed", "3", "--study", "s")
+    assert first.exit_code == 0, first.output
+    assert "does not reproduce this search" not in first.stderr
+    again = invoke("--slo", "p99=200ms", *SMALL, "--seed", "3", "--study", "s")
+    assert again.exit_code == 0, again.output
+    assert "note: --seed 3 does not reproduce this search: the study was searched in more than one run (" \
+        in again.stderr
+    quiet = invoke("--slo", "p99=200ms", *SMALL, "--study", "s")  # (no --seed asked for: the file says it)
+    assert "does not reproduce this search" not in quiet.stderr
