@@ -23,7 +23,7 @@ from skistune.cli_base import JsonOpt, cli_errors, console, err_console, print_j
 from skistune.display import Table
 
 from skistune.display import significant
-from skistune.paths import check_out_file
+from skistune.paths import check_out_file, folder_refuses
 from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, FormatOpt, JitterOpt,
                                     LengthScaleOpt, MaxInputOpt, MaxOutputOpt, RateOpt, RateScaleOpt, SampleOpt,
                                     SkipBadRowsOpt, WindowOpt, WorkloadOpt, parse_window, print_notes)
@@ -85,8 +85,10 @@ def profile_or_measure(path: str | None, model: str) -> Any:
     # (the fingerprint warning, if any, from `default_profile`'s own read: once)
     if read_cached_profile(cached, check_fingerprint=False)[0] is None:
         # (said in a line, not only a status: a status shows on a terminal only)
+        # (no promise of a cache that cannot be written: a warning after the measurement says why)
+        kept = "for this run only" if folder_refuses(cached.parent) else f"once (cached in {cached})"
         err_console.print(escape(f"measuring this machine's quick profile for {model}: up to a minute, more on a busy "
-                                 f"machine, once (cached in {cached})"), highlight=False, soft_wrap=True)
+                                 f"machine, {kept}"), highlight=False, soft_wrap=True)
         with err_console.status("measuring the quick profile"):
             return default_profile(model, "cpu")
     return default_profile(model, "cpu")

@@ -83,6 +83,17 @@ def probe_folder(folder: Path, name: str | None = None) -> OSError | None:
     return None
 
 
+def folder_refuses(folder: Path) -> OSError | None:
+    """Why ``folder`` (which may not exist yet) cannot be made and written to: its nearest existing ancestor is
+    a file, or refuses a new file (`probe_folder`); None if it can."""
+    place = folder
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if not place.is_dir():
+        return NotADirectoryError(20, "Not a directory", str(place))
+    return probe_folder(place)
+
+
 NAME_MAX = 255  # bytes in a file name: Linux's file systems (where the folder's own limit cannot be read)
 
 

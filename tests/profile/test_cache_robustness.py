@@ -140,6 +140,9 @@ def test_evaluate_with_an_unwritable_cache_runs_on_the_measured_profile(tmp_path
                       "folder writable, set XDG_CACHE_HOME to one that is, or keep one with `skistune profile "
                       "--quick --out FILE` and pass --profile FILE)"]
     assert "error" not in r.stderr
+    # (the line before measuring had promised "once (cached in ...)", the warning after it said the opposite)
+    assert "quick profile for smollm2-135m: up to a minute, more on a busy machine, for this run only" in r.stderr
+    assert "cached in" not in r.stderr
 
 
 def test_evaluate_says_it_measures_a_damaged_cached_profile(tmp_path, monkeypatch, measured_profile):
