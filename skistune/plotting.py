@@ -1,6 +1,7 @@
 """Axis helpers shared by the plots (`skistune report`, `skistune workload show --plot`)."""
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 LOG_AXIS_SPAN = 20  # values spanning more than this factor are plotted on a log axis
@@ -12,14 +13,23 @@ def wants_log(low: float, high: float) -> bool:
     return 0 < low and high > LOG_AXIS_SPAN * low
 
 
+def plain_number(value: float) -> str:
+    """A tick's value in plain notation, to 3 significant digits without trailing zeros, thousands separated:
+    "0.0002", "0.5", "20", "1,000", "1,000,000" (``:g`` wrote "1e+06" and "1e-05")."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    text = f"{value:,.{max(0, 2 - math.floor(math.log10(abs(value))))}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def log_axis(axis, set_scale: Callable[[str], None], low: float, high: float) -> None:
-    """A log axis labelled in plain numbers at 1, 2 and 5 of each decade: the default labels every minor tick
-    of a short span in scientific notation ("2x10^0 3x10^0 ..."), and they overlap; past two decades 2 and 5
-    go unlabelled too ("500" ran into "1000" on a panel from 30 ms to 6 s)."""
+    """A log axis labelled in plain numbers (`plain_number`) at 1, 2 and 5 of each decade: the default labels
+    every minor tick of a short span in scientific notation ("2x10^0 3x10^0 ..."), and they overlap; past two
+    decades 2 and 5 go unlabelled too ("500" ran into "1000" on a panel from 30 ms to 6 s)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     set_scale("log")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    plain = FuncFormatter(lambda v, _: plain_number(v))
     axis.set_major_formatter(plain)
     axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
     axis.set_minor_formatter(plain if high <= 100 * low else NullFormatter())

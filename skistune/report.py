@@ -21,6 +21,7 @@ import shlex
 import itertools
 import math
 import os
+import re
 import tempfile
 import textwrap
 import warnings
@@ -183,7 +184,7 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
 
     study = StudySnapshot(study)
     evaluations = completed(study)
-    binding, closest = infeasibility(evaluations)
+    binding = infeasibility(evaluations)[0]  # (trials as the search scored them: "trials violating it")
     importance, method, note = knob_importance(study, problem)
     validated = tuple(study.user_attrs.get(VALIDATED_ATTR, ()))
     refined = study.user_attrs.get(REFINED_ATTR)
@@ -194,6 +195,9 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
     # one set of figures per config: trial 0 (the baseline's config) ranked below the first ones had kept its
     # search figure (0.06662 req/s) beside the refined baseline row's (0.0711)
     pool = evaluations if refined is None else with_refined(evaluations, [*first, baseline])
+    # the configs closest to feasible with those figures too, as optimize printed them: trial 0's column had shown
+    # the search's +0.523 over an energy budget beside the refined baseline's +0.478 (the same config)
+    closest = infeasibility(pool)[1]
     best = _winner_first(ranked(problem, pool), study.user_attrs.get(CHOSEN_ATTR), validated)
     best = first + [e for e in best if e.config not in {f.config for f in first}]
     best = tuple(best[:top_k])
@@ -333,7 +337,7 @@ def latency_samples(report: Report, replays: "Replays | None" = None) -> dict[st
 
 
 def record_latencies(records) -> dict[str, np.ndarray]:
-    """TTFT, TBT (every gap between two tokens of a request) and E2E of the finished ``records``, as float64
+    """TTFT, TBT (every gap between two tokens of a request), E2E and TPOT of the finished ``records``, as float64
     arrays; the token times gathered into one array first (a 20,000-request trace has 4 million gaps: one
     ``np.diff`` per request and a concatenation had taken seconds)."""
     done = [r for r in records if r.finish_s is not None]
@@ -346,7 +350,9 @@ def record_latencies(records) -> dict[str, np.ndarray]:
     within[starts[1:] - 1] = False  # (the gap from one request's last token to the next's first)
     arrivals = np.fromiter((r.arrival_s for r in done), dtype=np.float64, count=len(done))
     finishes = np.fromiter((r.finish_s for r in done), dtype=np.float64, count=len(done))
-    return {"ttft": times[starts] - arrivals, "tbt": gaps[within], "e2e": finishes - arrivals}
+    several = counts > 1  # TPOT, as `runtime.metrics` has it: of requests with two tokens or more
+    tpot = (finishes - times[starts])[several] / (counts[several] - 1)
+    return {"ttft": times[starts] - arrivals, "tbt": gaps[within], "e2e": finishes - arrivals, "tpot": tpot}
 
 
 class Replays:
@@ -461,9 +467,8 @@ def memory_timeline(report: Report, replays: Replays | None = None) -> Timeline 
         requests = validation_requests(p)
         scale = winner["rate_rps"] / requests.base_rps
         predicted = score_at(p, KVConfig.from_dict(winner["config"]), requests, scale)
-        label = (f"simulated replay of the validation slice ({len(requests.requests)} requests at "
-                 f"{significant(winner['rate_rps'])} req/s), " + ("validated winner" if winner["holds"] else
-                                                         "winner (its runtime replay broke a constraint)"))
+        label = (f"simulated replay of the validation slice ({requests_at(requests.requests, winner['rate_rps'])}), "
+                 + ("validated winner" if winner["holds"] else "winner (its runtime replay broke a constraint)"))
         try:
             config = replay_config(p, predicted, requests)
         except KVPoolTooSmall:  # the capped pool cannot hold the config's full-precision rings: uncapped
@@ -477,8 +482,8 @@ def memory_timeline(report: Report, replays: Replays | None = None) -> Timeline 
     if not report.best:
         return None
     best = report.best[0]
-    label = (f"simulated replay of the search workload ({len(p.search.requests)} requests at "
-             f"{significant(best.figures['rate_rps'])} req/s), best config #1; no validated run in the study")
+    label = (f"simulated replay of the search workload ({requests_at(p.search.requests, best.figures['rate_rps'])}),"
+             " best config #1; no validated run in the study")
     return replays.timeline(best.config, p.search.requests, best.rate_scale, label)
 
 
@@ -514,7 +519,7 @@ def best_configs_table(report: Report):
                  f"{', '.join(ranks)} and base at {REFINE_PRECISION:.0%} precision as optimize printed them"
                  + (f", {', '.join(coarse)} at the search's" if coarse else ""))
     table.title = (f"Best configs of study {report.name} ({_trials(report)}), predicted on "
-                   f"{len(p.workload)} requests of {p.workload.name}, {precision}")
+                   f"{_count(len(p.workload), 'request')} of {p.workload.name}, {precision}")
     return table
 
 
@@ -690,10 +695,23 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _same_point_as_baseline(report: Report, rate: Callable[[Evaluation], float]) -> list[Evaluation]:
+    """The trials of the baseline's config plotted where the baseline's star is (the report reads them with the
+    refined baseline's figures, `optimize.with_refined`): drawn as the star alone, not also as a dot or a cross
+    under it."""
+    base = report.baseline
+    at = (rate(base), base.figures.get("energy_j_per_token"))
+    return [e for e in report.evaluations if e.config.effective() == base.config.effective()
+            and (rate(e), e.figures.get("energy_j_per_token")) == at]
+
+
 def _scatter_trials(ax, report: Report, rate: Callable[[Evaluation], float]):
-    """Every scored trial: infeasible ones as grey crosses, feasible ones coloured by quality loss (%).
-    Returns the feasible points' collection (None: none; for a colour bar) and whether any is lossy."""
-    finite = [e for e in report.evaluations if math.isfinite(e.figures.get("energy_j_per_token", math.inf))]
+    """Every scored trial but those drawn as the baseline's star: infeasible ones as grey crosses, feasible ones
+    coloured by quality loss (%). Returns the feasible points' collection (None: none; for a colour bar) and
+    whether any is lossy."""
+    starred = {id(e) for e in _same_point_as_baseline(report, rate)}
+    finite = [e for e in report.evaluations
+              if math.isfinite(e.figures.get("energy_j_per_token", math.inf)) and id(e) not in starred]
     bad = [e for e in finite if not e.feasible]
     if bad:
         ax.scatter([rate(e) for e in bad], [e.figures["energy_j_per_token"] for e in bad], marker="x",
@@ -711,9 +729,30 @@ def _scatter_trials(ax, report: Report, rate: Callable[[Evaluation], float]):
     return points, lossy
 
 
-def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float], axis: str) -> None:
-    """Ring the front's configs and label them, one label for configs within 2% of the axes of each other
-    (e.g. configs that differ in an objective off the plot, such as memory)."""
+def _star_label(report: Report, rate: Callable[[Evaluation], float]) -> str:
+    """The baseline's legend entry, naming the trials of its config drawn as the star (`_same_point_as_baseline`),
+    and whether it is infeasible (a star had sat on a grey cross: the same config drawn twice)."""
+    trials = [e.trial for e in _same_point_as_baseline(report, rate)]
+    label = f"baseline ({baseline_label(report)}"
+    if trials:
+        label += f"; trial{'s' * (len(trials) > 1)} {', '.join(map(str, trials))}"
+    return label + ("" if report.baseline.feasible else ", infeasible") + ")"
+
+
+def energy_budget(report: Report) -> float | None:
+    """The study's energy budget (J/token) where it binds (rules out a trial), else None: drawn on the Pareto
+    plot, whose y axis is J/token, where it explains which configs are grey."""
+    from skistune.objectives import EnergyBudget
+
+    budgets = [c.value.__self__ for c in report.problem.constraints
+               if isinstance(getattr(c.value, "__self__", None), EnergyBudget)]
+    if not budgets or not report.binding.get(str(budgets[0])):
+        return None
+    return budgets[0].limit_j_per_token
+
+
+def _ring_front(ax, report: Report, rate: Callable[[Evaluation], float], axis: str) -> None:
+    """Ring the front's configs (their labels come last: `_label_front`, once the axes' limits are final)."""
     if not report.pareto:
         return
     points = [(rate(e), e.figures["energy_j_per_token"]) for e in report.pareto]
@@ -721,16 +760,26 @@ def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float], axis: s
     also = f"; also on {', '.join(off_plot)}, off the plot" if off_plot else ""  # (a ringed point may look beaten)
     ax.plot(*zip(*points), "o", mfc="none", mec="black", ms=12, mew=1.5, zorder=4,
             label=f"Pareto front ({_count(len(report.pareto), 'config')}{also})")
-    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+
+
+def _label_front(ax, report: Report, rate: Callable[[Evaluation], float]) -> None:
+    """Label the front's configs (and #1, wherever it is), one label for configs within 2% of the axes' size of
+    each other (e.g. configs that differ in an objective off the plot, such as memory). Called once the axes'
+    scale and limits are final: placed before a zoom, the labels' clear spots were computed on other limits, and
+    "#1 trial 24" landed on the baseline's star."""
+    if not report.pareto:
+        return
     ranks = {e.config: f"#{i + 1} " for i, e in enumerate(report.best)}
-    labels: dict[tuple[int, int], tuple[tuple[float, float], list[str]]] = {}
-    marked = list(zip(report.pareto, points))
+    marked = [(e, (rate(e), e.figures["energy_j_per_token"])) for e in report.pareto]
     if report.best and report.best[0].config not in {e.config for e in report.pareto}:  # what optimize wrote
         first = report.best[0]  # (off the front: the baseline after a tie, or a simpler config)
         marked.append((first, (rate(first), first.figures["energy_j_per_token"])))
+    to_axes = ax.transData + ax.transAxes.inverted()  # (axes fractions: a log axis too is cut in even cells)
+    labels: dict[tuple[int, int], tuple[tuple[float, float], list[str]]] = {}
     for e, (x, y) in marked:
-        cell = (round(50 * (x - x0) / (x1 - x0)), round(50 * (y - y0) / (y1 - y0)))
-        labels.setdefault(cell, ((x, y), []))[1].append(f"{ranks.get(e.config, '')}trial {e.trial}")
+        fx, fy = to_axes.transform((x, y))
+        labels.setdefault((round(50 * fx), round(50 * fy)), ((x, y), []))[1].append(
+            f"{ranks.get(e.config, '')}trial {e.trial}")
     # each label on a leader line from its own ring, clear of every other dot where one of the offsets is; #1's
     # placed first, so it gets the nearest clear spot
     dots = [(rate(e), e.figures.get("energy_j_per_token", math.nan)) for e in (*report.evaluations, report.baseline)]
@@ -740,24 +789,80 @@ def _mark_front(ax, report: Report, rate: Callable[[Evaluation], float], axis: s
 
 
 def plot_x_axis(report: Report) -> tuple[str, Callable[[Evaluation], float]]:
-    """The Pareto plot's x axis: the study's rate objective; without one, where every config was scored at
-    the workload's own rate (a rate axis would stack every trial on one vertical line), its first objective
-    other than energy (J/token is the y axis), else the KV peak."""
+    """The Pareto plot's x axis: the study's rate objective; without one, where every config that served was
+    scored at the workload's own rate (a rate axis would stack every trial on one vertical line), its first
+    objective other than energy (J/token is the y axis), else the KV peak. A trial that served nothing has no rate
+    (read as 0): it does not make the rates vary (a study at --rate 0.1 had every point on x = 0.1)."""
     axis, rate = throughput_axis(report.problem)
-    if _rate_index(report.problem) is not None or len({rate(e) for e in report.evaluations}) > 1:
+    rates = {rate(e) for e in report.evaluations if rate(e) > 0 and math.isfinite(rate(e))}
+    if _rate_index(report.problem) is not None or len(rates) > 1:
         return axis, rate
     problem = report.problem
     i = next((i for i, o in enumerate(problem.objectives) if o.name != "energy"), None)
     if i is None:
-        return "KV peak (MiB)", lambda e: e.figures["kv_peak_bytes"] / 2**20
+        return "KV peak (MiB)", lambda e: e.figures.get("kv_peak_bytes", math.nan) / 2**20
     o = problem.objectives[i]
     if o.name == "memory":
         return "memory: KV peak (MiB)", lambda e: e.values[i] / 2**20
     return f"{o.name}{f' ({o.unit})' if o.unit else ''}", lambda e: e.values[i]
 
 
+@dataclass(frozen=True)
+class ParetoView:
+    """The Pareto plot's limits and y scale, from the points it shows: ``out_of_view`` trials met no rate (at
+    x = 0, J/token far above the rest) and are zoomed out; ``undrawn`` trials have no finite figure (served no
+    request) and have no point at all."""
+
+    xlim: tuple[float, float]
+    ylim: tuple[float, float]
+    log_y: bool
+    out_of_view: int = 0
+    undrawn: int = 0
+
+
+def _padded(low: float, high: float, log: bool = False) -> tuple[float, float]:
+    """``low``..``high`` with a margin for the markers (the star is 16 pt across), kept >= 0 where they are."""
+    if log:
+        return low / 1.15, high * 1.15
+    pad = 0.08 * (high - low) or 0.08 * abs(high) or 1.0
+    return (max(0.0, low - pad) if low >= 0 else low - pad), high + pad
+
+
+def pareto_view(report: Report, rate: Callable[[Evaluation], float], budget: float | None = None) -> ParetoView | None:
+    """The limits of the Pareto plot and whether J/token is on a log axis, decided from the points in view (None:
+    no point to show): where some trials meet no rate and others do, those at rate 0 are left out of view (scored
+    at the lowest rate, idle power over hours of trace makes their J/token up to 100x the others': one such cross
+    squashed every feasible point into a corner); the scale follows from what stays in view (decided before the
+    zoom, from points out of view, it was a log axis over 0.28-0.95 J/token labelled "1" alone). ``budget``, an
+    energy budget drawn as a line, stays in view too."""
+    trials = [(rate(e), e.figures.get("energy_j_per_token", math.nan)) for e in report.evaluations]
+    base = report.baseline
+    drawn = [(x, y) for x, y in trials if math.isfinite(x) and math.isfinite(y) and y > 0]
+    undrawn = len(trials) - len(drawn)
+    star = (rate(base), base.figures.get("energy_j_per_token", math.nan))
+    shown = drawn + ([star] if all(map(math.isfinite, star)) and star[1] > 0 else [])
+    served = [(x, y) for x, y in shown if x > 0]
+    out_of_view = sum(1 for x, _ in drawn if not x > 0) if served else 0
+    shown = served if out_of_view else shown
+    if not shown:
+        return None
+    xs, ys = [x for x, _ in shown], [y for _, y in shown] + ([budget] if budget else [])
+    log = wants_log(min(ys), max(ys))
+    return ParetoView(_padded(min(xs), max(xs)), _padded(min(ys), max(ys), log), log, out_of_view, undrawn)
+
+
+def _view_note(view: ParetoView | None) -> str:
+    """What the title says of the trials not shown."""
+    if view is None:
+        return ""
+    parts = ([f"{_count(view.out_of_view, 'trial')} meeting no rate, at 0, out of view"] if view.out_of_view else []) \
+        + ([f"{_count(view.undrawn, 'trial')} serving no request, not drawn"] if view.undrawn else [])
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def plot_pareto(report: Report) -> bytes:
-    """Throughput (capacity) vs J/token, quality loss as colour: the front ringed, the baseline a star."""
+    """Throughput (capacity) vs J/token, quality loss as colour: the front ringed, the baseline a star, a binding
+    energy budget a line. The labels are placed last, on the final axes."""
     from matplotlib.figure import Figure
 
     axis, rate = plot_x_axis(report)
@@ -768,64 +873,142 @@ def plot_pareto(report: Report) -> bytes:
         fig.colorbar(points, ax=ax, label="predicted quality loss, Δppl mean (%)")
     base = report.baseline
     ax.plot([rate(base)], [base.figures["energy_j_per_token"]], "*", color="tab:red", ms=16, zorder=3,
-            label=f"baseline ({baseline_label(report)})")
-    # configs that meet no rate are scored at the lowest one, where idle power over hours of trace makes
-    # their J/token thousands of times the others': a log axis keeps the feasible ones apart
-    energies = [e.figures.get("energy_j_per_token", math.nan) for e in [*report.evaluations, base]]
-    positive = [j for j in energies if math.isfinite(j) and j > 0]
-    if positive and wants_log(min(positive), max(positive)):
-        log_axis(ax.yaxis, ax.set_yscale, min(positive), max(positive))
-    _mark_front(ax, report, rate, axis)
-    hidden = _zoom_to_served(ax, [*report.evaluations, base], rate)
+            label=_star_label(report, rate))
+    budget = energy_budget(report)
+    if budget is not None:
+        ax.axhline(budget, color="tab:red", ls="--", lw=1, label=f"energy budget ({budget:g} J/token)")
+    _ring_front(ax, report, rate, axis)
+    view = pareto_view(report, rate, budget)
+    if view is not None:
+        if view.log_y:
+            log_axis(ax.yaxis, ax.set_yscale, *view.ylim)
+        ax.set_xlim(*view.xlim)
+        ax.set_ylim(*view.ylim)
+    _label_front(ax, report, rate)
     ax.set_xlabel(axis)
     ax.set_ylabel(f"J/token ({report.problem.profile.power.source})")
-    ax.set_title(f"Study {report.name}: {_trials(report)}, predicted by the simulator"
-                 + (f" ({_count(hidden, 'trial')} meeting no rate, at 0, out of view)" if hidden else ""),
-                 fontsize=10)
+    ax.set_title(f"Study {report.name}: {_trials(report)}, predicted by the simulator{_view_note(view)}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _png(fig)
 
 
-def _zoom_to_served(ax, evaluations: Sequence[Evaluation], rate: Callable[[Evaluation], float]) -> int:
-    """Limit the axes to the configs that meet some rate, where others meet none: those sit at rate 0 with the
-    J/token of the lowest rate, and a tester's one such cross squashed every feasible point into a corner.
-    Returns how many are out of view (0: the axes are left as they are)."""
-    served = [(rate(e), e.figures.get("energy_j_per_token", math.nan)) for e in evaluations if rate(e) > 0]
-    served = [(x, y) for x, y in served if math.isfinite(x) and math.isfinite(y) and y > 0]
-    hidden = sum(1 for e in evaluations[:-1] if not rate(e) > 0)  # (the last is the baseline: not a trial)
-    if not hidden or not served:
-        return 0
-    xs, ys = [x for x, _ in served], [y for _, y in served]
-    pad_x = 0.08 * (max(xs) - min(xs)) or 0.08 * max(xs)
-    ax.set_xlim(max(0.0, min(xs) - pad_x), max(xs) + pad_x)
-    if ax.get_yscale() == "log":
-        ax.set_ylim(min(ys) / 1.15, max(ys) * 1.15)
-    else:
-        pad_y = 0.08 * (max(ys) - min(ys)) or 0.08 * max(ys)
-        ax.set_ylim(max(0.0, min(ys) - pad_y), max(ys) + pad_y)
-    return hidden
+def _limit_text(value: float) -> str:
+    """A limit in plain numbers, up to 4 significant digits, no trailing zeros (40, 0.15, 20,000)."""
+    text = significant(value, 4)
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]], slos) -> None:
-    """One metric's CDFs (ms, or s past 10 s; log scale when the values span over `plotting.LOG_AXIS_SPAN`,
-    so that a tail of slow steps does not squash the body against the axis) with its SLOs."""
-    positive = [v[metric][v[metric] > 0] for v in samples.values()]
-    top_s = max((v.max() for v in positive if v.size), default=0.0)
-    scale, unit = (1e3, "ms") if top_s < 10 else (1.0, "s")
+def _slo_level(percentile: str) -> float | None:
+    """The CDF level an SLO's statistic sits at (p99: 0.99, max: 1); None for the mean, which is no level."""
+    if percentile == "mean":
+        return None
+    return 1.0 if percentile == "max" else float(percentile[1:]) / 100
+
+
+def _slo_marks(ax, metric: str, slos, scale: float, unit: str, means: Mapping[str, float]) -> None:
+    """The panel's SLO limits, in the axis's unit ("ttft:p99<=20000ms" had labelled an axis in seconds): a
+    percentile (or max) limit as a dashed line with a marker at its level, where the CDF must be by then; a limit
+    on the mean as a dotted line with each line's mean marked on the axis (the mean is no point of a CDF: drawn
+    alike, it read as a percentile)."""
+    for s in (s for s in slos if getattr(s, "metric", None) == metric):
+        limit, level = s.limit_s * scale, _slo_level(s.percentile)
+        text = f"{_limit_text(limit)} {unit}"
+        if level is None:
+            ax.axvline(limit, color="black", ls=":", lw=1.3, label=f"SLO: mean {metric.upper()} ≤ {text}")
+            for (label, mean), color in zip(means.items(), ("tab:blue", "tab:red")):
+                ax.plot([mean * scale], [0.0], marker="^", ms=9, color=color, ls="none", clip_on=False, zorder=5,
+                        label=f"mean of {label.split(' (')[0]}")
+            continue
+        ax.axvline(limit, color="black", ls="--", lw=1, label=f"SLO: {s.percentile} {metric.upper()} ≤ {text}")
+        ax.plot([limit], [level], marker="<", ms=7, color="black", ls="none", zorder=5,
+                label=f"{s.percentile}: the CDF reaches {level:g} left of here")
+
+
+def _tail_marks(ax, metric: str, slos, scale: float) -> list[float]:
+    """The SLO limits on the upper-tail panel: the same lines, and for a percentile below the max the share of
+    values it lets past the limit (p99: 0.01), marked at the limit, where the tail line must be at or below it.
+    Returns those shares (the panel's bottom must show them)."""
+    shares = []
+    for s in (s for s in slos if getattr(s, "metric", None) == metric):
+        limit, level = s.limit_s * scale, _slo_level(s.percentile)
+        ax.axvline(limit, color="black", ls=":" if level is None else "--", lw=1.3 if level is None else 1)
+        if level is not None and level < 1:
+            ax.plot([limit], [1 - level], marker="<", ms=7, color="black", ls="none", zorder=5)
+            ax.annotate(f"{s.percentile}: at most {1 - level:.3g} above", (limit, 1 - level), xytext=(-8, 6),
+                        textcoords="offset points", ha="right", fontsize=7,
+                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+            shares.append(1 - level)
+    return shares
+
+
+def _cdf_line(ax, values_s: np.ndarray, scale: float, color: str, label: str) -> None:
+    """One empirical CDF, from 0 at its smallest value (a single value drew nothing as a step alone: its line
+    now rises from 0 to 1 there, with a marker)."""
+    x, y = cdf_points(values_s)
+    if not x.size:
+        return
+    x, y = np.r_[x[0], x] * scale, np.r_[0.0, y]
+    ax.step(x, y, where="post", color=color, label=label, marker="o" if x.size <= 2 else None, markevery=[-1])
+
+
+def tail_points(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The upper tail of ``values`` (1 - CDF: the share of values above each), drawn ``where="post"`` on a log
+    axis: from 1 at the smallest value to 1/n up to the largest (0 past it: off a log axis)."""
+    x, y = cdf_points(values)
+    if not x.size:
+        return x, y
+    above = 1.0 - y
+    keep = above > 1e-12
+    last = above[keep][-1] if keep.any() else 1.0
+    return np.r_[x[0], x[keep], x[-1]], np.r_[1.0, above[keep], last]
+
+
+def _tail_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]], slos, scale: float,
+                unit: str) -> None:
+    """The upper tail (1 - CDF) on a log axis, below the CDF: the last percent that decides a p99 SLO is a sliver
+    at the top of a linear 0-1 axis; here p99, p99.9 and the max each have a decade."""
     for (label, values), color in zip(samples.items(), ("tab:blue", "tab:red")):
-        x, y = cdf_points(values[metric])
+        x, y = tail_points(values[metric])
         if x.size:
-            ax.step(x * scale, y, where="post", color=color, label=label)
-    for s in (s for s in slos if s.metric == metric):
-        ax.axvline(s.limit_s * scale, color="black", ls="--", lw=1, label=f"SLO {s}")
+            ax.step(x * scale, y, where="post", color=color, marker="o" if x.size <= 2 else None, markevery=[-1])
+    shares = _tail_marks(ax, metric, slos, scale)
+    most = max((v[metric].size for v in samples.values()), default=1)
+    low = min([0.5 / max(most, 1), *(0.5 * s for s in shares)])
+    log_axis(ax.yaxis, ax.set_yscale, low, 1.0)
+    ax.set_ylim(low, 1.3)
+    ax.set_xlabel(f"{metric.upper()} ({unit})")
+    ax.set_ylabel("share above (log)")
+    ax.grid(alpha=0.3, which="both")
+
+
+def _cdf_panel(ax, metric: str, samples: Mapping[str, Mapping[str, np.ndarray]], slos, tail=None) -> None:
+    """One metric's CDFs (ms, or s past 10 s, the SLO limits included; log scale when the values span over
+    `plotting.LOG_AXIS_SPAN`, so that a tail of slow steps does not squash the body against the axis) with its
+    SLOs, and on ``tail`` (an axes below, sharing x) its upper tail (`_tail_panel`). A line of one value says
+    so in the panel."""
+    positive = [v[metric][v[metric] > 0] for v in samples.values()]
+    limits = [s.limit_s for s in slos if getattr(s, "metric", None) == metric]
+    top_s = max((v.max() for v in positive if v.size), default=0.0)
+    scale, unit = (1e3, "ms") if max([top_s, *limits]) < 10 else (1.0, "s")
+    for (label, values), color in zip(samples.items(), ("tab:blue", "tab:red")):
+        _cdf_line(ax, values[metric], scale, color, label)
+    means = {label: float(v[metric].mean()) for label, v in samples.items() if v[metric].size}
+    _slo_marks(ax, metric, slos, scale, unit, means)
     if all(v.size for v in positive) and wants_log(low_s := min(v.min() for v in positive), top_s):
         log_axis(ax.xaxis, ax.set_xscale, low_s, top_s)
+    if {v[metric].size for v in samples.values()} == {1}:
+        what = "token gap" if metric == "tbt" else "request"
+        ax.text(0.03, 0.97, f"one {what}: each line is its one value", transform=ax.transAxes, va="top",
+                fontsize=8, bbox={"facecolor": "white", "edgecolor": "0.7", "alpha": 0.9})
     ax.set_xlabel(f"{metric.upper()} ({unit})")
     ax.set_ylabel("fraction of token gaps" if metric == "tbt" else "fraction of requests")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=7, loc="best")
+    if tail is not None:
+        ax.set_xlabel("")
+        _tail_panel(tail, metric, samples, slos, scale, unit)
 
 
 CDF_POINTS = 4000  # points a CDF line is drawn with at most: each step under 1/4000 of the axis, below a pixel
@@ -843,16 +1026,41 @@ def cdf_points(values: np.ndarray, max_points: int = CDF_POINTS) -> tuple[np.nda
     return x[ranks], (ranks + 1) / x.size
 
 
+def latency_metrics(slos) -> tuple[str, ...]:
+    """The latency CDF's panels: TTFT, TBT and E2E, and TPOT where an SLO limits it (it can set the capacity: it
+    had no panel)."""
+    tpot = any(getattr(s, "metric", None) == "tpot" for s in slos)
+    return LATENCY_METRICS[:2] + ("tpot",) * tpot + LATENCY_METRICS[2:]
+
+
+def requests_at(requests, rate_rps: float, where: str = "") -> str:
+    """``N requests at R req/s`` (``where`` after "at", e.g. "the best config's operating rate"), or, where the
+    requests all arrive at once (one request, say), no rate: it would be one invented from a zero span (a
+    1-request workload was said to run at 1,000,000,000 req/s)."""
+    n = len(requests)
+    if n == 1:
+        return "1 request, alone: no arrival rate"
+    if n == 0 or max(r.arrival_s for r in requests) == min(r.arrival_s for r in requests):
+        return f"{n:,} requests arriving at once: no arrival rate"
+    return f"{n:,} requests at {where + ' (' if where else ''}{significant(rate_rps)} req/s{')' if where else ''}"
+
+
 def plot_latency_cdf(report: Report, samples: Mapping[str, Mapping[str, np.ndarray]]) -> bytes:
-    """CDFs of TTFT, TBT and E2E of the best config and the baseline, with the SLO limits."""
+    """CDFs of TTFT, TBT and E2E (and TPOT under a TPOT SLO) of the best config and the baseline, with the SLO
+    limits, and under each its upper tail on a log axis; one line where the best config is the baseline (its line
+    had hidden the other)."""
     from matplotlib.figure import Figure
 
     best = report.best[0]
-    fig = Figure(figsize=(13, 4.2), dpi=110)
-    for ax, metric in zip(fig.subplots(1, len(LATENCY_METRICS)), LATENCY_METRICS):
-        _cdf_panel(ax, metric, samples, report.problem.slos)
-    fig.suptitle(f"Latency CDFs, simulated on {len(report.problem.search.requests)} requests at the best config's "
-                 f"operating rate ({significant(best.figures['rate_rps'])} req/s)", fontsize=10)
+    if best.config.effective() == report.problem.base.effective() and len(samples) > 1:
+        samples = {f"best (#1) = baseline ({baseline_label(report)})": next(iter(samples.values()))}
+    metrics = latency_metrics(report.problem.slos)
+    fig = Figure(figsize=(4.4 * len(metrics), 7.4), dpi=110, layout="constrained")  # (wide tick labels: no overlap)
+    axes = fig.subplots(2, len(metrics), sharex="col", gridspec_kw={"height_ratios": (3, 2)}, squeeze=False)
+    for ax, tail, metric in zip(axes[0], axes[1], metrics):
+        _cdf_panel(ax, metric, samples, report.problem.slos, tail)
+    at = requests_at(report.problem.search.requests, best.figures["rate_rps"], "the best config's operating rate")
+    fig.suptitle(f"Latency CDFs, simulated on {at}", fontsize=10)
     return _png(fig)
 
 
@@ -955,7 +1163,7 @@ def report_html(report: Report, images: Mapping[str, bytes], notes: Sequence[str
     """One self-contained page: the problem, the tables, the plots (base64 PNGs) and the notes."""
     p = report.problem
     facts = [f"storage <code>{html.escape(report.storage)}</code>",
-             f"workload {html.escape(p.workload.name)} ({len(p.workload)} requests)",
+             f"workload {html.escape(p.workload.name)} ({_count(len(p.workload), 'request')})",
              f"objectives {html.escape(', '.join(o.name for o in p.objectives))}",
              f"constraints {html.escape(', '.join(c.name for c in p.constraints))}",
              f"profile {html.escape(p.profile.name)}", f"{html.escape(_trials(report))} complete"]
@@ -974,15 +1182,22 @@ def report_html(report: Report, images: Mapping[str, bytes], notes: Sequence[str
     return "\n".join(parts)
 
 
+_UNSAFE_IN_NAME = re.compile(r"[^\w.+=,@-]")  # (\w: letters and digits of any script, and _)
+
+
 def default_out_dir(study_name: str) -> Path:
-    """``skistune-report-STUDY`` in this folder; where that is longer than a file name may be (a 240-character
-    study name: "[Errno 36] File name too long"), the study name's start and a hash of the whole name."""
+    """``skistune-report-STUDY`` in this folder, one folder whatever the name holds: a name with a character
+    other than letters, digits and ``_.+=,@-`` (a ``/`` put the folder elsewhere: ``a/../../x`` wrote ``../x``;
+    ``<script>...</script>`` made nested folders) has each such character as ``_`` and a hash of the whole name
+    (two names alike once cleaned keep two folders), as a name longer than a file name may be has its start and
+    the hash ("[Errno 36] File name too long" for a 240-character name)."""
     import hashlib
 
     from skistune.paths import _name_max
 
-    name, limit = f"skistune-report-{study_name}", _name_max(Path.cwd())
-    if len(os.fsencode(name)) <= limit:
+    safe = _UNSAFE_IN_NAME.sub("_", study_name)
+    name, limit = f"skistune-report-{safe}", _name_max(Path.cwd())
+    if safe == study_name and len(os.fsencode(name)) <= limit:
         return Path(name)
     digest = "-" + hashlib.sha256(study_name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
     while len(os.fsencode(name + digest)) > limit:  # (whole characters: no half UTF-8 sequence)
@@ -1024,8 +1239,23 @@ def write_report(report: Report, out_dir: str | Path) -> tuple[dict[str, Path], 
     for name, png in images.items():  # (each whole or not at all: a full disk had left a 0-byte plot)
         files[name] = out / FILES[name]
         write_atomic(files[name], png)
+    missing += remove_stale_plots(out, images)
     files["html"] = write_atomic(out / FILES["html"], report_html(report, images, [f"note: {m}" for m in missing]))
     return files, missing
+
+
+def remove_stale_plots(out: Path, images: Mapping[str, bytes]) -> list[str]:
+    """Remove the plots of an earlier report in ``out`` that this one leaves out (`FILES` names only, nothing
+    else of the folder): another study's pareto.png had stayed beside the new report.html, as if its plot.
+    Returns a note for each file removed."""
+    notes = []
+    for name, file in FILES.items():
+        path = out / file
+        if name == "html" or name in images or not (path.is_file() or path.is_symlink()):
+            continue
+        path.unlink()
+        notes.append(f"removed {path}, an earlier report's plot this report leaves out")
+    return notes
 
 
 def summary(report: Report, files: Mapping[str, Path]) -> dict[str, Any]:

@@ -20,8 +20,10 @@ StudyArg = Annotated[str, typer.Argument(help="name of a study made by skistune 
 StorageOpt = Annotated[Optional[str], typer.Option(
     "--storage", help="the study's Optuna storage URL (default: sqlite:///skistune-STUDY.db in this folder)")]
 OutDirOpt = Annotated[Optional[Path], typer.Option(
-    "--out-dir", help="folder for the plots and report.html (default: ./skistune-report-STUDY/, a long STUDY "
-                      "shortened with a hash to fit a file name)")]
+    "--out-dir", help="folder for the plots and report.html (default: ./skistune-report-STUDY/, one folder here "
+                      "whatever STUDY holds: characters other than letters, digits and _.+=,@- made _ and a hash "
+                      "of STUDY added; a long STUDY shortened with the hash to fit a file name); plots of an "
+                      "earlier report there that this one leaves out are removed")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="best configs shown")]
 
 

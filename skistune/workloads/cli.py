@@ -157,14 +157,16 @@ def show(workload: WorkloadArg, format: FormatOpt = None, skip_bad_rows: SkipBad
                            max_input=max_input, max_output=max_output, rate_scale=rate_scale)
     print_notes(loaded)
     stats = workload_stats(loaded)
+    written = None
     if plot is not None:
         from skistune.workloads.plot import plot_workload  # matplotlib loads only when asked for
 
         written = plot_workload(loaded, plot)
         # (soft_wrap: a long path wrapped at the terminal's width could not be copied whole)
         err_console.print(f"wrote {escape(str(written))}", highlight=False, soft_wrap=True)
-    if json_out:
+    if json_out:  # ("plot": the file written, DIR/NAME.png for a folder; null without --plot)
         print_json({**stats.as_dict(), "burstiness_requested": loaded.requested_burstiness,  # (None: recorded)
-                    "source": loaded.source, "transforms": list(loaded.transforms), "notes": list(loaded.notes)})
+                    "source": loaded.source, "transforms": list(loaded.transforms), "notes": list(loaded.notes),
+                    "plot": None if written is None else str(written)})
     else:
         console.print(stats_table(stats, loaded))

@@ -41,7 +41,35 @@ def _histogram(ax, values: np.ndarray, color: str, integer: bool = False) -> Non
     else:
         ax.hist(values, bins=50, color=color)
     ax.xaxis.set_major_locator(MaxNLocator(6, integer=integer, min_n_ticks=1))  # (one length: one tick)
-    ax.ticklabel_format(axis="x", useOffset=False)  # ("+3" under ticks of -0.001..0.001 said little)
+    # ("+3" under ticks of -0.001..0.001 said little; "1e7" under token counts, no more)
+    ax.ticklabel_format(axis="x", useOffset=False, style="plain")
+
+
+def arrival_bins(arrival_s: np.ndarray, duration_s: float) -> tuple[float, str, np.ndarray]:
+    """The arrivals panel's bins: their width in seconds, as labelled (2 significant digits in `bin_unit`: "per
+    36 s", not "per 36.2" of 36.17 s bins; at least 1 s), its label, and the count of arrivals in each bin, each
+    bin holding its start and not its end (numpy's closed last bin had drawn arrivals at 0, 1, 2 and 3 s as 1, 1
+    and 2 per second: a burst that is not there). The last bin may reach past the last arrival rather than every
+    bin be narrower than labelled."""
+    unit, seconds = bin_unit(max(1.0, duration_s / 100))
+    width = float(f"{max(1.0, duration_s / 100) / seconds:.2g}")  # (>= 1 of its unit)
+    bin_s = width * seconds
+    index = np.floor((arrival_s - arrival_s[0]) / bin_s).astype(np.int64)
+    return bin_s, f"{width:g} {unit}", np.bincount(index)
+
+
+def _arrivals_panel(ax, arrival_s: np.ndarray, duration_s: float) -> None:
+    """Arrivals per bin (`arrival_bins`) over time, in the unit the trace's length reads best in (`time_unit`),
+    ticked in plain numbers (no "1e8" offset)."""
+    bin_s, per, counts = arrival_bins(arrival_s, duration_s)
+    unit, seconds = time_unit(duration_s)
+    start = float(arrival_s[0])
+    edges = (start + bin_s * np.arange(counts.size + 1)) / seconds
+    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="tab:green")
+    ax.set_xlim(edges[0], edges[-1])
+    ax.ticklabel_format(axis="x", useOffset=False, style="plain")
+    _integer_ticks(ax.yaxis)
+    ax.set(xlabel=f"time ({unit})", ylabel=f"requests per {per}", title="arrivals")
 
 
 def _step_note(positive_s: np.ndarray) -> str | None:
@@ -64,6 +92,7 @@ def _gap_panel(ax, arrival_s: np.ndarray) -> None:
     gaps_s = np.diff(arrival_s)
     positive_s = gaps_s[gaps_s > 0]
     zeros = len(gaps_s) - len(positive_s)
+    unit = "s"
     if len(gaps_s) == 0:
         title = "inter-arrival"
         message = "no gap to show: one request"
@@ -73,10 +102,11 @@ def _gap_panel(ax, arrival_s: np.ndarray) -> None:
     else:
         title = (f"inter-arrival\n{zeros:,} of {len(gaps_s):,} gaps are 0 (simultaneous arrivals)"
                  if zeros else f"inter-arrival\n{len(gaps_s):,} gaps, none 0")
-        message = _step_note(positive_s)
-        _histogram(ax, positive_s, "tab:red")
+        message = _step_note(positive_s)  # (in seconds, as --jitter takes them)
+        unit, seconds = time_unit(float(np.median(positive_s)))  # (the typical gap's: gaps of days read in days)
+        _histogram(ax, positive_s / seconds, "tab:red")
         _integer_ticks(ax.yaxis)
-    ax.set(xlabel="inter-arrival time (s)", ylabel="nonzero gaps" if zeros else "gaps", title=title)
+    ax.set(xlabel=f"inter-arrival time ({unit})", ylabel="nonzero gaps" if zeros else "gaps", title=title)
     if len(positive_s) == 0:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -86,15 +116,38 @@ def _gap_panel(ax, arrival_s: np.ndarray) -> None:
                 bbox=dict(facecolor="white", edgecolor="0.7", alpha=0.9))
 
 
+# time units a plot's axes and labels may use, smallest first: seconds over days of trace had been labelled
+# "requests per 3.7e+06 s" under ticks with a "1e8" offset
+TIME_UNITS = (("s", 1.0), ("min", 60.0), ("h", 3600.0), ("days", 86400.0))
+UNIT_FROM_S = 2 * 3600.0  # spans up to 2 h stay in seconds (their ticks read plainly: 0-7,200 s)
+
+
+def time_unit(span_s: float) -> tuple[str, float]:
+    """The unit to show a span of ``span_s`` seconds in: seconds up to `UNIT_FROM_S`, else hours, or days past two
+    days (so that the span is at least 2 of the unit)."""
+    if span_s <= UNIT_FROM_S:
+        return TIME_UNITS[0]
+    return TIME_UNITS[3] if span_s > 2 * TIME_UNITS[3][1] else TIME_UNITS[2]
+
+
+def bin_unit(width_s: float) -> tuple[str, float]:
+    """The largest unit in which a bin of ``width_s`` seconds is at least 1 (a 468 s bin: "per 7.8 min")."""
+    return next(u for u in reversed(TIME_UNITS) if width_s >= u[1] or u[1] == 1.0)
+
+
+def _amount(value: float) -> str:
+    """A duration's number, plain: thousands separated past 10 (4,314), else 2 significant digits (0.8, 1.5)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
 def _title(workload: Workload) -> str:
     n = len(workload)
     if n == 1:
         return f"{workload.name}: 1 request"
     if workload.duration_s == 0:
         return f"{workload.name}: {n:,} requests, all at the same time"
-    duration_s = workload.duration_s
-    duration = f"{duration_s:,.0f}" if duration_s >= 10 else f"{duration_s:.2g}"  # (0.8 s, not "1 s")
-    return f"{workload.name}: {n:,} requests over {duration} s"
+    unit, seconds = time_unit(workload.duration_s)  # (0.8 s, not "1 s"; 4,314 days, not 372,690,000 s)
+    return f"{workload.name}: {n:,} requests over {_amount(workload.duration_s / seconds)} {unit}"
 
 
 def png_path(path: str | Path) -> Path:
@@ -141,17 +194,7 @@ def plot_workload(workload: Workload, path: str | Path) -> Path:
         _histogram(ax, np.asarray(tokens), "tab:blue" if what == "input" else "tab:orange", integer=True)
         _integer_ticks(ax.yaxis)
         ax.set(xlabel=f"{what} tokens", ylabel="requests", title=f"{what} length")
-    # bins of exactly the width the axis names (2 significant digits: "per 36 s", not "per 36.2" of 36.17 s
-    # bins); the last bin may reach past the last arrival rather than every bin be narrower than labelled
-    bin_s = max(1.0, float(f"{workload.duration_s / 100:.2g}"))
-    start_s = float(workload.arrival_s[0])
-    bins = max(1, int(np.ceil(workload.duration_s / bin_s)))  # one request (or one arrival time): one bin
-    if start_s + bins * bin_s < workload.arrival_s[-1]:  # (float rounding must not leave the last one out)
-        bins += 1
-    ax_rate.hist(workload.arrival_s, bins=start_s + bin_s * np.arange(bins + 1), color="tab:green")
-    ax_rate.set_xlim(start_s, start_s + bins * bin_s)
-    _integer_ticks(ax_rate.yaxis)
-    ax_rate.set(xlabel="time (s)", ylabel=f"requests per {bin_s:g} s", title="arrivals")
+    _arrivals_panel(ax_rate, np.asarray(workload.arrival_s, dtype=np.float64), workload.duration_s)
     _gap_panel(ax_gap, workload.arrival_s)
     fig.suptitle(_title(workload))
     fig.tight_layout()
