@@ -507,15 +507,6 @@ def tuned_workload_note(provenance: Mapping[str, Any], workload: Workload, rate_
             f"x{rate_scale:g}: {_how_to_check(tuned, recorded, workload, options, same_requests, same_rate, scale)}")
 
 
-def tuned_model(asked: str | None, provenance: Mapping[str, Any], config: str | os.PathLike) -> str:
-    """The model to evaluate for: ``asked``, else the one a tuned file records (`provenance.model`), else
-    smollm2-135m; the rule `skistune export` follows, shared rather than copied (a file tuned for llama-3-8b
-    had been evaluated for smollm2-135m, silently)."""
-    from skistune.export.registry import tuned_model as rule
-
-    return rule(asked, provenance, config)
-
-
 def other_model_note(model: str, provenance: Mapping[str, Any], config: str | os.PathLike) -> str | None:
     """A model asked for (--model) other than the one the tuned file records, in one line (None: the same, or
     none recorded), as `skistune export` warns of it."""

@@ -55,8 +55,9 @@ def evaluate(
     from skistune.display import metrics_table, prefetch_mode, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
                                    check_runtime_memory, other_model_note, power_model, predicted_run_s, run_machine,
-                                   sim_target, tier_notes, tuned_model, tuned_workload_note, workload_options,
+                                   sim_target, tier_notes, tuned_workload_note, workload_options,
                                    workload_requests)
+    from skistune.export.registry import tuned_model
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
@@ -68,7 +69,9 @@ def evaluate(
                            json_out):
         cfg = load_config(str(config))
         provenance = load_provenance(config)
-        asked, model = model, tuned_model(model, provenance, config)  # (a tuned file's own model unless told)
+        # (a tuned file's own model unless told: export's rule; a file tuned for llama-3-8b had been evaluated for
+        # smollm2-135m, silently)
+        asked, model = model, tuned_model(model, provenance, config)
         if asked is None and model != FALLBACK_MODEL:  # (said first: a profile measured for it, or a run, may fail)
             err_console.print(escape(f"note: evaluating for {model}, the model {config} was tuned for (its "
                                      "provenance; --model names another)"), highlight=False, soft_wrap=True)
