@@ -627,12 +627,10 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
     started = time.monotonic()  # (--timeout bounds the whole command)
     import optuna
 
-    from skistune.evaluate import workload_options
     from skistune.problem import UnmeetableSLO, build_problem
     from skistune.scoring import Deadline, with_deadline
     from skistune.search import SAMPLERS, default_study_name, open_study, running_notes
     from skistune.signals import stopped_by_signal
-    from skistune.study_recipe import stored_profile
     from skistune.study_storage import default_storage, open_storage, storage_failures
     from skistune.workloads.synthetic import check_workers_fit
 
@@ -648,37 +646,19 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
             _check_study_folder(Path.cwd())
         if sampler not in SAMPLERS:
             raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
-        w = _workload(workload, format=format, skip_bad_rows=skip_bad_rows, seed=workload_seed, requests=requests,
-                      rate_rps=rate, burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter, window=window,
-                      first=first, sample=sample, rate_scale=rate_scale, length_scale=length_scale,
-                      max_input=max_input, max_output=max_output)
+        w, options = _workload_and_options(
+            workload, format=format, skip_bad_rows=skip_bad_rows, workload_seed=workload_seed, requests=requests,
+            rate=rate, burstiness=burstiness, block_tokens=block_tokens, jitter=jitter, window=window, first=first,
+            sample=sample, rate_scale=rate_scale, length_scale=length_scale, max_input=max_input, max_output=max_output)
         check_workers_fit(len(w), jobs)  # (before the profile is measured)
-        # what built the workload, for the tuned file: evaluate's note rebuilds it from them (`workload_options`)
-        options = workload_options(workload, format=format, skip_bad_rows=skip_bad_rows, workload_seed=workload_seed,
-                                   requests=_requests(workload, requests, first), rate=rate, burstiness=burstiness,
-                                   block_tokens=block_tokens, jitter=jitter, window=window, first=first,
-                                   sample=sample, length_scale=length_scale, max_input=max_input,
-                                   max_output=max_output, rate_scale=rate_scale)
-        chosen_profile = functools.partial(profile_or_measure, profile, model)
-        if profile is None and study is not None:  # resuming: the profile the study was made with, not today's cache
-            stored = stored_profile(storage or default_storage(study), study)
-            if stored is not None:
-                chosen_profile = stored
-                err_console.print(escape(f"note: study {study} keeps the profile it was created with ({stored.name}, "
-                                         f"measured {stored.fingerprint.date[:10]}); --profile FILE starts another study"),
-                                  highlight=False, soft_wrap=True)
+        chosen_profile = _chosen_profile(profile, model, study, storage)
         try:
             problem = build_problem(w, slo=slo or (), objective=",".join(objective or ["capacity"]), energy=energy, quality=quality or (),
                                     model=model, profile=chosen_profile, space=space,
                                     target=target, max_queue_s=parse_max_queue(max_queue),
                                     quality_profile=quality_profile, kv_memory=kv_memory)
         except UnmeetableSLO as exc:  # infeasible before any search: exit 3, as when no trial meets it
-            err_console.print(f"[bold red]infeasible:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-            if json_out:  # (the keys of the other infeasible summary that mean something before any trial)
-                print_json({"feasible": False, "feasible_predicted": False, "feasible_measured": None, "trials": 0,
-                            "out": None, "best": None, "pareto": [], "binding": {exc.slo: 0}, "closest": [],
-                            "why": str(exc), "unmeetable": str(exc)})
-            raise typer.Exit(EXIT_INFEASIBLE) from None
+            _unmeetable(exc, json_out)
         name = study or default_study_name(problem)
         resume = f"--study {shlex.quote(name)}" + (f" --storage {shlex.quote(storage)}" if storage else "")  # (to paste)
         storage = storage or default_storage(name)
@@ -700,11 +680,55 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
         result = _solve_with_progress(problem, json_out=json_out, rerun=command_line(ctx, study=name), n_trials=trials,
                                       timeout=timeout, storage=storage, study_name=name, n_jobs=jobs, seed=seed,
                                       sampler=sampler, validate=validate, started=started)
+    _say_unseeded(ctx, result, seed, jobs)
+    _report(dataclasses.replace(result, workload_options=options), out, json_out, resume)
+
+
+def _workload_and_options(spec: str, *, workload_seed: int, rate: float | None, jitter: float | None,
+                          **options: Any) -> tuple[Any, dict[str, Any]]:
+    """The workload, and the options that built it as the tuned file records them (`evaluate.workload_options`:
+    evaluate's note rebuilds the workload from them)."""
+    from skistune.evaluate import workload_options
+
+    w = _workload(spec, seed=workload_seed, rate_rps=rate, jitter_s=jitter, **options)
+    recorded = {**options, "requests": _requests(spec, options["requests"], options["first"])}
+    return w, workload_options(spec, workload_seed=workload_seed, rate=rate, jitter=jitter, **recorded)
+
+
+def _chosen_profile(profile: str | None, model: str, study: str | None, storage: str | None) -> Any:
+    """The profile to build the problem with: the one given, else (resuming a study) the one the study was made
+    with, not today's cache, else this machine's (measured when the problem is built)."""
+    from skistune.study_recipe import stored_profile
+    from skistune.study_storage import default_storage
+
+    if profile is None and study is not None:
+        stored = stored_profile(storage or default_storage(study), study)
+        if stored is not None:
+            err_console.print(escape(f"note: study {study} keeps the profile it was created with ({stored.name}, "
+                                     f"measured {stored.fingerprint.date[:10]}); --profile FILE starts another study"),
+                              highlight=False, soft_wrap=True)
+            return stored
+    return functools.partial(profile_or_measure, profile, model)
+
+
+def _unmeetable(exc, json_out: bool) -> None:
+    """An SLO no config meets even with each request alone, found before any search: exit 3, as when no trial
+    meets the constraints."""
+    err_console.print(f"[bold red]infeasible:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    if json_out:  # (the keys of the other infeasible summary that mean something before any trial)
+        print_json({"feasible": False, "feasible_predicted": False, "feasible_measured": None, "trials": 0,
+                    "out": None, "best": None, "pareto": [], "binding": {exc.slo: 0}, "closest": [],
+                    "why": str(exc), "unmeetable": str(exc)})
+    raise typer.Exit(EXIT_INFEASIBLE) from None
+
+
+def _say_unseeded(ctx, result, seed: int, jobs: int) -> None:
+    """Where --seed was asked for (or --jobs ran workers), say when it does not reproduce the search, as the tuned
+    file's provenance does."""
     seed_given = getattr(ctx.get_parameter_source("seed"), "name", None) == "COMMANDLINE"
-    if result.unseeded and (seed_given or jobs > 1):  # (said where it is asked for, not only in the tuned file)
+    if result.unseeded and (seed_given or jobs > 1):
         err_console.print(escape(f"note: --seed {seed} does not reproduce this search: {result.unseeded}"),
                           highlight=False, soft_wrap=True)
-    _report(dataclasses.replace(result, workload_options=options), out, json_out, resume)
 
 
 @contextlib.contextmanager
