@@ -251,11 +251,15 @@ def folder_refusal(folder: Path) -> str | None:
 
 
 # what `pip install` gets a missing database driver (by the module SQLAlchemy failed to import)
-DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary, the postgres extra of skistune", "psycopg": "'psycopg[binary]'",
+# (a bare postgresql:// takes whichever of psycopg2 and psycopg is installed (`_with_installed_driver`): with neither,
+# the postgres extra is what the README installs)
+DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary, the postgres extra of skistune",
+                   "psycopg": "psycopg2-binary (the postgres extra of skistune) or 'psycopg[binary]'",
                    "MySQLdb": "mysqlclient, or PyMySQL with a mysql+pymysql:// URL", "pymysql": "PyMySQL"}
 # (Optuna's journal files are not among the storages: they have no heartbeat, so a killed worker's trial would
 # stay running forever instead of being retried)
-STORAGE_KINDS = "a SQLite file (sqlite:///study.db) or a server (postgresql://user@host/db, mysql://user@host/db)"
+STORAGE_KINDS = ("a SQLite file (sqlite:///study.db) or a server (postgresql://user@host/db, "
+                 "mysql+pymysql://user@host/db)")
 
 
 def _check_lasting(url: str, storage: str) -> None:

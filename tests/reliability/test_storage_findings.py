@@ -382,3 +382,21 @@ def test_a_storage_url_under_an_ascii_file_system_encoding_keeps_its_path():
     undecoded = "sqlite:////tmp/caf" + b"\xc3\xa9".decode("ascii", "surrogateescape") + "/s.db"
     assert _storage_label(undecoded) == _storage_label("sqlite:////tmp/café/s.db") == "sqlite:////tmp/caf%C3%A9/s.db"
     assert _storage_label("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
+
+
+def test_a_postgresql_url_without_any_driver_names_the_postgres_extra(monkeypatch):
+    """SQLAlchemy 2.1 reads a bare postgresql:// as psycopg (3): with no driver installed the hint had named only
+    'psycopg[binary]', where the README installs the postgres extra (psycopg2-binary), which such a URL also takes."""
+    import importlib.util
+
+    from skistune.study_storage import open_storage
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("psycopg", "psycopg2") else real(name, *a))
+    monkeypatch.setitem(__import__("sys").modules, "psycopg", None)
+    monkeypatch.setitem(__import__("sys").modules, "psycopg2", None)
+    with pytest.raises(ValueError) as refused:
+        open_storage("postgresql://u@127.0.0.1:1/db")
+    assert "its database driver is not installed" in str(refused.value)
+    assert "psycopg2-binary (the postgres extra of skistune) or 'psycopg[binary]'" in str(refused.value)
