@@ -570,8 +570,9 @@ RequestsOpt = Annotated[Optional[int], typer.Option(
     "--requests", min=1, help=f"requests in a preset (default {DEFAULT_REQUESTS} here)")]
 ModelOpt = Annotated[str, typer.Option("--model", help="model preset")]
 ProfileOpt = Annotated[Optional[str], typer.Option(
-    "--profile", help="hardware profile: a JSON file from `skistune profile`, or a shipped one by name (cpu-smollm2-135m, "
-                      "cuda-llama-3-8b) (default: this machine's, measured once and cached)")]
+    "--profile", help="hardware profile: a JSON file from `skistune profile`, or a shipped one by name (the profiles/ "
+                      "folder's: cpu-smollm2-135m, cuda-llama-3-8b, cuda-llama-3-8b-quick) (default: this machine's, "
+                      "measured once and cached)")]
 SpaceOpt = Annotated[Optional[str], typer.Option(
     "--space", help="search space: a shipped name (default, vllm, sglang, memory-constrained, long-context) or a "
                     "YAML file")]

@@ -335,8 +335,9 @@ def profile(
                                         "(what `skistune optimize` measures when given no profile)")] = False,
     out: Annotated[Optional[Path], typer.Option(help="profile file to write (default profiles/DEVICE-MODEL"
                                                 "[-quick].json)")] = None,
-    disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help="directory on the disk tier to time "
-                                                     "file I/O in (default: a temporary directory)")] = None,
+    disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help=(
+        "directory on the disk tier to time file I/O in (default: $SKISTUNE_DISK_DIR where set, where the runtime "
+        "keeps its disk tier, else a temporary directory)"))] = None,
     show: Annotated[Optional[Path], typer.Option(help="print an existing profile instead of measuring")] = None,
     refit: Annotated[Optional[Path], typer.Option(help="fit an existing profile's step cost model again from its "
                                                   "measured points with this version's model (written back, or "

@@ -179,8 +179,12 @@ class HardwareProfile:
         if not moved:
             return None
         kinds = ", ".join(f"{k} steps x{r:.2f}" for k, r in moved.items())
-        how = ("`skistune profile --cache` replaces the quick profile `skistune optimize` keeps" if self.quick
-               else "`skistune profile --out FILE`")
+        # (--cache replaces the CPU quick profile optimize keeps for this machine: no help for a GPU's, or another's)
+        model = "" if self.model == "smollm2-135m" else f" --model {self.model}"
+        how = (f"`skistune profile --cache{model}` replaces the quick profile `skistune optimize` keeps" if
+               self.quick and self.device == "cpu" else
+               f"`skistune profile --device {self.device}{model}{' --quick' if self.quick else ''} --out FILE` on the "
+               "machine it describes")
         return (f"profile {self.name}: the machine's speed moved while it was measured ({kinds} at the end against "
                 f"the start): its predictions carry that much error; measure it again on a quiet machine ({how})")
 

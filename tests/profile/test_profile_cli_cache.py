@@ -82,8 +82,12 @@ def test_cli_cache_measures_the_quick_profile_again_where_optimize_reads_it(tmp_
     path = cached_profile_path("smollm2-135m", "cpu", machine_fingerprint("cpu"))
     drifted = replace(steady_profile, quick=True, drift={"decode": 1.4})
     drifted.save(path)
-    assert "`skistune profile --cache` replaces" in drifted.drift_note
+    named = "" if drifted.model == "smollm2-135m" else f" --model {drifted.model}"
+    assert f"`skistune profile --cache{named}` replaces" in drifted.drift_note
     assert "--out FILE" in replace(drifted, quick=False).drift_note
+    # (a GPU's quick profile is not the one optimize keeps for this machine: --cache would not replace it)
+    gpu = replace(drifted, device="cuda").drift_note
+    assert "--cache" not in gpu and f"`skistune profile --device cuda{named} --quick --out FILE` on the machine" in gpu
     result = CliRunner().invoke(app, ["profile", "--cache"])
     assert result.exit_code == 0, result.output
     assert fake_measure == [("smollm2-135m", "cpu", True, None)]  # the quick grid
