@@ -48,6 +48,10 @@ def callable_module(module_name: str, function: Any) -> None:
     module = sys.modules[module_name]
     module.__class__ = CallableModule
     module.__signature__ = inspect.signature(function)  # what inspect and help() show for the module
+    # help(skistune.optimize) shows the module's page: the function's signature and text first (a reader had found
+    # them 587 lines down, under FUNCTIONS), then the module's own text
+    call = f"{module_name}{module.__signature__}"
+    module.__doc__ = f"{call}\n\n{inspect.getdoc(function) or ''}\n\nThe module:\n\n{module.__doc__ or ''}"
 
 
 def __getattr__(name: str) -> Any:
