@@ -23,7 +23,7 @@ from skistune.workloads.cli import (BlockTokensOpt, BurstinessOpt, FirstOpt, For
 
 @cli_errors
 def evaluate(
-    config: Annotated[Path, typer.Argument(help="KV config file (YAML/JSON), e.g. one written by optimize")],
+    config: Annotated[Path, typer.Argument(metavar="CONFIG", help="KV config file (YAML/JSON), e.g. one written by optimize")],
     workload: WorkloadOpt = "chat",
     mode: Annotated[str, typer.Option(help="simulate (hardware profile), run (real runtime), or compare (both, "
                                       "and the prediction's error)")] = "simulate",

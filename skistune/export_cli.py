@@ -80,7 +80,7 @@ def _print_result(result: ExportResult, config: Path, out: Optional[Path]) -> No
 
 @cli_errors
 def export(
-    config: Annotated[Path, typer.Argument(help="KV config file (YAML/JSON), e.g. one written by optimize")],
+    config: Annotated[Path, typer.Argument(metavar="CONFIG", help="KV config file (YAML/JSON), e.g. one written by optimize")],
     to: ToOpt,
     engine_version: EngineVersionOpt = None,
     model: TunedModelOpt = DEFAULT_MODEL,

@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from skistune.cli_base import JsonOpt, app, cli_errors, console, err_console, print_json
 
-StudyArg = Annotated[str, typer.Argument(help="name of a study made by skistune optimize")]
+StudyArg = Annotated[str, typer.Argument(metavar="STUDY", help="name of a study made by skistune optimize")]
 StorageOpt = Annotated[Optional[str], typer.Option(
     "--storage", help="the study's Optuna storage URL (default: sqlite:///skistune-STUDY.db in this folder)")]
 OutDirOpt = Annotated[Optional[Path], typer.Option(

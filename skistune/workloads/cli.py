@@ -20,7 +20,7 @@ from skistune.workloads.synthetic import PRESETS
 workload_app = typer.Typer(no_args_is_help=True, help="Inspect workloads: trace files and synthetic presets.")
 
 WorkloadArg = Annotated[str, typer.Argument(
-    help=f"a preset ({', '.join(PRESETS)}) or a trace file ({', '.join(FORMATS)}; detected by content)")]
+    metavar="WORKLOAD", help=f"a preset ({', '.join(PRESETS)}) or a trace file ({', '.join(FORMATS)}; detected by content)")]
 WorkloadOpt = Annotated[str, typer.Option(
     "--workload", help=f"a preset ({', '.join(PRESETS)}) or a trace file ({', '.join(FORMATS)}; detected by content)")]
 FormatOpt = Annotated[Optional[str], typer.Option("--format", help=f"force the trace format: {', '.join(FORMATS)}")]
