@@ -19,7 +19,7 @@ from skistune.paths import check_existing_dir, check_out_file
 
 from .cost import ALL_FEATURES, ProjectionTimes
 from .fingerprint import machine_fingerprint
-from .profile import HardwareProfile, cached_profile_path, load_profile, warn_if_elsewhere
+from .profile import HardwareProfile, cached_profile_path, load_profile, profile_path, warn_if_elsewhere
 
 MODEL_HELP = "model preset (smollm2-135m has real weights; larger presets run with random weights, for timing)"
 
@@ -291,6 +291,9 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
     if check is not None:
         _check(check, json_out)
         return
+    if refit is not None and out is None and profile_path(refit) != Path(refit):  # (a shipped profile, by name)
+        raise ValueError(f"--refit {refit}: a shipped profile, which is not written over: give --out FILE for the "
+                         "refitted copy")
     if show is not None or refit is not None:
         shown = load_profile(show or refit)  # (a fingerprint warning: one line, through `cli_errors`)
         if refit is not None:  # same points, this version's step model; written over the file unless --out
@@ -298,6 +301,7 @@ def _profile(model: str, device: str, quick: bool, out: Optional[Path], disk_dir
             before = shown.step_fit
             shown = shown.refit_steps()
             refit = shown.save(out or refit)
+            err_console.print(f"wrote {refit}", highlight=False, soft_wrap=True)
             err_console.print(f"refitted (projections: {rule_text(shown.step_cost.rows)}): step error median / "
                               "max, training "
                               f"{_errors(before.train)} -> {_errors(shown.step_fit.train)}, held-out "

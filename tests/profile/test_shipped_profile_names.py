@@ -50,3 +50,15 @@ def test_evaluate_takes_a_shipped_name(tmp_path, monkeypatch):
                                     str(REPO_PROFILES / "cpu-smollm2-135m.json"), "--json"])
     assert named.exit_code == 0, named.output
     assert named.stdout.splitlines()[-1] == path.stdout.splitlines()[-1]
+
+
+def test_refitting_a_shipped_profile_by_name_needs_out_and_says_where_it_wrote(tmp_path, monkeypatch):
+    """`profile --refit cpu-smollm2-135m` had written a file of that name in the working folder, silently, which then
+    shadowed the shipped profile there."""
+    monkeypatch.chdir(tmp_path)
+    refused = CliRunner().invoke(app, ["profile", "--refit", "cpu-smollm2-135m"])
+    assert refused.exit_code == 2 and "a shipped profile, which is not written over: give --out FILE" in refused.stderr
+    assert not list(tmp_path.iterdir())
+    done = CliRunner().invoke(app, ["profile", "--refit", "cpu-smollm2-135m", "--out", "mine.json"])
+    assert done.exit_code == 0, done.output
+    assert "wrote mine.json" in done.stderr and (tmp_path / "mine.json").is_file()
