@@ -49,7 +49,8 @@ QualityOpt = Annotated[Optional[list[str]], typer.Option(
     "--quality", help="quality floor, repeatable: ppl+1% (mean-window perplexity increase), worst:ppl+3%, "
                       "needle>=0.95 (share of retrieval accuracy kept)")]
 QualityProfileOpt = Annotated[Optional[str], typer.Option(
-    "--quality-profile", help="quality profile JSON from `skistune quality` (default: the shipped SmolLM2 one); "
+    "--quality-profile", help="quality profile JSON from `skistune quality`, or a shipped one by name "
+                              "(quality-smollm2-135m, the default); "
                               "read when --quality or the quality objective asks for it")]
 ObjectiveOpt = Annotated[Optional[list[str]], typer.Option(
     "--objective", help="capacity (max request rate under the SLOs; default), goodput (at the workload's rate), "

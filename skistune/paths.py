@@ -94,6 +94,18 @@ def folder_refuses(folder: Path) -> OSError | None:
     return probe_folder(place)
 
 
+def shipped_or_path(spec: str | os.PathLike, shipped: dict[str, Path], what: str) -> Path:
+    """The file ``spec`` names: a file, or a bare name that is no file here (``cpu-smollm2-135m``), the shipped
+    file of that name in ``shipped`` (name -> path: installed from a wheel, shipped files live inside the package,
+    where no user would look for them); ``what`` names the kind in the error for an unknown bare name."""
+    path = Path(spec)
+    if path.exists() or path.suffix == ".json" or len(path.parts) != 1:
+        return path
+    if path.name in shipped:
+        return shipped[path.name]
+    raise ValueError(f"{spec}: no such {what} file, nor a shipped {what} (shipped: {', '.join(sorted(shipped))})")
+
+
 NAME_MAX = 255  # bytes in a file name: Linux's file systems (where the folder's own limit cannot be read)
 
 

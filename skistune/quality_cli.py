@@ -157,7 +157,7 @@ def quality(
 
 
 def _quality(model: str, quick: bool, out: Optional[Path], fresh: bool, show: Optional[Path], json_out: bool) -> None:
-    from skistune.quality import QualityProfile
+    from skistune.quality import QualityProfile, quality_profile_path
     from skistune.quality.grid import GRIDS
     from skistune.quality.model import GOAL_RULE
 
@@ -166,7 +166,7 @@ def _quality(model: str, quick: bool, out: Optional[Path], fresh: bool, show: Op
                                        ("--model", model != DEFAULT_MODEL)) if on]
         if given:  # (they were ignored: a user took `--show Q --model llama-3-8b` for a profile of that model)
             raise ValueError(f"--show prints a profile as it is; {', '.join(given)} applies only when measuring")
-        profile = QualityProfile.load(show)
+        profile = QualityProfile.load(quality_profile_path(show))  # (a file, or a shipped profile by name)
         path = show
         for line in incomplete_lines(profile):
             err_console.print(f"[yellow]note:[/] {escape(line)}", highlight=False, soft_wrap=True)

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 from skistune.config import load_json, shown, shown_name
 from skistune.kernels.cache import exclusive, user_cache_dir
+from skistune.paths import shipped_or_path
 
 from skistune.kernels.rows import ProjectionRule
 from skistune.quality.model import FORMAT as QUALITY_FORMAT
@@ -583,21 +584,20 @@ SHIPPED_PACKAGE = "skistune.profiles"  # the repository's profiles/ folder, inst
 def shipped_profiles() -> dict[str, Path]:
     """The hardware profiles that ship with skistune, by name (the file's name less ``.json``; the quality
     profiles beside them, ``quality-*.json``, are `skistune.quality`'s)."""
+    return {name: path for name, path in shipped_json_files().items() if not name.startswith("quality-")}
+
+
+def shipped_json_files() -> dict[str, Path]:
+    """Every profile file that ships with skistune (hardware and quality), by name (less ``.json``)."""
     root = importlib.resources.files(SHIPPED_PACKAGE)
     return {entry.name.removesuffix(".json"): Path(str(entry)) for entry in root.iterdir()
-            if entry.name.endswith(".json") and not entry.name.startswith("quality-")}
+            if entry.name.endswith(".json")}
 
 
 def profile_path(spec: str | os.PathLike[str]) -> Path:
     """The profile file ``spec`` names: a file, or a bare name that is no file here (``cpu-smollm2-135m``), the
-    shipped profile of that name (`shipped_profiles`: installed from a wheel, they live inside the package)."""
-    path = Path(spec)
-    if path.exists() or path.suffix == ".json" or len(path.parts) != 1:
-        return path
-    shipped = shipped_profiles()
-    if path.name in shipped:
-        return shipped[path.name]
-    raise ValueError(f"{spec}: no such profile file, nor a shipped profile (shipped: {', '.join(sorted(shipped))})")
+    shipped profile of that name (`shipped_profiles`)."""
+    return shipped_or_path(spec, shipped_profiles(), "profile")
 
 
 def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True,

@@ -10,7 +10,8 @@ from skistune.quality.model import QualityProfile
 SHIPPED_PACKAGE = "skistune.profiles"
 REFERENCE_MODEL = "smollm2-135m"  # the real model whose profile stands in for weightless presets
 
-__all__ = ["QualityProfile", "shipped_quality_profile", "load_quality_profile", "REFERENCE_MODEL"]
+__all__ = ["QualityProfile", "shipped_quality_profile", "load_quality_profile", "quality_profile_path",
+           "REFERENCE_MODEL"]
 
 
 def shipped_quality_profile(model: str = REFERENCE_MODEL) -> QualityProfile | None:
@@ -23,9 +24,20 @@ def shipped_quality_profile(model: str = REFERENCE_MODEL) -> QualityProfile | No
 
 
 def load_quality_profile(spec: str | Path | QualityProfile | None = None) -> QualityProfile | None:
-    """A profile object, a file path, or None for the shipped profile of the reference model."""
+    """A profile object, a file path or a shipped profile's name (`quality_profile_path`), or None for the shipped
+    profile of the reference model."""
     if isinstance(spec, QualityProfile):
         return spec
     if spec is None:
         return shipped_quality_profile()
-    return QualityProfile.load(spec)
+    return QualityProfile.load(quality_profile_path(spec))
+
+
+def quality_profile_path(spec: str | Path) -> Path:
+    """The quality profile file ``spec`` names: a file, or a bare name that is no file here
+    (``quality-smollm2-135m``), the shipped profile of that name."""
+    from skistune.paths import shipped_or_path
+    from skistune.profile.profile import shipped_json_files
+
+    shipped = {name: path for name, path in shipped_json_files().items() if name.startswith("quality-")}
+    return shipped_or_path(spec, shipped, "quality profile")

@@ -164,3 +164,19 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_model_loads(tmp_pat
     assert r.exit_code == 2 and r.stderr.startswith(f"error: --out {tmp_path}: is a directory")
     r = invoke("quality", "--quick", "--out", str(tmp_path / "no" / "q.json"))
     assert r.exit_code == 2 and "folder" in r.stderr and "does not exist" in r.stderr
+
+
+def test_the_shipped_quality_profile_is_named_as_a_hardware_one_is(tmp_path, monkeypatch):
+    """`--profile cpu-smollm2-135m` worked by name, `--quality-profile quality-smollm2-135m` and `quality --show` did
+    not (installed from a wheel, the shipped file lives inside the package)."""
+    from skistune.quality import load_quality_profile, quality_profile_path
+
+    monkeypatch.chdir(tmp_path)
+    shown = CliRunner().invoke(app, ["quality", "--show", "quality-smollm2-135m", "--json"])
+    assert shown.exit_code == 0, shown.output
+    path = quality_profile_path("quality-smollm2-135m")
+    assert path.name == "quality-smollm2-135m.json" and load_quality_profile("quality-smollm2-135m").path == str(path)
+    unknown = CliRunner().invoke(app, ["quality", "--show", "quality-nope"])
+    assert unknown.exit_code == 2
+    assert "quality-nope: no such quality profile file, nor a shipped quality profile (shipped: quality-smollm2-135m" \
+        in unknown.stderr
