@@ -389,7 +389,7 @@ def _quality_setup(floors, objectives, quality_profile, model: str) -> tuple[Any
     """The quality profile, the knobs the search may vary, and notes. Lossy knobs (eviction, KV bits) are
     searched only under a quality floor or a quality objective: without one they would look free."""
     from skistune import simulator
-    from skistune.quality import load_quality_profile
+    from skistune.quality import incomplete_notes, load_quality_profile
 
     if not floors and not any(o.name == "quality" for o in objectives):
         return None, simulator.MODELED_KNOBS, []
@@ -408,6 +408,7 @@ def _quality_setup(floors, objectives, quality_profile, model: str) -> tuple[Any
     if model != qp.model:
         notes.append(f"quality: {model} has no weights here; its quality loss is predicted from the {qp.model} "
                      "profile (proxy)")
+    notes += [f"quality profile {qp.path}: {line}" for line in incomplete_notes(qp)]  # (an interrupted run's file)
     return qp, simulator.MODELED_KNOBS | simulator.LOSSY_KNOBS, notes
 
 

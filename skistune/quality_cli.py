@@ -106,31 +106,6 @@ def combination_table(checks: list[dict]) -> Table:
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def incomplete_lines(profile) -> list[str]:
-    """Notes for a profile whose grid was not measured to the end (an interrupted run), or whose layer count is
-    not its model's: --show had printed such a file as if it were whole."""
-    from skistune.quality.grid import GRIDS
-    from skistune.runtime.presets import get_preset
-
-    lines = []
-    try:
-        layers = get_preset(profile.model).n_layers
-    except ValueError:
-        layers = None  # (a model this version has no preset of: nothing to compare with)
-    if layers is not None and layers != profile.n_layers:
-        lines.append(f"the profile says {profile.n_layers} layers, but {profile.model} has {layers}: its per-layer "
-                     "figures do not map onto the model's layers")
-    grid = GRIDS.get(profile.data["protocol"].get("grid"))
-    if grid is not None:
-        expected = len(grid.perplexity(profile.n_layers)) + len(grid.needle())
-        taken = len(profile.data.get("perplexity", {})) + len(profile.data.get("needle", {}))
-        if taken < expected:
-            lines.append(f"incomplete: {taken} of the {grid.name} grid's {expected} measurements (an interrupted run; "
-                         f"`skistune quality{' --quick' if grid.name == 'quick' else ''} --out FILE` resumes it): "
-                         "figures outside what was measured read as outside the grid")
-    return lines
-
-
 @app.command()
 @cli_errors
 def quality(
@@ -157,7 +132,7 @@ def quality(
 
 
 def _quality(model: str, quick: bool, out: Optional[Path], fresh: bool, show: Optional[Path], json_out: bool) -> None:
-    from skistune.quality import QualityProfile, quality_profile_path
+    from skistune.quality import QualityProfile, incomplete_notes, quality_profile_path
     from skistune.quality.grid import GRIDS
     from skistune.quality.model import GOAL_RULE
 
@@ -168,7 +143,7 @@ def _quality(model: str, quick: bool, out: Optional[Path], fresh: bool, show: Op
             raise ValueError(f"--show prints a profile as it is; {', '.join(given)} applies only when measuring")
         profile = QualityProfile.load(quality_profile_path(show))  # (a file, or a shipped profile by name)
         path = show
-        for line in incomplete_lines(profile):
+        for line in incomplete_notes(profile):
             err_console.print(f"[yellow]note:[/] {escape(line)}", highlight=False, soft_wrap=True)
     else:
         path = out or Path("profiles") / f"quality-{model}{'-quick' if quick else ''}.json"

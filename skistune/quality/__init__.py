@@ -11,7 +11,7 @@ SHIPPED_PACKAGE = "skistune.profiles"
 REFERENCE_MODEL = "smollm2-135m"  # the real model whose profile stands in for weightless presets
 
 __all__ = ["QualityProfile", "shipped_quality_profile", "load_quality_profile", "quality_profile_path",
-           "REFERENCE_MODEL"]
+           "incomplete_notes", "REFERENCE_MODEL"]
 
 
 def shipped_quality_profile(model: str = REFERENCE_MODEL) -> QualityProfile | None:
@@ -41,3 +41,28 @@ def quality_profile_path(spec: str | Path) -> Path:
 
     shipped = {name: path for name, path in shipped_json_files().items() if name.startswith("quality-")}
     return shipped_or_path(spec, shipped, "quality profile")
+
+
+def incomplete_notes(profile: QualityProfile) -> list[str]:
+    """Notes for a profile whose grid was not measured to the end (an interrupted run), or whose layer count is
+    not its model's: `quality --show` had printed such a file as if it were whole, and optimize used it silently."""
+    from skistune.quality.grid import GRIDS
+    from skistune.runtime.presets import get_preset
+
+    lines = []
+    try:
+        layers = get_preset(profile.model).n_layers
+    except ValueError:
+        layers = None  # (a model this version has no preset of: nothing to compare with)
+    if layers is not None and layers != profile.n_layers:
+        lines.append(f"the profile says {profile.n_layers} layers, but {profile.model} has {layers}: its per-layer "
+                     "figures do not map onto the model's layers")
+    grid = GRIDS.get(profile.data["protocol"].get("grid"))
+    if grid is not None:
+        expected = len(grid.perplexity(profile.n_layers)) + len(grid.needle())
+        taken = len(profile.data.get("perplexity", {})) + len(profile.data.get("needle", {}))
+        if taken < expected:
+            lines.append(f"incomplete: {taken} of the {grid.name} grid's {expected} measurements (an interrupted run; "
+                         f"`skistune quality{' --quick' if grid.name == 'quick' else ''} --out FILE` resumes it): "
+                         "figures outside what was measured read as outside the grid")
+    return lines

@@ -180,3 +180,28 @@ def test_the_shipped_quality_profile_is_named_as_a_hardware_one_is(tmp_path, mon
     assert unknown.exit_code == 2
     assert "quality-nope: no such quality profile file, nor a shipped quality profile (shipped: quality-smollm2-135m" \
         in unknown.stderr
+
+
+def test_optimize_says_its_quality_profile_is_incomplete_as_show_does(tmp_path):
+    """An interrupted `quality --quick` (9 of 22 measurements) was used by optimize with no word; --show said it."""
+    import json
+    import warnings
+
+    from skistune.optimize import build_problem
+    from skistune.profile import load_profile
+    from skistune.quality import incomplete_notes, load_quality_profile, quality_profile_path
+    from skistune.workloads import load_workload
+
+    data = json.loads(quality_profile_path("quality-smollm2-135m").read_text())
+    kept = dict(list(data["perplexity"].items())[:len(data["perplexity"]) // 2])
+    data["perplexity"] = kept
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(data))
+    [line] = incomplete_notes(load_quality_profile(str(cut)))
+    assert line.startswith(f"incomplete: {len(kept) + len(data['needle'])} of the full grid's ")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        problem = build_problem(load_workload("chat", requests=8), slo="p99=200ms", quality="ppl+1%",
+                                quality_profile=str(cut), profile=load_profile("cpu-smollm2-135m"))
+    assert f"quality profile {cut}: {line}" in problem.notes
+    assert not incomplete_notes(load_quality_profile("quality-smollm2-135m"))  # (the shipped one is whole)
