@@ -65,7 +65,8 @@ def evaluate(
     # Ctrl-C (exit 130) or SIGTERM (143) ends it as it ends optimize's search: a line on stderr and, with --json,
     # {"stopped": ..., "exit_code": ..., "mode": ...} as the last line (a script reading it learns why there are
     # no figures)
-    with stopped_by_signal(lambda: ("no figures (a replay stopped part way is not reported)", {"mode": mode}),
+    stopped = "a simulation" if mode == "simulate" else "a replay"  # (what was cut short, for the line)
+    with stopped_by_signal(lambda: (f"no figures ({stopped} stopped part way is not reported)", {"mode": mode}),
                            json_out):
         cfg = load_config(str(config))
         provenance = load_provenance(config)

@@ -102,7 +102,8 @@ def test_a_stopped_evaluate_ends_its_json_with_why(monkeypatch, tmp_path, signal
     r = _evaluate(tmp_path, "{}\n", *SMALL, "--json")
     assert r.exit_code == code
     assert _json(r) == {"stopped": signal_name, "exit_code": code, "mode": "simulate"}
-    assert f"{signal_name}: no figures" in r.stderr
+    # (a simulation was stopped: the line had spoken of a replay whatever the mode)
+    assert f"{signal_name}: no figures (a simulation stopped part way is not reported)" in r.stderr
     r = _evaluate(tmp_path, "{}\n", *SMALL)
     assert r.exit_code == code and "stopped" not in r.stdout  # (no --json: no JSON)
 
