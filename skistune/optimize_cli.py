@@ -559,7 +559,7 @@ def _search_bar() -> Progress:
     # best config 6/6" read as six simplifications)
     return Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
                     TextColumn("{task.fields[count]}"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
-                    console=err_console)
+                    console=err_console, disable=not err_console.is_terminal)  # (a log gets no stale bar line)
 
 
 def _best_text(objective, best: float | None) -> str:

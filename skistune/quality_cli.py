@@ -221,7 +221,7 @@ def _measure(model: str, grid, path: Path, *, resume: bool):
         raise ValueError(f"model {model}: no real weights here; quality is measured on smollm2-135m and used as a "
                          "proxy for other models")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console) as bar:
+    with Progress(*columns, console=err_console, disable=not err_console.is_terminal) as bar:
         task = bar.add_task(f"loading {model}", total=None)
         runtime = Runtime.from_preset(model, KVConfig().with_knobs({"offload.device_kv_bytes": SCORING_KV_BYTES}))
 

@@ -46,7 +46,7 @@ def _run(job, trials: int, timeout: float | None, storage: str, resume: str):
     from skistune.study_storage import StorageWriteError
 
     bar = Progress(SpinnerColumn(), TextColumn("[bold]worker"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=err_console)
+                   TimeElapsedColumn(), console=err_console, disable=not err_console.is_terminal)
     done = [0]
 
     def on_progress(p) -> None:

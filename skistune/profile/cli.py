@@ -206,7 +206,7 @@ def _measure(model: str, device: str, quick: bool, disk_dir: Optional[Path], con
 
     check_target(model, device)  # before the bar: bad input is one line
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as bar:
+    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
         task = bar.add_task(f"loading {model}", total=None)
 
         def advance(label: str, done: int, total: int) -> None:
@@ -415,7 +415,7 @@ def _check(path: Path, json_out: bool) -> None:
     check_device(profile)  # (one line: not also the fingerprint warning of a machine it cannot run on)
     warn_if_elsewhere(profile, path)  # (one line, through `cli_errors`)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as bar:
+    with Progress(*columns, console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
         task = bar.add_task(f"loading {profile.model}", total=None)
         result = speed_check(profile, progress=lambda label, done, total: bar.update(
             task, description=label, completed=done, total=total))

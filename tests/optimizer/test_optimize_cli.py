@@ -45,6 +45,8 @@ def test_writes_the_tuned_config_with_provenance_and_a_json_summary(here):
                 else "gain over the baseline")  # a baseline winner is not reported as a x1.00 'gain'
     assert "Best configs" in r.stdout and expected in r.stdout
     assert "lossless search (no --quality floor), left at defaults: eviction.*, bitwidth.*" in r.stderr
+    # (stderr is no terminal here: no progress bar, which had left its last, cut-off state in logs)
+    assert "refining the top configs" not in r.stderr and "searching" not in r.stderr
 
 
 def test_infeasible_exits_3_with_the_binding_constraint_and_leaves_the_output_alone(here):
