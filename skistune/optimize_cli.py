@@ -631,7 +631,7 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
 
     from skistune.problem import UnmeetableSLO, build_problem
     from skistune.scoring import Deadline, with_deadline
-    from skistune.search import SAMPLERS, default_study_name, open_study, running_notes
+    from skistune.search import COMMAND_ATTR, SAMPLERS, default_study_name, open_study, running_notes
     from skistune.signals import stopped_by_signal
     from skistune.study_storage import default_storage, open_storage, storage_failures
     from skistune.workloads.synthetic import check_workers_fit
@@ -673,6 +673,8 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
         # a bad URL, or a study of another problem under this name, is bad input: one line before the progress bar
         with _resumable(ctx, name), storage_failures(storage, name):
             existing = open_study(problem, open_storage(storage), name, sampler=None)
+            # (the command that searches this study again, for `skistune worker`'s last line to name)
+            existing.set_user_attr(COMMAND_ATTR, command_line(ctx, study=name))
         print_notes(w)  # (every input checked: what the workload's reader noticed, before the search)
         _say_resumed(existing, name, trials)
         for note in running_notes(existing):  # (another process's trials, or a killed one's)

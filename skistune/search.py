@@ -31,6 +31,7 @@ from skistune.study_storage import (HEARTBEAT_S, StorageWriteError, _fail_and_re
 DEFAULT_TRIALS = 20
 SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random")
 PROBLEM_ATTR = "skistune.problem"
+COMMAND_ATTR = "skistune.command"  # the `skistune optimize` command line that last searched the study
 ERROR_ATTR = "skistune.error"  # on a trial a user's callable failed: the error (the trial is stored as pruned)
 ILP_ATTR = "skistune.ilp"  # a trial's integer-program runs: {program: {calls, solve_s}}
 

@@ -84,7 +84,7 @@ def worker(ctx: typer.Context, study_arg: StudyArg = None, study: StudyOpt = Non
     import optuna
 
     from skistune.optimize_cli import _best_text, command_line
-    from skistune.search import running_notes
+    from skistune.search import COMMAND_ATTR, running_notes
     from skistune.study_recipe import join_study
     from skistune.study_storage import _storage_label, default_storage
 
@@ -115,10 +115,12 @@ def worker(ctx: typer.Context, study_arg: StudyArg = None, study: StudyOpt = Non
         so_far = (f"best by {objectives[0].name} so far: "
                   + ", ".join(f"{o.name} {_best_text(o, values[o.name])}" for o in objectives)
                   + f"; Pareto front of {front} config{'s' * (front != 1)}")
-    err_console.print(escape(f"worker (seed {job.seed}) finished {run.finished} trials of study {study} in "
-                             f"{_storage_label(storage)}; the study has {run.complete_in_study} complete trials; "
-                             f"{so_far} (at the search's precision: skistune optimize --study {study} refines, "
-                             "validates and writes the config)"), highlight=False, soft_wrap=True)
+    # (the study's own optimize command: `optimize --study NAME` alone is another problem without its --slo)
+    again = job.study.user_attrs.get(COMMAND_ATTR) or f"the skistune optimize command that made it, with --study {study},"
+    err_console.print(escape(f"worker (seed {job.seed}) finished {run.finished} trial{'s' * (run.finished != 1)} of "
+                             f"study {study} in {_storage_label(storage)}; the study has {run.complete_in_study} complete "
+                             f"trials; {so_far} (at the search's precision: {again} refines, validates and writes the "
+                             "config)"), highlight=False, soft_wrap=True)
     if json_out:
         print_json({"study": study, "storage": _storage_label(storage), "seed": job.seed, "finished": run.finished,
                     "failed": run.failed, "complete_in_study": run.complete_in_study,

@@ -196,7 +196,10 @@ def test_the_worker_of_a_multi_objective_study_reports_every_objective_and_the_f
     text = " ".join(r.stderr.split())
     assert (f"best by capacity so far: capacity {summary['best']:.4g} req/s, energy "
             f"{summary['best_values']['energy']:.3g} J/token; Pareto front of {summary['pareto_size']} config") in text
-    assert "at the search's precision: skistune optimize --study multi refines, validates and writes" in text
+    # (the study's own command: `optimize --study multi` alone is another problem, without its --slo)
+    assert "at the search's precision: skistune optimize --slo p99=200ms " in text
+    assert "--objective capacity,energy" in text and "--study multi" in text
+    assert text.endswith("refines, validates and writes the config)")
 
 
 # 10. an energy budget that binds had no "why" line
