@@ -108,7 +108,7 @@ def _all_kept(workload: Workload, what: str, n: int) -> Workload:
 def time_window(workload: Workload, start_s: float, end_s: float) -> Workload:
     """Requests arriving in [start_s, end_s) of the trace, with the clock restarted at ``start_s``."""
     if not 0 <= start_s < end_s:
-        raise ValueError(f"time window needs 0 <= start < end, got {start_s:g}:{end_s:g}")
+        raise ValueError(f"--window {start_s:g}:{end_s:g}: a time window needs 0 <= start < end (seconds of the trace)")
     index = np.flatnonzero((workload.arrival_s >= start_s) & (workload.arrival_s < end_s))
     if len(index) == 0:
         raise ValueError(f"workload {workload.name!r}: no request arrives in {start_s:g}:{end_s:g} s "

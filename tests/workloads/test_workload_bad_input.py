@@ -216,3 +216,11 @@ def test_set_rate_refuses_an_infinite_rate_as_a_rate():
     timed = load_workload("chat", requests=5)
     with pytest.raises(ValueError, match="rate must be > 0 and finite"):
         set_rate(timed, float("inf"))
+
+
+def test_a_backwards_window_names_the_option():
+    """'time window needs 0 <= start < end' had not said which option was wrong."""
+    from skistune.workloads import load_workload
+
+    with pytest.raises(ValueError, match=r"^--window 5:2: a time window needs 0 <= start < end \(seconds of the trace\)$"):
+        load_workload("chat", requests=50, window_s=(5.0, 2.0))
