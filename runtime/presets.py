@@ -55,4 +55,8 @@ def get_preset(name: str) -> ModelSpec:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"model {name!r}: unknown preset (known: {', '.join(PRESETS)})") from None
+        import difflib  # (the runtime imports nothing of skistune's: `skistune.config.did_you_mean`'s rule, inline)
+
+        close = difflib.get_close_matches(str(name).strip().lower(), list(PRESETS), n=1, cutoff=0.6)
+        near = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"model {name!r}{near}: unknown preset (known: {', '.join(PRESETS)})") from None

@@ -385,6 +385,17 @@ def nesting_depth(data: Any) -> int:
 SHOWN_CHARS = 80
 
 
+def did_you_mean(value: Any, known: Any) -> str:
+    """`` (did you mean X?)`` where ``value`` is a near miss of one of ``known`` (a misspelt choice: ``capacty``,
+    ``defualt``, ``simulte``), else ``""``: the errors list every choice, and the near one is the likely intent."""
+    import difflib
+
+    names = [str(k) for k in known]
+    close = difflib.get_close_matches(str(value).strip().lower(), names, n=1, cutoff=0.6) or \
+        difflib.get_close_matches(str(value).strip(), names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close and close[0] != str(value) else ""
+
+
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     """``repr(value)`` for an error message, cut to ``limit`` characters with how long the value is after an
     ellipsis (``'xxxx…(1,048,576 characters)``, ``(4, 4, 4, …(1,000 items)``): a message echoed a 1 MB string

@@ -51,7 +51,7 @@ def evaluate(
 ) -> None:
     """Metrics of one config on one workload: predicted by the simulator or measured on the real runtime
     (same table, same JSON), so that any prediction can be checked."""
-    from skistune.config import load_config, load_provenance
+    from skistune.config import did_you_mean, load_config, load_provenance
     from skistune.display import metrics_table, prefetch_mode, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
                                    check_runtime_memory, other_model_note, power_model, predicted_run_s, run_machine,
@@ -61,7 +61,7 @@ def evaluate(
     from skistune.workloads import load_workload
 
     if mode not in (*MODES, "compare"):
-        raise ValueError(f"--mode {mode!r}: use simulate, run or compare")
+        raise ValueError(f"--mode {mode!r}{did_you_mean(mode, (*MODES, 'compare'))}: use simulate, run or compare")
     # Ctrl-C (exit 130) or SIGTERM (143) ends it as it ends optimize's search: a line on stderr and, with --json,
     # {"stopped": ..., "exit_code": ..., "mode": ...} as the last line (a script reading it learns why there are
     # no figures)

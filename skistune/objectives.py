@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from skistune.config import KVConfig, shown
+from skistune.config import KVConfig, did_you_mean, shown
 from skistune.runtime.metrics import Metrics
 from skistune.runtime.request import RequestRecord
 from skistune.slo import SLO, TIME_UNITS
@@ -473,7 +473,8 @@ def parse_objectives(objective: str | Callable | Sequence[str | Callable],
         else:
             # (a callable only where one can be given: not in text, the command line's --objective)
             also = "" if isinstance(objective, str) else ", or a callable of the metrics"
-            raise ValueError(f"objective {item!r}: use {', '.join(NAMED)} or a comma-separated tuple of them{also}")
+            raise ValueError(f"objective {item!r}{did_you_mean(item, NAMED)}: use {', '.join(NAMED)} or a "
+                             f"comma-separated tuple of them{also}")
     if len({o.name for o in out}) != len(out):
         raise ValueError(f"objective: {', '.join(o.name for o in out)} names one objective twice")
     if direction is not None and all(isinstance(item, str) for item in items):

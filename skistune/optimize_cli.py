@@ -647,7 +647,9 @@ def optimize(ctx: typer.Context, slo: SloOpt = None, energy: EnergyOpt = None, q
         if storage is None:  # (before the profile is measured: a tester's read-only folder failed after 43 s of it)
             _check_study_folder(Path.cwd())
         if sampler not in SAMPLERS:
-            raise ValueError(f"--sampler {sampler!r}: use {', '.join(SAMPLERS)}")
+            from skistune.config import did_you_mean
+
+            raise ValueError(f"--sampler {sampler!r}{did_you_mean(sampler, SAMPLERS)}: use {', '.join(SAMPLERS)}")
         w, options = _workload_and_options(
             workload, format=format, skip_bad_rows=skip_bad_rows, workload_seed=workload_seed, requests=requests,
             rate=rate, burstiness=burstiness, block_tokens=block_tokens, jitter=jitter, window=window, first=first,

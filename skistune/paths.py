@@ -103,7 +103,10 @@ def shipped_or_path(spec: str | os.PathLike, shipped: dict[str, Path], what: str
         return path
     if path.name in shipped:
         return shipped[path.name]
-    raise ValueError(f"{spec}: no such {what} file, nor a shipped {what} (shipped: {', '.join(sorted(shipped))})")
+    from skistune.config import did_you_mean
+
+    raise ValueError(f"{spec}{did_you_mean(spec, shipped)}: no such {what} file, nor a shipped {what} (shipped: "
+                     f"{', '.join(sorted(shipped))})")
 
 
 NAME_MAX = 255  # bytes in a file name: Linux's file systems (where the folder's own limit cannot be read)

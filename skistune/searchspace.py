@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from skistune.config import (FAMILIES, KVConfig, _check_value, declared_kind, knob_fields, load_yaml, parse_bytes,
+from skistune.config import (FAMILIES, KVConfig, _check_value, did_you_mean, declared_kind, knob_fields, load_yaml, parse_bytes,
                              shown, shown_name, yaml_problem)
 
 Solver = Callable[[KVConfig], Any]  # given the config built so far, returns the knob's value
@@ -122,7 +122,8 @@ def _read_space(spec: str) -> tuple[str, str]:
     if not (spec.endswith((".yaml", ".yml")) or "/" in spec or os.sep in spec):
         names = shipped_spaces()
         if spec not in names:
-            raise ValueError(f"{spec}: no shipped search space of that name (shipped: {', '.join(names)}); "
+            raise ValueError(f"{spec}{did_you_mean(spec, names)}: no shipped search space of that name (shipped: "
+                             f"{', '.join(names)}); "
                              "pass a path to a .yaml file for your own")
         return _shipped_root().joinpath(f"{spec}.yaml").read_text(encoding="utf-8"), f"{spec}.yaml"
     try:

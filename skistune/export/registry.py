@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from skistune.config import KVConfig, load_config, load_provenance
+from skistune.config import KVConfig, did_you_mean, load_config, load_provenance
 from skistune.export.base import Exporter, ExportResult, ExportWarning, show
 from skistune.export.layers import LayerCountError, LayersExporter
 from skistune.export.lmcache import LMCacheExporter
@@ -34,7 +34,8 @@ def get_exporter(target: str) -> Exporter:
     try:
         return EXPORTERS[target]
     except KeyError:
-        raise ValueError(f"--to {target!r}: unknown export target (known: {', '.join(EXPORTERS)})") from None
+        raise ValueError(f"--to {target!r}{did_you_mean(target, EXPORTERS)}: unknown export target (known: "
+                         f"{', '.join(EXPORTERS)})") from None
 
 
 SERVING_ENGINES = ("vllm", "sglang", "lmcache", "trtllm")  # (native and layers are skistune's own files)

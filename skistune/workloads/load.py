@@ -5,6 +5,7 @@ import math
 import numbers
 from pathlib import Path
 
+from skistune.config import did_you_mean
 from skistune.workloads import transforms
 from skistune.workloads.model import MAX_TOKENS, Workload
 from skistune.workloads.readers import FORMATS, ArrivalSpec, read_trace, trace_name
@@ -126,7 +127,8 @@ def _source(spec: str | Path | Workload, *, format: str | None, skip_bad_rows: b
         raise ValueError(f"workload {str(spec)!r}: a directory, neither a preset ({', '.join(PRESETS)}) nor a trace "
                          f"file{_files_in(path)}")
     if not path.is_file():
-        raise ValueError(f"workload {str(spec)!r}: neither a preset ({', '.join(PRESETS)}) nor an existing file")
+        raise ValueError(f"workload {str(spec)!r}{did_you_mean(spec, PRESETS)}: neither a preset ({', '.join(PRESETS)}) "
+                         "nor an existing file")
     if requests is not None:
         raise ValueError("--requests applies to presets; take part of a trace with --first or --sample"
                          f"{_in_python('requests', 'first', 'sample')}")

@@ -205,7 +205,7 @@ CASES: tuple[BadInput, ...] = (
     BadInput("option not an integer", "usage", optimize(trials="many"),
              "Invalid value for '--trials'"),
     BadInput("argument missing", "usage", ("export", "--to", "vllm"),
-             "error: Missing argument 'config'. (see skistune export --help)"),
+             "error: Missing argument 'CONFIG'. (see skistune export --help)"),
     BadInput("subcommand option unknown", "usage", ("workload", "show", "chat", "--nope"),
              "No such option: --nope (see skistune workload show --help)"),
     BadInput("option value of a subcommand missing", "usage", ("export", "{in}/c_bad.json", "--to"),
