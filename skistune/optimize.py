@@ -322,6 +322,11 @@ def provenance(result: OptimizeResult) -> dict[str, Any]:
         "constraints": [c.name for c in p.constraints],
         "workload": {"source": w.source, "digest": w.digest(), "requests": len(w), "transforms": list(w.transforms)},
         "model": p.model, "kv_memory": p.kv_memory,
+        # (which measurements priced the lossy knobs: a 2-window quick profile's bounds are not the full grid's)
+        **({"quality_profile": {"path": p.quality_profile.path, "digest": p.quality_profile.digest(),
+                                "model": p.quality_profile.model,
+                                "grid": (p.quality_profile.data.get("protocol") or {}).get("grid")}}
+           if p.quality_profile is not None else {}),
         "profile": {"name": p.profile.name, "device": p.profile.device, "fingerprint": p.profile.fingerprint.key(),
                     "power": p.profile.power.source},
         "search_space": {"name": p.full_space.name, "source": p.full_space.source,

@@ -497,3 +497,21 @@ def test_a_seed_that_does_not_reproduce_the_search_is_said_on_the_console(here):
         in again.stderr
     quiet = invoke("--slo", "p99=200ms", *SMALL, "--study", "s")  # (no --seed asked for: the file says it)
     assert "does not reproduce this search" not in quiet.stderr
+
+
+def test_a_broken_quality_floor_is_said_in_its_own_figures():
+    """'the written config broke ppl+32% (margin predicted -0.0604, measured +1.32; <= 0 is met)' had to be decoded;
+    a TBT said 'predicted 143 ms, measured 619 ms'."""
+    from types import SimpleNamespace
+
+    from skistune.optimize_cli import _quality_pair
+
+    def side(**figures):
+        return SimpleNamespace(figures=figures)
+
+    v = SimpleNamespace(predicted=side(quality_bound=0.3007, quality_worst_bound=0.35, needle_retained=0.833),
+                        measured=side(quality_loss=0.744, quality_worst=0.9, needle_retained=0.5))
+    assert _quality_pair("ppl+32%", v) == "mean predicted +30.07% (95% bound), held-out +74.40%"
+    assert _quality_pair("worst:ppl+40%", v) == "worst window predicted +35.00% (95% bound), held-out +90.00%"
+    assert _quality_pair("needle>=0.95", v) == "passkeys kept: predicted 83%, held-out 50%"
+    assert _quality_pair("tbt:p99<=200ms", v) is None

@@ -95,6 +95,9 @@ def test_every_feasible_trial_is_within_the_floor(workload, hw, qp):
     from skistune.optimize import provenance
     assert f"layer_bits integer program solved {calls} times in {len(ran)} of {trials} trials" in provenance(result)[
         "notes"]
+    # which measurements priced the lossy knobs (a tester could not trace a run to the 2-window quick profile it used)
+    assert provenance(result)["quality_profile"] == {"path": qp.path, "digest": qp.digest(), "model": qp.model,
+                                                     "grid": qp.data["protocol"].get("grid")}
 
 
 def test_the_layer_bits_program_fills_per_layer_bits_within_the_floor(workload, hw, qp):
