@@ -1,6 +1,8 @@
 """Rich tables of the figures commands print (one layout for measured and simulated metrics)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import math
 import re
 
@@ -39,7 +41,8 @@ def metrics_table(m: Metrics, title: str = "Metrics") -> Table:
     return lat
 
 
-def summary_table(m: Metrics, energy: dict | None = None, prefetch: str | None = None) -> Table:
+def summary_table(m: Metrics, energy: dict | None = None, prefetch: str | None = None,
+                  quality: dict | None = None) -> Table:
     """Counts, duration, throughput, memory and (``energy``: an `evaluate.energy_figure`) J/token; why
     requests were rejected, grouped by reason. ``prefetch``: the config's prefetch (`prefetch_mode`), which
     says why a tier's prefetch hit rate is n/a (None: not known)."""
@@ -58,6 +61,8 @@ def summary_table(m: Metrics, energy: dict | None = None, prefetch: str | None =
     ]
     if energy is not None:
         rows.append(("energy", f"{format_figure(energy['j_per_token'], 3)} J/token ({energy['basis']})"))
+    if quality is not None:  # (`evaluate.quality_figure`: a lossy config's predicted loss)
+        rows.append(("quality loss (predicted)", quality_text(quality)))
     if m.evicted_tokens:
         rows.append(("evicted KV tokens", f"{m.evicted_tokens:,}"))
     if m.tiers is not None:
@@ -69,6 +74,17 @@ def summary_table(m: Metrics, energy: dict | None = None, prefetch: str | None =
     if energy is not None and energy.get("modeled_note"):
         t.add_row("note", energy["modeled_note"])
     return t
+
+
+def quality_text(q: dict) -> str:
+    """``Δppl mean +0.46% (95% bound +0.84%), worst window +1.20%; <basis>``; outside the profile's grid: said."""
+    if q["ppl_mean"] is None:
+        return f"outside the quality profile's grid: unknown, and no floor admits it ({q['basis']})"
+    worst = f"{q['ppl_worst']:+.2%}" if q["ppl_worst"] is not None else "unknown"
+    source = Path(q["profile"]).name if q.get("profile") else "the quality profile"
+    proxy = f", {q['basis']}" if str(q["basis"]).startswith("proxy") else ""
+    return (f"Δppl mean {q['ppl_mean']:+.2%} (95% bound {q['ppl_mean_bound']:+.2%}), worst window {worst} "
+            f"({source}{proxy})")
 
 
 def prefix_hits(m: Metrics) -> str:

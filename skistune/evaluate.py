@@ -507,6 +507,34 @@ def tuned_workload_note(provenance: Mapping[str, Any], workload: Workload, rate_
             f"x{rate_scale:g}: {_how_to_check(tuned, recorded, workload, options, same_requests, same_rate, scale)}")
 
 
+def quality_figure(config, model: str, requests) -> dict[str, Any] | None:
+    """The predicted quality loss of a config with a lossy knob (eviction, KV bits), from the shipped quality
+    profile (a proxy for a model without weights), its token budgets read against the requests' 90th-percentile
+    context as the optimizer reads them; None for a lossless config (evaluate had shown nothing of a tuned
+    lossy config's quality). Mean and worst window, with their 95% bounds (what floors are checked against)."""
+    import math
+
+    import numpy as np
+
+    from skistune.objectives import predict_quality, structural_changes
+    from skistune.quality import load_quality_profile
+
+    if not structural_changes(config):
+        return None
+    qp = load_quality_profile()
+    lengths = [len(r.prompt_token_ids) + r.max_new_tokens for r in requests]
+    loss = predict_quality(config, qp, model, int(np.percentile(lengths, 90)) if lengths else 0)
+    if loss is None:
+        return None
+
+    def finite(x):
+        return x if x is not None and math.isfinite(x) else None
+
+    return {"ppl_mean": finite(loss.ppl_mean), "ppl_mean_bound": finite(loss.guarded_mean),
+            "ppl_worst": finite(loss.ppl_worst), "ppl_worst_bound": finite(loss.guarded_worst),
+            "needle_retained": loss.needle_retained, "basis": loss.basis, "profile": qp.path}
+
+
 def other_model_note(model: str, provenance: Mapping[str, Any], config: str | os.PathLike) -> str | None:
     """A model asked for (--model) other than the one the tuned file records, in one line (None: the same, or
     none recorded), as `skistune export` warns of it."""

@@ -54,8 +54,8 @@ def evaluate(
     from skistune.config import did_you_mean, load_config, load_provenance
     from skistune.display import metrics_table, prefetch_mode, summary_table
     from skistune.evaluate import (MODES, energy_figure, evaluate as run_evaluate, fit_workload, hardware_profile,
-                                   check_runtime_memory, other_model_note, power_model, predicted_run_s, run_machine,
-                                   sim_target, tier_notes, tuned_workload_note, workload_options,
+                                   check_runtime_memory, other_model_note, power_model, predicted_run_s, quality_figure,
+                                   run_machine, sim_target, tier_notes, tuned_workload_note, workload_options,
                                    workload_requests)
     from skistune.export.registry import tuned_model
     from skistune.workloads import load_workload
@@ -131,8 +131,9 @@ def evaluate(
                 metrics = run_evaluate(cfg, reqs, model=model, mode=mode, profile=prof)
     label = f"predicted (simulator) for {profiled_machine(prof)}" if mode == "simulate" else "measured (runtime)"
     energy = energy_figure(metrics, power, measured_time=mode == "run")
+    quality = quality_figure(cfg, model, reqs)
     console.print(metrics_table(metrics, f"{model} on {w.label()}: {label}"))
-    console.print(summary_table(metrics, energy, prefetch_mode(cfg)))
+    console.print(summary_table(metrics, energy, prefetch_mode(cfg), quality))
     if json_out:
         # the same keys in both modes: a run's machine is this one, and its profile the one given (for the power
         # model), if any
@@ -140,7 +141,7 @@ def evaluate(
                  {"profile": given.name if given is not None else None, "device": runtime.model.device.type,
                   "machine": run_machine(runtime.model.device.type)})
         print_json({"mode": mode, "model": model, **where, **_workload_fields(w), "metrics": metrics.to_dict(),
-                    "energy": energy, "notes": notes})
+                    "energy": energy, "quality": quality, "notes": notes})
 
 
 REAL_TIME_NOTE_S = 10.0  # a run whose arrivals span this long says so first (it had looked hung for 100 s)

@@ -274,3 +274,27 @@ def test_a_recorded_model_that_is_no_preset_is_one_line_and_exit_2(tmp_path):
         f"error: {tmp_path / 'kv.yaml'}: tuned for model 'gpt-9' (its provenance), which is not a preset here "
         "(known: smollm2-135m, llama-3-8b, llama-3.1-70b, qwen2.5-7b, mistral-7b): give --model"]
     assert json.loads(r.stdout.strip().splitlines()[-1])["exit_code"] == 2
+
+
+def test_a_lossy_config_shows_its_predicted_quality_loss(tmp_path):
+    """evaluate had shown nothing of a tuned lossy config's quality (an H2O + int4 file): its predicted loss now,
+    as the optimizer priced it (the shipped quality profile, budgets over the requests' p90 context)."""
+    import numpy as np
+
+    from skistune.config import load_config
+    from skistune.quality import load_quality_profile
+    from skistune.workloads import load_workload
+
+    lossy = tmp_path / "lossy.yaml"
+    lossy.write_text("bitwidth: {key_bits: 4, value_bits: 4}\neviction: {policy: h2o, budget_fraction: 0.5}\n")
+    result = _evaluate(lossy, "--workload", "chat", "--requests", "20")
+    quality = _json(result)["quality"]
+    reqs = load_workload("chat", requests=20)
+    context = int(np.percentile(reqs.input_tokens + reqs.output_tokens, 90))
+    expected = load_quality_profile().predict(load_config(lossy), "smollm2-135m", context)
+    assert quality["ppl_mean"] == pytest.approx(expected.ppl_mean) and quality["basis"] == "measured"
+    assert quality["ppl_mean_bound"] == pytest.approx(expected.guarded_mean)
+    assert "quality loss (predicted)" in result.stdout
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("batching: {max_num_seqs: 64}\n")
+    assert _json(_evaluate(plain, "--workload", "chat", "--requests", "20"))["quality"] is None
