@@ -65,6 +65,8 @@ def cli_errors(fn: Callable) -> Callable:
                 return fn(*args, **kwargs)
         except (ValueError, OSError, KeyError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, KeyError):  # (a bare key, "error: 'bitwidth.key_bits'", said nothing of what lacked it)
+                message = f"an entry {message} is missing (a file the command read lacks it)"
             print_error(message)
             if kwargs.get("json_out"):  # (every command's --json; a script reading the last line learns why)
                 print_json({"error": message, "exit_code": EXIT_BAD_INPUT})

@@ -44,7 +44,7 @@ def quality_table(profile) -> tuple[Table, list[dict]]:
     from skistune.config import KVConfig
 
     corpus = profile.data["corpus"]
-    table = Table(title=f"Quality of {profile.model} ({profile.data['protocol']['grid']} grid, "
+    table = Table(title=f"Quality of {profile.model} ({(profile.data.get('protocol') or {}).get('grid', 'unnamed')} grid, "
                         f"{profile.data['protocol']['windows']} windows of {corpus['window_tokens']} tokens, "
                         f"Python {corpus['python']} docstrings): single knobs",
                   title_justify="left")
@@ -160,7 +160,7 @@ def _quality(model: str, quick: bool, out: Optional[Path], fresh: bool, show: Op
         console.print(combination_table(checks))
     console.print(f"profile: {escape(str(path))}", highlight=False)
     if json_out:
-        print_json({"path": str(path), "model": profile.model, "grid": profile.data["protocol"]["grid"],
+        print_json({"path": str(path), "model": profile.model, "grid": (profile.data.get("protocol") or {}).get("grid"),
                     "measured_s": profile.data.get("measured_s"), "baseline": baseline, "headline": rows,
                     "combination": checks, "goal": GOAL_RULE})
 

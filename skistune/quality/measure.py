@@ -66,8 +66,8 @@ def _load_resumable(out: Path, header: dict) -> dict:
         if not differs:
             return old
         what = f"holds a quality profile measured with {'; '.join(differs)}, so its measurements cannot be resumed"
-    raise ValueError(f"quality profile {out}: {what}; measuring would replace it: pass --fresh (resume=False) to "
-                     "measure everything again over it, or --out another file")
+    raise ValueError(f"quality profile {out}: {what}; measuring would replace it: pass --fresh (in Python: "
+                     "resume=False) to measure everything again over it, or --out another file")
 
 
 def _difference(field: str, old, new) -> str:

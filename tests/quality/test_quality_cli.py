@@ -205,3 +205,19 @@ def test_optimize_says_its_quality_profile_is_incomplete_as_show_does(tmp_path):
                                 quality_profile=str(cut), profile=load_profile("cpu-smollm2-135m"))
     assert f"quality profile {cut}: {line}" in problem.notes
     assert not incomplete_notes(load_quality_profile("quality-smollm2-135m"))  # (the shipped one is whole)
+
+
+def test_a_profile_missing_an_entry_is_one_line_naming_it(tmp_path):
+    """A profile with "protocol": {} had ended in `error: 'grid'`, a bare key."""
+    import json
+
+    from skistune.quality import quality_profile_path
+
+    data = json.loads(quality_profile_path("quality-smollm2-135m").read_text())
+    data["protocol"] = {}
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    r = CliRunner().invoke(app, ["quality", "--show", str(broken)])
+    assert r.exit_code == 2
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("error: an entry '") and line.endswith("' is missing (a file the command read lacks it)")
