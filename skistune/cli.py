@@ -42,6 +42,9 @@ def demo(
 
     cfg = load_config(str(config)) if config else KVConfig()
     prompts = list(prompt or DEFAULT_DEMO_PROMPTS)
+    empty = [i + 1 for i, p in enumerate(prompts) if not p.strip()]
+    if empty:  # (before the model loads; the runtime's "request p0: empty prompt" named its own id)
+        raise ValueError(f"--prompt number {empty[0]}: empty; give some text to complete")
     with err_console.status("loading SmolLM2-135M-Instruct"):
         rt = Runtime.from_preset("smollm2-135m", cfg)
     # (a completion ends at the model's end-of-turn token, which is not printed: past it SmolLM2 opens a

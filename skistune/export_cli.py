@@ -25,7 +25,8 @@ from skistune.paths import check_out_file, write_atomic
 # (evaluate's too: both commands take a tuned file's own model unless told, `export.registry.tuned_model`)
 TunedModelOpt = Annotated[Optional[str], typer.Option(
     "--model", help="model preset (default: the one the tuned file records, else smollm2-135m)")]
-ToOpt = Annotated[str, typer.Option("--to", help=f"export target: {', '.join(exporter_names())}")]
+ToOpt = Annotated[str, typer.Option("--to", "--target", help=f"export target: {', '.join(exporter_names())} "
+                                                          "(--target, optimize's name for the engine, is the same)")]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
     "--engine-version", help="engine version to write for (default: the newest the exporter knows; an unknown "
                              "one lists those supported)")]

@@ -35,3 +35,19 @@ def test_export_and_evaluate_suggest_too(tmp_path, monkeypatch):
     assert "--to 'vlm' (did you mean vllm?)" in CliRunner().invoke(app, ["export", "kv.yaml", "--to", "vlm"]).stderr
     r = CliRunner().invoke(app, ["evaluate", "kv.yaml", "--mode", "simulte"])
     assert r.exit_code == 2 and "--mode 'simulte' (did you mean simulate?)" in r.stderr
+
+
+def test_an_empty_demo_prompt_names_the_option_before_loading_the_model(monkeypatch):
+    """`demo -p ""` had said "request p0: empty prompt", the runtime's own id, after loading the model."""
+    import skistune.runtime.llm as llm
+
+    monkeypatch.setattr(llm.Runtime, "from_preset", lambda *a, **k: pytest.fail("the model was loaded"))
+    r = CliRunner().invoke(app, ["demo", "-p", "The sky is", "-p", " "])
+    assert r.exit_code == 2 and "error: --prompt number 2: empty; give some text to complete" in r.stderr
+
+
+def test_export_takes_target_as_optimize_names_the_engine(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kv.yaml").write_text("batching:\n  max_num_seqs: 64\n")
+    by_to, by_target = (CliRunner().invoke(app, ["export", "kv.yaml", option, "vllm"]) for option in ("--to", "--target"))
+    assert by_to.exit_code == by_target.exit_code == 0 and by_to.stdout == by_target.stdout
