@@ -293,8 +293,12 @@ def validation_table(result) -> Table:
         t.add_column(f"{s.metric.upper()} {s.percentile} (ms)", justify="right")
     t.add_column(f"J/token ({p.profile.power.source})", justify="right")
     lossy = any(v.held_out_quality is not None for v in result.validated)
+    # (a worst-window floor is checked on the worst window: shown beside the mean, which alone had been shown)
+    worst = any(c.name.startswith("worst:") for c in p.constraints)
     if lossy:
         t.add_column("Δppl mean (predicted / held-out)", justify="right")
+        if worst:
+            t.add_column("Δppl worst window (predicted / held-out)", justify="right")
     t.add_column("holds", justify="center", overflow="fold")  # ("no (tbt:p99<=200ms)" whole)
     labels = {b.config: f"#{i + 1}" for i, b in enumerate(result.best)}
     for v in result.validated:
@@ -308,8 +312,9 @@ def validation_table(result) -> Table:
         replays = [f"{v.replays} replays"] if v.replays > 1 else []
         holds = f"[green]yes[/]{f' ({replays[0]})' if replays else ''}" if v.holds else \
             f"[red]no[/] ({', '.join([*v.broken, *replays])})"
-        quality = [f"{_loss(v.predicted.figures['quality_loss'])} / {_loss(v.measured.figures['quality_loss'])}"
-                   if v.held_out_quality is not None else "lossless"] if lossy else []
+        quality = [f"{_loss(v.predicted.figures[key])} / {_loss(v.measured.figures[key])}"
+                   if v.held_out_quality is not None else "lossless"
+                   for key in ("quality_loss", *(("quality_worst",) if worst else ()))] if lossy else []
         # (at the capacity search's ceiling every rate held: the slice arrived in one burst, say, and the rate is
         # the highest tried, not a capacity)
         rate = significant(v.rate_rps) + (" (every rate held: the search's ceiling)"

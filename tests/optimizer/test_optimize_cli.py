@@ -515,3 +515,32 @@ def test_a_broken_quality_floor_is_said_in_its_own_figures():
     assert _quality_pair("worst:ppl+40%", v) == "worst window predicted +35.00% (95% bound), held-out +90.00%"
     assert _quality_pair("needle>=0.95", v) == "passkeys kept: predicted 83%, held-out 50%"
     assert _quality_pair("tbt:p99<=200ms", v) is None
+
+
+def test_a_worst_window_floor_shows_the_worst_window_in_the_validation_table():
+    """`--quality worst:ppl+3%` was validated on the held-out worst window, which the table did not show (only
+    the mean)."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from skistune.optimize import build_problem
+    from skistune.optimize_cli import validation_table
+
+    problem = build_problem("chat", slo=["p99=200ms"], quality=["worst:ppl+3%"], profile=PROFILE)
+    lossy = problem.base.with_knobs({"bitwidth.value_bits": 4})
+
+    def side(loss, worst):
+        return SimpleNamespace(figures={"slo_s": {"tbt:p99<=200ms": 0.15}, "energy_j_per_token": 0.3,
+                                        "quality_loss": loss, "quality_worst": worst, "requests": 6},
+                               rate_scale=0.5)
+
+    v = SimpleNamespace(role="candidate", config=lossy, rate_rps=0.1, predicted=side(0.0046, 0.0120),
+                        measured=side(0.0, 0.0038), held_out_quality=object(), untested=(), replays=1, holds=True,
+                        broken=())
+    result = SimpleNamespace(problem=problem, validated=[v], best=[SimpleNamespace(config=lossy)])
+    console = Console(width=250, record=True)
+    console.print(validation_table(result))
+    text = console.export_text()
+    assert "Δppl worst window (predicted / held-out)" in text and "+1.20% / +0.38%" in text
+    assert "+0.46% / +0.00%" in text
