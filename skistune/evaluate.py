@@ -514,16 +514,13 @@ def quality_figure(config, model: str, requests) -> dict[str, Any] | None:
     lossy config's quality). Mean and worst window, with their 95% bounds (what floors are checked against)."""
     import math
 
-    import numpy as np
-
-    from skistune.objectives import predict_quality, structural_changes
+    from skistune.objectives import context_tokens_p90, predict_quality, structural_changes
     from skistune.quality import load_quality_profile
 
     if not structural_changes(config):
         return None
     qp = load_quality_profile()
-    lengths = [len(r.prompt_token_ids) + r.max_new_tokens for r in requests]
-    loss = predict_quality(config, qp, model, int(np.percentile(lengths, 90)) if lengths else 0)
+    loss = predict_quality(config, qp, model, context_tokens_p90(requests))
     if loss is None:
         return None
 

@@ -130,6 +130,15 @@ def structural_changes(config: KVConfig) -> list[str]:
     return changes
 
 
+def context_tokens_p90(requests) -> int:
+    """The 90th percentile of the requests' contexts (prompt plus output tokens): what a token eviction budget is
+    a fraction of, for the quality prediction (0 for no requests)."""
+    import numpy as np
+
+    lengths = [len(r.prompt_token_ids) + r.max_new_tokens for r in requests]
+    return int(np.percentile(lengths, 90)) if lengths else 0
+
+
 def predict_quality(config: KVConfig, quality_profile: Any = None, model: str | None = None,
                     context_tokens: int | None = None) -> QualityLoss | None:
     """Exactly no loss when no structural knob changes; otherwise the quality profile's prediction (a proxy

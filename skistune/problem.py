@@ -16,9 +16,9 @@ from types import MappingProxyType
 from typing import Any
 
 from skistune.config import FAMILIES, KVConfig, format_bytes, knob_fields, layer_bits_text, shown
-from skistune.objectives import (DEFAULT_MAX_QUEUE_S, Constraint, EnergyBudget, Objective, QualityFloor, parse_energy,
-                                 parse_objectives, parse_quality, queue_constraint, queue_name, served_constraint,
-                                 slo_constraint, user_constraint)
+from skistune.objectives import (DEFAULT_MAX_QUEUE_S, Constraint, EnergyBudget, Objective, QualityFloor,
+                                 context_tokens_p90, parse_energy, parse_objectives, parse_quality, queue_constraint,
+                                 queue_name, served_constraint, slo_constraint, user_constraint)
 from skistune.runtime.request import Request
 from skistune.searchspace import SearchSpace, cap_knob, load_space, param_refs, suggest_config
 from skistune.slo import SLO, as_slos
@@ -279,10 +279,7 @@ class Problem:
     def context_tokens(self) -> int:
         """The 90th percentile of the workload's request contexts (prompt plus output tokens): what a token
         eviction budget is a fraction of, for the quality prediction."""
-        import numpy as np
-
-        lengths = [len(r.prompt_token_ids) + r.max_new_tokens for r in self.search.requests]
-        return int(np.percentile(lengths, 90)) if lengths else 0
+        return context_tokens_p90(self.search.requests)
 
     @property
     def at_capacity(self) -> bool:
