@@ -618,20 +618,19 @@ class QualityProfile:
         """Predicted per-window NLL increase of ``config`` (None where the grid cannot say). Quantized KV at a
         block size the profile did not measure is outside the grid: keys are quantized per channel over a block's
         tokens, so larger blocks lose more (a tester measured 2-bit keys +26% at blocks of 16, +74% at 64, both
-        predicted +25%). A combination never reads below either of its parts alone: SnapKV reads the bits' loss
-        on the decoded tokens, where quantization costs 3-5x less than over every position, and an eviction
-        whose windows read below zero by noise had lowered the bound of the quantization it was added to."""
+        predicted +25%). A combination of quantization with an eviction read on every position never reads below
+        either part, window by window: an eviction whose windows read below zero by noise had lowered the loss and
+        the bound of the quantization it was added to (`predict` floors every combination's bounds so)."""
         if self._quantized(config) and config.prefix_reuse.block_size != self.block_size:
             return None
         bits, evict = self._bits(config), self._evict(config, context_tokens)
         if bits is None or evict is None:
             return None
-        if config.eviction.policy == "none" or not self._quantized(config):  # (one family: its own reading)
+        if config.eviction.policy in ("none", "snapkv") or not self._quantized(config):
+            # (one family; or SnapKV, whose 64 decoded tokens a window are noise both ways: lifting its windows
+            # over-predicted its held-out joint configs by 20-50%)
             return [a + b for a, b in zip(bits, evict)]
-        alone = self._bits(dataclasses.replace(config, eviction=type(config.eviction)()))  # (no eviction, same bits)
-        if alone is None:
-            return None
-        return [max(a + b, q, b) for a, b, q in zip(bits, evict, alone)]
+        return [max(a + b, a, b) for a, b in zip(bits, evict)]
 
     @property
     def block_size(self) -> int:
@@ -664,8 +663,10 @@ class QualityProfile:
             return loss
         # (the windows of a combination can spread less than its quantization's alone, and its bounds read lower
         # by that: a floor that rejected int4 admitted int4 with a near-lossless eviction added)
-        parts = [self.predict(dataclasses.replace(config, eviction=type(config.eviction)()), model, context_tokens),
-                 self.predict(dataclasses.replace(config, bitwidth=type(config.bitwidth)()), model, context_tokens)]
+        parts = [self.predict(dataclasses.replace(config, bitwidth=type(config.bitwidth)()), model, context_tokens)]
+        if loss_metric(config.eviction.policy) == loss_metric(None):  # (the bits alone, read as this policy reads)
+            parts.append(self.predict(dataclasses.replace(config, eviction=type(config.eviction)()), model,
+                                      context_tokens))
         return dataclasses.replace(loss, ppl_mean_bound=max([loss.ppl_mean_bound] + [q.guarded_mean for q in parts]),
                                    ppl_worst_bound=max([loss.ppl_worst_bound] + [q.guarded_worst for q in parts]))
 

@@ -178,12 +178,13 @@ def test_quantized_kv_at_a_block_size_the_profile_did_not_measure_is_outside_the
 @pytest.mark.parametrize("bits", [{"bitwidth.value_bits": 2}, {"bitwidth.key_bits": 4, "bitwidth.value_bits": 4},
                                   {"bitwidth.key_bits": 4}])
 def test_a_combination_never_reads_below_either_part(bits, eviction):
-    """SnapKV read the bits' loss on the decoded tokens only (int2 values +19% alone, +10% with SnapKV 0.9), and a
-    near-lossless eviction lowered the bound of the quantization it was added to (int4 2.30% -> 1.88%)."""
+    """A near-lossless eviction lowered the loss and the bound of the quantization it was added to (int4 keys and
+    values: bound 2.30% alone, 1.88% with TOVA at 0.9). SnapKV's losses are read on the decoded tokens, its bits'
+    too (docs/quality.md): there the quantization part alone, read on every position, is no floor."""
     from skistune.quality import load_quality_profile
 
     qp = load_quality_profile()
     joint, quantized, evicted = (qp.predict(KVConfig().with_knobs(k)) for k in ({**bits, **eviction}, bits, eviction))
-    for part in (quantized, evicted):
+    for part in (quantized, evicted) if eviction["eviction.policy"] != "snapkv" else (evicted,):
         assert joint.ppl_mean >= part.ppl_mean - 1e-12
         assert joint.guarded_mean >= part.guarded_mean - 1e-12 and joint.guarded_worst >= part.guarded_worst - 1e-12
