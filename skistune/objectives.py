@@ -122,6 +122,12 @@ def structural_changes(config: KVConfig) -> list[str]:
     changes = []
     if config.eviction.policy != "none":
         changes.append(f"eviction.policy={config.eviction.policy}")
+    return changes + quantized_changes(config)
+
+
+def quantized_changes(config: KVConfig) -> list[str]:
+    """The bitwidth knobs of ``config`` that quantize some KV (fewer than 16 bits on a side)."""
+    changes = []
     bits = config.effective().bitwidth  # (uniform bits that per-layer bits override change nothing)
     if (bits.key_bits, bits.value_bits) != (16, 16):
         changes.append(f"bitwidth {bits.key_bits}/{bits.value_bits}")

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from skistune.config import KVConfig
-from skistune.objectives import NO_LOSS, QualityLoss, structural_changes
+from skistune.objectives import NO_LOSS, QualityLoss, quantized_changes, structural_changes
 from skistune.quality.grid import INTERACTION_FRACTION, REFERENCE_SINKS
 
 FORMAT = "skistune-quality-profile"
@@ -621,12 +621,12 @@ class QualityProfile:
         predicted +25%). A combination of quantization with an eviction read on every position never reads below
         either part, window by window: an eviction whose windows read below zero by noise had lowered the loss and
         the bound of the quantization it was added to (`predict` floors every combination's bounds so)."""
-        if self._quantized(config) and config.prefix_reuse.block_size != self.block_size:
+        if quantized_changes(config) and config.prefix_reuse.block_size != self.block_size:
             return None
         bits, evict = self._bits(config), self._evict(config, context_tokens)
         if bits is None or evict is None:
             return None
-        if config.eviction.policy in ("none", "snapkv") or not self._quantized(config):
+        if config.eviction.policy in ("none", "snapkv") or not quantized_changes(config):
             # (one family; or SnapKV, whose 64 decoded tokens a window are noise both ways: lifting its windows
             # over-predicted its held-out joint configs by 20-50%)
             return [a + b for a, b in zip(bits, evict)]
@@ -637,11 +637,7 @@ class QualityProfile:
         """The KV block size the profile measured its configs at (its protocol's, else the runtime's default)."""
         return int((self.data.get("protocol") or {}).get("block_size", KVConfig().prefix_reuse.block_size))
 
-    @staticmethod
-    def _quantized(config: KVConfig) -> bool:
-        bw = config.bitwidth
-        pairs = [tuple(p) for p in bw.layer_bits] if bw.layer_bits else [(bw.key_bits, bw.value_bits)]
-        return any(b < 16 for pair in pairs for b in pair)
+
 
     def predict(self, config: KVConfig, model: str | None = None, context_tokens: int | None = None) -> QualityLoss:
         """The predicted loss of ``config`` (a proxy for a ``model`` other than the profile's; token budgets
@@ -659,7 +655,7 @@ class QualityProfile:
         loss = QualityLoss(max(0.0, math.exp(mean_delta) - 1), max(0.0, worst), needle, basis=basis,
                            ppl_mean_bound=max(0.0, math.exp(mean_delta + _upper_margin(deltas)) - 1),
                            ppl_worst_bound=max(0.0, math.exp(mean_delta + _upper_margin(deltas, True)) - 1))
-        if config.eviction.policy == "none" or not self._quantized(config):
+        if config.eviction.policy == "none" or not quantized_changes(config):
             return loss
         # (the windows of a combination can spread less than its quantization's alone, and its bounds read lower
         # by that: a floor that rejected int4 admitted int4 with a near-lossless eviction added)
