@@ -92,3 +92,11 @@ def workload_stats(workload: Workload) -> WorkloadStats:
         output_mean=float(workload.output_tokens.mean()), output_p50=float(output_p50), output_p99=float(output_p99),
         prefix_reuse_ratio=prefix_reuse_ratio(workload), block_tokens=workload.block_tokens,
         sessions=sessions, multi_turn_sessions=multi_turn, multi_turn_requests=multi_turn_requests)
+
+
+def ks_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest gap between two samples' empirical CDFs (Kolmogorov-Smirnov): how far a preset's lengths are
+    from its trace's, whatever their shape."""
+    points = np.union1d(a, b)
+    return float(np.max(np.abs(np.searchsorted(np.sort(a), points, "right") / len(a)
+                               - np.searchsorted(np.sort(b), points, "right") / len(b))))

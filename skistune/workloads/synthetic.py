@@ -2,8 +2,8 @@
 
 Every preset number follows a published statistic of a public trace (see the traces' SOURCE.md files and
 the comments below), or for lower tails and 16-token prefix reuse that trace's sample as `skistune workload
-show` reads it; no trace rows are embedded. Lengths come from `LognormalLengths`, fitted so that the
-published mean, median and p99 all hold, and the p10; arrivals from a renewal process whose coefficient of
+show` reads it; no trace rows are embedded. Lengths come from `QuantileLengths`, through the trace's
+percentiles (the published median and p99 among them) and its published mean; arrivals from a renewal process whose coefficient of
 variation is the burstiness (1 = Poisson; Gamma gaps, hyperexponential above a CV of 2); prefix reuse from multi-turn sessions whose share of follow-up
 turns is calibrated so that the published prefix-reuse ratio holds. A draw whose burstiness falls under half
 the one asked for says so in a note (`burstiness_notes`): few requests cannot draw a high one.
@@ -16,6 +16,8 @@ import math
 import numbers
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Mapping
 
 import numpy as np
 
@@ -23,8 +25,6 @@ from skistune.host_memory import available_memory_bytes
 from skistune.workloads.model import Workload, chain_blocks
 from skistune.workloads.stats import burstiness as gaps_cv
 
-Z90 = 1.2815515655446004  # standard normal quantiles at 0.90 and 0.99
-Z99 = 2.3263478740408408
 SESSION_BLOCK_TOKENS = 16  # sessions share prompts at the KV block size of vLLM and of our runtime's default
 
 
@@ -114,41 +114,50 @@ def _normal_grid() -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass(frozen=True)
-class LognormalLengths:
-    """Token lengths through a published median and p99, and optionally a mean, a p10 and a floor.
+class QuantileLengths:
+    """Token lengths through a trace's quantiles: ``quantiles`` maps percentiles (strictly between 0 and 100) to
+    tokens and holds at least the median (50) and one above it.
 
-    The log-length is piecewise linear in the normal score z: above p99 with the sigma of the lognormal
-    through p50 and p99; between them through a p90 knee; below the median with that sigma too, or through
-    ``p10`` when given. Without ``mean`` the knee is the lognormal's own p90 (a plain lognormal). Real length
-    distributions are rarely lognormal (Azure conv's output mean is 1.3x the lognormal's), so with ``mean``
-    the knee is solved so that the mean holds too; p50 and p99 stay exact. Nor are their lower tails: the
-    p50-p99 sigma put Mooncake synthetic's input p10 at 4,350 tokens against 30, so presets give ``p10``.
-    Draws are rounded and clipped to [min_tokens, max_tokens] (a floor such as a fixed system prompt, and
-    a service's context or output limit)."""
+    The log-length is piecewise linear in the normal score z between the quantiles given (a lognormal is one
+    straight line through two of them), so every quantile given holds and shapes that no lognormal has do too:
+    Azure conv's outputs put 29% of requests at 375-450 tokens, a second peak, and a lognormal through its
+    median and p99 had put its p90 at 583 tokens against 424. Below the lowest quantile the line continues with
+    the slope from it to the median; above the highest, with the lognormal's sigma through the median and it,
+    or with ``mean``, with the slope that makes the mean hold (the top percent is where a trace's quantiles say
+    least, and it carries much of the mean: Mooncake synthetic's inputs reach 191,378 tokens over a p99 of
+    66,456). Draws are rounded and clipped to [min_tokens, max_tokens] (a floor such as a fixed system prompt,
+    and a service's context or output limit)."""
 
-    p50: float
-    p99: float
+    quantiles: Mapping[float, float] | tuple[tuple[float, float], ...]
     max_tokens: int
     mean: float | None = None
-    p10: float | None = None
     min_tokens: int = 1
-    p90: float = field(init=False, default=0.0)
+    top_sigma: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_tokens <= self.p50 < self.p99 <= self.max_tokens:
-            raise ValueError(f"lengths need 1 <= min_tokens <= p50 < p99 <= max_tokens, got {self.min_tokens}, "
-                             f"{self.p50}, {self.p99}, {self.max_tokens}")
-        if self.p10 is not None and not self.min_tokens <= self.p10 < self.p50:
-            raise ValueError(f"lengths need min_tokens <= p10 < p50, got {self.min_tokens}, {self.p10}, {self.p50}")
-        sigma = np.log(self.p99 / self.p50) / Z99
-        lognormal_p90 = float(self.p50 * np.exp(sigma * Z90))
-        knee = lognormal_p90 if self.mean is None else _fit_knee(self.p50, self.p99, self.max_tokens, self.mean,
-                                                                 self.p10, self.min_tokens)
-        object.__setattr__(self, "p90", knee)
+        knots = tuple(sorted((float(q), float(t)) for q, t in dict(self.quantiles).items()))
+        object.__setattr__(self, "quantiles", knots)  # (a tuple: the lengths stay hashable, like the preset)
+        percents = [q for q, _ in knots]
+        tokens = [t for _, t in knots]
+        if 50.0 not in percents or percents[-1] <= 50.0 or not 0 < percents[0] or percents[-1] >= 100:
+            raise ValueError(f"lengths need the median (50) and a percentile above it, all strictly between 0 and "
+                             f"100, got percentiles {percents}")
+        if any(b < a for a, b in zip(tokens, tokens[1:])):
+            raise ValueError(f"lengths' quantiles must not fall as the percentile rises, got {dict(knots)}")
+        if not 1 <= self.min_tokens <= tokens[percents.index(50.0)] < tokens[-1] <= self.max_tokens:
+            raise ValueError(f"lengths need 1 <= min_tokens <= p50 < the highest quantile <= max_tokens, got "
+                             f"min_tokens {self.min_tokens}, quantiles {dict(knots)}, max_tokens {self.max_tokens}")
+        sigma = _lognormal_sigma(knots)
+        if self.mean is not None:
+            sigma = _fit_top_sigma(knots, self.max_tokens, self.min_tokens, float(self.mean))
+        object.__setattr__(self, "top_sigma", sigma)
+
+    def quantile(self, percent: float) -> float:
+        return self.from_normal(np.array([_normal_score(percent)]))[0]
 
     def from_normal(self, z: np.ndarray) -> np.ndarray:
         """The length at normal score ``z``: the quantile function, monotone in ``z``."""
-        return _knee_quantile(z, self.p50, self.p90, self.p99, self.max_tokens, self.p10, self.min_tokens)
+        return _quantile_curve(z, self.quantiles, self.top_sigma, self.max_tokens, self.min_tokens)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.rint(self.from_normal(rng.standard_normal(n))).astype(np.int64)
@@ -158,36 +167,58 @@ class LognormalLengths:
         return float(np.sum(self.from_normal(z) * weight))
 
 
-def _knee_quantile(z: np.ndarray, p50: float, p90: float, p99: float, max_tokens: int, p10: float | None = None,
-                   min_tokens: int = 1) -> np.ndarray:
-    mu, knee, top = np.log(p50), np.log(p90), np.log(p99)
-    sigma = (top - mu) / Z99
-    sigma_low = sigma if p10 is None else (mu - np.log(p10)) / Z90  # (z = -Z90 is p10)
-    log_tokens = np.where(z <= 0, mu + sigma_low * z,
-                          np.where(z <= Z90, mu + (knee - mu) * z / Z90,
-                                   np.where(z <= Z99, knee + (top - knee) * (z - Z90) / (Z99 - Z90),
-                                            top + sigma * (z - Z99))))
-    return np.clip(np.exp(log_tokens), min_tokens, max_tokens)
+def _normal_score(percent: float) -> float:
+    return float(NormalDist().inv_cdf(percent / 100.0))
+
+
+def _knot_lines(knots: tuple[tuple[float, float], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The quantiles as (normal score, log tokens) points."""
+    return (np.array([_normal_score(q) for q, _ in knots]), np.log([t for _, t in knots]))
+
+
+def _lognormal_sigma(knots: tuple[tuple[float, float], ...]) -> float:
+    """The sigma of the lognormal through the median and the highest quantile."""
+    z, log_tokens = _knot_lines(knots)
+    return float((log_tokens[-1] - np.interp(0.0, z, log_tokens)) / z[-1])
+
+
+def _quantile_curve(z: np.ndarray, knots: tuple[tuple[float, float], ...], top_sigma: float, max_tokens: int,
+                    min_tokens: int) -> np.ndarray:
+    knot_z, knot_log = _knot_lines(knots)
+    median = float(np.interp(0.0, knot_z, knot_log))
+    low_sigma = (median - knot_log[0]) / -knot_z[0] if knot_z[0] < 0 else (knot_log[-1] - median) / knot_z[-1]
+    log_tokens = np.where(z < knot_z[0], knot_log[0] + low_sigma * (z - knot_z[0]),
+                          np.where(z > knot_z[-1], knot_log[-1] + top_sigma * (z - knot_z[-1]),
+                                   np.interp(z, knot_z, knot_log)))
+    return np.clip(np.exp(np.minimum(log_tokens, math.log(max_tokens))), min_tokens, max_tokens)
+
+
+MEAN_TOLERANCE = 0.01  # a mean out of reach by less than this share is taken as the nearest one reachable
 
 
 @functools.lru_cache(maxsize=64)
-def _fit_knee(p50: float, p99: float, max_tokens: int, mean: float, p10: float | None = None,
-              min_tokens: int = 1) -> float:
-    """Bisection on log(p90) in [log p50, log p99]: a higher knee raises the mean."""
+def _fit_top_sigma(knots: tuple[tuple[float, float], ...], max_tokens: int, min_tokens: int, mean: float) -> float:
+    """Bisection on the log of the slope above the highest quantile: a steeper top raises the mean."""
     z, weight = _normal_grid()
 
-    def mean_at(log_knee: float) -> float:
-        return float(np.sum(_knee_quantile(z, p50, float(np.exp(log_knee)), p99, max_tokens, p10, min_tokens)
-                            * weight))
+    def mean_at(sigma: float) -> float:
+        return float(np.sum(_quantile_curve(z, knots, sigma, max_tokens, min_tokens) * weight))
 
-    low, high = np.log(p50), np.log(p99)
-    if not mean_at(low) <= mean <= mean_at(high):
-        raise ValueError(f"no length distribution has mean {mean}, p50 {p50} and p99 {p99} below {max_tokens} "
-                         f"(reachable means: {mean_at(low):.0f} to {mean_at(high):.0f})")
-    for _ in range(48):
+    low, high = math.log(1e-6), math.log(1e4)
+    flattest, steepest = mean_at(0.0), mean_at(math.exp(high))
+    # (a mean a hair out of reach is the sample's percentiles against the whole file's mean, or a top that the
+    # service's limit caps: Azure code's p99 is 7,436 tokens and its limit 7,437; its mean then reads 2,045 of 2,048)
+    if flattest > mean >= flattest * (1 - MEAN_TOLERANCE):
+        return 0.0
+    if steepest < mean <= steepest * (1 + MEAN_TOLERANCE):
+        return math.exp(high)
+    if not flattest <= mean <= steepest:
+        raise ValueError(f"no length distribution through the quantiles {dict(knots)} below {max_tokens} tokens has "
+                         f"mean {mean} (reachable means: {flattest:.0f} to {steepest:.0f})")
+    for _ in range(60):
         middle = 0.5 * (low + high)
-        low, high = (middle, high) if mean_at(middle) < mean else (low, middle)
-    return float(np.exp(0.5 * (low + high)))
+        low, high = (middle, high) if mean_at(math.exp(middle)) < mean else (low, middle)
+    return math.exp(0.5 * (low + high))
 
 
 @dataclass(frozen=True)
@@ -204,7 +235,7 @@ class EmpiricalLengths:
         return rng.choice(np.asarray(self.values, dtype=np.int64), size=n)
 
 
-LengthDist = LognormalLengths | EmpiricalLengths
+LengthDist = QuantileLengths | EmpiricalLengths
 
 
 # ---- multi-turn sessions ----
@@ -289,22 +320,36 @@ def session_numbers(prev_turn: list[int | None]) -> np.ndarray:
 
 # ---- presets ----
 
-# Presets as data. Lengths: mean / p50 / p99 as published for each trace (SOURCE.md "Sample stats", which
-# are whole-file figures for the Azure traces), max_tokens the largest value in that file. p10 (and
-# min_tokens, where the file has a floor that its p1 and p5 sit on) are the sample files' own, computed with
-# numpy as SOURCE.md's percentiles are: without them the lower tails were far off (agent input p10 4,350
-# against 30; long-context output p10 185 against 24; code output p10 3 against 7, with none below 6 in
-# the trace). Burstiness: the coefficient of variation of the trace's inter-arrival times, as `skistune
-# workload show` reports it. Prefix reuse: the trace's at 16-token blocks (SESSION_BLOCK_TOKENS, at which
-# sessions are calibrated), read with --block-tokens 16; at Mooncake's own 512-token blocks it is lower
-# (0.350 and 0.640), since a 512-token block shared only in part counts as unshared.
+# Presets as data. Lengths: mean / p50 / p99 as published for each trace (SOURCE.md "Sample stats", which are
+# whole-file figures for the Azure traces), max_tokens the largest value in that file, and the other percentiles
+# (PERCENTILES) the sample files' own, computed with numpy as SOURCE.md's are. Through mean, p50 and p99 alone (a
+# lognormal bent to hold the mean) the shapes were far off: Azure conv's output p90 at 583 tokens against 424 (its
+# second peak at 375-450 tokens missed), its input p75 1,581 against 1,189, agent input p10 4,350 against 30;
+# through the percentiles, the Kolmogorov-Smirnov distance to the trace is at most 0.07 (it was up to 0.16).
+# min_tokens where the file has a floor. Burstiness: the coefficient of variation of the trace's inter-arrival
+# times, as `skistune workload show` reports it. Prefix reuse: the trace's at 16-token blocks
+# (SESSION_BLOCK_TOKENS, at which sessions are calibrated), read with --block-tokens 16; at Mooncake's own
+# 512-token blocks it is lower (0.350 and 0.640), since a 512-token block shared only in part counts as unshared.
+PERCENTILES = (1, 5, 10, 20, 25, 30, 40, 50, 60, 70, 75, 80, 90, 95, 99)
+
+
+def _percentiles(*tokens: int) -> dict[int, int]:
+    """`PERCENTILES` -> tokens, in that order."""
+    if len(tokens) != len(PERCENTILES):
+        raise ValueError(f"a preset's lengths give {len(PERCENTILES)} percentiles, got {len(tokens)}")
+    return dict(zip(PERCENTILES, tokens))
+
+
 PRESETS: dict[str, dict] = {
     "chat": dict(
-        description="chat assistant: Azure OpenAI conversation service, Nov 2023 (Azure LLM inference trace, conv)",
+        description="chat assistant: Azure OpenAI conversation service, Nov 2023 (Azure LLM inference trace, conv); "
+                    "its multi-turn prefix reuse follows Mooncake's conversation trace (Azure publishes none)",
         rate_rps=5.53,  # Azure conv: 19,366 requests in 3,501.7 s
         burstiness=1.09,  # Azure conv: CV of inter-arrival times 1.094
-        input=dict(mean=1155, p50=1020, p99=4142, max_tokens=14050, p10=207),  # Azure conv ContextTokens
-        output=dict(mean=211, p50=129, p99=601, max_tokens=1000),  # Azure conv GeneratedTokens (p10 55 as is: 54)
+        input=dict(mean=1155, max_tokens=14050,  # Azure conv ContextTokens
+                   quantiles=_percentiles(29, 181, 207, 387, 396, 403, 703, 1020, 1071, 1130, 1189, 1315, 2734, 4083, 4142)),
+        output=dict(mean=211, max_tokens=1000,  # Azure conv GeneratedTokens
+                    quantiles=_percentiles(16, 41, 54, 77, 85, 91, 103, 129, 177, 384, 395, 400, 424, 451, 601)),
         prefix_reuse=0.357,  # Mooncake conversation (Kimi chat): 0.357; Azure publishes no prefix data
         turn_gap_s=5.0, session_idle_s=600.0,  # modelling choice: a user reads and types between turns
     ),
@@ -312,8 +357,10 @@ PRESETS: dict[str, dict] = {
         description="code completion: Azure OpenAI coding service, Nov 2023 (Azure LLM inference trace, code)",
         rate_rps=2.57,  # Azure code: 8,819 requests in 3,435.9 s
         burstiness=13.2,  # Azure code: CV of inter-arrival times 13.15 (bursts of completions, then idle minutes)
-        input=dict(mean=2048, p50=1469, p99=7436, max_tokens=7437, p10=147),  # Azure code ContextTokens
-        output=dict(mean=28, p50=13, p99=251, max_tokens=1899, p10=7, min_tokens=6),  # Azure code GeneratedTokens
+        input=dict(mean=2048, max_tokens=7437,  # Azure code ContextTokens
+                   quantiles=_percentiles(17, 75, 147, 386, 578, 770, 1075, 1469, 1909, 2433, 2744, 3192, 5188, 7303, 7436)),
+        output=dict(mean=28, max_tokens=1899, min_tokens=6,  # Azure code GeneratedTokens
+                    quantiles=_percentiles(6, 6, 7, 8, 9, 9, 11, 13, 16, 20, 24, 29, 55, 90, 251)),
         prefix_reuse=0.0,  # Azure code publishes no prefix data: independent completions, the no-reuse baseline
         turn_gap_s=0.0, session_idle_s=0.0,
     ),
@@ -321,17 +368,25 @@ PRESETS: dict[str, dict] = {
         description="long-context chat: Kimi production conversations (Mooncake FAST'25 conversation trace)",
         rate_rps=3.28,  # Mooncake conversation: 7,980 requests in 2,433 s
         burstiness=1.0,  # Mooncake conversation: 3-s timestamp steps hide finer structure; jittered within steps, 1.01
-        input=dict(mean=12403, p50=7220, p99=89867, max_tokens=124847, p10=973, min_tokens=891),  # input_length
-        output=dict(mean=347, p50=356, p99=1167, max_tokens=2000, p10=24),  # Mooncake conversation output_length
+        input=dict(mean=12403, max_tokens=124847, min_tokens=891,  # Mooncake conversation input_length
+                   quantiles=_percentiles(894, 901, 973, 1708, 2410, 3466, 5217, 7220, 9887, 13545, 15664, 18315,
+                                          27969, 40417, 89867)),
+        output=dict(mean=347, max_tokens=2000,  # Mooncake conversation output_length
+                    quantiles=_percentiles(3, 10, 24, 99, 157, 216, 300, 356, 402, 452, 476, 510, 605, 709, 1167)),
         prefix_reuse=0.357,  # Mooncake conversation: 0.3566 at 16-token blocks (token hit ratio 0.3569)
         turn_gap_s=5.0, session_idle_s=600.0,  # modelling choice, as for chat
     ),
     "agent": dict(
-        description="agent-like multi-turn traffic re-sending long, growing contexts (Mooncake FAST'25 synthetic)",
+        description="agent-like multi-turn traffic re-sending long, growing contexts: the lengths and prefix reuse of "
+                    "Mooncake FAST'25's synthetic trace (built from public datasets with Poisson arrivals, not a "
+                    "recorded agent trace)",
         rate_rps=3.91,  # Mooncake synthetic: 3,993 requests in 1,022 s
         burstiness=1.0,  # Mooncake synthetic: Poisson-generated arrivals (CV 1.01)
-        input=dict(mean=15325, p50=11587, p99=66456, max_tokens=191378, p10=30, min_tokens=13),  # input_length
-        output=dict(mean=149, p50=69, p99=768, max_tokens=893, p10=4),  # Mooncake synthetic output_length
+        input=dict(mean=15325, max_tokens=191378, min_tokens=13,  # Mooncake synthetic input_length
+                   quantiles=_percentiles(16, 22, 30, 88, 277, 913, 4365, 11587, 16290, 19409, 23175, 28425, 38611,
+                                          48905, 66456)),
+        output=dict(mean=149, max_tokens=893,  # Mooncake synthetic output_length
+                    quantiles=_percentiles(2, 2, 4, 8, 11, 16, 32, 69, 126, 210, 250, 289, 389, 519, 768)),
         prefix_reuse=0.651,  # Mooncake synthetic: 0.6510 at 16-token blocks (token hit ratio 0.6512)
         turn_gap_s=1.0, session_idle_s=120.0,  # modelling choice: tool results come back within seconds
     ),
@@ -353,7 +408,7 @@ BLOCK_ID_BYTES = 8
 
 
 def _mean_tokens(lengths: LengthDist) -> float:
-    return lengths.expected_mean() if isinstance(lengths, LognormalLengths) else float(np.mean(lengths.values))
+    return lengths.expected_mean() if isinstance(lengths, QuantileLengths) else float(np.mean(lengths.values))
 
 
 def bytes_per_request(preset: Preset, block_tokens: int = SESSION_BLOCK_TOKENS) -> float:
@@ -419,8 +474,8 @@ def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValueError(f"workload preset {name!r}: unknown (known: {', '.join(PRESETS)})")
     params = dict(PRESETS[name])
-    return Preset(name=name, **{**params, "input": LognormalLengths(**params["input"]),
-                                "output": LognormalLengths(**params["output"])})
+    return Preset(name=name, **{**params, "input": QuantileLengths(**params["input"]),
+                                "output": QuantileLengths(**params["output"])})
 
 
 def synthesize(preset: str | Preset, *, requests: int | None = None, seed: int = 0, rate_rps: float | None = None,
