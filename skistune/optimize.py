@@ -199,7 +199,7 @@ class OptimizeResult:
     def feasible(self) -> bool:
         """Predicted: some config met every constraint in the simulator (`measured_feasible` says whether the
         chosen one met them on the real runtime)."""
-        return bool(self.best)
+        return bool(self.best) and self.best[0].feasible
 
     @property
     def measured_feasible(self) -> bool | None:
@@ -720,12 +720,26 @@ def finish(problem: Problem, study, *, top_k: int = DEFAULT_TOP_K, runtime=None,
     if validated:
         study.set_user_attr(VALIDATED_ATTR, [validation_record(v) for v in validated])
     study.set_user_attr(CHOSEN_ATTR, best[0].config.to_dict())
-    study.set_user_attr(REFINED_ATTR, {"best": [e.to_record() for e in best], "baseline": baseline.to_record()})
-    pareto = front_with(problem, pareto_front(problem, with_refined(evaluations, [*refined, baseline])), best[0])
+    # (read again: the trials that simplified the best config are the study's too, and may be on its front)
+    pareto = front_with(problem, _refined_front(problem, completed(study), [*refined, baseline], cut), best[0])
+    study.set_user_attr(REFINED_ATTR, {"best": [e.to_record() for e in best], "baseline": baseline.to_record(),
+                                       "front": [e.to_record() for e in pareto]})
     notes += [n for n in (ilp_note(study), ceiling_note(problem, best[0])) if n]
     return {"best": best, "pareto": pareto, "baseline": baseline, "validated": validated,
             "trials": _search_trials(study), "simplifying_trials": trial_counts(study)[1],
             "notes": tie_notes + notes + _cut_notes(problem, cut)}
+
+
+def _refined_front(problem: Problem, evaluations: Sequence[Evaluation], refined: Sequence[Evaluation],
+                   cut: list[str]) -> list[Evaluation]:
+    """The front optimize shows: the trials that no other beats at the search's figures (one precision for all),
+    each with refined figures (those not refined yet are refined now, as far as the deadline lets), less those that
+    another then beats. A front of refined configs beside others' search figures had shown dominated configs and
+    one config twice: refining a config raises its capacity, and with it its memory and energy at capacity."""
+    front = pareto_front(problem, evaluations)
+    done = {e.config.effective() for e in refined}
+    fresh = _refine(problem, [e for e in front if e.config.effective() not in done], cut)
+    return pareto_front(problem, with_refined(front, [*refined, *fresh]))
 
 
 def _refined_baseline(problem: Problem, evaluations: Sequence[Evaluation], cut: list[str]) -> Evaluation:

@@ -194,7 +194,9 @@ def build_report(study_name: str, *, storage: Any = None, top_k: int = DEFAULT_T
         baseline = Evaluation.from_record(refined["baseline"])
     # one set of figures per config: trial 0 (the baseline's config) ranked below the first ones had kept its
     # search figure (0.06662 req/s) beside the refined baseline row's (0.0711)
-    pool = evaluations if refined is None else with_refined(evaluations, [*first, baseline])
+    # (and the front optimize showed, refined whole: `optimize._refined_front`)
+    front_figures = [] if refined is None else [Evaluation.from_record(r) for r in refined.get("front", ())]
+    pool = evaluations if refined is None else with_refined(evaluations, [*front_figures, *first, baseline])
     # the configs closest to feasible with those figures too, as optimize printed them: trial 0's column had shown
     # the search's +0.523 over an energy budget beside the refined baseline's +0.478 (the same config)
     closest = infeasibility(pool)[1]

@@ -41,7 +41,7 @@ def test_a_quality_objective_without_a_floor_says_that_the_loss_is_unbounded():
     problem = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", objective="capacity,quality",
                                 profile=PROFILE)
     [note] = [n for n in problem.notes if n.startswith(unbounded)]
-    assert "#1 (the written config) is the best on capacity, whatever its quality loss" in note
+    assert "#1 (the written config) is chosen on capacity, whatever its quality loss" in note
     floored = opt.build_problem(load_workload("chat", requests=8), slo="p99=200ms", objective="capacity,quality",
                                 quality="ppl+1%", profile=PROFILE)
     assert not any(n.startswith(unbounded) for n in floored.notes)
