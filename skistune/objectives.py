@@ -21,9 +21,12 @@ raises ``ValueError``.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import inspect
 import math
 import re
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -305,6 +308,7 @@ class Constraint:
 
     name: str
     value: Callable[[Point], float]
+    code: str | None = None  # a user's callable: `code_digest`
 
 
 def slo_constraint(slo: SLO) -> Constraint:
@@ -328,7 +332,50 @@ def user_constraint(fn: Callable, index: int) -> Constraint:
     name = getattr(fn, "__name__", "") or ""
     name = name if name and name != "<lambda>" else f"constraint{index}"
     call = _metrics_call(fn, f"constraint {name}")
-    return Constraint(name, lambda p: _one(call(p), name))
+    return Constraint(name, lambda p: _one(call(p), name), code_digest(fn))
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # (a repr with a memory address differs in every process)
+_PLAIN = (int, float, str, bool, bytes, tuple, frozenset, type(None))
+
+
+def code_digest(fn: Callable) -> str:
+    """What a user's callable computes, as far as Python shows it: its code and constants, its defaults, the values
+    its closure holds and the plain values (numbers, strings) of the globals it reads; a partial's arguments; a
+    callable object's class and attributes. Studies record it, so that a study resumes only with the callables it
+    was scored with (two lambdas both named ``custom`` had mixed objective values 100x apart in one study, and its
+    winner broke the changed constraint)."""
+    def code(c: types.CodeType) -> tuple:
+        return (c.co_code, c.co_names, tuple(code(k) if isinstance(k, types.CodeType) else repr(k)
+                                             for k in c.co_consts))
+
+    def cells(f) -> list[str]:
+        out = []
+        for cell in f.__closure__ or ():
+            try:
+                out.append(repr(cell.cell_contents))
+            except ValueError:  # (a cell not yet filled)
+                out.append("<empty>")
+        return out
+
+    parts: list[Any] = []
+    target = fn
+    while isinstance(target, functools.partial):
+        parts += [repr(target.args), repr(sorted(target.keywords.items()))]
+        target = target.func
+    f = getattr(target, "__func__", target)  # (a bound method: its function, and its object below)
+    if hasattr(target, "__self__") and not isinstance(target.__self__, types.ModuleType):
+        parts.append(repr(vars(target.__self__)) if hasattr(target.__self__, "__dict__") else "")
+    if isinstance(f, types.FunctionType):
+        parts += [code(f.__code__), repr(f.__defaults__), repr(f.__kwdefaults__), cells(f),
+                  repr(sorted((n, f.__globals__[n]) for n in f.__code__.co_names
+                              if isinstance(f.__globals__.get(n, ...), _PLAIN)))]
+    else:  # a callable object (or a builtin)
+        parts += [type(f).__qualname__, repr(vars(f)) if hasattr(f, "__dict__") else repr(f)]
+        call = getattr(type(f), "__call__", None)
+        if isinstance(call, types.FunctionType):
+            parts.append(code(call.__code__))
+    return hashlib.sha256(_ADDRESS.sub("", repr(parts)).encode()).hexdigest()[:16]
 
 
 class ReturnValueError(ValueError):
@@ -366,8 +413,12 @@ def raised_by(exc: BaseException) -> str | None:
 
 def _one(value: Any, name: str) -> float:
     what, hint = f"constraint {name}", " (<= 0 is feasible)"
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()  # (a sequence of values, as a list is)
     if isinstance(value, (list, tuple)):
-        return max((_number(v, what, hint) for v in value), default=0.0)
+        if not value:  # (max over nothing had read as met)
+            raise ReturnValueError(f"{what}: returned an empty {type(value).__name__}, no value to check{hint}")
+        return max(_number(v, what, hint) for v in value)
     return _number(value, what, hint)
 
 
@@ -406,10 +457,13 @@ def _marked(what: str, call: Callable[[Point], Any]) -> Callable[[Point], Any]:
 # ---- objectives ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Objective:
+    """One value of a point to maximise or minimise; ``unit`` is the value's as stored and printed in JSON."""
+
     name: str
     direction: str
     unit: str
     value: Callable[[Point], float]
+    code: str | None = None  # a user's callable: `code_digest`
 
     @property
     def maximize(self) -> bool:
@@ -426,7 +480,7 @@ NAMED: dict[str, Objective] = {
     "energy": Objective("energy", MINIMIZE, "J/token", lambda p: p.energy_j_per_token),
     # (`Metrics.kv_peak_bytes` counts the rings of quantized KV: allocated up front, they are memory it takes)
     "memory": Objective("memory", MINIMIZE, "bytes", lambda p: float(p.metrics.kv_peak_bytes)),
-    "quality": Objective("quality", MINIMIZE, "ppl loss", _quality_value),
+    "quality": Objective("quality", MINIMIZE, "relative ppl increase", _quality_value),
 }
 
 
@@ -434,16 +488,17 @@ def _callable_objective(fn: Callable, directions: Sequence[str]) -> list[Objecti
     name = getattr(fn, "__name__", "") or ""
     name = name if name and name != "<lambda>" else "custom"
     call = _metrics_call(fn, f"objective {name}")
+    digest = code_digest(fn)
     if len(directions) == 1:
-        return [Objective(name, directions[0], "", lambda p: _single(call(p), name))]
-    return [Objective(f"{name}[{i}]", d, "", lambda p, i=i: _pick(call(p), i, len(directions), name))
+        return [Objective(name, directions[0], "", lambda p: _single(call(p), name), digest)]
+    return [Objective(f"{name}[{i}]", d, "", lambda p, i=i: _pick(call(p), i, len(directions), name), digest)
             for i, d in enumerate(directions)]
 
 
 def _single(value: Any, name: str) -> float:
     if isinstance(value, (list, tuple)):
-        raise ReturnValueError(f"objective {name}: returned {len(value)} values; pass direction=[...] with one "
-                               "direction per value")
+        raise ReturnValueError(f"objective {name}: returned {len(value)} values; a callable that returns several "
+                               "is given alone, with direction=[...] holding one direction per value")
     return _number(value, f"objective {name}")
 
 
@@ -479,12 +534,23 @@ def parse_objectives(objective: str | Callable | Sequence[str | Callable],
     if not items:
         raise ValueError("objective: name at least one of " + ", ".join(NAMED))
     directions = _check_directions(direction)
+    # Several objectives and a list of directions: one direction per objective, in order (a named one's must be its
+    # own). `direction=["maximize", "minimize"]` for `["capacity", f]` had given f the first, maximize.
+    per_item = len(items) > 1 and direction is not None and not isinstance(direction, str)
+    if per_item and len(directions) != len(items):
+        raise ValueError(f"direction: {len(directions)} given for {len(items)} objectives: give one per objective, "
+                         "in order (a named objective's must be its own)")
     out: list[Objective] = []
-    for item in items:
+    for i, item in enumerate(items):
+        own = directions[i:i + 1] if per_item else directions if len(items) == 1 else directions[:1]
         if callable(item):
-            out += _callable_objective(item, directions if len(items) == 1 else directions[:1])
+            out += _callable_objective(item, own)
         elif isinstance(item, str) and item.strip().lower() in NAMED:
-            out.append(NAMED[item.strip().lower()])
+            named = NAMED[item.strip().lower()]
+            if per_item and own[0] != (MAXIMIZE if named.maximize else MINIMIZE):
+                raise ValueError(f"direction: {named.name} has its own direction "
+                                 f"({MAXIMIZE if named.maximize else MINIMIZE}), given {own[0]}")
+            out.append(named)
         else:
             # (a callable only where one can be given: not in text, the command line's --objective)
             also = "" if isinstance(objective, str) else ", or a callable of the metrics"

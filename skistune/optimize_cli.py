@@ -546,6 +546,9 @@ def _summary(result, out: Path | None) -> dict:
             "feasible_measured": result.measured_feasible, "study": result.study.study_name, "storage": result.storage,
             "trials": result.trials, "simplifying_trials": result.simplifying_trials,
             "out": str(out) if out else None, "notes": result.notes,
+            # (what each entry of a "values" list is: a front's figures had come as bare numbers in --objective's order)
+            "objectives": [{"name": o.name, "direction": o.direction, "unit": o.unit or None}
+                           for o in result.problem.objectives],
             # (every energy figure's basis: "modeled" where no power meter was read, as the tables' J/token say)
             "power_source": result.problem.profile.power.source,
             "best": {**scored(result.best[0]), "config": result.config.to_dict()} if result.best else None,

@@ -307,7 +307,9 @@ class Problem:
                 "step_cost": list(self.target.step_cost.coef), "space": self.space.name,
                 "knobs": [p.name for p in self.space.params],
                 **({"quality_profile": self.quality_profile.digest()} if self.quality_profile is not None else {}),
-                **({"kv_memory": self.kv_memory} if self.kv_memory is not None else {})}
+                **({"kv_memory": self.kv_memory} if self.kv_memory is not None else {}),
+                **({"callables": codes} if (codes := [x.code for x in (*self.objectives, *self.constraints)
+                                                       if x.code is not None]) else {})}
 
 
 def _constraints(slos, max_queue_s, energy, quality, custom) -> tuple[Constraint, ...]:
@@ -399,7 +401,7 @@ def _quality_setup(floors, objectives, quality_profile, model: str) -> tuple[Any
         first = objectives[0].name
         notes.append("quality is an objective and no --quality floor bounds it: eviction and KV bits are searched, and "
                      "the configs found may lose any amount of quality"
-                     + ("" if first == "quality" else f"; #1 (the written config) is the best on {first}, whatever its "
+                     + ("" if first == "quality" else f"; #1 (the written config) is chosen on {first}, whatever its "
                         "quality loss")
                      + " (give --quality ppl+1% to bound the loss)")
     if model != qp.model:

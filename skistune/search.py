@@ -119,7 +119,8 @@ def open_study(problem: Problem, storage, study_name: str, sampler):
         study.set_user_attr(PROBLEM_ATTR, identity)
         stored = identity
     if stored != identity:
-        differs = ", ".join(k for k in identity if stored.get(k) != identity[k])
+        differs = ", ".join(k if k != "callables" else "callables (the code or values of an objective or constraint "
+                            "function)" for k in {**stored, **identity} if stored.get(k) != identity.get(k))
         raise ProblemMismatch(study_name, differs)
     return study
 

@@ -95,7 +95,7 @@ def test_a_direction_for_a_named_objective_must_agree_with_its_own():
 
     with pytest.raises(ValueError, match=r"capacity has its own direction \(maximize\)"):
         parse_objectives("capacity", "minimize")
-    with pytest.raises(ValueError, match="have their own directions"):
+    with pytest.raises(ValueError, match=r"energy has its own direction \(minimize\), given maximize"):
         parse_objectives("capacity,energy", ["maximize", "maximize"])
     assert [o.name for o in parse_objectives("capacity,energy", ["maximize", "minimize"])] == ["capacity", "energy"]
 

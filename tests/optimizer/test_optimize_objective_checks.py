@@ -128,3 +128,69 @@ def test_goodput_checks_a_tbt_slo_at_p99_9_of_each_requests_own_gaps():
     spiky = RequestRecord("b", 0.0, 4, ticks + [10.5], finish_s=10.5)  # and one of 500 ms
     assert goodput_rps([steady, spiky], 10.0, [parse_slo("tbt:p99.9<=200ms")]) == 0.1  # b's p99.9 is ~460 ms
     assert goodput_rps([steady, spiky], 10.0, [parse_slo("p99=200ms")]) == 0.2  # its p99, ~104 ms, holds
+
+
+def test_directions_of_a_list_of_objectives_go_one_to_each_in_order():
+    """A tester's `objective=["capacity", f], direction=["maximize", "minimize"]` had maximised f (every callable in
+    a list took the first direction)."""
+    def f(metrics):
+        return metrics.busy_s
+
+    def g(metrics):
+        return metrics.duration_s
+
+    mixed = parse_objectives(["capacity", f], ["maximize", "minimize"])
+    assert [o.maximize for o in mixed] == [True, False]
+    two = parse_objectives([f, g], ["minimize", "maximize"])
+    assert [o.maximize for o in two] == [False, True]
+    with pytest.raises(ValueError, match="1 given for 2 objectives"):
+        parse_objectives([f, g], ["minimize"])
+    with pytest.raises(ValueError, match="capacity has its own direction"):
+        parse_objectives(["capacity", f], ["minimize", "minimize"])
+    assert [o.maximize for o in parse_objectives(["capacity", f], "maximize")] == [True, True]  # one: the callables'
+
+
+def test_a_constraint_may_return_an_array_and_not_an_empty_sequence():
+    """A tester's numpy array was refused as "not a number"; an empty list had read as met."""
+    from skistune.objectives import Point
+
+    point = Point(config="C", metrics="M", rate_rps=0, energy_j_per_token=0, goodput_rps=0, quality=None,
+                  queue_reference_s=0)
+    assert user_constraint(lambda m: np.array([-1.0, 0.5]), 1).value(point) == 0.5
+    with pytest.raises(ReturnValueError, match="returned an empty list"):
+        user_constraint(lambda m: [], 1).value(point)
+
+
+SCALE = 12.0
+
+
+def test_code_digest_tells_a_changed_callable_from_the_same_one():
+    from skistune.objectives import code_digest
+
+    def make(watts):
+        return lambda m: m.busy_s * watts
+
+    def scaled(m):
+        return m.busy_s * SCALE
+
+    assert code_digest(lambda m: m.busy_s * 12) == code_digest(lambda m: m.busy_s * 12)
+    assert code_digest(lambda m: m.busy_s * 12) != code_digest(lambda m: m.busy_s * 1200)
+    assert code_digest(make(12)) == code_digest(make(12)) != code_digest(make(1200))  # a closure's value
+    before = code_digest(scaled)
+    globals()["SCALE"] = 1200.0  # a global the function reads
+    try:
+        assert code_digest(scaled) != before
+    finally:
+        globals()["SCALE"] = 12.0
+    import functools
+    assert code_digest(functools.partial(max, 1)) != code_digest(functools.partial(max, 2))
+
+
+def test_a_study_resumes_only_with_the_callables_it_was_scored_with(workload, profile):
+    """A tester's study resumed silently after its objective was scaled 100x and its constraint tightened (both
+    lambdas, named alike): the study mixed objective values 100x apart, and its winner broke the new constraint."""
+    storage = optuna.storages.InMemoryStorage()
+    run(workload, profile, objective=lambda m: m.busy_s * 12, storage=storage, study_name="s", n_trials=2)
+    run(workload, profile, objective=lambda m: m.busy_s * 12, storage=storage, study_name="s", n_trials=2)
+    with pytest.raises(ValueError, match=r"differs in: callables \(the code or values of an objective"):
+        run(workload, profile, objective=lambda m: m.busy_s * 1200, storage=storage, study_name="s", n_trials=2)
