@@ -57,7 +57,11 @@ JitterOpt = Annotated[Optional[float], typer.Option(
     "--jitter", callback=_positive_finite("jitter step (s)"),  # (0 spreads nothing: refused, not skipped)
     help="spread arrivals recorded in steps of this many seconds (> 0) over each step (Mooncake: 3); "
          "other arrivals each move later by less than that, re-sorted")]
-WindowOpt = Annotated[Optional[str], typer.Option("--window", help="keep arrivals in START:END seconds of the trace")]
+# (the transformations apply in one order whatever the order typed: said where a user meets it first)
+WindowOpt = Annotated[Optional[str], typer.Option(
+    "--window", help="keep arrivals in START:END seconds of the trace (transformations apply in this order, "
+                     "whatever the order given: --jitter, --window, --first, --sample, --length-scale and caps, "
+                     "--rate, --rate-scale)")]
 FirstOpt = Annotated[Optional[int], typer.Option("--first", min=1, help="keep the first N requests")]
 SampleOpt = Annotated[Optional[int], typer.Option("--sample", min=1, help="keep N random requests (seeded)")]
 LengthScaleOpt = Annotated[float, typer.Option("--length-scale", callback=_positive_finite("length scale"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from skistune.workloads.model import Workload, truncate_blocks
+from skistune.workloads.stats import burstiness as gaps_cv
 
 # how a reader's note on coarse timestamps begins (`readers._quantum_note`): jittering answers it
 QUANTUM_NOTE = "timestamps come in steps of"
@@ -25,7 +26,10 @@ def set_rate(workload: Workload, rate_rps: float) -> Workload:
     if not (rate_rps > 0 and np.isfinite(rate_rps)):  # (inf would reach `scale_rate` as an infinite scale)
         raise ValueError(f"rate must be > 0 and finite (req/s), got {rate_rps}")
     if workload.duration_s == 0:
-        raise ValueError(f"workload {workload.name!r}: all requests arrive at once, it has no rate to set")
+        coarse = any(note.startswith(QUANTUM_NOTE) or QUANTUM_NOTE in note for note in workload.notes)
+        raise ValueError(f"workload {workload.name!r}: all requests arrive at once, it has no rate to set"
+                         + ("; its timestamps are coarse: spread them with --jitter first (in Python: jitter_s=)"
+                            if coarse else ""))
     return scale_rate(workload, rate_rps / (len(workload) / workload.duration_s))
 
 
@@ -93,7 +97,22 @@ def sample_n(workload: Workload, n: int, seed: int = 0) -> Workload:
         return _all_kept(workload, "sample", n)
     index = np.sort(np.random.default_rng(seed).choice(len(workload), size=n, replace=False))
     sampled = workload.take(index)
-    return sampled.with_transform(f"sample {n} seed {seed}", arrival_s=sampled.arrival_s - sampled.arrival_s[0])
+    sampled = sampled.with_transform(f"sample {n} seed {seed}", arrival_s=sampled.arrival_s - sampled.arrival_s[0])
+    return _thinned_note(sampled, len(workload))
+
+
+def _thinned_note(sampled: Workload, drawn: int) -> Workload:
+    """A random sample of generated arrivals thins them: the rate falls with the share kept, and the gaps' CV moves
+    toward 1 (a Poisson process thinned stays one). Said in a note when the CV lands under half or over twice the
+    one asked for: `--burstiness 4 --sample 200` had given 1.01 with nothing said."""
+    asked = sampled.requested_burstiness
+    realised = gaps_cv(sampled.arrival_s)
+    if not sampled.generated_arrivals or asked is None or realised is None or asked / 2 <= realised <= asked * 2:
+        return sampled
+    return sampled.with_note(f"burstiness (CV of gaps) {realised:.2f} after sampling {len(sampled):,} of {drawn:,} "
+                             f"generated arrivals, against the {asked:g} asked for: a random sample thins arrivals "
+                             "toward a Poisson process (and their rate with them, unless --rate is given); generate "
+                             f"{len(sampled):,} requests instead (--requests) to keep the arrival process")
 
 
 def _all_kept(workload: Workload, what: str, n: int) -> Workload:

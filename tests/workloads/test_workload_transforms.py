@@ -153,3 +153,12 @@ def test_digest_is_stable_and_content_based(conv):
     assert read_trace(AZURE_CONV).digest() == conv.digest()
     assert first_n(conv, 10).digest() != conv.digest()
     assert len(conv.digest()) == 16
+
+
+def test_sampling_generated_bursty_arrivals_says_it_thinned_them():
+    """A tester's `code --sample 200` had CV 3.50 against 13.2 asked for, with no note (`--requests 200` says when a
+    draw falls short)."""
+    sampled = sample_n(synthesize("code", requests=2000, seed=0), 200, seed=0)
+    assert any("after sampling 200 of 2,000 generated arrivals, against the 13.2 asked for" in n for n in sampled.notes)
+    calm = sample_n(synthesize("long-context", requests=2000, seed=0), 200, seed=0)  # (Poisson stays Poisson)
+    assert not any("after sampling" in n for n in calm.notes)
