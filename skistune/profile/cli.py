@@ -255,6 +255,29 @@ def _make_folder(folder: Path, what: str) -> None:
         raise ValueError(f"{what} {folder}: cannot create it ({exc.strerror or exc})") from None
 
 
+def _check_disk_dir(disk_dir: Optional[Path], quick: bool) -> None:
+    """The folder the disk tier is timed in (--disk-dir, else $SKISTUNE_DISK_DIR, else the temporary directory)
+    takes a file as large as the largest write timed: a full or read-only one had failed after the whole
+    measurement (a tester's 4 MiB tmpfs: "No space left on device" after 72 s, the profile lost)."""
+    import tempfile
+
+    from skistune.runtime.disk_pool import DISK_DIR_ENV, default_disk_dir
+
+    from .measure import FULL_GRID, QUICK_GRID
+    from .transfers import disk_free_bytes
+
+    env = default_disk_dir()
+    folder, option = ((disk_dir, "--disk-dir") if disk_dir is not None else
+                      (Path(env), f"${DISK_DIR_ENV}") if env is not None else
+                      (Path(tempfile.gettempdir()), "the temporary directory (give --disk-dir for another)"))
+    check_existing_dir(folder, option)
+    largest = max((QUICK_GRID if quick else FULL_GRID).disk_bytes)
+    free = disk_free_bytes(folder)
+    if free is not None and free < 2 * largest:
+        raise ValueError(f"{option} {folder}: {free / 2**20:.1f} MiB free, and the disk tier's timings write up to "
+                         f"{largest >> 20} MiB there: free some space, or give --disk-dir on another drive")
+
+
 def _check_outputs(model: str, device: str, quick: bool, out: Optional[Path], disk_dir: Optional[Path],
                    cache: bool) -> Optional[Path]:
     """Check where a measurement writes, before it runs: a path refused after minutes of measuring (a folder
@@ -264,8 +287,7 @@ def _check_outputs(model: str, device: str, quick: bool, out: Optional[Path], di
 
     # a bad --model before a folder is made for it, a bad --device before the fingerprint reads it
     check_target(model, device)
-    if disk_dir is not None:
-        check_existing_dir(disk_dir, "--disk-dir")
+    _check_disk_dir(disk_dir, quick)
     if cache:
         out = cached_profile_path(model, device, machine_fingerprint(device))
         _make_folder(out.parent, "the cache folder")

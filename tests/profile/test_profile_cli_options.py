@@ -54,6 +54,32 @@ def test_out_and_disk_dir_are_refused_before_anything_is_measured(tmp_path, fake
     assert not (tmp_path / "x.json").exists() and list((tmp_path / "outdir").iterdir()) == []
 
 
+def test_the_disk_folder_from_the_environment_and_its_free_space_are_checked_before_measuring(tmp_path, fake_measure,
+                                                                                            monkeypatch):
+    """A tester's read-only $SKISTUNE_DISK_DIR and 4 MiB tmpfs failed only after the measurement (56 and 72 s), the
+    profile lost with a bare errno message."""
+    import skistune.profile.transfers as transfers
+
+    monkeypatch.setenv("SKISTUNE_DISK_DIR", "/proc")
+    line = _one_error_line(CliRunner().invoke(app, ["profile", "--quick", "--out", str(tmp_path / "x.json")]))
+    assert line.startswith("$SKISTUNE_DISK_DIR /proc: cannot create a file in /proc")
+    monkeypatch.setenv("SKISTUNE_DISK_DIR", str(tmp_path))
+    monkeypatch.setattr(transfers, "disk_free_bytes", lambda folder: 4 << 20)
+    line = _one_error_line(CliRunner().invoke(app, ["profile", "--quick", "--out", str(tmp_path / "x.json")]))
+    assert line == (f"$SKISTUNE_DISK_DIR {tmp_path}: 4.0 MiB free, and the disk tier's timings write up to 16 MiB "
+                    "there: free some space, or give --disk-dir on another drive")
+    assert fake_measure == []
+
+
+def test_a_memory_backed_disk_folder_is_told(tmp_path):
+    from skistune.profile.measure import memory_backed
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda1 / ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\ntmpfs /tmpx/shm tmpfs rw 0 0\n")
+    assert memory_backed("/tmp/a/b", str(mounts)) == "tmpfs"
+    assert memory_backed("/tmpx", str(mounts)) is None and memory_backed("/work", str(mounts)) is None
+
+
 def test_the_default_out_folder_is_checked_before_measuring(tmp_path, fake_measure, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "profiles").write_text("not a folder\n")
