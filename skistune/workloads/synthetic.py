@@ -186,7 +186,7 @@ def _quantile_curve(z: np.ndarray, knots: tuple[tuple[float, float], ...], top_s
                     min_tokens: int) -> np.ndarray:
     knot_z, knot_log = _knot_lines(knots)
     median = float(np.interp(0.0, knot_z, knot_log))
-    low_sigma = (median - knot_log[0]) / -knot_z[0] if knot_z[0] < 0 else (knot_log[-1] - median) / knot_z[-1]
+    low_sigma = (median - knot_log[0]) / -knot_z[0] if knot_z[0] < 0 else _lognormal_sigma(knots)
     log_tokens = np.where(z < knot_z[0], knot_log[0] + low_sigma * (z - knot_z[0]),
                           np.where(z > knot_z[-1], knot_log[-1] + top_sigma * (z - knot_z[-1]),
                                    np.interp(z, knot_z, knot_log)))
