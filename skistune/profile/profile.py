@@ -652,9 +652,14 @@ def _caller_level() -> int:
 
 def check_profile_model(profile: HardwareProfile, model: str) -> None:
     """A ``ValueError`` unless ``profile`` was measured for the model preset ``model``."""
+    from skistune.runtime.presets import PRESETS
+
     if model != profile.model:
-        raise ValueError(f"profile {shown(profile.name)} was measured for {shown_name(profile.model)}, not {model}: give --model "
-                         f"{profile.model} to use it, or measure one with `skistune profile --model {model}`")
+        # (a model this skistune has no preset for cannot be given: "give --model gpt-17" was then refused)
+        use = (f"give --model {profile.model} to use it, or " if profile.model in PRESETS else
+               "a model this skistune has no preset for; ")
+        raise ValueError(f"profile {shown(profile.name)} was measured for {shown_name(profile.model)}, not {model}: "
+                         f"{use}measure one with `skistune profile --model {model}`")
 
 
 def cache_dir() -> Path:

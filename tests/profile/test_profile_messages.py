@@ -82,6 +82,11 @@ def test_show_names_the_model_in_its_header(tmp_path):
     config.write_text("{}\n")
     evaluated = CliRunner().invoke(app, ["evaluate", str(config), "--model", "gpt-17", "--profile", str(path)])
     assert evaluated.exit_code == 2 and "unknown preset" in _one_error_line(evaluated)
+    # (with the default model: no "give --model gpt-17", which is then refused)
+    default = CliRunner().invoke(app, ["evaluate", str(config), "--profile", str(path)])
+    assert default.exit_code == 2 and _one_error_line(default).endswith(
+        "was measured for gpt-17, not smollm2-135m: a model this skistune has no preset for; measure one with "
+        "`skistune profile --model smollm2-135m`")
 
 
 def test_the_fingerprint_warning_points_at_the_callers_line(monkeypatch):
