@@ -83,12 +83,13 @@ def evaluate(
             first=first, sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output)
         w = fit_workload(load_workload(unscaled, rate_scale=rate_scale), model)
         # the profile and the runtime are checked before the workload's notes are printed: bad input is one line
-        prof = hardware_profile(model, profile_or_measure(profile, model)) if mode != "run" else None
-        # (a profile of another model is refused here, not after the notes)
-        target = sim_target(model, prof) if prof is not None else None
-        # (a run is not metered: its energy is the power model's, which never needs a profile measured first; a
-        # profile given to a run is read for that model, and named in its JSON)
-        given = hardware_profile(model, profile) if mode == "run" and profile is not None else prof
+        with fingerprint_warnings() as fingerprint_notes:
+            prof = hardware_profile(model, profile_or_measure(profile, model)) if mode != "run" else None
+            # (a profile of another model is refused here, not after the notes)
+            target = sim_target(model, prof) if prof is not None else None
+            # (a run is not metered: its energy is the power model's, which never needs a profile measured first; a
+            # profile given to a run is read for that model, and named in its JSON)
+            given = hardware_profile(model, profile) if mode == "run" and profile is not None else prof
         power = given.power if given is not None else power_model(model, profile)
         runtime = None
         if mode != "simulate":
@@ -117,6 +118,7 @@ def evaluate(
         # (on stderr, as the workload's notes and optimize's: --json's last line stays the one object)
         for note in notes:
             err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+        notes = fingerprint_notes + notes  # (in the JSON too, as optimize's: they were on stderr alone)
         reqs = workload_requests(w, model, seed)
         if mode == "compare":
             _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out, notes)
@@ -208,6 +210,25 @@ def profiled_machine(prof) -> str:
     """The machine a prediction is for: the profile's GPU or CPU and its name (an H200 predicted from a
     laptop says so, rather than leaving it to the warning that the profile was measured elsewhere)."""
     return f"{prof.fingerprint.chip} (profile {prof.name})"
+
+
+@contextlib.contextmanager
+def fingerprint_warnings():
+    """The messages of the profile warnings (a profile measured on another machine) given inside, shown as warnings
+    still: a list, for the JSON's notes."""
+    import warnings
+
+    from skistune.profile import FingerprintWarning
+
+    messages: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FingerprintWarning)
+        try:
+            yield messages
+        finally:
+            messages += [str(w.message).strip() for w in caught if issubclass(w.category, FingerprintWarning)]
+    for w in caught:  # (shown as they would have been: one warning line each under `cli_errors`)
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 def _workload_fields(w) -> dict:

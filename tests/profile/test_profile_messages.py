@@ -123,3 +123,15 @@ def test_a_padding_rule_reads_as_a_range_only_when_it_is_one():
                                                        "1 row short")
     assert rule_text(ProjectionRule(256, 4, True)) == ("w @ x.T from 2 to 256 rows, padded to a multiple of 16 when "
                                                        "1-4 rows short, one row as two")
+
+
+def test_evaluate_json_carries_the_fingerprint_warning(tmp_path):
+    """A profile measured elsewhere was said on stderr alone: `evaluate --json` had none of it (optimize's JSON had)."""
+    path = _edited_shipped(tmp_path, lambda d: d["fingerprint"].update(cpu_count=4096))
+    config = tmp_path / "kv.yaml"
+    config.write_text("{}\n")
+    result = CliRunner().invoke(app, ["evaluate", str(config), "--requests", "5", "--profile", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.stdout.strip().splitlines()[-1])["notes"]
+    assert any("cpu_count: 4096 -> " in n for n in notes)
+    assert "warning:" in result.stderr and "cpu_count: 4096 -> " in result.stderr
