@@ -570,6 +570,25 @@ def _seconds_left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
+class _StopRecords:
+    """A logging filter for Optuna's "Trial N failed ... because of the following error: Terminated()" warning and
+    its traceback: a worker stopped mid-trial (the parent stopping its workers once another's trial met a user's
+    error) is no failure to report; the trial stays failed in the study, as a stopped trial is."""
+
+    def filter(self, record) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, (Terminated, KeyboardInterrupt))
+
+
+def quiet_stops() -> None:
+    """Install `_StopRecords` on the logger of Optuna's trial loop (once)."""
+    import logging
+
+    logger = logging.getLogger("optuna.study._optimize")
+    if not any(isinstance(f, _StopRecords) for f in logger.filters):
+        logger.addFilter(_StopRecords())
+
+
 def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, parent, errors) -> None:
     """One forked worker process: its own storage connection and sampler, the shared study, until ``deadline``
     (`time.monotonic`, shared by the processes of a machine). Its seed is random, as `skistune worker`'s: the
@@ -578,6 +597,7 @@ def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, 
     import optuna
 
     seed = _random_seed()  # (Optuna's verbosity is the parent's: `_quiet_optuna`, or the CLI's)
+    quiet_stops()
     try:
         _stop_with_parent(parent)
         # Ctrl-C and SIGTERM are blocked from the fork to here (`_forked`): a stop that came meanwhile, before

@@ -194,3 +194,27 @@ def test_a_study_resumes_only_with_the_callables_it_was_scored_with(workload, pr
     run(workload, profile, objective=lambda m: m.busy_s * 12, storage=storage, study_name="s", n_trials=2)
     with pytest.raises(ValueError, match=r"differs in: callables \(the code or values of an objective"):
         run(workload, profile, objective=lambda m: m.busy_s * 1200, storage=storage, study_name="s", n_trials=2)
+
+
+def test_a_worker_stopped_mid_trial_logs_no_traceback():
+    """A tester's `n_jobs=2` run whose objective raised printed, one run in five, Optuna's 45-line "Trial 3 failed
+    ... Terminated()" warning before the error: the other worker, stopped mid-trial."""
+    import logging
+    import sys
+
+    from skistune.search import quiet_stops
+    from skistune.signals import Terminated
+
+    def record(error):
+        try:
+            raise error
+        except BaseException:
+            return logging.LogRecord("optuna.study._optimize", logging.WARNING, __file__, 1, "Trial 3 failed", None,
+                                     sys.exc_info())
+
+    quiet_stops()
+    quiet_stops()
+    logger = logging.getLogger("optuna.study._optimize")
+    assert len([f for f in logger.filters if type(f).__name__ == "_StopRecords"]) == 1
+    assert not logger.filter(record(Terminated()))
+    assert logger.filter(record(ValueError("a real failure")))
