@@ -179,11 +179,13 @@ def test_a_sequence_whose_recompute_can_never_fit_the_pool_is_dropped_with_its_r
                                     "bitwidth.key_bits": 8, "bitwidth.full_precision_window": 128,
                                     "offload.device_memory_fraction": 0.69, "batching.max_num_seqs": 799,
                                     "batching.chunked_prefill": False, "prefix_reuse.block_size": 32})
-    reqs = to_requests(load_workload("chat", requests=100, max_input=256, rate_scale=0.05, seed=0),
-                       vocab_size=SPEC.vocab_size)
+    # (requests of their own, not a preset's draw: the chat preset's refitted lengths no longer met the case; a
+    # sequence preempted late, re-admitted last and preempted again, comes back with its outputs)
+    rng = np.random.default_rng(0)
+    reqs = [Request(f"r{i}", rng.integers(0, SPEC.vocab_size, 256).tolist(), 600, arrival_s=2.0 * i) for i in range(30)]
     m = simulate(config, reqs, target(cost(fixed=5e-2, seqs=1e-4, tokens=2e-4, kv=1e-11, samples=1e-5),
                                       device_bytes=2050 << 20))  # (a pool of 18 blocks, as the tester's)
-    assert m.num_finished + m.num_rejected == 100 and m.num_finished > 90
+    assert m.num_finished + m.num_rejected == 30 and m.num_finished > 25
     dropped = [why for why in m.rejections.values() if "recomputed in one step" in why]
     assert dropped and all(why.endswith("; dropped") and "the cache holds" in why for why in dropped)
 
