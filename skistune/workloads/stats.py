@@ -100,3 +100,16 @@ def ks_distance(a: np.ndarray, b: np.ndarray) -> float:
     points = np.union1d(a, b)
     return float(np.max(np.abs(np.searchsorted(np.sort(a), points, "right") / len(a)
                                - np.searchsorted(np.sort(b), points, "right") / len(b))))
+
+
+def rate_swings(arrival_s: np.ndarray, window_s: float = 60.0) -> dict[str, float] | None:
+    """How the arrival rate moves over windows of ``window_s``: the CV of the requests per window, the correlation
+    of neighbouring windows' counts, and the busiest window over the mean (None under four whole windows)."""
+    counts = np.histogram(arrival_s, np.arange(0.0, float(arrival_s[-1]), window_s))[0].astype(float)
+    if len(counts) < 4 or counts.mean() == 0:
+        return None
+    centred = counts - counts.mean()
+    spread = float((centred * centred).sum())
+    return {"rate_cv": float(counts.std() / counts.mean()),
+            "lag1": float((centred[1:] * centred[:-1]).sum() / spread) if spread > 0 else 0.0,
+            "peak_over_mean": float(counts.max() / counts.mean())}

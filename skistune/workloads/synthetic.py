@@ -3,10 +3,12 @@
 Every preset number follows a published statistic of a public trace (see the traces' SOURCE.md files and
 the comments below), or for lower tails and 16-token prefix reuse that trace's sample as `skistune workload
 show` reads it; no trace rows are embedded. Lengths come from `QuantileLengths`, through the trace's
-percentiles (the published median and p99 among them) and its published mean; arrivals from a renewal process whose coefficient of
-variation is the burstiness (1 = Poisson; Gamma gaps, hyperexponential above a CV of 2); prefix reuse from multi-turn sessions whose share of follow-up
-turns is calibrated so that the published prefix-reuse ratio holds. A draw whose burstiness falls under half
-the one asked for says so in a note (`burstiness_notes`): few requests cannot draw a high one.
+percentiles (the published median and p99 among them) and its published mean; arrivals from a renewal process
+whose coefficient of variation is the burstiness (1 = Poisson; Gamma gaps, hyperexponential above a CV of 2), in
+a time whose rate swings over minutes as the trace's does (`swinging_arrivals`); prefix reuse from multi-turn
+sessions whose share of follow-up turns is calibrated so that the published prefix-reuse ratio holds. A draw
+whose burstiness falls under half the one asked for says so in a note (`burstiness_notes`): few requests cannot
+draw a high one.
 """
 from __future__ import annotations
 
@@ -58,6 +60,48 @@ def renewal_arrivals(n: int, rate_rps: float, burstiness: float, rng: np.random.
     if n > 1 and arrival_s[-1] > 0:
         arrival_s *= (n / rate_rps) / arrival_s[-1]
     return arrival_s
+
+
+def swinging_arrivals(n: int, rate_rps: float, burstiness: float, swing: float, swing_time_s: float,
+                      rng: np.random.Generator) -> np.ndarray:
+    """Arrival times (s, first at 0) whose rate swings slowly around ``rate_rps``, as a service's load does over
+    minutes: the rate is ``rate_rps`` times exp(X(t)), X a stationary Ornstein-Uhlenbeck process of standard
+    deviation ``swing`` and correlation time ``swing_time_s``, normalised to mean 1. The requests are a renewal
+    process (`renewal_arrivals`) in the time that the rate makes pass, whose gap CV is chosen so that the gaps'
+    CV over the whole draw is ``burstiness`` still: swings add to it a factor E[m] E[1/m] = exp(swing^2) on
+    1 + CV^2 (slow swings: a gap sees one rate). ``swing`` 0 is `renewal_arrivals` itself.
+
+    Azure conv's per-minute request counts swing with a CV of 0.21 beyond Poisson's, correlated over about 5
+    minutes (the counts of neighbouring minutes: 0.81); a renewal process with its gap CV alone had 0.06 and no
+    correlation, so its busiest minute was 1.13x the mean against the trace's 1.52 (`benchmarks/preset_fit.py`)."""
+    if swing <= 0:
+        return renewal_arrivals(n, rate_rps, burstiness, rng)
+    if swing_time_s <= 0:
+        raise ValueError(f"swing_time_s must be > 0, got {swing_time_s}")
+    base_cv = math.sqrt(max((1.0 + burstiness**2) * math.exp(-swing**2) - 1.0, MIN_BASE_CV**2))
+    expected_by = renewal_arrivals(n, 1.0, base_cv, rng)  # each request's place in expected requests (unit rate)
+    # the rate on a grid of steps much shorter than its correlation time, over about the draw's duration, then
+    # the expected requests by each grid time (extended at the mean rate if a slow spell left them short)
+    step_s = swing_time_s / 20.0
+    steps = int(math.ceil(1.5 * n / rate_rps / step_s)) + 2
+    keep = math.exp(-step_s / swing_time_s)
+    shocks = rng.normal(0.0, swing * math.sqrt(1.0 - keep * keep), steps)
+    x = np.empty(steps)
+    x[0] = rng.normal(0.0, swing)
+    for i in range(1, steps):  # (an AR(1) recursion; a few thousand steps even at 10^6 requests)
+        x[i] = keep * x[i - 1] + shocks[i]
+    expected = np.concatenate(([0.0], np.cumsum(np.exp(x - swing**2 / 2.0)) * step_s * rate_rps))
+    if expected[-1] < expected_by[-1]:
+        more = int(math.ceil((expected_by[-1] - expected[-1]) / (rate_rps * step_s))) + 1
+        expected = np.concatenate((expected, expected[-1] + rate_rps * step_s * np.arange(1, more + 1)))
+    arrival_s = np.interp(expected_by, expected, np.arange(len(expected)) * step_s)
+    arrival_s -= arrival_s[0]
+    if n > 1 and arrival_s[-1] > 0:
+        arrival_s *= (n / rate_rps) / arrival_s[-1]
+    return arrival_s
+
+
+MIN_BASE_CV = 0.1  # the gap CV of a swinging draw's renewal part never falls below this (near-regular gaps)
 
 
 # Above GAMMA_MAX_BURSTINESS the CV rests on rare idle gaps, so n requests realise it only if their n - 1 gaps
@@ -346,8 +390,14 @@ PRESETS: dict[str, dict] = {
                     "its multi-turn prefix reuse follows Mooncake's conversation trace (Azure publishes none)",
         rate_rps=5.53,  # Azure conv: 19,366 requests in 3,501.7 s
         burstiness=1.09,  # Azure conv: CV of inter-arrival times 1.094
+        # Azure conv's rate over the hour: per-minute counts swing with a CV of 0.22 (0.21 beyond Poisson's), and
+        # neighbouring minutes' counts correlate at 0.81 (at 10 s and 300 s: correlation times of 2-12 minutes). A
+        # swing of 0.24 gives draws of the trace's length a per-minute CV of 0.22 on average (16 seeds: 0.223, sd
+        # 0.064; an hour holds a dozen correlation times, so a draw's own CV reads low), neighbours at 0.75
+        rate_swing=0.24, swing_time_s=300.0,
         input=dict(mean=1155, max_tokens=14050,  # Azure conv ContextTokens
-                   quantiles=_percentiles(29, 181, 207, 387, 396, 403, 703, 1020, 1071, 1130, 1189, 1315, 2734, 4083, 4142)),
+                   quantiles=_percentiles(29, 181, 207, 387, 396, 403, 703, 1020, 1071, 1130, 1189, 1315, 2734, 4083,
+                                          4142)),
         output=dict(mean=211, max_tokens=1000,  # Azure conv GeneratedTokens
                     quantiles=_percentiles(16, 41, 54, 77, 85, 91, 103, 129, 177, 384, 395, 400, 424, 451, 601)),
         prefix_reuse=0.357,  # Mooncake conversation (Kimi chat): 0.357; Azure publishes no prefix data
@@ -357,8 +407,10 @@ PRESETS: dict[str, dict] = {
         description="code completion: Azure OpenAI coding service, Nov 2023 (Azure LLM inference trace, code)",
         rate_rps=2.57,  # Azure code: 8,819 requests in 3,435.9 s
         burstiness=13.2,  # Azure code: CV of inter-arrival times 13.15 (bursts of completions, then idle minutes)
+        rate_swing=0.0, swing_time_s=0.0,  # (its swings are those bursts: the renewal's idle gaps)
         input=dict(mean=2048, max_tokens=7437,  # Azure code ContextTokens
-                   quantiles=_percentiles(17, 75, 147, 386, 578, 770, 1075, 1469, 1909, 2433, 2744, 3192, 5188, 7303, 7436)),
+                   quantiles=_percentiles(17, 75, 147, 386, 578, 770, 1075, 1469, 1909, 2433, 2744, 3192, 5188, 7303,
+                                          7436)),
         output=dict(mean=28, max_tokens=1899, min_tokens=6,  # Azure code GeneratedTokens
                     quantiles=_percentiles(6, 6, 7, 8, 9, 9, 11, 13, 16, 20, 24, 29, 55, 90, 251)),
         prefix_reuse=0.0,  # Azure code publishes no prefix data: independent completions, the no-reuse baseline
@@ -368,6 +420,10 @@ PRESETS: dict[str, dict] = {
         description="long-context chat: Kimi production conversations (Mooncake FAST'25 conversation trace)",
         rate_rps=3.28,  # Mooncake conversation: 7,980 requests in 2,433 s
         burstiness=1.0,  # Mooncake conversation: 3-s timestamp steps hide finer structure; jittered within steps, 1.01
+        # jittered, its per-minute counts swing with a CV of 0.12 (0.10 beyond Poisson's; 0.07 over 5 minutes),
+        # neighbouring minutes correlating at 0.21 (noisier than Azure's: a correlation time of 1-9 minutes); a
+        # swing of 0.11 gives draws of its length 0.12 on average (16 seeds), neighbours at 0.4
+        rate_swing=0.11, swing_time_s=120.0,
         input=dict(mean=12403, max_tokens=124847, min_tokens=891,  # Mooncake conversation input_length
                    quantiles=_percentiles(894, 901, 973, 1708, 2410, 3466, 5217, 7220, 9887, 13545, 15664, 18315,
                                           27969, 40417, 89867)),
@@ -382,6 +438,7 @@ PRESETS: dict[str, dict] = {
                     "recorded agent trace)",
         rate_rps=3.91,  # Mooncake synthetic: 3,993 requests in 1,022 s
         burstiness=1.0,  # Mooncake synthetic: Poisson-generated arrivals (CV 1.01)
+        rate_swing=0.0, swing_time_s=0.0,  # (generated at a constant rate: per-minute counts as Poisson's)
         input=dict(mean=15325, max_tokens=191378, min_tokens=13,  # Mooncake synthetic input_length
                    quantiles=_percentiles(16, 22, 30, 88, 277, 913, 4365, 11587, 16290, 19409, 23175, 28425, 38611,
                                           48905, 66456)),
@@ -463,6 +520,8 @@ class Preset:
     description: str
     rate_rps: float
     burstiness: float
+    rate_swing: float  # `swinging_arrivals`: the log-rate's standard deviation, and its correlation time
+    swing_time_s: float
     input: LengthDist
     output: LengthDist
     prefix_reuse: float
@@ -497,7 +556,7 @@ def synthesize(preset: str | Preset, *, requests: int | None = None, seed: int =
     burstiness = preset.burstiness if burstiness is None else burstiness
     streams = np.random.SeedSequence(seed).spawn(4)
     rng_arrival, rng_input, rng_output, rng_session = (np.random.default_rng(stream) for stream in streams)
-    arrival_s = renewal_arrivals(n, rate_rps, burstiness, rng_arrival)
+    arrival_s = swinging_arrivals(n, rate_rps, burstiness, preset.rate_swing, preset.swing_time_s, rng_arrival)
     input_tokens = preset.input.sample(rng_input, n)
     output_tokens = preset.output.sample(rng_output, n)
     follow_u = rng_session.random(n)
