@@ -721,7 +721,17 @@ def _scatter_trials(ax, report: Report, rate: Callable[[Evaluation], float]):
     good = ranked(report.problem, finite)
     if not good:
         return None, False
-    losses = np.array([min(quality_loss(e), 1.0) * 100 for e in good])  # outside the profile: shown at 100%
+    # quality outside the profile's grid (no prediction) as rings of their own, not the colour of a 100% loss; the
+    # others the least lossy on top: a lossless front config had been hidden under two unknown ones at its spot
+    unknown = [e for e in good if not math.isfinite(quality_loss(e))]
+    if unknown:
+        ax.scatter([rate(e) for e in unknown], [e.figures["energy_j_per_token"] for e in unknown], s=30,
+                   facecolors="none", edgecolors="0.45",
+                   label=f"feasible, quality not predicted (outside the profile's grid; {_count(len(unknown), 'trial')})")
+    good = sorted((e for e in good if math.isfinite(quality_loss(e))), key=lambda e: -quality_loss(e))
+    if not good:
+        return None, False
+    losses = np.array([min(quality_loss(e), 1.0) * 100 for e in good])  # (the colour scale stops at 100%)
     # (a 4-bit config predicted +0.00% is lossy all the same: "all lossless" is said of configs that change no
     # output, not of losses that round to zero)
     lossy = bool(losses.max() > 0) or any(structural_changes(e.config) for e in good)
@@ -872,7 +882,7 @@ def plot_pareto(report: Report) -> bytes:
     ax = fig.add_subplot()
     points, lossy = _scatter_trials(ax, report, rate)
     if lossy:
-        fig.colorbar(points, ax=ax, label="predicted quality loss, Δppl mean (%)")
+        fig.colorbar(points, ax=ax, label="predicted quality loss, Δppl mean (%; 100 and above at the top)")
     base = report.baseline
     ax.plot([rate(base)], [base.figures["energy_j_per_token"]], "*", color="tab:red", ms=16, zorder=3,
             label=_star_label(report, rate))

@@ -326,3 +326,21 @@ def test_a_report_of_a_study_named_with_a_path_writes_inside_this_folder(study, 
     assert all(path.startswith(f"{folder.name}/") for path in files.values())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.db", "deep"]
 
+
+
+def test_configs_whose_quality_is_not_predicted_are_rings_not_the_colour_of_a_100_percent_loss(report, figures):
+    """A tester's lossless front config was hidden under two configs of unknown quality (outside the quality
+    profile's grid) drawn at its spot in the colour of a loss of 100% and above."""
+    first = report.best[0]
+    known = variant(first, 1, 0.05, 0.5, knob=1)
+    known = dataclasses.replace(known, figures={**known.figures, "quality_loss": 0.02, "quality_basis": "predicted"})
+    unknown = [dataclasses.replace(v, figures={**v.figures, "quality_basis": "outside", "quality_loss": None})
+               for v in (variant(first, 2, 0.05, 0.5, knob=2), variant(first, 3, 0.06, 0.45, knob=3))]
+    rep.plot_pareto(dataclasses.replace(report, evaluations=(known, *unknown), pareto=(known,), best=(known,),
+                                        front_ties=()))
+    ax = figures[-1].axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(label.startswith("feasible, quality not predicted") and "2 trials" in label for label in labels)
+    assert figures[-1].axes[1].get_ylabel().startswith("predicted quality loss")  # (the colour bar: known ones only)
+    coloured = [c for c in ax.collections if c.get_array() is not None]
+    assert len(coloured) == 1 and list(coloured[0].get_array()) == [2.0]
