@@ -378,12 +378,29 @@ def workload_options(workload: str | os.PathLike, **given: Any) -> dict[str, Any
     return options
 
 
+# `load_workload`'s keywords -> `workload_options`' (the command line's names, with ``_``)
+_LOAD_KEYWORDS = {"seed": "workload_seed", "rate_rps": "rate", "jitter_s": "jitter", "window_s": "window"}
+
+
 def preset_options(workload: Workload) -> dict[str, Any] | None:
-    """The options that build ``workload`` again, where it is a preset's requests untouched by any transform
-    (checked by its digest), else None: what a tuned file made by the Python API can record, which is given a
-    `Workload`, not the options that made it (its source names them, with the rate rounded)."""
+    """The options that build ``workload`` again, else None: what a tuned file made by the Python API can record,
+    which is given a `Workload`, not the options that made it. From `load_workload`'s own arguments where it
+    built it (`Workload.loaded_with`: a tester's `rate_scale=0.04` had been lost, and evaluate's hint then asked
+    for x8 where x0.32 was meant), else a preset's requests untouched by any transform (its source names them,
+    with the rate rounded); either checked by the digest of the workload they build."""
     from skistune.workloads import PRESETS, load_workload
 
+    given = workload.loaded_with
+    if given is not None:
+        try:
+            again = load_workload(**given)
+        except (OSError, ValueError):
+            again = None
+        if again is not None and again.digest() == workload.digest():
+            options = {_LOAD_KEYWORDS.get(k, k): v for k, v in given.items() if k != "spec"}
+            if "window" in options:
+                options["window"] = f"{options['window'][0]!r}:{options['window'][1]!r}"
+            return workload_options(given["spec"], **options)
     words = workload.source.split()
     if workload.transforms or not words or not words[0].startswith("preset:"):
         return None

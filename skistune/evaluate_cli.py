@@ -118,10 +118,9 @@ def evaluate(
         # (on stderr, as the workload's notes and optimize's: --json's last line stays the one object)
         for note in notes:
             err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
-        notes = fingerprint_notes + notes  # (in the JSON too, as optimize's: they were on stderr alone)
         reqs = workload_requests(w, model, seed)
         if mode == "compare":
-            _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out, notes)
+            _compare(cfg, reqs, w, model, prof, runtime, speed_check, json_out, notes, fingerprint_notes)
             return
         if mode == "run":  # how long it will take, said before it starts (a default run had taken hours)
             estimate = predicted_run_s(cfg, reqs, model, runtime.model.device.type, given)
@@ -143,7 +142,9 @@ def evaluate(
                  {"profile": given.name if given is not None else None, "device": runtime.model.device.type,
                   "machine": run_machine(runtime.model.device.type)})
         print_json({"mode": mode, "model": model, **where, **_workload_fields(w), "metrics": metrics.to_dict(),
-                    "energy": energy, "quality": quality, "notes": notes})
+                    "energy": energy, "quality": quality, "notes": notes,
+                    # (a profile measured elsewhere: the warning lines, which had been on stderr alone)
+                    "warnings": fingerprint_notes})
 
 
 REAL_TIME_NOTE_S = 10.0  # a run whose arrivals span this long says so first (it had looked hung for 100 s)
@@ -239,10 +240,11 @@ def _workload_fields(w) -> dict:
 
 
 def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_out: bool,
-             notes: tuple[str, ...] | list[str] = ()) -> None:
+             notes: tuple[str, ...] | list[str] = (), profile_warnings: tuple[str, ...] | list[str] = ()) -> None:
     """The prediction and the measurement of the same requests, each figure's error, and (``speed_check``)
     how fast this machine runs the profile's own steps now: on a shared host that drift alone can be tens of
-    percent, which the error table cannot tell from the simulator's. ``notes``: printed before, for --json."""
+    percent, which the error table cannot tell from the simulator's. ``notes``: printed before, for --json;
+    ``profile_warnings``: the profile's (measured elsewhere), shown as warnings, for --json."""
     from skistune.display import rejection_lines
     from skistune.evaluate import compare_metrics, energy_figure, evaluate as run_evaluate, relative_error
 
@@ -282,7 +284,7 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
                     "predicted": predicted.to_dict(), "measured": measured.to_dict(),
                     "errors": {**{r["figure"]: r["error"] for r in rows}, "energy": energy["error"], **tiers},
                     "energy": energy, "speed_check": check.to_dict() if check is not None else None,
-                    "notes": list(notes)})
+                    "notes": list(notes), "warnings": list(profile_warnings)})
 
 
 # what the tiers did, in the compare table and its JSON errors: (figure, unit, value in that unit, decimals);

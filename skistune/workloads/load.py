@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import replace
 from pathlib import Path
 
 from skistune.config import did_you_mean
@@ -72,7 +73,15 @@ def load_workload(spec: str | Path | Workload, *, format: str | None = None, ski
         if rate > 0 and rate_out_of_range(rate) and (rate > MAX_RATE_RPS) == (rate_scale > 1):
             raise ValueError(f"--rate-scale {rate_scale:g}: gives {rate:.3g} req/s, {rate_out_of_range(rate)}"
                              f"{_in_python('rate_scale')}")
-    return workload
+    if isinstance(spec, Workload):
+        return workload
+    given = dict(format=format, skip_bad_rows=skip_bad_rows, seed=seed, requests=requests, rate_rps=rate_rps,
+                 burstiness=burstiness, block_tokens=block_tokens, jitter_s=jitter_s, window_s=window_s, first=first,
+                 sample=sample, length_scale=length_scale, max_input=max_input, max_output=max_output,
+                 rate_scale=rate_scale)
+    defaults = dict(skip_bad_rows=False, seed=0, length_scale=1.0, rate_scale=1.0)
+    return replace(workload, loaded_with={"spec": str(spec), **{k: v for k, v in given.items()
+                                                                 if v is not None and v != defaults.get(k)}})
 
 
 def rate_out_of_range(rate_rps: float) -> str | None:

@@ -49,6 +49,10 @@ class Workload:
     requested_burstiness: float | None = None
     transforms: tuple[str, ...] = ()  # what was applied after reading, in order
     notes: tuple[str, ...] = ()  # what the reader changed or noticed (rows dropped, timestamps sorted)
+    # `load_workload`'s arguments that built it (those not at their defaults; ``spec`` a preset's name or a file's
+    # path), so that a tuned file made from it in Python can say how to build it again; None when built otherwise.
+    # A transform applied afterwards keeps them: whoever reads them rebuilds and checks the digest.
+    loaded_with: dict | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)

@@ -137,10 +137,11 @@ def test_a_trace_is_recorded_by_its_absolute_path_and_the_hint_works_from_any_fo
     _same_figures(again, prov["predicted"])
 
 
-def test_the_python_api_records_a_presets_options_and_none_for_a_transformed_workload(tmp_path):
-    """The API is given the workload, not its options: a preset's untransformed requests are named (checked by
-    their digest); any other workload records none."""
+def test_the_python_api_records_the_options_that_built_its_workload_and_none_for_one_changed_after(tmp_path):
+    """The API is given the workload, not its options: `load_workload`'s own arguments are recorded (checked by
+    the digest of what they build); a workload changed after it, or built otherwise, records none."""
     import skistune
+    from skistune.workloads import first_n, synthesize
 
     def options(workload):
         result = skistune.optimize(workload, slo="p99=200ms", profile=PROFILE, n_trials=1, validate=0,
@@ -148,15 +149,35 @@ def test_the_python_api_records_a_presets_options_and_none_for_a_transformed_wor
         return result.provenance()["workload"].get("options")
 
     assert options("chat") == {"workload": "chat", "requests": 100}
-    assert options(load_workload("chat", requests=20, max_input=512)) is None
+    assert options(load_workload("chat", requests=20, max_input=512)) == {"workload": "chat", "requests": 20,
+                                                                         "max-input": 512}
+    assert options(first_n(load_workload("chat", requests=30), 10)) is None
+    assert options(first_n(synthesize("chat", requests=40), 12)) is None
 
 
 def test_preset_options_names_only_what_rebuilds_the_same_requests():
     assert preset_options(load_workload("chat", requests=30)) == {"workload": "chat", "requests": 30}
     assert preset_options(load_workload("code", requests=30, seed=4)) == {"workload": "code", "workload-seed": 4,
                                                                           "requests": 30}
-    assert preset_options(load_workload("chat", requests=30, max_input=512)) is None  # (a transform)
-    assert preset_options(load_workload("chat", requests=30, rate_rps=0.12345)) is None  # (its source rounds the rate)
+    assert preset_options(load_workload("chat", requests=30, max_input=512)) == {"workload": "chat", "requests": 30,
+                                                                                 "max-input": 512}
+    assert preset_options(load_workload("chat", requests=30, rate_rps=0.12345)) == {"workload": "chat", "requests": 30,
+                                                                                    "rate": 0.12345}
+    assert preset_options(load_workload(load_workload("chat", requests=30), first=10)) is None  # (built from one)
+
+
+def test_evaluates_hint_for_a_file_written_in_python_composes_its_rate_scales(tmp_path):
+    """A tester's file from `load_workload(..., rate_scale=0.04)`, searched at x8 its rate: the hint asked for
+    `--rate-scale 8.0`, which the command line cannot put after x0.04; x0.32 reproduces the figures."""
+    import skistune
+
+    result = skistune.optimize(load_workload("chat", requests=20, max_input=256, rate_scale=0.04), slo="p99=200ms",
+                               profile=PROFILE, n_trials=2, validate=0, storage=f"sqlite:///{tmp_path / 's.db'}")
+    tuned = tmp_path / "tuned.yaml"
+    result.write(tuned)
+    scale = 0.04 * yaml.safe_load(tuned.read_text())["provenance"]["predicted"]["rate_scale"]
+    note = " ".join(_evaluate(tuned).stderr.split())
+    assert f"--workload chat --requests 20 --max-input 256 --rate-scale {scale!r}" in note
 
 
 # ---- the options, as recorded and as a command ----

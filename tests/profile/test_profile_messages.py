@@ -132,6 +132,6 @@ def test_evaluate_json_carries_the_fingerprint_warning(tmp_path):
     config.write_text("{}\n")
     result = CliRunner().invoke(app, ["evaluate", str(config), "--requests", "5", "--profile", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    notes = json.loads(result.stdout.strip().splitlines()[-1])["notes"]
-    assert any("cpu_count: 4096 -> " in n for n in notes)
+    warned = json.loads(result.stdout.strip().splitlines()[-1])["warnings"]
+    assert any("cpu_count: 4096 -> " in n for n in warned)
     assert "warning:" in result.stderr and "cpu_count: 4096 -> " in result.stderr
