@@ -96,6 +96,19 @@ class ProblemMismatch(ValueError):
                          "study_name= in Python), or omit it")
 
 
+SHOWN_KEYS = ("objective", "direction", "slo", "constraints", "model", "space", "kv_memory")  # short: both shown
+
+
+def _difference(key: str, stored: Any, now: Any) -> str:
+    """One differing key of a study's identity, with the study's value and this run's where they are short
+    (a tester resuming with another objective read "differs in: objective" without what the study had)."""
+    if key == "callables":
+        return "callables (the code or values of an objective or constraint function)"
+    if key in SHOWN_KEYS:
+        return f"{key} (the study's {json.dumps(stored)}, this run's {json.dumps(now)})"
+    return key
+
+
 def open_study(problem: Problem, storage, study_name: str, sampler):
     """Create the study, or resume it when it exists for the same problem. Safe when another process creates
     the same study at the same moment (two runs started together): one creates it, the other loads it, and
@@ -119,8 +132,8 @@ def open_study(problem: Problem, storage, study_name: str, sampler):
         study.set_user_attr(PROBLEM_ATTR, identity)
         stored = identity
     if stored != identity:
-        differs = ", ".join(k if k != "callables" else "callables (the code or values of an objective or constraint "
-                            "function)" for k in {**stored, **identity} if stored.get(k) != identity.get(k))
+        differs = ", ".join(_difference(k, stored.get(k), identity.get(k)) for k in {**stored, **identity}
+                            if stored.get(k) != identity.get(k))
         raise ProblemMismatch(study_name, differs)
     return study
 

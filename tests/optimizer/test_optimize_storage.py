@@ -58,7 +58,8 @@ def test_a_study_of_another_problem_is_refused(tmp_path, profile):
     url = f"sqlite:///{tmp_path / 's.db'}"
     run(url, profile, study_name="s")
     with pytest.raises(ValueError, match=r"another problem, or by an earlier skistune that described it differently "
-                                         r"\(differs in: slo"):
+                                         r"\(differs in: slo \(the study's \[\"tbt:p99<=200ms\"\], this run's "
+                                         r"\[\"tbt:p99<=300ms\"\]\)"):
         run(url, profile, study_name="s", slo="p99=300ms")
 
 
