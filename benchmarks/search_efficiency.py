@@ -132,9 +132,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         "energy", ("ttft:p90<=8s", "e2e:p90<=12s"),
         _lossless_space("agent-energy", "2, 4, 8, 16, 32, 64, 256", "128, 256, 512, 1024, 2048")),
     Scenario(
-        "long-context-memory", "long-context, 20 requests at 0.15 req/s: peak KV memory under TTFT p90 <= 10 s and "
+        "long-context-memory", "long-context, 20 requests at 0.2 req/s: peak KV memory under TTFT p90 <= 10 s and "
         "E2E p99 <= 120 s",
-        "long-context", 20, {"length_scale": 0.25, "max_input": 6144, "max_output": 128, "rate_rps": 0.15},
+        "long-context", 20, {"length_scale": 0.25, "max_input": 6144, "max_output": 128, "rate_rps": 0.2},
         "memory", ("ttft:p90<=10s", "e2e:p99<=120s"),
         _lossless_space("long-context-memory", "1, 2, 3, 4, 6, 8, 256", "256, 512, 1024, 2048")),
     Scenario(
