@@ -66,6 +66,19 @@ def test_vllm_host_offload_per_version():
     assert "kv-transfer-config" not in new
 
 
+def test_vllm_0_11_sizes_cpu_blocks_at_the_kv_dtypes_bytes():
+    """Guards against sizing vLLM 0.11's num_cpu_blocks at 16-bit bytes per block for an fp8 KV cache, which
+    gives the OffloadingConnector half the host blocks asked for."""
+    def cpu_blocks(bits):
+        config = config_of({"bitwidth.key_bits": bits, "bitwidth.value_bits": bits, "offload.host_kv_bytes": GIB})
+        data = yaml.safe_load(export(config, "vllm", "0.11", model="llama-3-8b").text)
+        return json.loads(data["kv-transfer-config"])["kv_connector_extra_config"]["num_cpu_blocks"]
+
+    # llama-3-8b: 32 layers x 8 KV heads x 128 dims x 2 (K and V) = 65536 values a token, 16-token blocks
+    assert cpu_blocks(8) == GIB // (65536 * 1 * 16) == 1024
+    assert cpu_blocks(16) == GIB // (65536 * 2 * 16) == 512
+
+
 @pytest.mark.parametrize("version", ["0.11", "main-002f10e0"])
 def test_vllm_disk_tier_goes_through_a_real_lmcache_file(version):
     """LMCache's settings were comments in the vLLM YAML (and LMCACHE_* variables in the command): the export

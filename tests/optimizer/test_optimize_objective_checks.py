@@ -130,6 +130,46 @@ def test_goodput_checks_a_tbt_slo_at_p99_9_of_each_requests_own_gaps():
     assert goodput_rps([steady, spiky], 10.0, [parse_slo("p99=200ms")]) == 0.2  # its p99, ~104 ms, holds
 
 
+def test_goodput_checks_each_requests_tpot_ttft_and_e2e_by_their_definitions():
+    """Guards against a TPOT that divides a request's decode time by its tokens instead of its gaps (or a TTFT or
+    E2E measured from the wrong instants), which lets a request over a TPOT limit count as good."""
+    from skistune.objectives import goodput_rps
+    from skistune.runtime.request import RequestRecord
+    from skistune.slo import parse_slo
+
+    record = RequestRecord("a", 0.0, 4, [1.0, 2.0, 3.0], finish_s=3.0)  # TPOT 1 s (2 s over 2 gaps), TTFT 1 s, E2E 3 s
+    for metric, value in (("tpot", 1.0), ("ttft", 1.0), ("e2e", 3.0)):
+        just_under = f"{metric}:p50<={value * 1000 - 100:g}ms"
+        assert goodput_rps([record], 4.0, [parse_slo(just_under)]) == 0.0, just_under
+        assert goodput_rps([record], 4.0, [parse_slo(f"{metric}:p50<={value:g}s")]) == 0.25, metric
+
+
+def test_energy_per_token_charges_busy_time_at_full_power_and_the_rest_at_idle_power():
+    """Guards against swapping the busy and idle times given to the power model, which charges the idle
+    seconds at full power."""
+    from skistune.objectives import energy_j_per_token
+    from skistune.profile.power import PowerModel
+    from skistune.runtime.metrics import compute_metrics
+    from skistune.runtime.request import RequestRecord
+
+    record = RequestRecord("a", 0.0, 4, [1.0, 2.0, 3.0], finish_s=3.0)
+    metrics = compute_metrics([record], duration_s=4.0, kv_peak_bytes=0, kv_capacity_bytes=0, preemptions=0,
+                              busy_s=1.0)
+    power = PowerModel("t", idle_w=50.0, dynamic_w=100.0, note="")
+    assert energy_j_per_token(metrics, power) == 100.0  # (150 W x 1 s busy + 50 W x 3 s idle) / 3 tokens
+
+
+def test_context_tokens_p90_is_the_90th_percentile_of_prompt_plus_output():
+    """Guards against another percentile (or the prompt alone) being taken as the context an eviction budget
+    fraction is of."""
+    from skistune.objectives import context_tokens_p90
+    from skistune.runtime.request import Request
+
+    requests = [Request(f"r{i}", [1] * i, 10) for i in range(1, 101)]  # contexts 11..110 tokens
+    assert context_tokens_p90(requests) == 100  # np.percentile(11..110, 90) = 100.1
+    assert context_tokens_p90([]) == 0
+
+
 def test_directions_of_a_list_of_objectives_go_one_to_each_in_order():
     """A tester's `objective=["capacity", f], direction=["maximize", "minimize"]` had maximised f (every callable in
     a list took the first direction)."""

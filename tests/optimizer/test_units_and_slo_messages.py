@@ -97,3 +97,16 @@ def test_the_api_takes_a_number_as_joules_per_token_and_text_with_its_unit():
     assert _parse_specs(None, 0.5, ())[1] == _parse_specs(None, "500mJ/token", ())[1]
     with pytest.raises(ValueError, match="needs a unit"):
         _parse_specs(None, "0.5", ())
+
+
+def test_an_slo_on_a_run_with_no_finished_request_is_not_met():
+    """Guards against an SLO whose percentile is NaN (no request finished, nothing to measure) reading as met."""
+    from skistune.runtime.metrics import compute_metrics
+    from skistune.runtime.request import RequestRecord
+
+    running = RequestRecord("a", 0.0, 4, [1.0])  # one token, never finished
+    m = compute_metrics([running], duration_s=4.0, kv_peak_bytes=0, kv_capacity_bytes=0, preemptions=0)
+    assert m.tbt_s.count == 0
+    for text in ("p99=1s", "ttft:p50<=1s", "e2e:max<=1s"):
+        slo = parse_slo(text)
+        assert not slo.met(m) and slo.violation(m) > 0, text

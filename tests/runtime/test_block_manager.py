@@ -101,6 +101,18 @@ def test_freed_blocks_stay_cached_until_reused():
     assert kv.get_computed_blocks(Seq("d", list(range(9)))) == []
 
 
+def test_a_partly_computed_block_is_never_cached():
+    """Guards against registering the block that holds a chunk's last few computed tokens in the prefix cache,
+    where another sequence would take its uncomputed slots as a hit."""
+    kv = KVCacheManager(num_blocks=8, block_size=16, enable_prefix_reuse=True)
+    a = Seq("a", list(range(32)))  # two blocks' worth of prompt, computed in chunks of 20 and 12
+    assert compute(kv, a, 20) == [1, 2]
+    assert kv.num_cached_blocks["a"] == 1 and list(kv.pool.cached.values()) == [1]
+    assert kv.get_computed_blocks(Seq("b", list(range(33)))) == [1]  # block 2 holds 4 of its 16 tokens
+    compute(kv, a, 12)
+    assert kv.num_cached_blocks["a"] == 2 and kv.get_computed_blocks(Seq("c", list(range(33)))) == [1, 2]
+
+
 def test_prefix_reuse_off_never_hits():
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_reuse=False)
     compute(kv, Seq("a", list(range(12))), 12)

@@ -2,6 +2,8 @@
 much, copy-on-write of shared and cached blocks, no leaks, the simulator's memory and fast-forward. A small
 reference executor stores each token's position as its "KV" (per layer and KV head) and runs the compaction
 contract exactly as the model runner must, checking at every step what attention would read."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,9 @@ from skistune.simulator import SimTarget, build_engine
 from skistune.workloads import load_workload, to_requests
 
 STEP_S = 0.01
+# the public trace sample next to the repository (as tests/workloads/workload_paths.py finds it)
+AZURE_CONV = (Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "azure_llm_2023_conv"
+              / "AzureLLMInferenceTrace_conv.csv")
 N_LAYERS, N_KV_HEADS, BLOCK = 3, 2, 4
 
 
@@ -368,7 +373,7 @@ def sim_run(knobs, reqs, ff, compaction_coef=(3e-3, 2e-6)):
 
 
 def azure(n):
-    w = load_workload("../shared/traces/azure_llm_2023_conv/AzureLLMInferenceTrace_conv.csv", first=n, rate_scale=4.0)
+    w = load_workload(str(AZURE_CONV), first=n, rate_scale=4.0)
     return to_requests(w, vocab_size=SPEC.vocab_size)
 
 

@@ -101,3 +101,24 @@ def test_the_tier_figures_have_no_prefetch_hit_rate_without_prefetches_and_count
     tiers.stats.prefetched = tiers.stats.prefetch_hits = 1
     assert tier_metrics(tiers, block_bytes=16, device_peak_blocks=1).prefetch_hit_rate == 0.25
     assert tier_metrics(TierManager(4, 0), 16, 1).prefetch_hit_rate is None  # (nothing promoted: as before)
+
+
+def test_request_throughput_counts_finished_requests_only():
+    """Guards against counting rejected (or still running) requests in the requests served per second."""
+    done = RequestRecord("a", 0.0, 4, [1.0, 2.0], finish_s=2.0)
+    rejected = RequestRecord("b", 0.0, 4, rejected_reason="too long")
+    m = compute_metrics([done, rejected], duration_s=4.0, kv_peak_bytes=10, kv_capacity_bytes=20, preemptions=0)
+    assert m.throughput_req_per_s == 0.25 and m.num_requests == 2
+
+
+def test_the_host_tiers_peak_bytes_are_the_blocks_it_held_not_its_capacity():
+    """Guards against reporting the host pool's capacity as its peak use when fewer blocks were ever demoted."""
+    from skistune.runtime.metrics import tier_metrics
+    from skistune.runtime.tiers import TierManager
+
+    tiers = TierManager(host_blocks=8, disk_blocks=0)
+    for block in range(3):  # three cached device blocks demoted: three of the eight host slots taken
+        tiers.demote(block, block_hash=100 + block)
+    figures = tier_metrics(tiers, block_bytes=16, device_peak_blocks=5)
+    assert figures.peak_bytes == {"device": 5 * 16, "host": 3 * 16, "disk": 0}
+    assert figures.capacity_bytes["host"] == 8 * 16 and figures.demotions == 3

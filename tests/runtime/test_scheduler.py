@@ -55,6 +55,18 @@ def test_without_chunking_a_prompt_waits_for_a_step_with_room():
     assert ex.steps[1] == [("a", 10, 1), ("b", 0, 10)]
 
 
+def test_without_chunking_a_prompt_that_exactly_fills_the_budget_left_is_admitted():
+    """Guards against an off-by-one that admits an unchunked prompt only when it is strictly smaller than the
+    budget left, making it wait a step it fits in exactly."""
+    eng, ex = make_engine(**{"batching.max_num_batched_tokens": 16, "batching.chunk_size": 16,
+                             "batching.chunked_prefill": False})
+    eng.add_request(req("a", 10, 3))
+    eng.add_request(req("b", 15, 1, base=50))
+    eng.run_until_done()
+    assert ex.steps[0] == [("a", 0, 10)]
+    assert ex.steps[1] == [("a", 10, 1), ("b", 0, 15)]  # a's decode and b's prompt: 16 tokens, the budget
+
+
 def test_without_chunking_a_request_longer_than_the_budget_with_its_output_is_rejected():
     """Its recompute after a preemption would be its prompt and outputs in one step, over the budget: it had
     waited for ever ("scheduler made no progress with work pending", a search's config that crashed)."""

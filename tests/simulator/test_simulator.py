@@ -108,6 +108,22 @@ def test_capacity_is_the_highest_rate_scale_meeting_the_slo():
     assert cap.rate_rps == pytest.approx(cap.rate_scale * len(reqs) / max(r.arrival_s for r in reqs))
 
 
+def test_capacity_is_zero_when_most_requests_can_never_be_served():
+    """Guards against a capacity that checks the SLOs on the few requests served and ignores those rejected,
+    so a config that refuses 10 of 12 requests at every rate reads as meeting the SLO at the top rate."""
+    from skistune.simulator import capacity
+    from skistune.slo import parse_slo
+
+    knobs = {"batching.chunked_prefill": False, "batching.max_num_batched_tokens": 64}
+    # requests 0 and 6 fit the 64-token step; the other ten have 100-token prompts, refused with chunking off
+    reqs = [Request(f"r{i}", list(range(8 if i % 6 == 0 else 100)), 4, arrival_s=float(i)) for i in range(12)]
+    t = target(cost(fixed=1e-3))
+    served = simulate(KVConfig().with_knobs(knobs), reqs, t)
+    assert (served.num_finished, served.num_rejected) == (2, 10) and parse_slo("ttft:p99<=10s").met(served)
+    cap = capacity(KVConfig().with_knobs(knobs), reqs, t, ["ttft:p99<=10s"], precision=0.1, max_queue=None)
+    assert (cap.rate_scale, cap.rate_rps, cap.metrics) == (0.0, 0.0, None)
+
+
 def test_capacity_is_the_same_from_any_start_and_a_good_guess_saves_simulations():
     from skistune.simulator import capacity, lattice_step, with_rate_scale
     from skistune.slo import parse_slo
