@@ -117,6 +117,12 @@ def _burstiness_text(stats: WorkloadStats) -> str:
     return "n/a (all arrive at once)"
 
 
+def preset_follows(workload: Workload) -> str | None:
+    """What a preset's requests follow (its description: the trace and where its numbers come from), or None."""
+    name = workload.source.split()[0].removeprefix("preset:") if workload.source.startswith("preset:") else None
+    return PRESETS[name]["description"] if name in PRESETS else None
+
+
 def stats_table(stats: WorkloadStats, workload: Workload) -> Table:
     table = Table(title=f"workload {stats.name}", show_header=False)
     table.add_column("figure", style="bold")
@@ -133,7 +139,8 @@ def stats_table(stats: WorkloadStats, workload: Workload) -> Table:
         ("output tokens mean / p50 / p99", _three(stats.output_mean, stats.output_p50, stats.output_p99)),
         (f"prefix reuse ratio ({stats.block_tokens}-token blocks)", _fmt(stats.prefix_reuse_ratio, 3)),
         ("multi-turn sessions / their requests", _multi_turn(stats)),
-        ("source", workload.source), ("transforms", ", ".join(workload.transforms) or "none"),
+        ("source", workload.source), *([("follows", follows)] if (follows := preset_follows(workload)) else []),
+        ("transforms", ", ".join(workload.transforms) or "none"),
         ("digest", stats.digest),
     ]
     for figure, value in rows:
@@ -170,7 +177,8 @@ def show(workload: WorkloadArg, format: FormatOpt = None, skip_bad_rows: SkipBad
         err_console.print(f"wrote {escape(str(written))}", highlight=False, soft_wrap=True)
     if json_out:  # ("plot": the file written, DIR/NAME.png for a folder; null without --plot)
         print_json({**stats.as_dict(), "burstiness_requested": loaded.requested_burstiness,  # (None: recorded)
-                    "source": loaded.source, "transforms": list(loaded.transforms), "notes": list(loaded.notes),
+                    "source": loaded.source, "follows": preset_follows(loaded), "transforms": list(loaded.transforms),
+                    "notes": list(loaded.notes),
                     "plot": None if written is None else str(written)})
     else:
         console.print(stats_table(stats, loaded))
