@@ -112,7 +112,8 @@ def test_requests_that_outlast_the_gaps_at_the_lowest_rate_are_named_as_the_caus
     from skistune.optimize_cli import why_no_rate_line
     from skistune.workloads import load_workload
 
-    problem = opt.build_problem(load_workload("long-context", requests=12), slo="p99=200ms", profile=PROFILE)
+    # (seed 2: a draw one of whose requests outlasts its gap even at the lowest rate; the presets' refit moved seed 0's)
+    problem = opt.build_problem(load_workload("long-context", requests=12, seed=2), slo="p99=200ms", profile=PROFILE)
     _, records = scoring.served_alone(problem, problem.base)
     served = {r.request_id: r.finish_s - r.arrival_s for r in records}
     ordered = sorted(problem.search.requests, key=lambda r: r.arrival_s)
