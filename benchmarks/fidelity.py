@@ -41,6 +41,7 @@ from bench_args import (add_json, check_runtime, description, existing_file, fai
                         positive_int, print_json)
 from skistune.config import KVConfig
 from skistune.evaluate import FIDELITY_FIGURES, relative_error, sim_target, workload_requests
+from skistune.profile import load_profile
 from skistune.profile.measure import DTYPES
 from skistune.runtime.kv_layout import kv_block_bytes
 from skistune.runtime.llm import Runtime
@@ -180,7 +181,7 @@ def main() -> None:
     profile = profile_path(args, serving=recorded is None)
     target = simulation_target(args.model, profile)
     runs = workloads(args.requests, args.rate_scale, args.traces)  # (bad input found before the model loads)
-    rt = base_runtime(args.model, args.device) if recorded is None else None
+    rt = base_runtime(args.model, args.device, profile) if recorded is None else None
     table = configs(block_bytes(args.model, args.device))
     if rt is not None and args.device == "cuda":  # Triton compiles each config's kernels on first use
         warm = workload_requests(next(iter(runs.values())), args.model)[:2]  # (not inside a timed replay)
@@ -297,11 +298,14 @@ def simulation_target(model: str, profile: str):
         fail(str(exc))
 
 
-def base_runtime(model: str, device: str) -> Runtime:
+def base_runtime(model: str, device: str, profile: str) -> Runtime:
     """The model at the dtype the runtime serves with on ``device``, over a small pool of its own: each
-    config builds its store (`Runtime.with_config`), sized from the memory left."""
-    return Runtime.from_preset(model, KVConfig().with_knobs({"offload.device_kv_bytes": 64 << 20}),
-                               device=device, dtype=DTYPES[device])
+    config builds its store (`Runtime.with_config`), sized from the memory left; its projections computed as
+    ``profile``'s steps were (`HardwareProfile.run_as_measured`), whose predictions its replays check."""
+    runtime = Runtime.from_preset(model, KVConfig().with_knobs({"offload.device_kv_bytes": 64 << 20}),
+                                  device=device, dtype=DTYPES[device])
+    load_profile(profile, check_fingerprint=False).run_as_measured(runtime)
+    return runtime
 
 
 def block_bytes(model: str, device: str) -> int:

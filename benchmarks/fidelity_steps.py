@@ -89,7 +89,7 @@ def main() -> None:
     args.profile = profile_path(args)
     target = simulation_target(args.model, args.profile)
     workload = workloads(args.requests, args.rate_scale, args.traces, [args.workload])[args.workload]
-    runtime = base_runtime(args.model, args.device)
+    runtime = base_runtime(args.model, args.device, args.profile)
     requests = workload_requests(workload, args.model)
     config = KVConfig().with_knobs(configs(block_bytes(args.model, args.device))[args.config])
     traffic = kv_traffic(config, target.spec, target.kv_itemsize)

@@ -103,6 +103,8 @@ def evaluate(
             check_runtime_memory(model, device)
             with err_console.status(f"loading {model}"):
                 runtime = Runtime.from_preset(model, cfg, device=device, dtype=DTYPES[device])
+            if mode == "compare":  # (the replay checks the profile's predictions: it runs the steps it timed)
+                prof.run_as_measured(runtime)
         print_notes(w)
         options = workload_options(workload, format=format, skip_bad_rows=skip_bad_rows, workload_seed=seed,
                                    requests=requests, rate=rate, burstiness=burstiness, block_tokens=block_tokens,

@@ -228,8 +228,10 @@ def load_runtime(problem: Problem):
     from skistune.runtime.llm import Runtime
 
     device = problem.profile.device
-    return Runtime.from_preset(problem.model, problem.base.with_knobs(
+    runtime = Runtime.from_preset(problem.model, problem.base.with_knobs(
         {"offload.device_kv_bytes": VALIDATE_MIN_POOL_BYTES}), device=device, dtype=DTYPES[device])
+    problem.profile.run_as_measured(runtime)  # (the replays check the profile's predictions: its steps, its rule)
+    return runtime
 
 
 def validation_unavailable(problem: Problem) -> str | None:

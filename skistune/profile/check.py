@@ -147,6 +147,7 @@ def speed_check(profile: HardwareProfile, runtime: Runtime | None = None, per_ki
         except ValueError as exc:
             raise ValueError(f"profile {profile.name} ({profile.model} on {profile.device}): {exc}") from None
         runtime = Runtime.from_preset(profile.model, KVConfig(), device=profile.device, dtype=dtype)
+    profile.run_as_measured(runtime)  # (its own steps, as it timed them: with its projection rule)
     bytes_per_token = kv_traffic(KVConfig(), runtime.spec, runtime.model.dtype.itemsize).bytes_per_token
     runtime = runtime.with_config(KVConfig().with_knobs({"offload.device_kv_bytes": tokens * bytes_per_token}))
     fill_kv(runtime)

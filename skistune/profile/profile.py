@@ -140,6 +140,15 @@ class HardwareProfile:
     def threads(self) -> int:
         return self.fingerprint.threads
 
+    def run_as_measured(self, runtime) -> None:
+        """Make ``runtime`` (the real model, on this profile's device) compute its projections as the profile's
+        steps did (`StepCostModel.rows`), so that replays checking this profile's predictions run the steps it
+        timed. The runtime's own rule is this machine's cached one (`kernels.linear.machine_rule`), measured
+        once, maybe on a busy machine: a rule cached under load made batch-1 decodes x1.45 the profile's (26.3
+        against 18.2 ms), which a fidelity run read as a 25-28% error in every TBT p50."""
+        if runtime.model.device.type == self.device:
+            runtime.model.rule = self.step_cost.rows
+
     def transfer_time_s(self, nbytes: int, link: str) -> float:
         if link not in self.transfers:
             raise ValueError(f"transfer link {link!r}: not in this profile (has {', '.join(self.transfers)})")

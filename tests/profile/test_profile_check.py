@@ -120,3 +120,25 @@ def test_a_profile_of_a_device_this_machine_lacks_is_a_one_line_error(monkeypatc
     assert r.stderr.strip().splitlines() == [  # (no --device was given: not named; no fingerprint warning first)
         f"error: profile {load_profile(str(shipped)).name} (llama-3-8b) was measured on cuda and this machine has "
         "no CUDA device: check it on a machine with one"]
+
+
+def test_replays_that_check_a_profile_run_the_projection_rule_it_timed(tiny_profile, monkeypatch):
+    """A fidelity run read every TBT p50 25-28% fast: its runtime computed the projections by this machine's cached
+    rule (measured once, on a busy machine), the profile by the rule its steps ran with, and batch-1 decodes took
+    x1.45 as long. A runtime checking a profile's predictions runs the profile's rule; the speed check does too."""
+    from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
+
+    timed = ProjectionRule(7, 4, True)
+    profile = replace(tiny_profile, step_fit=replace(tiny_profile.step_fit,
+                                                     model=replace(tiny_profile.step_cost, rows=timed)))
+    runtime = tiny_runtime()
+    runtime.model.rule = PLAIN_RULE  # (another rule: as a cache measured at another time gives)
+    profile.run_as_measured(runtime)
+    assert runtime.model.rule == timed
+    runtime.model.rule = PLAIN_RULE
+    speed_check(profile, runtime, per_kind=1)
+    assert runtime.model.rule == timed
+    other = replace(profile, device="cuda")  # (a profile of another device says nothing of this one's projections)
+    runtime.model.rule = PLAIN_RULE
+    other.run_as_measured(runtime)
+    assert runtime.model.rule == PLAIN_RULE
