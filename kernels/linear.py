@@ -150,18 +150,21 @@ def _rule_path(weights: Sequence[torch.Tensor], label: str) -> Path:
 _UNCACHED: dict[Path, ProjectionRule] = {}  # rules this process measured but could not cache, by cache entry
 
 
-def machine_rule(weights: Sequence[torch.Tensor], label: str) -> ProjectionRule:
+def machine_rule(weights: Sequence[torch.Tensor], label: str, fresh: bool = False) -> ProjectionRule:
     """The projection rule for a model whose weights a step streams in this order (LM head last) on this
-    machine: from the cache, else measured now (`measure_rule`) and cached. `PLAIN_RULE` off the CPU,
-    for weights that fit in a cache, and with ``SKISTUNE_PROJECTIONS=plain``."""
+    machine: from the cache, else measured now (`measure_rule`) and cached; ``fresh``: measured now and cached
+    whatever the cache holds (a profile times the machine: a rule cached while it was busy can be a slow one).
+    `PLAIN_RULE` off the CPU, for weights that fit in a cache, and with ``SKISTUNE_PROJECTIONS=plain``."""
     total = sum(w.numel() * w.element_size() for w in weights)
     if weights[0].device.type != "cpu" or total < SMALL_WEIGHTS_BYTES or os.environ.get(ENV_SWITCH) == "plain":
         return PLAIN_RULE
     path = _rule_path(weights, label)
-    if path in _UNCACHED:  # (an unwritable cache had measured it again for every model built in the run)
+    # (an unwritable cache had measured it again for every model built in the run)
+    if path in _UNCACHED and not fresh:
         return _UNCACHED[path]
     try:
-        return ProjectionRule.from_dict(json.loads(path.read_text())["rule"])
+        if not fresh:
+            return ProjectionRule.from_dict(json.loads(path.read_text())["rule"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not measured yet, or a damaged entry: measured again and overwritten
     log.info("measuring this CPU's projection orientations for %s (once; cached in %s)", label, path.parent)

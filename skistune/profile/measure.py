@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..config import KVConfig
-from ..kernels.linear import measured_weights, pass_times
+from ..kernels.linear import machine_rule, measured_weights, pass_times
 from ..kernels.quant import QUANT_BITS
 from ..runtime.kv_layout import kv_block_bytes, kv_traffic, ring_bytes
 from ..runtime.llm import Runtime
@@ -480,6 +480,9 @@ def profile_model(model: str = "smollm2-135m", *, device: str = "cpu", quick: bo
     _check_memory(model, dtype, 2 * pool_bytes, device)
     config = KVConfig().with_knobs({"offload.device_kv_bytes": pool_bytes})
     runtime = Runtime.from_preset(model, config, device=device, dtype=dtype)
+    # the projection rule timed again with the machine, and cached for the runtime: one cached on a busy machine
+    # had made batch-1 decodes x1.45 slower than the quiet machine's rule (10 s on a quiet 2-core host)
+    runtime.model.rule = machine_rule(runtime.model.streamed_weights(), spec.name, fresh=True)
     name = f"{device}-{model}" + ("-quick" if quick else "")
     return measure_profile(runtime, grid, name=name, model=model, quick=quick, disk_dir=disk_dir,
                            progress=progress)

@@ -108,6 +108,10 @@ def test_machine_rule_is_measured_once_then_cached(monkeypatch, tmp_path):
     entry.write_text('{"rule": {"flip')  # damaged: measured again
     machine_rule(weights, "tiny")
     assert measured == [2, 2, 2]
+    # fresh (a profile timing the machine): measured again whatever is cached, and cached for the runtime
+    monkeypatch.setattr(linear_module, "measure_rule", lambda w: measured.append(len(w)) or PLAIN_RULE)
+    assert machine_rule(weights, "tiny", fresh=True) == PLAIN_RULE and measured == [2, 2, 2, 2]
+    assert machine_rule(weights, "tiny") == PLAIN_RULE and measured == [2, 2, 2, 2]
 
 
 def test_an_unwritable_cache_says_the_rule_is_not_cached_as_a_warning_once(monkeypatch, tmp_path):
