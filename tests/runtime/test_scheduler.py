@@ -45,26 +45,17 @@ def test_token_budget_chunks_prefill_and_decodes_first():
     assert eng.kv.pool.num_free() == 64
 
 
-def test_without_chunking_a_prompt_waits_for_a_step_with_room():
-    eng, ex = make_engine(**{"batching.max_num_batched_tokens": 16, "batching.chunk_size": 16,
-                             "batching.chunked_prefill": False})
-    eng.add_request(req("a", 10, 2))
-    eng.add_request(req("b", 10, 2, base=50))
-    eng.run_until_done()
-    assert ex.steps[0] == [("a", 0, 10)]
-    assert ex.steps[1] == [("a", 10, 1), ("b", 0, 10)]
-
-
-def test_without_chunking_a_prompt_that_exactly_fills_the_budget_left_is_admitted():
-    """Guards against an off-by-one that admits an unchunked prompt only when it is strictly smaller than the
-    budget left, making it wait a step it fits in exactly."""
+@pytest.mark.parametrize("b_prompt", [10, 15])
+def test_without_chunking_a_prompt_waits_for_a_step_with_room(b_prompt):
+    """b waits while a's prompt takes the step; then it is admitted beside a's decode, also when its prompt fills
+    the budget left exactly (15 + 1 = 16: an off-by-one had admitted only prompts strictly smaller)."""
     eng, ex = make_engine(**{"batching.max_num_batched_tokens": 16, "batching.chunk_size": 16,
                              "batching.chunked_prefill": False})
     eng.add_request(req("a", 10, 3))
-    eng.add_request(req("b", 15, 1, base=50))
+    eng.add_request(req("b", b_prompt, 1, base=50))
     eng.run_until_done()
     assert ex.steps[0] == [("a", 0, 10)]
-    assert ex.steps[1] == [("a", 10, 1), ("b", 0, 15)]  # a's decode and b's prompt: 16 tokens, the budget
+    assert ex.steps[1] == [("a", 10, 1), ("b", 0, b_prompt)]
 
 
 def test_without_chunking_a_request_longer_than_the_budget_with_its_output_is_rejected():
