@@ -135,7 +135,10 @@ def test_a_device_pool_larger_than_the_profiled_machine_can_hold_gets_a_note(cpu
         "offload.device_kv_bytes: 64GiB is more than the 23GiB the profiled machine can give its KV pool (its 23GiB of "
         "memory, where a CPU's KV pool lives): simulated as configured, but a replay there would not hold it"]
     assert oversized_tier_notes(KVConfig(), host, target_from_profile(host)) == []
-    assert oversized_tier_notes(big, cpu_profile, target_from_profile(cpu_profile)) == []  # memory not recorded
+    # memory not recorded, on another machine (on the one the profile was measured on, this one's is read)
+    elsewhere = replace(cpu_profile, fingerprint=replace(cpu_profile.fingerprint, cpu_model="another CPU"))
+    assert elsewhere.fingerprint.host_memory_bytes is None
+    assert oversized_tier_notes(big, elsewhere, target_from_profile(elsewhere)) == []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         h200 = load_profile(str(PROFILES / "cuda-llama-3-8b.json"))
