@@ -13,7 +13,11 @@ config. Then both configs are scored side by side:
   replays a few short requests in seconds, not the whole trace). Starting from the tuned config's predicted
   rate on the slice, each config's rate is doubled while it holds (halved while it does not), then one
   geometric midpoint is tried between the last rate that held and the first that broke: the measured
-  capacity is resolved to a factor of sqrt(2), and so is the measured gain.
+  capacity is resolved to a factor of sqrt(2), and so is the measured gain (``--midpoints 2``: 2**(1/4), 1.19).
+
+``--search-capped`` searches on the preset with the slice's caps as well, so that the config measured was
+tuned for the requests it replays: with a small ``--kv-memory`` this is a memory-bound case that a CPU
+replays in minutes (uncapped prompts take minutes per replay here).
 
 Hardware timings come from ``--profile`` (default: this machine's quick profile, measured once and cached):
 the measured half needs a quiet machine (nothing else on its cores). ``--measure 0`` skips it.
@@ -37,11 +41,12 @@ from rich.table import Table
 from bench_args import (add_json, console as table_console, description, fail, hardware_profile, nonnegative_int,
                         positive_int, print_json)
 from skistune.optimize import Problem, build_problem, solve
+from skistune.problem import DEFAULT_REQUESTS
 from skistune.optimize_cli import _diff
 from skistune.problem import RequestSet
 from skistune.scoring import score, score_at
 from skistune.validation import _measure, load_runtime, validation_requests
-from skistune.workloads import PRESETS
+from skistune.workloads import PRESETS, load_workload
 
 MEMORY_BOUND_FILL = 0.9  # KV peak over the pool at which a config counts as memory-bound
 
@@ -59,9 +64,10 @@ def ratio(tuned: float, base: float) -> float | None:
 
 
 def measured_capacity(problem: Problem, runtime, config, requests: RequestSet, start_scale: float,
-                      max_moves: int = 3) -> dict:
+                      max_moves: int = 3, midpoints: int = 1) -> dict:
     """The highest rate scale (of the slice's own rate) at which the runtime's replay holds every
-    constraint: doubling or halving from ``start_scale``, then one midpoint; resolved to sqrt(2)."""
+    constraint: doubling or halving from ``start_scale``, then ``midpoints`` geometric midpoints; resolved to
+    2 ** (1 / 2 ** midpoints) (sqrt(2) for one)."""
     held: dict[float, bool] = {}
     trace: list[dict] = []  # every replay: rate, whether it held, what broke, measured TBT p99
 
@@ -69,8 +75,10 @@ def measured_capacity(problem: Problem, runtime, config, requests: RequestSet, s
         if scale not in held:
             predicted = score_at(problem, config, requests, scale)
             v = _measure(problem, runtime, predicted, requests, "candidate")
-            held[scale] = v.holds
-            trace.append({"rate_rps": scale * requests.base_rps, "holds": v.holds, "binding": v.measured.binding,
+            # every constraint the replay broke: not `v.holds`, which leaves out those the prediction at this
+            # rate breaks too (validation's "untested"), and so held above the predicted capacity whatever broke
+            held[scale] = not v.measured.binding
+            trace.append({"rate_rps": scale * requests.base_rps, "holds": held[scale], "binding": v.measured.binding,
                           "tbt_p99_ms": v.measured.figures["tbt_p99_s"] * 1e3, "wall_s": round(v.wall_s, 1)})
             print(f"replayed {trace[-1]}", file=sys.stderr, flush=True)  # an hour's run shows where it is
         return held[scale]
@@ -88,13 +96,13 @@ def measured_capacity(problem: Problem, runtime, config, requests: RequestSet, s
                 break
         else:
             return {"capacity_rps": 0.0, "replays": trace, "bounded": False}
-    ok = [s for s, h in held.items() if h]
-    broke = [s for s, h in held.items() if not h and s > max(ok)]
-    best = max(ok)
-    if broke:
-        mid = math.sqrt(best * min(broke))
-        if holds(mid):
-            best = mid
+    for _ in range(midpoints):  # each geometric midpoint halves the log-interval: sqrt(2), 2**(1/4), ...
+        best = max(s for s, h in held.items() if h)
+        broke = [s for s, h in held.items() if not h and s > best]
+        if not broke:
+            break
+        holds(math.sqrt(best * min(broke)))
+    best = max(s for s, h in held.items() if h)
     # bounded: a rate above the result broke, so the result is a capacity, not a lower bound
     return {"capacity_rps": best * requests.base_rps, "replays": trace,
             "bounded": any(not h and s > best for s, h in held.items())}
@@ -116,7 +124,7 @@ def run_workload(workload: str, problem: Problem, args, runtime, console: Consol
     result = solve(problem, n_trials=args.trials, validate=args.validate, seed=args.seed, runtime=runtime,
                    storage=optuna.storages.InMemoryStorage())
     search_s = time.perf_counter() - started
-    row: dict = {"workload": workload, "kv_memory": problem.kv_memory, "slo": args.slo, "quality": args.quality,
+    row: dict = {"workload": workload, "search_capped": args.search_capped, "kv_memory": problem.kv_memory, "slo": args.slo, "quality": args.quality,
                  "trials": args.trials, "search_s": round(search_s, 1), "feasible": result.feasible}
     base = result.baseline
     row["baseline"] = {"capacity_rps": base.values[0], "memory_bound": memory_bound(base.figures),
@@ -131,22 +139,25 @@ def run_workload(workload: str, problem: Problem, args, runtime, console: Consol
                     "is_baseline": tuned.config == problem.base, "changed": _diff(tuned.config, problem.base, names),
                     "quality_loss": tuned.figures.get("quality_loss"), "quality_bound": tuned.figures.get("quality_bound")}
     row["predicted_gain"] = ratio(tuned.values[0], base.values[0])
+    # the slice predicted (seconds), then measured: a slice too short to fill the baseline's pool is no
+    # longer memory-bound, which its row says
+    requests = validation_requests(problem, args.slice, args.max_input, args.max_output)
+    slice_tuned = score(problem, tuned.config, requests)
+    slice_base = score(problem, problem.base, requests)
+    p_tuned, p_base = slice_tuned.values[0], slice_base.values[0]
+    row["slice"] = {"requests": len(requests.requests), "max_input": args.max_input, "max_output": args.max_output,
+                    "predicted": {"tuned_rps": p_tuned, "baseline_rps": p_base, "gain": ratio(p_tuned, p_base),
+                                  "baseline_memory_bound": memory_bound(slice_base.figures)}}
     if args.measure:
-        requests = validation_requests(problem, args.slice, args.max_input, args.max_output)
-        start = score(problem, tuned.config, requests).rate_scale or 1.0
-        m_tuned = measured_capacity(problem, runtime, tuned.config, requests, start)
+        start = slice_tuned.rate_scale or 1.0
+        m_tuned = measured_capacity(problem, runtime, tuned.config, requests, start, midpoints=args.midpoints)
         m_base = m_tuned if tuned.config == problem.base else \
-            measured_capacity(problem, runtime, problem.base, requests, start)
-        p_tuned = score(problem, tuned.config, requests).values[0]
-        slice_base = score(problem, problem.base, requests)
-        p_base = slice_base.values[0]
-        row["slice"] = {"requests": len(requests.requests), "max_input": args.max_input, "max_output": args.max_output,
-                        "predicted": {"tuned_rps": p_tuned, "baseline_rps": p_base, "gain": ratio(p_tuned, p_base),
-                                      "baseline_memory_bound": memory_bound(slice_base.figures)},
-                        "measured": {"tuned_rps": m_tuned["capacity_rps"], "baseline_rps": m_base["capacity_rps"],
-                                     "gain": ratio(m_tuned["capacity_rps"], m_base["capacity_rps"]),
-                                     "tuned_replays": m_tuned["replays"], "baseline_replays": m_base["replays"],
-                                     "bounded": m_tuned["bounded"] and m_base["bounded"]}}
+            measured_capacity(problem, runtime, problem.base, requests, start, midpoints=args.midpoints)
+        row["slice"]["measured"] = {"tuned_rps": m_tuned["capacity_rps"], "baseline_rps": m_base["capacity_rps"],
+                                    "gain": ratio(m_tuned["capacity_rps"], m_base["capacity_rps"]),
+                                    "tuned_replays": m_tuned["replays"], "baseline_replays": m_base["replays"],
+                                    "bounded": m_tuned["bounded"] and m_base["bounded"],
+                                    "resolution": 2 ** (1 / 2 ** args.midpoints)}
     return row
 
 
@@ -161,21 +172,25 @@ def fmt(x, digits=3) -> str:
 def report(rows: list[dict], console: Console) -> None:
     t = Table(title="Capacity under the SLOs: tuned vs baseline (vLLM defaults)", title_justify="left")
     for c in ("workload", "baseline memory-bound", "predicted (req/s)\ntuned / base", "gain",
-              "measured on a slice (req/s)\ntuned / base", "gain (±√2)", "knobs changed"):
+              "slice predicted (req/s)\ntuned / base", "gain", "slice measured (req/s)\ntuned / base",
+              "measured gain\n(± resolution)", "knobs changed"):
         t.add_column(c, justify="left" if c in ("workload", "knobs changed") else "right")
     for r in rows:
         b = r["baseline"]
         if not r["feasible"]:
-            t.add_row(r["workload"], "yes" if b["memory_bound"] else "no", "infeasible", "-", "-", "-", "-")
+            t.add_row(r["workload"], "yes" if b["memory_bound"] else "no", "infeasible", *["-"] * 6)
             continue
-        s = r.get("slice", {})
-        m = s.get("measured", {})
+        s = r["slice"]
+        p, m = s["predicted"], s.get("measured", {})
         knobs = "none (the baseline)" if r["tuned"]["is_baseline"] else r["tuned"]["changed"]
         name = r["workload"] + (f" ({r['kv_memory'] / 2**20:g} MiB of KV)" if r.get("kv_memory") else "")
         t.add_row(name, f"{'yes' if b['memory_bound'] else 'no'} (KV {b['kv_fill']:.0%})",
                   f"{fmt(r['tuned']['capacity_rps'])} / {fmt(b['capacity_rps'])}", f"x{fmt(r['predicted_gain'])}",
+                  f"{fmt(p['tuned_rps'])} / {fmt(p['baseline_rps'])} "
+                  f"({s['requests']} req., base {'' if p['baseline_memory_bound'] else 'not '}memory-bound)",
+                  f"x{fmt(p['gain'])}",
                   f"{fmt(m.get('tuned_rps'))} / {fmt(m.get('baseline_rps'))}" if m else "-",
-                  f"x{fmt(m.get('gain'))}" if m else "-", knobs)
+                  f"x{fmt(m.get('gain'))} (±x{m['resolution']:.3g})" if m else "-", knobs)
     console.print(t)
 
 
@@ -197,6 +212,12 @@ def main() -> None:
     ap.add_argument("--slice", type=positive_int, default=12, help="requests replayed per measurement")
     ap.add_argument("--max-input", type=positive_int, default=512)
     ap.add_argument("--max-output", type=positive_int, default=32)
+    ap.add_argument("--midpoints", type=positive_int, default=1,
+                    help="geometric midpoints tried after doubling/halving: the measured capacity is resolved to "
+                         "2**(1/2**N) (1: sqrt(2); 2: 1.19)")
+    ap.add_argument("--search-capped", action="store_true",
+                    help="search on the preset with the slice's caps too (--max-input, --max-output), so that the "
+                         "config measured was tuned for the requests it replays")
     add_json(ap)
     args = ap.parse_args()
 
@@ -216,7 +237,11 @@ def main() -> None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a profile from another machine warns; its name is in the output
-                problems[workload] = build_problem(workload, slo=args.slo, quality=args.quality, profile=profile,
+                searched = workload
+                if args.search_capped:
+                    searched = load_workload(workload, requests=DEFAULT_REQUESTS if workload in PRESETS else None,
+                                             max_input=args.max_input, max_output=args.max_output)
+                problems[workload] = build_problem(searched, slo=args.slo, quality=args.quality, profile=profile,
                                                    kv_memory=args.kv_memory)
         except (ValueError, OSError) as exc:
             fail(f"{workload}: {exc}")
