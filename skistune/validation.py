@@ -61,13 +61,18 @@ class Validation:
     # this one (`same_prediction`): their replays would only measure the machine's noise
     twins: tuple[KVConfig, ...] = ()
     replays: int = 1  # replays made of it (`VALIDATE_REPEATS`): the better one is this
+    # the baseline replayed at the winner's rate: the constraints the winner's replay could not test there (a
+    # break the simulator predicts for the baseline at that rate is the gain being checked, not untested)
+    untested_as_winner: tuple[str, ...] | None = None
 
     @property
     def untested(self) -> list[str]:
         """Constraints the slice cannot test: its own prediction breaks them (an energy budget in J/token met on
         the search's prompts, broken on the slice's short ones, where fixed costs weigh on fewer tokens). A
         replay checks the prediction; it cannot fail a constraint that the prediction of the same replay
-        already breaks."""
+        already breaks. For the baseline replayed at the winner's rate, those of the winner's replay."""
+        if self.untested_as_winner is not None:
+            return list(self.untested_as_winner)
         return self.predicted.binding
 
     @property
@@ -336,9 +341,10 @@ def _and_baseline(problem: Problem, runtime, out: list[Validation], requests: Re
     far as the deadline lets; and what the deadline cut short (``cut`` so far)."""
     # the baseline among the candidates, replayed at the winner's rate (the winner itself, or one the search
     # found as good): its replays stand for both roles, another replay would only measure the machine's noise
+    untested = tuple(out[0].untested)
     for v in out:
         if v.config.effective() == problem.base.effective() and v.predicted.rate_scale == out[0].predicted.rate_scale:
-            return out + [replace(v, role="baseline")], cut
+            return out + [replace(v, role="baseline", untested_as_winner=untested)], cut
     if problem.base in out[0].twins:  # predicted to run the winner's schedule: nothing a replay could compare
         return out, cut
     no_baseline = "; ".join(filter(None, (cut, "the baseline not replayed (no measured gain)")))
@@ -356,7 +362,8 @@ def _and_baseline(problem: Problem, runtime, out: list[Validation], requests: Re
             progress(f"the baseline{_replay_label(replay)}")
         try:
             _deadline_of(problem).check()
-            measured = _better(problem, measured, _measure(problem, runtime, base, requests, "baseline"))
+            measured = _better(problem, measured, replace(_measure(problem, runtime, base, requests, "baseline"),
+                                                          untested_as_winner=untested))
         except TimeUp:
             if measured is None:
                 return out, no_baseline
