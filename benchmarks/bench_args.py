@@ -194,15 +194,21 @@ def slo_text(text: str) -> str:
 
 
 def hardware_profile(text: str) -> str:
-    """The path of a hardware profile (``skistune profile``'s JSON) that loads; returned as given."""
+    """A hardware profile that loads: ``skistune profile``'s JSON, or a shipped profile by name
+    (``cpu-smollm2-135m``, as the commands take it); returned as the file's path."""
     from skistune.profile import load_profile
+    from skistune.profile.profile import profile_path
 
-    existing_file(text)
     try:
-        load_profile(text, check_fingerprint=False)
+        path = str(profile_path(text))
+    except ValueError as exc:  # (a bare name that is neither a file nor a shipped profile)
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    existing_file(path)
+    try:
+        load_profile(path, check_fingerprint=False)
     except (ValueError, OSError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+    return path
 
 
 def quality_profile(text: str) -> str:

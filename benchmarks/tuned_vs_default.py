@@ -41,9 +41,8 @@ from rich.table import Table
 from bench_args import (add_json, console as table_console, description, fail, hardware_profile, nonnegative_int,
                         positive_int, print_json)
 from skistune.optimize import Problem, build_problem, solve
-from skistune.problem import DEFAULT_REQUESTS
 from skistune.optimize_cli import _diff
-from skistune.problem import RequestSet
+from skistune.problem import DEFAULT_REQUESTS, RequestSet
 from skistune.scoring import score, score_at
 from skistune.validation import _measure, load_runtime, validation_requests
 from skistune.workloads import PRESETS, load_workload
@@ -124,8 +123,9 @@ def run_workload(workload: str, problem: Problem, args, runtime, console: Consol
     result = solve(problem, n_trials=args.trials, validate=args.validate, seed=args.seed, runtime=runtime,
                    storage=optuna.storages.InMemoryStorage())
     search_s = time.perf_counter() - started
-    row: dict = {"workload": workload, "search_capped": args.search_capped, "kv_memory": problem.kv_memory, "slo": args.slo, "quality": args.quality,
-                 "trials": args.trials, "search_s": round(search_s, 1), "feasible": result.feasible}
+    row: dict = {"workload": workload, "search_capped": args.search_capped, "kv_memory": problem.kv_memory,
+                 "slo": args.slo, "quality": args.quality, "trials": args.trials, "search_s": round(search_s, 1),
+                 "feasible": result.feasible}
     base = result.baseline
     row["baseline"] = {"capacity_rps": base.values[0], "memory_bound": memory_bound(base.figures),
                        "kv_fill": base.figures["kv_peak_bytes"] / max(base.figures.get("kv_capacity_bytes") or 1, 1),

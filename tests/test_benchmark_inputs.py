@@ -312,3 +312,16 @@ def test_measured_capacity_judges_every_constraint_the_replay_broke(monkeypatch,
     m = tvd.measured_capacity(None, None, None, SimpleNamespace(base_rps=1.0), 1.0, midpoints=midpoints)
     assert m["capacity_rps"] == pytest.approx(expected) and m["bounded"]
     assert replayed[:2] == [1.0, 2.0] and len(replayed) == 2 + midpoints
+
+
+def test_a_benchmarks_profile_may_be_a_shipped_one_by_name(monkeypatch):
+    """`skistune optimize --profile cpu-smollm2-135m` works; the benchmarks' --profile had said "no such file"."""
+    import argparse
+
+    bench_args = load("bench_args", monkeypatch)
+    assert Path(bench_args.hardware_profile("cpu-smollm2-135m")).resolve() == \
+        (ROOT / "profiles" / "cpu-smollm2-135m.json").resolve()
+    with pytest.raises(argparse.ArgumentTypeError, match=r"did you mean cpu-smollm2-135m\?"):
+        bench_args.hardware_profile("cpu-smollm2-13")
+    with pytest.raises(argparse.ArgumentTypeError, match="no such file"):
+        bench_args.hardware_profile("/nonexistent.json")
