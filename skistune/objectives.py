@@ -142,8 +142,6 @@ def quantized_changes(config: KVConfig) -> list[str]:
 def context_tokens_p90(requests) -> int:
     """The 90th percentile of the requests' contexts (prompt plus output tokens): what a token eviction budget is
     a fraction of, for the quality prediction (0 for no requests)."""
-    import numpy as np
-
     lengths = [len(r.prompt_token_ids) + r.max_new_tokens for r in requests]
     return int(np.percentile(lengths, 90)) if lengths else 0
 
