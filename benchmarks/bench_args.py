@@ -4,7 +4,10 @@ around them: ``description`` and ``add_json`` for its parser, ``fail``, ``check_
 for input found bad after parsing, ``console`` for its tables and ``print_json``, the one way a script prints
 its ``--json`` figures. The scripts run as ``python benchmarks/NAME.py``, which puts this
 folder first on ``sys.path``; so no script here may be named like an installed package or a standard-library
-module (``kernels.py`` once shadowed Hugging Face's ``kernels``, which transformers imports)."""
+module (``kernels.py`` once shadowed Hugging Face's ``kernels``, which transformers imports). A script imports
+this module before torch: it imports skistune, which sets OpenMP's wait policy before torch loads OpenMP (a
+script that loaded torch first had replayed with spinning threads what the profile, measured by the command
+line, timed with sleeping ones: x0.6 of the profile's decode steps on an Intel host)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 from typing import Callable, Iterable, NoReturn
+
+import skistune  # noqa: F401  (first: sets OpenMP's wait policy before torch loads; see above)
 
 JSON_HELP = "end with the figures as one JSON object on the last line"
 # a sentence ends at . ! or ? before a space or the end of its paragraph, not after an abbreviation

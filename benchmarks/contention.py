@@ -1,4 +1,4 @@
-"""Decode steps on a shared CPU: OpenMP threads that spin while they wait vs threads that sleep.
+"""Decode steps on a shared CPU: OpenMP threads that spin while they wait, that sleep, or that spin briefly then sleep.
 
 skistune sets OMP_WAIT_POLICY=PASSIVE unless told otherwise (`skistune/__init__.py`; SKISTUNE_OMP_WAIT=spin
 keeps OpenMP's default, which spins). This measures why, side by side in one run: the TBT p50 of one chat
@@ -20,7 +20,10 @@ import time
 
 from bench_args import add_json, description, positive_int, print_json
 
-POLICIES = {"spin": {"SKISTUNE_OMP_WAIT": "spin"}, "passive": {"SKISTUNE_OMP_WAIT": "passive"}}
+POLICIES = {"spin": {"SKISTUNE_OMP_WAIT": "spin"}, "passive": {"SKISTUNE_OMP_WAIT": "passive"},
+            # sleeping threads that first spin briefly (GOMP_SPINCOUNT iterations, tens of microseconds): the
+            # waits between a step's parallel regions end before the spin does, the waits between steps sleep
+            "brief-spin": {"SKISTUNE_OMP_WAIT": "passive", "GOMP_SPINCOUNT": "10000"}}
 SCENARIOS = ("alone", "beside a busy loop", "beside a second replay")
 
 # what each process runs: the measured one prints its TBT p50s (ms); a competitor replays until killed
@@ -66,7 +69,7 @@ def measure(policy: str, scenario: str, replays: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--rounds", type=positive_int, default=2, help="alternations of the two policies per scenario")
+    ap.add_argument("--rounds", type=positive_int, default=2, help="alternations of the policies per scenario")
     ap.add_argument("--replays", type=positive_int, default=3, help="replays timed per process")
     add_json(ap)
     args = ap.parse_args()
@@ -81,12 +84,13 @@ def main() -> None:
     alone = {p: statistics.median(tbt["alone"][p]) for p in POLICIES}
     rows = {s: {p: {"median_ms": statistics.median(v), "x_alone": statistics.median(v) / alone[p], "runs_ms": v}
                 for p, v in by_policy.items()} for s, by_policy in tbt.items()}
-    print(f"passive alone / spin alone: x{alone['passive'] / alone['spin']:.2f}")
+    print("alone, against spin: " + ", ".join(f"{p} x{alone[p] / alone['spin']:.2f}" for p in POLICIES))
     for s in SCENARIOS[1:]:
-        print(f"{s}: spin x{rows[s]['spin']['x_alone']:.2f} of its time alone, "
-              f"passive x{rows[s]['passive']['x_alone']:.2f}")
+        print(f"{s}: " + ", ".join(f"{p} x{rows[s][p]['x_alone']:.2f}" for p in POLICIES) + " of its time alone; "
+              "against spin alone: " + ", ".join(f"{p} x{rows[s][p]['median_ms'] / alone['spin']:.2f}" for p in POLICIES))
     if args.json:
         print_json({"benchmark": "contention", "rounds": args.rounds, "replays": args.replays,
+                    "policies": POLICIES, "alone_over_spin": {p: alone[p] / alone["spin"] for p in POLICIES},
                     "passive_over_spin_alone": alone["passive"] / alone["spin"], "scenarios": rows})
 
 

@@ -19,10 +19,11 @@ import argparse
 import statistics
 import time
 
+from bench_args import add_json, description, positive_int, print_json
+
 import torch
 import torch.nn.functional as F
 
-from bench_args import add_json, description, positive_int, print_json
 from skistune.kernels.linear import machine_rule, oriented_product
 from skistune.runtime.presets import PRESETS, get_preset
 

@@ -34,11 +34,12 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench_args import (add_json, check_runtime, description, existing_file, fail, hardware_profile, positive_float,
+                        positive_int, print_json)
+
 import numpy as np
 import torch
 
-from bench_args import (add_json, check_runtime, description, existing_file, fail, hardware_profile, positive_float,
-                        positive_int, print_json)
 from skistune.config import KVConfig
 from skistune.evaluate import FIDELITY_FIGURES, relative_error, sim_target, workload_requests
 from skistune.profile import load_profile
@@ -177,7 +178,7 @@ def main() -> None:
                     help="do not time the profile's own steps again before and after the replays")
     add_json(ap)
     args = ap.parse_args()
-    recorded = read_recorded(args) if args.measured else None
+    recorded, recorded_run = read_recorded(args) if args.measured else (None, {})
     profile = profile_path(args, serving=recorded is None)
     target = simulation_target(args.model, profile)
     runs = workloads(args.requests, args.rate_scale, args.traces)  # (bad input found before the model loads)
@@ -191,11 +192,10 @@ def main() -> None:
             except Exception as exc:  # (its timed replays fail too, and say so)
                 print(f"warm-up of {cname} failed: {exc!r}", flush=True)
     speed = [machine_speed(profile, rt, "before")] if args.speed_check and rt is not None else []
-    rows, failed = [], []
-    print(f"{'workload':<16} {'config':<20} " + " ".join(f"{heading(name):>{CELL}}" for name, _ in METRICS))
-    print(f"{'':<16} {'':<20} " + " ".join(f"{'predicted/measured':>{CELL}}" for _ in METRICS))
+    rows, failed, served = [], [], {}
+    print_heading("predicted/measured")
     for wname, w in runs.items():
-        reqs = workload_requests(w, args.model)
+        reqs = served[wname] = workload_requests(w, args.model)
         for cname in args.configs:
             if recorded is not None and (wname, cname) not in recorded:
                 continue
@@ -222,24 +222,69 @@ def main() -> None:
         speed.append(machine_speed(profile, rt, "after"))
     if not rows:
         sys.exit("every replay failed")
-    abs_err = [abs(e) for r in rows for n, e in r["errors"].items()]
-    latency_err = [abs(r["errors"][n]) for r in rows for n, _ in METRICS[:6]]
-    summary = {"median_abs_error": statistics.median(abs_err), "max_abs_error": max(abs_err),
-               "latency_within_10pct": sum(e <= 0.10 for e in latency_err) / len(latency_err),
-               "runs": len(rows)}
+    summary = summarize(rows, "errors")
     print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
-          f"latency percentiles within 10%: {summary['latency_within_10pct']:.0%} of {len(latency_err)}")
+          f"latency percentiles within 10%: {summary['latency_within_10pct']:.0%} of {summary['latency_figures']}")
+    if recorded_run and _same_file(recorded_run.get("profile"), profile):  # (a recorded run's checks; those of another profile say nothing here)
+        speed = recorded_run.get("machine_speed") or []
+    at_speed = predict_at_speed(rows, served, table, target, speed) if speed else None
     if args.json:
         print_json({"benchmark": "fidelity", "model": args.model, "device": args.device, "profile": profile,
                     "requests": args.requests, "rate_scale": args.rate_scale, "measured_in": args.measured,
-                    **summary, "machine_speed": speed, "rows": rows, "failed": failed})
+                    **summary, "machine_speed": speed, "at_checked_speed": at_speed, "rows": rows, "failed": failed})
     if failed:
         sys.exit(f"{len(failed)} of {len(failed) + len(rows)} replays failed")
 
 
-def read_recorded(args) -> dict[tuple[str, str], dict]:
-    """``--measured``: the recorded rows by (workload, config); the run's model, device, requests, rate
-    scale and configs go into ``args`` (runs recorded before the JSON named its requests served 12)."""
+def _same_file(a: str | None, b: str) -> bool:
+    return a is not None and Path(a).resolve() == Path(b).resolve()
+
+
+def print_heading(below: str) -> None:
+    print(f"{'workload':<16} {'config':<20} " + " ".join(f"{heading(name):>{CELL}}" for name, _ in METRICS))
+    print(f"{'':<16} {'':<20} " + " ".join(f"{below:>{CELL}}" for _ in METRICS))
+
+
+def summarize(rows: list[dict], key: str) -> dict:
+    """Median and max |error| over every figure of ``rows`` (their ``key``: "errors" or "errors_at_speed"),
+    and the share of latency percentiles within 10%."""
+    abs_err = [abs(e) for r in rows for e in r[key].values()]
+    latency_err = [abs(r[key][n]) for r in rows for n, _ in METRICS[:6]]
+    return {"median_abs_error": statistics.median(abs_err), "max_abs_error": max(abs_err),
+            "latency_within_10pct": sum(e <= 0.10 for e in latency_err) / len(latency_err),
+            "latency_figures": len(latency_err), "runs": len(rows)}
+
+
+def predict_at_speed(rows: list[dict], served: dict, table: dict, target, speed: list[dict]) -> dict:
+    """Each row predicted again with the profile's steps at the speed the run's checks timed (per kind, the
+    geometric mean of before and after: `check.cost_at_speed`), its errors added to the row as
+    "errors_at_speed": what is left once the machine's drift since the profile is taken out, the simulator's
+    own error (approximately: the machine's speed may have moved between the checks). Printed as a second
+    table, its summary returned."""
+    from dataclasses import replace
+
+    from skistune.profile.check import cost_at_speed
+
+    scaled = replace(target, step_cost=cost_at_speed(target.step_cost, speed))
+    factors = ", ".join(f"{k} x{f:.3f}" for k, f in scaled.step_cost.factors)
+    print(f"\nthe same replays predicted with the profile's steps at the speed its checks timed ({factors}):")
+    print_heading("at speed/measured")
+    for r in rows:
+        p = simulate(KVConfig().with_knobs(table[r["config"]]), served[r["workload"]], scaled)
+        predicted = r["predicted_at_speed"] = {n: f(p) for n, f in METRICS}
+        r["errors_at_speed"] = {n: relative_error(predicted[n], r["measured"][n]) or 0.0 for n, _ in METRICS}
+        print(f"{r['workload']:<16} {r['config']:<20} " + " ".join(
+            cell(n, predicted[n], r["measured"][n], r["errors_at_speed"][n]) for n, _ in METRICS), flush=True)
+    summary = summarize(rows, "errors_at_speed")
+    print(f"at the checked speed: median |error| {summary['median_abs_error']:.1%}, max "
+          f"{summary['max_abs_error']:.1%}, latency percentiles within 10%: {summary['latency_within_10pct']:.0%} "
+          f"of {summary['latency_figures']}")
+    return {"factors": dict(scaled.step_cost.factors), "other": scaled.step_cost.other, **summary}
+
+
+def read_recorded(args) -> tuple[dict[tuple[str, str], dict], dict]:
+    """``--measured``: the recorded rows by (workload, config), and the run; the run's model, device, requests,
+    rate scale and configs go into ``args`` (runs recorded before the JSON named its requests served 12)."""
     if not Path(args.measured).is_file():
         fail(f"--measured {args.measured}: not a file")
     try:
@@ -259,7 +304,7 @@ def read_recorded(args) -> dict[tuple[str, str], dict]:
         fail(f"--measured {args.measured}: a run of workloads, configs, a model, device or request count this "
              f"script does not know ({', '.join(unknown) or f'{args.model} on {args.device}, {args.requests} requests'})")
     args.configs = [c for c in CONFIG_NAMES if any(c == rc for _, rc in rows)]
-    return rows
+    return rows, run
 
 
 RECORDED_REQUESTS = 12  # the H200 run of 2026-12-04 (benchmarks/gpu_session.sh), recorded before "requests" was

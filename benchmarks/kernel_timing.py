@@ -27,10 +27,11 @@ import statistics
 import time
 from pathlib import Path
 
+from bench_args import add_json, check_device, description, fail, positive_int, print_json
+
 import torch
 import torch.nn.functional as F
 
-from bench_args import add_json, check_device, description, fail, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.kernels import cpu_native
 from skistune.kernels.attention import _decode_torch, build_attention_metadata, paged_attention, quantize_blocks

@@ -31,9 +31,10 @@ import math
 import sys
 import time
 
+from bench_args import add_json, description, fail, name_list, positive_int, print_json
+
 import torch
 
-from bench_args import add_json, description, fail, name_list, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.quality.corpus import stdlib_text
 from skistune.quality.scoring import window_nll

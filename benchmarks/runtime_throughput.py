@@ -18,9 +18,10 @@ import logging
 import statistics
 import time
 
+from bench_args import add_json, description, fail, positive_int, print_json
+
 import torch
 
-from bench_args import add_json, description, fail, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.runtime.llm import Runtime
 from skistune.runtime.request import Request

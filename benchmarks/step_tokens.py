@@ -14,9 +14,10 @@ import argparse
 import statistics
 import time
 
+from bench_args import add_json, check_runtime, description, fail, nonnegative_float, positive_int, print_json
+
 import torch
 
-from bench_args import add_json, check_runtime, description, fail, nonnegative_float, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.runtime.llm import Runtime
 from skistune.runtime.presets import PRESETS

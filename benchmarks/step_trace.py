@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from bench_args import add_json, check_device, check_runtime, description, fail, positive_int, print_json
+
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from bench_args import add_json, check_device, check_runtime, description, fail, positive_int, print_json
 from skistune.config import KVConfig
 from skistune.profile.measure import DTYPES
 from skistune.profile.steps import SETUP_TOKENS, StepBench, fill_kv

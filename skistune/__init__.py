@@ -20,10 +20,23 @@ from typing import Any
 # SKISTUNE_OMP_WAIT=spin keeps OpenMP's default. Read when torch loads its OpenMP runtime, so set here, before
 # any torch import. On a 2-core host a decode step of SmolLM2 took x3.2 its time alone beside a busy process
 # (a single-threaded loop, or a second replay) with spinning threads, and x0.9 with sleeping ones; alone,
-# sleeping cost x1.09 (`python benchmarks/contention.py`, BENCHMARKS.md). Profiles and validation replays on
-# a shared machine then measure the machine, not its neighbour.
-if "OMP_WAIT_POLICY" not in os.environ and os.environ.get("SKISTUNE_OMP_WAIT", "passive") != "spin":
+# sleeping cost x1.09 there and x1.61 on an Intel host (`python benchmarks/contention.py`, BENCHMARKS.md).
+# Profiles and validation replays on a shared machine then measure the machine, not its neighbour. A short
+# spin before sleeping (GOMP_SPINCOUNT=10000) ran as fast as spinning alone but x3.7 beside a busy process.
+TORCH_LOADED_FIRST = "torch" in sys.modules  # its OpenMP runtime read the environment before this could set it
+if (not TORCH_LOADED_FIRST and "OMP_WAIT_POLICY" not in os.environ
+        and os.environ.get("SKISTUNE_OMP_WAIT", "passive") != "spin"):
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+def openmp_wait() -> str:
+    """How torch's OpenMP threads wait for work in this process, as profiles record it (their timings hold
+    under it only: sleeping threads ran a decode step x1.6 slower than spinning ones alone on an Intel host):
+    ``passive``, ``active`` or ``default`` (spinning), and a spin count where GOMP_SPINCOUNT sets one."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "default").strip().lower() or "default"
+    spin = os.environ.get("GOMP_SPINCOUNT")
+    return f"{policy}, spin count {spin}" if spin else policy
+
 
 _LAZY = {"optimize": "skistune.optimize", "OptimizeResult": "skistune.optimize",
          "evaluate": "skistune.evaluate", "sim_target": "skistune.evaluate",

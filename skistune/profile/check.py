@@ -12,9 +12,10 @@ the error of the model can be told apart.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -23,6 +24,7 @@ from ..runtime.kv_layout import kv_traffic
 from ..runtime.llm import Runtime
 from ..runtime.presets import get_preset
 from .measure import DTYPES, _check_memory, _pool_tokens, check_target
+from .cost import ScaledStepCost, StepCostModel
 from .profile import HardwareProfile
 from .records import StepPoint, kv_bits
 from .steps import StepBench, fill_kv
@@ -82,6 +84,21 @@ class SpeedCheck:
         return {"ratio": self.ratio, "by_kind": self.by_kind(),
                 "points": [{"kind": p.kind, "grid": p.grid, "then_s": p.then_s, "now_s": p.now_s, "ratio": p.ratio}
                            for p in self.points]}
+
+
+def cost_at_speed(step_cost: StepCostModel, checks: Sequence[Mapping]) -> ScaledStepCost:
+    """``step_cost`` at the speed speed checks timed (`SpeedCheck.to_dict` of each; before and after a run, the
+    speed it most likely ran at): per kind, the geometric mean of the checks' now / then; compactions and kinds
+    no check timed, that of their overall ratios."""
+    if not checks:
+        raise ValueError("no speed check to scale the step costs by")
+
+    def mean(ratios: list[float]) -> float:
+        return math.exp(statistics.fmean(map(math.log, ratios)))
+
+    kinds = dict.fromkeys(k for c in checks for k in c["by_kind"])
+    factors = tuple((k, mean([c["by_kind"][k] for c in checks if k in c["by_kind"]])) for k in kinds)
+    return ScaledStepCost(step_cost, factors, mean([c["ratio"] for c in checks]))
 
 
 def _kind_verdict(kind: str, ratio: float) -> str:

@@ -292,6 +292,35 @@ class StepCostModel:
         return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), knee, rows, small, table)
 
 
+def step_kind(shape: StepShape) -> str:
+    """decode (one new token a sequence), prefill (one sequence's chunk) or mixed (chunks with decodes, or
+    several chunks): the kinds a profile's step points and its speed check (`check.SpeedCheck`) are timed by."""
+    if shape.num_tokens == shape.num_seqs:
+        return "decode"
+    return "prefill" if shape.num_seqs == 1 else "mixed"
+
+
+@dataclass(frozen=True)
+class ScaledStepCost:
+    """A step cost model whose predictions are multiplied by a factor per kind of step (`step_kind`): the
+    profile's steps at the speed a speed check timed them today, so that a replay's error can be split into
+    the machine's drift since the profile and the simulator's own error (`benchmarks/fidelity.py`).
+    Compactions and kinds without a factor take ``other``."""
+
+    base: StepCostModel
+    factors: tuple[tuple[str, float], ...]  # (kind, now / then): a tuple, so that the model stays hashable
+    other: float = 1.0
+
+    def factor(self, kind: str) -> float:
+        return next((f for k, f in self.factors if k == kind), self.other)
+
+    def predict_s(self, shape: StepShape) -> float:
+        return self.base.predict_s(shape) * self.factor(step_kind(shape))
+
+    def compaction_s(self, kv_slots: int) -> float:
+        return self.base.compaction_s(kv_slots) * self.other
+
+
 def design_matrix(shapes: Sequence[StepShape], knee: int, rows: ProjectionRule = PLAIN_RULE,
                   small_rows: int = 1, table: ProjectionTimes | None = None) -> np.ndarray:
     return np.stack([s.features(knee, rows, small_rows, table) for s in shapes])

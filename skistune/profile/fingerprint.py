@@ -13,11 +13,13 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from importlib import metadata
 
+from skistune import openmp_wait
+
 # not compared (nor part of the cached quick profile's key): when, and how much memory the machine has,
 # which bounds the host tier the optimizer may recommend there but not the timings
 NOT_COMPARED = ("date", "host_memory_bytes")
 # fields added after profiles were first written: a profile without one loads with None ("not recorded")
-ADDED_LATER = ("cpu_arch", "host_memory_bytes")
+ADDED_LATER = ("cpu_arch", "host_memory_bytes", "openmp_wait")
 COUNTS = ("cpu_count", "threads")  # at least 1 (a header had read "-3 threads")
 
 
@@ -40,6 +42,9 @@ class Fingerprint:
     os: str
     date: str  # ISO 8601, UTC
     host_memory_bytes: int | None = None  # `host_memory_bytes()`; None in profiles written before it was recorded
+    # how OpenMP's threads waited (`skistune.openmp_wait`): a CPU's step times depend on it (sleeping threads
+    # x1.6 of spinning ones on an Intel host); None in profiles written before it was recorded
+    openmp_wait: str | None = None
 
     @property
     def chip(self) -> str:
@@ -63,12 +68,14 @@ class Fingerprint:
         return cls(**kwargs)
 
     def compared(self) -> dict:
-        """The fields that decide whether timings hold elsewhere: all but `NOT_COMPARED`, and on a CPU profile
-        (no CUDA) Triton's version too: its kernels do not run there, and installing it (the test extras do)
-        had made this machine's quick profile read as measured elsewhere, and measured again."""
+        """The fields that decide whether timings hold elsewhere: all but `NOT_COMPARED`; on a CPU profile
+        (no CUDA) not Triton's version: its kernels do not run there, and installing it (the test extras do)
+        had made this machine's quick profile read as measured elsewhere, and measured again; on a GPU profile,
+        or one that did not record it, not OpenMP's wait policy (the CPU computes none of a GPU's steps)."""
         cpu = self.cuda_version is None and self.gpu_model is None
         return {k: v for k, v in self.to_dict().items()
-                if k not in NOT_COMPARED and not (cpu and k == "triton_version")}
+                if k not in NOT_COMPARED and not (cpu and k == "triton_version")
+                and not (k == "openmp_wait" and (not cpu or v is None))}
 
     def key(self) -> str:
         """Short digest of the compared fields: names the cached quick profile of this machine."""
@@ -89,7 +96,12 @@ def fingerprint_diff(measured: Fingerprint, here: Fingerprint) -> list[str]:
     """``field: measured -> here`` for each compared field that differs (a field the profile predates
     reads ``not recorded``)."""
     a, b = measured.compared(), here.to_dict()
-    return [f"{k}: {_shown(k, a[k], 'not recorded')} -> {_shown(k, b[k], 'unknown')}" for k in a if a[k] != b[k]]
+    return [f"{k}: {_shown(k, a[k], 'not recorded')} -> {_shown(k, b[k], 'unknown')}{HINTS.get(k, '')}"
+            for k in a if a[k] != b[k]]
+
+
+HINTS = {"openmp_wait": " (OpenMP's threads wait otherwise in this process: set OMP_WAIT_POLICY and GOMP_SPINCOUNT as "
+                        "when it was measured, and import skistune before torch, which sets them)"}
 
 
 def _shown(name: str, value: object, absent: str) -> object:
@@ -113,7 +125,8 @@ def machine_fingerprint(device: str = "cpu") -> Fingerprint:
         torch_version=torch.__version__, triton_version=_version("triton"),
         skistune_version=_version("skistune") or "unknown", python_version=platform.python_version(),
         os=f"{platform.system()} {platform.machine()}",
-        date=datetime.now(timezone.utc).replace(microsecond=0).isoformat(), host_memory_bytes=host_memory_bytes())
+        date=datetime.now(timezone.utc).replace(microsecond=0).isoformat(), host_memory_bytes=host_memory_bytes(),
+        openmp_wait=openmp_wait())
 
 
 def recorded_memory(fp: Fingerprint, device: str) -> int | None:

@@ -67,6 +67,20 @@ def test_diff_and_cache_key_ignore_only_the_date_and_the_memory():
     assert here.key() != other.key()
 
 
+def test_openmp_wait_counts_on_a_cpu_profile_that_recorded_it():
+    """A CPU's steps ran x1.6 slower with sleeping OpenMP threads than spinning ones (an Intel host): a replay
+    in a process that loaded torch before skistune (which sets the policy) had run the profile's steps x0.6."""
+    here = Fingerprint(**{**machine_fingerprint("cpu").to_dict(), "openmp_wait": "passive"})
+    spinning = Fingerprint(**{**here.to_dict(), "openmp_wait": "default"})
+    [line] = fingerprint_diff(here, spinning)
+    assert line.startswith("openmp_wait: passive -> default (") and "import skistune before torch" in line
+    assert here.key() != spinning.key()
+    older = Fingerprint(**{**here.to_dict(), "openmp_wait": None})  # (measured before it was recorded)
+    assert fingerprint_diff(older, spinning) == []
+    gpu = Fingerprint(**{**here.to_dict(), "gpu_model": "H200", "cuda_version": "12.8"})
+    assert fingerprint_diff(gpu, Fingerprint(**{**gpu.to_dict(), "openmp_wait": "default"})) == []
+
+
 def test_triton_counts_on_a_gpu_profile_only():
     """Triton's kernels run on GPUs only: installing it (the test extras do) made this machine's CPU quick
     profile read as measured elsewhere ('triton_version: None -> 3.9.0') and be measured again."""
