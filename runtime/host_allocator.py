@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from contextlib import contextmanager
 import platform
 
 import numpy as np
@@ -68,13 +69,32 @@ def zeros_lazy(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device 
     allocated and viewed as ``dtype``, which covers the dtypes numpy lacks (bfloat16). Devices other than
     the CPU get ``torch.zeros``.
 
-    The cost moves, it does not vanish: a block's pages fault in when a step first writes it (numpy asks
-    for transparent huge pages above 4 MiB, so where the kernel grants them that is 2 MiB at a time;
-    writing 1 GiB this way took about as long as ``torch.zeros`` of it here).
+    The cost moves, it does not vanish: a block's pages fault in when a step first writes it. In 4 KiB
+    pages, not huge ones: numpy asks the kernel for transparent huge pages on buffers above 4 MiB, and where
+    it tries to compact memory for them on a fault (``defrag`` at ``madvise``, as on this project's hosts,
+    which then granted none), a 131-token prefill of SmolLM2 spent 22 ms writing its KV (``index_copy_``)
+    into a fresh pool against 2 ms into a written one: the steps that hold a prefill ran 20-30% over the
+    profile's, which times them on a written pool (`benchmarks/fidelity.py`, BENCHMARKS.md "Fidelity").
     """
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.zeros(nbytes + ALIGNMENT_BYTES, dtype=np.uint8)
+    with _no_huge_pages():
+        raw = np.zeros(nbytes + ALIGNMENT_BYTES, dtype=np.uint8)
     start = -raw.ctypes.data % ALIGNMENT_BYTES
     return torch.from_numpy(raw[start:start + nbytes]).view(dtype).view(shape)
+
+
+@contextmanager
+def _no_huge_pages():
+    """numpy's allocations without its transparent-huge-page advice (`zeros_lazy`), restored after; a no-op on
+    a numpy without the switch (a private one: ``_set_madvise_hugepage`` returns the previous setting)."""
+    switch = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
+    if switch is None:
+        yield
+        return
+    previous = switch(False)
+    try:
+        yield
+    finally:
+        switch(previous)
