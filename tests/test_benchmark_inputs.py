@@ -325,3 +325,52 @@ def test_a_benchmarks_profile_may_be_a_shipped_one_by_name(monkeypatch):
         bench_args.hardware_profile("cpu-smollm2-13")
     with pytest.raises(argparse.ArgumentTypeError, match="no such file"):
         bench_args.hardware_profile("/nonexistent.json")
+
+
+def _recorded_run(profile: Path, speed: list[dict]) -> dict:
+    """A fidelity run's --json output as `fidelity.py --measured` reads it: one replay of four bursty-chat requests."""
+    measured = {"ttft p50": 0.1, "ttft p99": 0.2, "tbt p50": 0.05, "tbt p99": 0.08, "e2e p50": 1.0, "e2e p99": 1.5,
+                "tok/s": 10.0, "kv peak": 1 << 20}
+    return {"benchmark": "fidelity", "model": "smollm2-135m", "device": "cpu", "profile": str(profile),
+            "requests": 4, "rate_scale": 1.0, "machine_speed": speed,
+            "rows": [{"workload": "bursty-chat", "config": c, "measured": measured, "preemptions": [0, 0]}
+                     for c in ("default", "seqs4")]}
+
+
+def test_fidelity_predicts_again_at_the_speed_its_checks_timed(tmp_path):
+    """A replay's error splits into the machine's drift since its profile and the simulator's own: every replay
+    is predicted again with the profile's steps at the speed the run's checks timed, per kind the geometric mean
+    of before and after. Checks that read the profile's own speed leave every prediction as it was."""
+    import json
+
+    profile = ROOT / "profiles" / "cpu-smollm2-135m.json"
+
+    def run(speed):
+        path = tmp_path / "run.json"
+        path.write_text(json.dumps(_recorded_run(profile, speed)) + "\n")
+        r = run_script("fidelity.py", "--measured", str(path), "--profile", str(profile), "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.strip().splitlines()[-1]), r.stdout
+
+    same = [{"when": w, "ratio": 1.0, "by_kind": {"decode": 1.0, "prefill": 1.0}} for w in ("before", "after")]
+    out, _ = run(same)
+    assert out["at_checked_speed"]["factors"] == {"decode": 1.0, "prefill": 1.0}
+    assert all(r["predicted_at_speed"] == r["predicted"] and r["errors_at_speed"] == r["errors"] for r in out["rows"])
+    drift = [{"when": "before", "ratio": 2.0, "by_kind": {"decode": 4.0, "prefill": 1.0}},
+             {"when": "after", "ratio": 2.0, "by_kind": {"decode": 1.0, "prefill": 1.0}}]
+    out, text = run(drift)
+    speed = out["at_checked_speed"]
+    assert speed["factors"] == pytest.approx({"decode": 2.0, "prefill": 1.0}) and speed["other"] == pytest.approx(2.0)
+    assert "at the speed its checks timed (decode x2.000, prefill x1.000)" in text
+    for r in out["rows"]:  # decode steps twice as long: every token gap after the first grows
+        assert r["predicted_at_speed"]["tbt p50"] > 1.5 * r["predicted"]["tbt p50"]
+    import statistics
+
+    assert speed["median_abs_error"] == statistics.median(abs(e) for r in out["rows"] for e in r["errors_at_speed"].values())
+    assert speed["runs"] == 2 and speed["latency_figures"] == 12
+    # checks of another profile say nothing of this one: none applied
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_recorded_run(tmp_path / "elsewhere.json", drift)) + "\n")
+    r = run_script("fidelity.py", "--measured", str(other), "--profile", str(profile), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["at_checked_speed"] is None

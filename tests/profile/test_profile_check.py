@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from profile_tiny import TINY_GRID, tiny_runtime
 from typer.testing import CliRunner
 
@@ -142,3 +143,24 @@ def test_replays_that_check_a_profile_run_the_projection_rule_it_timed(tiny_prof
     runtime.model.rule = PLAIN_RULE
     other.run_as_measured(runtime)
     assert runtime.model.rule == PLAIN_RULE
+
+
+def test_the_step_costs_at_a_checked_speed_scale_each_kind_of_step_by_its_own_factor(tiny_profile):
+    """`check.cost_at_speed`: per kind, the geometric mean of the checks' now / then (before and after a run);
+    compactions and kinds no check timed take the mean of the overall ratios."""
+    from skistune.profile.check import cost_at_speed
+    from skistune.profile.cost import StepShape, step_kind
+
+    decode = StepShape(num_tokens=4, num_seqs=4, decode_kv_bytes=1 << 20, prefill_pairs=0, num_samples=4)
+    prefill = StepShape(num_tokens=64, num_seqs=1, decode_kv_bytes=0, prefill_pairs=64 * 64, num_samples=1)
+    mixed = StepShape(num_tokens=67, num_seqs=4, decode_kv_bytes=1 << 20, prefill_pairs=64 * 64, num_samples=4)
+    assert [step_kind(s) for s in (decode, prefill, mixed)] == ["decode", "prefill", "mixed"]
+    base = tiny_profile.step_cost
+    scaled = cost_at_speed(base, [{"ratio": 1.5, "by_kind": {"decode": 2.0, "prefill": 0.5}},
+                                  {"ratio": 6.0, "by_kind": {"decode": 8.0}}])
+    assert scaled.predict_s(decode) == pytest.approx(4.0 * base.predict_s(decode))  # sqrt(2 x 8)
+    assert scaled.predict_s(prefill) == pytest.approx(0.5 * base.predict_s(prefill))  # one check timed prefills
+    assert scaled.predict_s(mixed) == pytest.approx(3.0 * base.predict_s(mixed))  # none: sqrt(1.5 x 6)
+    assert scaled.compaction_s(100) == pytest.approx(3.0 * base.compaction_s(100))
+    with pytest.raises(ValueError, match="no speed check"):
+        cost_at_speed(base, [])
