@@ -274,8 +274,13 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
                   highlight=False, soft_wrap=True)
     if prof.power.modeled:
         console.print(f"note: {prof.power.modeled_note}", highlight=False, soft_wrap=True)
+    at_speed = None
     if check is not None:
         console.print(check.summary_line(), highlight=False, soft_wrap=True)
+        at_speed = _errors_at_checked_speed(cfg, reqs, model, prof, check, measured)
+        console.print("the prediction's errors with the profile's steps at the speed just checked (the machine's "
+                      "drift taken out): " + ", ".join(f"{name} {e:+.0%}" for name, e in at_speed.items()
+                                                      if e is not None), highlight=False, soft_wrap=True)
     for note in predicted.notes:
         console.print(f"note (prediction): {note}", highlight=False, soft_wrap=True)
     if json_out:
@@ -286,7 +291,23 @@ def _compare(cfg, reqs, w, model: str, prof, runtime, speed_check: bool, json_ou
                     "predicted": predicted.to_dict(), "measured": measured.to_dict(),
                     "errors": {**{r["figure"]: r["error"] for r in rows}, "energy": energy["error"], **tiers},
                     "energy": energy, "speed_check": check.to_dict() if check is not None else None,
+                    "errors_at_checked_speed": at_speed,
                     "notes": list(notes), "warnings": list(profile_warnings)})
+
+
+def _errors_at_checked_speed(cfg, reqs, model: str, prof, check, measured) -> dict[str, float | None]:
+    """Each figure's error once the prediction is made again with the profile's steps at the speed ``check``
+    timed (`profile.check.cost_at_speed`): what is left is the simulator's own error (approximately: the check
+    follows the replay, and the machine's speed may have moved during it)."""
+    from dataclasses import replace
+
+    from skistune.evaluate import compare_metrics, sim_target
+    from skistune.profile.check import cost_at_speed
+    from skistune.simulator import simulate
+
+    target = sim_target(model, prof)
+    again = simulate(cfg, reqs, replace(target, step_cost=cost_at_speed(target.step_cost, [check.to_dict()])))
+    return {row["figure"]: row["error"] for row in compare_metrics(again, measured)}
 
 
 # what the tiers did, in the compare table and its JSON errors: (figure, unit, value in that unit, decimals);

@@ -102,3 +102,8 @@ def test_compare_prints_the_prediction_the_measurement_and_its_error(tmp_path):
     check = out["speed_check"]
     assert check["ratio"] > 0 and set(check["by_kind"]) <= {"decode", "prefill", "mixed"} and check["points"]
     assert f"this machine runs the profile's steps x{check['ratio']:.3f}" in r.output
+    # ... and the prediction made again at the speed just checked: the simulator's own error
+    from skistune.evaluate import FIDELITY_FIGURES
+
+    assert set(out["errors_at_checked_speed"]) == {name for name, _, _ in FIDELITY_FIGURES}
+    assert "the prediction's errors with the profile's steps at the speed just checked" in r.output
