@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import ctypes
 import math
-from contextlib import contextmanager
 import platform
+from contextlib import contextmanager
 
 import numpy as np
 import torch

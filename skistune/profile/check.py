@@ -23,8 +23,8 @@ from ..config import KVConfig
 from ..runtime.kv_layout import kv_traffic
 from ..runtime.llm import Runtime
 from ..runtime.presets import get_preset
-from .measure import DTYPES, _check_memory, _pool_tokens, check_target
 from .cost import ScaledStepCost, StepCostModel
+from .measure import DTYPES, _check_memory, _pool_tokens, check_target
 from .profile import HardwareProfile
 from .records import StepPoint, kv_bits
 from .steps import StepBench, fill_kv
@@ -87,7 +87,7 @@ class SpeedCheck:
 
 
 def cost_at_speed(step_cost: StepCostModel, checks: Sequence[Mapping]) -> ScaledStepCost:
-    """``step_cost`` at the speed speed checks timed (`SpeedCheck.to_dict` of each; before and after a run, the
+    """``step_cost`` at the speed the given checks timed (`SpeedCheck.to_dict` of each; before and after a run, the
     speed it most likely ran at): per kind, the geometric mean of the checks' now / then; compactions and kinds
     no check timed, that of their overall ratios."""
     if not checks:
