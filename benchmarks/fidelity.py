@@ -12,7 +12,9 @@ by extrapolation and says so in the notes (`HardwareProfile.quantized_kv_note`).
 Before the first replay and after the last, a few of the profile's own step points are timed again
 (`skistune.profile.check`): how much slower (or faster) the machine runs the profile's steps during the
 run than when the profile was measured. On a shared host that drift alone moves every error by 10% or
-more; it is printed beside the errors, not taken out of them. ``--no-speed-check`` skips it.
+more; it is printed beside the errors, and a second table predicts every replay again with the profile's
+steps at the speed the checks timed (per kind, the geometric mean of before and after), which takes it out
+of them. ``--no-speed-check`` skips both.
 
 On a GPU (``--device cuda --model llama-3-8b``, random weights: timing only) the same configs and workloads
 run at ``--rate-scale`` times their rates (the GPU serves the 8B model faster than two CPU cores serve
@@ -225,7 +227,7 @@ def main() -> None:
     summary = summarize(rows, "errors")
     print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
           f"latency percentiles within 10%: {summary['latency_within_10pct']:.0%} of {summary['latency_figures']}")
-    if recorded_run and _same_file(recorded_run.get("profile"), profile):  # (a recorded run's checks; those of another profile say nothing here)
+    if recorded_run and _same_file(recorded_run.get("profile"), profile):  # (another profile's checks say nothing here)
         speed = recorded_run.get("machine_speed") or []
     at_speed = predict_at_speed(rows, served, table, target, speed) if speed else None
     if args.json:
