@@ -31,7 +31,8 @@ def _openmp_after(code: str, **env: str) -> list[str]:
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "SKISTUNE_OMP_WAIT")}
     code += ("\nimport os, skistune\n"
              "print(os.environ.get('OMP_WAIT_POLICY'), skistune.openmp_wait(), skistune.TORCH_LOADED_FIRST, sep='|')")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**clean, **env})
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**clean, **env})
     assert run.returncode == 0, run.stderr
     return run.stdout.strip().splitlines()[-1].split("|")
 
