@@ -67,6 +67,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> by
 # the finest capacity resolution: far below any prediction's error; much finer (~1e-15), the lattice's steps
 # fall below the resolution of floats and the bisection never ends
 MIN_PRECISION = 1e-6
+# a step that starts this long or more after the previous one ended follows an idle engine, and takes the
+# profile's `idle_wake_s` more (on the Intel host the wake-up cost half of it after 0.05 s, all of it from 0.2 s)
+IDLE_WAKE_GAP_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ class SimTarget:
     block_io: dict[str, Any] = field(default_factory=dict)
     # link -> notes on how its transfers were measured: added to the notes of configs whose tiers cross it
     link_notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    idle_wake_s: float = 0.0  # added to a step that follows an idle engine (`HardwareProfile.idle_wake_s`)
 
 
 def target_from_profile(profile, model: str | None = None) -> SimTarget:
@@ -115,7 +119,8 @@ def target_from_profile(profile, model: str | None = None) -> SimTarget:
                      transfers={link: m.fit for link, m in profile.transfers.items()},
                      block_io={kind: m.fit for kind, m in profile.block_io.items()},
                      link_notes={link: profile.tier_notes.get(tier, ()) + profile.transfer_gaps.get(tier, ())
-                                 for tier in TIER_LINKS for link in TIER_LINKS[tier]})
+                                 for tier in TIER_LINKS for link in TIER_LINKS[tier]},
+                     idle_wake_s=profile.idle_wake_s or 0.0)
 
 
 def _profile_itemsize(profile, spec: ModelSpec) -> int:
@@ -138,8 +143,11 @@ class ProfileExecutor:
 
     def __init__(self, step_cost: StepCostModel, kv: KVTraffic, clock: VirtualClock, vocab: int,
                  transfers: dict[str, Any] | None = None, block_bytes: int = 0, layerwise_layers: int = 0,
-                 ring_swap_bytes: int = 0, *, parts: int = 1, rings: int = 0, block_io: dict[str, Any] | None = None):
+                 ring_swap_bytes: int = 0, *, parts: int = 1, rings: int = 0, block_io: dict[str, Any] | None = None,
+                 idle_wake_s: float = 0.0):
         self.step_cost = step_cost
+        self.idle_wake_s = idle_wake_s
+        self._last_end_s = -math.inf  # when the last step ended: the replay's first step follows an idle engine
         self.layerwise_layers = layerwise_layers  # > 0 (the model's layers): copies overlap layer by layer
         self.transfers = transfers or {}  # link -> transfer fit
         self.block_io = block_io or {}  # the disk tier's block conversion -> fit (`records.BLOCK_IO`)
@@ -204,7 +212,7 @@ class ProfileExecutor:
     def execute(self, out: SchedulerOutput, kv) -> dict[str, int]:
         self.num_steps += 1
         self.num_scheduled += 1
-        step_s = self.step_cost.predict_s(step_shape(out, self.kv))
+        step_s = self.step_cost.predict_s(step_shape(out, self.kv)) + self._wake_s(self.clock.now())
         if kv.tiers is not None:  # on-demand copies add; a prefetch overlaps the step, late data stalls it
             whole, layered = layered_split(out, self.layerwise_layers > 0)
             sync_s, layered_s, prefetch_s = (self.transfer_s(t) for t in (whole, layered, out.prefetch))
@@ -215,8 +223,13 @@ class ProfileExecutor:
             kv.tiers.stats.stall_s += sync_s + (pipelined_s - step_s) + late_s
             step_s = pipelined_s + sync_s + late_s
         self.clock.advance(step_s)
+        self._last_end_s = self.clock.now()
         sampling = [s.seq.seq_id for s in out.scheduled if s.samples]
         return dict(zip(sampling, self.next_tokens(len(sampling))))
+
+    def _wake_s(self, start_s: float) -> float:
+        """What a step starting at ``start_s`` adds for following an idle engine (`IDLE_WAKE_GAP_S`)."""
+        return self.idle_wake_s if start_s - self._last_end_s >= IDLE_WAKE_GAP_S else 0.0
 
     def fast_forward(self, engine: Engine, next_arrival_s: float) -> None:
         """Advance, in one event each, the steps that start before the next arrival and whose outcome is
@@ -238,7 +251,7 @@ class ProfileExecutor:
             if now_s >= next_arrival_s:
                 break
             end_s = now_s + self.step_cost.predict_s(step_shape(SchedulerOutput([ScheduledSeq.of(seq, start, n, start)]),
-                                                                self.kv))
+                                                                self.kv)) + (self._wake_s(now_s) if not steps else 0.0)
             engine.busy_s += end_s - now_s
             now_s, start, steps = end_s, start + n, steps + 1
         if not steps:
@@ -247,6 +260,7 @@ class ProfileExecutor:
         self.num_fast_forwards += 1
         token = self.next_tokens(1)[0] if start == seq.num_tokens else None
         self.clock.wait_until(now_s)
+        self._last_end_s = now_s
         engine.scheduler.advance_prefill(seq, chunks[:steps], now_s, token, engine.eos_token_id)
 
     def _advance_run(self, engine: Engine, next_arrival_s: float) -> bool:
@@ -281,6 +295,7 @@ class ProfileExecutor:
             engine.kv.tiers.stats.stall_s += moved_s
             self.clock.advance(moved_s)
             engine.busy_s += moved_s
+        self._last_end_s = self.clock.now()
         self.num_steps += k
         self.num_fast_forwards += 1
         return bool(finished)
@@ -383,7 +398,7 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
                                target.spec.n_layers if layerwise_depth(config) else 0,
                                ring_bytes_per_seq(config, target.spec, target.kv_itemsize),
                                parts=part_tensors(config, target.spec), rings=quantized_sides(config, target.spec),
-                               block_io=target.block_io)
+                               block_io=target.block_io, idle_wake_s=target.idle_wake_s)
     extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
                     executor=executor, clock=clock, ring_bytes=ring_bytes(config, target.spec, target.kv_itemsize),

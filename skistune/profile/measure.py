@@ -35,7 +35,8 @@ from .kernels import (
     quantize_timings,
 )
 from .power import average_w, find_meter, measured_power, modeled_power
-from .profile import CPU_HOST_NOTE, PAGE_CACHE_NOTE, HardwareProfile, Measured, disk_note, fit_step_points
+from .profile import (CPU_HOST_NOTE, IDLE_WAKE_SLEEP_S, PAGE_CACHE_NOTE, HardwareProfile, Measured, disk_note,
+                      fit_step_points)
 from .records import BLOCK_IO, BLOCK_IO_FEATURES, GridPoint, StepPoint, block_io_features, kv_bits
 from .steps import StepBench, fill_kv
 from .transfers import block_copy_timings, disk_free_bytes, disk_timings, page_cache_dropped
@@ -107,13 +108,13 @@ class Grid:
         return self.decode() if self.attention_decode is None else list(self.attention_decode)
 
     def units(self) -> int:
-        """Progress units: one per grid point, kernel case, transfer stage and the power figure."""
+        """Progress units: one per grid point, kernel case, transfer stage, the idle wake-up and the power figure."""
         plain = len(self.decode()) + len(self.prefill)
         quant = len(self.quant_decode) + len(self.quant_prefill)
         steps = plain + len(self.mixed) + len(self.step_bits) * quant + len(self.compaction)
         kernels = (len(self.kernel_decode()) + len(self.prefill)
                    + len(self.kernel_bits) * (quant + len(self.quantize_blocks)))
-        return steps + len(self.overhead_batches) + kernels + 2 + 1 + bool(self.projection_rows)
+        return steps + len(self.overhead_batches) + kernels + 2 + 1 + 1 + bool(self.projection_rows)
 
     def pool_tokens(self, block_size: int) -> int:
         """KV tokens the largest 16-bit grid point holds at once, with room for block rounding and growth."""
@@ -358,6 +359,21 @@ def _drift(bench: StepBench, steps: list[StepPoint]) -> dict[str, float]:
     return out
 
 
+IDLE_WAKE_CHUNK = 32  # the prefill timed after an idle engine: a short step, which the wake-up moves the most
+
+
+def _idle_wake(bench: StepBench, tick: _Tracker) -> float:
+    """What a step that follows an idle engine takes over the same step back to back: a short prefill (one
+    request's whole prompt) timed after `IDLE_WAKE_SLEEP_S` of idle each time, against the same back to back.
+    At low arrival rates every prompt's first step follows an idle engine: on a 2-core Intel host those took
+    +17-19 ms whatever their size (9, 48 or 131 tokens; `benchmarks/fidelity_steps.py` shows them apart), and
+    the simulator, fed back-to-back step times only, predicted every TTFT p50 of `benchmarks/fidelity.py` short."""
+    back = bench.prefill(IDLE_WAKE_CHUNK, 0).timing.median_s
+    after = bench.prefill(IDLE_WAKE_CHUNK, 0, idle_s=IDLE_WAKE_SLEEP_S).timing.median_s
+    tick("a step after an idle engine")
+    return max(0.0, after - back)
+
+
 def busy_note(load_average: float | None, cores: int) -> str | None:
     """A note when other work kept the machine busy as the measurement began (the 1-minute load average at
     least half the cores, or one core's worth): a profile measured so is slow throughout, which its own
@@ -424,6 +440,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
     quantize = _quantize(runtime, grid, tick)
     transfers, block_io = _transfers(runtime, grid, disk_dir, tick)
     drift = _drift(bench, steps)
+    idle_wake_s = _idle_wake(bench, tick)
     fingerprint = machine_fingerprint(device.type)
     power = (modeled_power(device.type, fingerprint.cpu_count) if meter is None
              else measured_power(meter, grid.idle_s, busy_w))
@@ -434,7 +451,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
         fingerprint=fingerprint, duration_s=time.perf_counter() - started, steps=tuple(steps),
         step_fit=step_fit, overhead=overhead, attention=attention, transfers=transfers, power=power,
         **_notes(runtime, disk_dir, busy), quantize=quantize, disk_free_bytes=disk_free_bytes(disk_dir), drift=drift,
-        block_io=block_io)
+        block_io=block_io, idle_wake_s=idle_wake_s)
 
 
 def _available_bytes(device: str) -> int | None:

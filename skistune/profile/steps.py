@@ -153,13 +153,16 @@ class StepBench:
             engine, lambda out: len(out.scheduled) == batch and out.num_batched_tokens == batch)
         return self._point("decode", {"batch": batch, "context": context, "bits": self.bits}, times_s, shapes)
 
-    def prefill(self, chunk: int, cached: int) -> StepPoint:
+    def prefill(self, chunk: int, cached: int, idle_s: float = 0.0) -> StepPoint:
         """A ``chunk``-token prefill chunk after ``cached`` tokens of the same prompt (a multiple of
-        ``chunk``: the scheduler cuts prompts into whole chunks), ending the prompt, so it samples."""
+        ``chunk``: the scheduler cuts prompts into whole chunks), ending the prompt, so it samples. With
+        ``idle_s`` (and ``cached`` 0), each such step follows that long an idle engine (`idle_wake`)."""
         engine = self._engine(chunk_size=chunk, budget_tokens=max(chunk, SETUP_TOKENS))
 
         def one_request_at_a_time(engine: Engine) -> None:
             if not engine.scheduler.has_work():
+                if idle_s:
+                    time.sleep(idle_s)
                 engine.add_request(self._request(cached + chunk, 1))
 
         times_s, shapes = self._run(

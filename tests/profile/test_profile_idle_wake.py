@@ -1,0 +1,43 @@
+"""A step that follows an idle engine: what the profiler times it at over the same step back to back, how the
+profile keeps it, and how the simulator adds it (to the first step after an idle gap only)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from skistune.config import KVConfig
+from skistune.evaluate import sim_target
+from skistune.profile import HardwareProfile
+from skistune.runtime.request import Request
+from skistune.simulator import IDLE_WAKE_GAP_S, simulate
+
+
+def test_the_profiler_records_it_and_the_file_keeps_it(tiny_profile):
+    assert tiny_profile.idle_wake_s is not None and tiny_profile.idle_wake_s >= 0
+    data = tiny_profile.to_dict()
+    assert data["idle_wake"]["extra_s"] == tiny_profile.idle_wake_s and data["idle_wake"]["after_idle_s"] > 0
+    assert HardwareProfile.from_dict(json.loads(json.dumps(data))).idle_wake_s == tiny_profile.idle_wake_s
+    older = {k: v for k, v in data.items() if k != "idle_wake"}  # (a file written before it was measured)
+    assert HardwareProfile.from_dict(older).idle_wake_s is None
+    with pytest.raises(ValueError, match=r"idle_wake\.extra_s: -0\.1 is below 0"):
+        HardwareProfile.from_dict({**data, "idle_wake": {"extra_s": -0.1, "after_idle_s": 0.5}})
+
+
+def test_the_simulator_adds_it_to_the_first_step_after_an_idle_engine():
+    """A lone request after an idle gap starts later by the wake-up; one that arrives while the engine is busy
+    does not; steps back to back (its decodes) do not. A profile without it predicts as before."""
+    target = sim_target("smollm2-135m", "cpu-smollm2-135m")
+    assert target.idle_wake_s == 0.0  # (the shipped profile predates the measurement)
+    woken = replace(target, idle_wake_s=0.02)
+    alone = [Request("a", list(range(100, 140)), 4, arrival_s=0.0), Request("b", list(range(200, 240)), 4,
+                                                                             arrival_s=5.0)]
+    plain, slow = simulate(KVConfig(), alone, target), simulate(KVConfig(), alone, woken)
+    assert slow.ttft_s.max == pytest.approx(plain.ttft_s.max + 0.02)  # every first step follows an idle engine
+    assert slow.tbt_s.max == pytest.approx(plain.tbt_s.max)  # decodes back to back: none
+    busy = alone + [Request("c", list(range(300, 340)), 4, arrival_s=5.0 + IDLE_WAKE_GAP_S / 10)]
+    plain, slow = simulate(KVConfig(), busy, target), simulate(KVConfig(), busy, woken)
+    waits = [slow.e2e_s.max - plain.e2e_s.max, slow.ttft_s.mean * 3 - plain.ttft_s.mean * 3]
+    assert waits[0] == pytest.approx(0.02)  # "c" waits behind "b"'s woken step, and no wake-up of its own
+    assert waits[1] == pytest.approx(0.06)  # a, b and c each 20 ms later
