@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from skistune.config import KVConfig
-from skistune.profile.cost import StepCostModel, decode_shape, step_shape
+from skistune.profile.cost import StepCostModel, decode_shape, idle_wake_at, step_shape
 from skistune.profile.records import block_io_features
 from skistune.runtime.engine import Engine, VirtualClock, layerwise_depth
 from skistune.runtime.kv_layout import (KVTraffic, kv_pool_blocks, kv_traffic, layout_notes, part_tensors,
@@ -67,9 +67,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> by
 # the finest capacity resolution: far below any prediction's error; much finer (~1e-15), the lattice's steps
 # fall below the resolution of floats and the bisection never ends
 MIN_PRECISION = 1e-6
-# a step that starts this long or more after the previous one ended follows an idle engine, and takes the
-# profile's `idle_wake_s` more (on the Intel host the wake-up cost half of it after 0.05 s, all of it from 0.2 s)
-IDLE_WAKE_GAP_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -89,7 +86,8 @@ class SimTarget:
     block_io: dict[str, Any] = field(default_factory=dict)
     # link -> notes on how its transfers were measured: added to the notes of configs whose tiers cross it
     link_notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    idle_wake_s: float = 0.0  # added to a step that follows an idle engine (`HardwareProfile.idle_wake_s`)
+    # (idle s, extra s): what a step that follows an idle engine takes more (`cost.idle_wake_at`); () none
+    idle_wake: tuple[tuple[float, float], ...] = ()
 
 
 def target_from_profile(profile, model: str | None = None) -> SimTarget:
@@ -120,7 +118,7 @@ def target_from_profile(profile, model: str | None = None) -> SimTarget:
                      block_io={kind: m.fit for kind, m in profile.block_io.items()},
                      link_notes={link: profile.tier_notes.get(tier, ()) + profile.transfer_gaps.get(tier, ())
                                  for tier in TIER_LINKS for link in TIER_LINKS[tier]},
-                     idle_wake_s=profile.idle_wake_s or 0.0)
+                     idle_wake=profile.idle_wake)
 
 
 def _profile_itemsize(profile, spec: ModelSpec) -> int:
@@ -144,9 +142,9 @@ class ProfileExecutor:
     def __init__(self, step_cost: StepCostModel, kv: KVTraffic, clock: VirtualClock, vocab: int,
                  transfers: dict[str, Any] | None = None, block_bytes: int = 0, layerwise_layers: int = 0,
                  ring_swap_bytes: int = 0, *, parts: int = 1, rings: int = 0, block_io: dict[str, Any] | None = None,
-                 idle_wake_s: float = 0.0):
+                 idle_wake: tuple[tuple[float, float], ...] = ()):
         self.step_cost = step_cost
-        self.idle_wake_s = idle_wake_s
+        self.idle_wake = idle_wake
         self._last_end_s = -math.inf  # when the last step ended: the replay's first step follows an idle engine
         self.layerwise_layers = layerwise_layers  # > 0 (the model's layers): copies overlap layer by layer
         self.transfers = transfers or {}  # link -> transfer fit
@@ -228,8 +226,8 @@ class ProfileExecutor:
         return dict(zip(sampling, self.next_tokens(len(sampling))))
 
     def _wake_s(self, start_s: float) -> float:
-        """What a step starting at ``start_s`` adds for following an idle engine (`IDLE_WAKE_GAP_S`)."""
-        return self.idle_wake_s if start_s - self._last_end_s >= IDLE_WAKE_GAP_S else 0.0
+        """What a step starting at ``start_s`` adds for following an idle engine (`cost.idle_wake_at`)."""
+        return idle_wake_at(self.idle_wake, start_s - self._last_end_s) if self.idle_wake else 0.0
 
     def fast_forward(self, engine: Engine, next_arrival_s: float) -> None:
         """Advance, in one event each, the steps that start before the next arrival and whose outcome is
@@ -398,7 +396,7 @@ def build_engine(config: KVConfig, target: SimTarget, *, fast_forward: bool = Tr
                                target.spec.n_layers if layerwise_depth(config) else 0,
                                ring_bytes_per_seq(config, target.spec, target.kv_itemsize),
                                parts=part_tensors(config, target.spec), rings=quantized_sides(config, target.spec),
-                               block_io=target.block_io, idle_wake_s=target.idle_wake_s)
+                               block_io=target.block_io, idle_wake=target.idle_wake)
     extrapolated = (target.quantized_kv_note,) if kv.quantized_elements_per_token and target.quantized_kv_note else ()
     engine = Engine(config, num_blocks=num_blocks, block_bytes=block_bytes, max_context=target.spec.max_context,
                     executor=executor, clock=clock, ring_bytes=ring_bytes(config, target.spec, target.kv_itemsize),

@@ -152,8 +152,8 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
              "not measured" if profile.quantize is None else _r2(profile.quantize.fit.quality.r2))]
     rows += [_transfer_row(link, m.fit) for link, m in profile.transfers.items()]
     rows += [_block_io_row(kind, m.fit) for kind, m in profile.block_io.items()]
-    rows.append(("a step after an idle engine: time added", "not measured" if profile.idle_wake_s is None
-                 else f"{profile.idle_wake_s * 1e3:.1f} ms"))
+    rows.append(("a step after an idle engine: time added", ", ".join(
+        f"{x * 1e3:.1f} ms after {g:g} s" for g, x in profile.idle_wake) or "not measured"))
     rows.append(("machine speed while measured: last / first step timed",
                  ", ".join(f"{k} x{r:.2f}" for k, r in profile.drift.items()) or "not recorded"))
     # what bounds the host and disk tiers the optimizer recommends for this machine

@@ -71,6 +71,7 @@ Coefficients are fitted with non-negative least squares (a cost cannot be negati
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from operator import mul
@@ -319,6 +320,27 @@ class ScaledStepCost:
 
     def compaction_s(self, kv_slots: int) -> float:
         return self.base.compaction_s(kv_slots) * self.other
+
+
+# A step that follows an idle engine takes longer than back to back (threads and cores waking), and the longer
+# the idle the more: on a 2-core Intel host a 131-token prefill took +9 ms after 0.05 s of idle, +17-20 ms after
+# 0.2-1 s and +33 ms after 2 s, whatever the step's size (+17-19 ms for 9, 48 and 131 tokens after 1 s). The
+# profiler times it after each of `measure.IDLE_WAKE_GAPS_S` of idle; a step that starts `IDLE_WAKE_GAP_S` or more
+# after the last one ended takes `idle_wake_at` more in the simulator.
+IDLE_WAKE_GAP_S = 0.1
+
+
+def idle_wake_at(points: Sequence[tuple[float, float]], gap_s: float) -> float:
+    """What a step adds after ``gap_s`` of idle, from the profile's (idle seconds, extra seconds) points: none
+    below `IDLE_WAKE_GAP_S`, the nearest point's outside them, linear in the log of the idle between them."""
+    if not points or gap_s < IDLE_WAKE_GAP_S:
+        return 0.0
+    if gap_s <= points[0][0]:
+        return points[0][1]
+    for (g0, x0), (g1, x1) in zip(points, points[1:]):
+        if gap_s <= g1:
+            return x0 + (x1 - x0) * math.log(gap_s / g0) / math.log(g1 / g0)
+    return points[-1][1]
 
 
 def design_matrix(shapes: Sequence[StepShape], knee: int, rows: ProjectionRule = PLAIN_RULE,

@@ -30,7 +30,7 @@ from skistune.kernels.rows import ProjectionRule
 from skistune.quality.model import FORMAT as QUALITY_FORMAT
 from skistune.runtime.tiers import CPU_HOST_NOTE  # noqa: F401 (a tier note of profiles; re-exported)
 
-from .cost import ProjectionTimes, StepCostModel
+from .cost import IDLE_WAKE_GAP_S, ProjectionTimes, StepCostModel
 from .fields import entry, integer, items, number, text
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import MIN_S_PER_BYTE, FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
@@ -39,10 +39,6 @@ from .records import BLOCK_IO, BLOCK_IO_FEATURES, LINKS, GridPoint, StepPoint, b
 
 FORMAT = "skistune.hardware_profile"
 FORMAT_VERSION = 1
-# how long the engine idles before each step `idle_wake_s` is timed on; the simulator adds that time to a step
-# that follows an idle engine for at least `simulator.IDLE_WAKE_GAP_S` (on the Intel host the extra time was
-# +9 ms after 0.05 s of idle, +17-20 ms from 0.2 s to 1 s)
-IDLE_WAKE_SLEEP_S = 0.5
 DEVICES = ("cpu", "cuda")
 DRIFT_NOTE_AT = 0.10  # a kind of step that ran this much faster or slower at the end of the measurement is noted
 # a quick profile measured while its steps drifted by this factor or more, or whose step fit misses its own
@@ -122,9 +118,9 @@ class HardwareProfile:
     # free space of the disk the transfers were timed on, when they were: bounds the disk KV tier the
     # optimizer may recommend for this machine (None: not recorded, as in files written before it was)
     disk_free_bytes: int | None = None
-    # what a step that follows an idle engine takes over the same step back to back (threads and cores waking:
-    # +17-19 ms on a 2-core Intel host whatever the step's size); None where not measured (files before it)
-    idle_wake_s: float | None = None
+    # (idle seconds, what a step after that much idle takes over the same step back to back), by idle; empty
+    # where not measured (files written before it): see `idle_wake_at`
+    idle_wake: tuple[tuple[float, float], ...] = ()
     # each kind's first step point timed again at the end of the measurement, end / start (`measure._drift`):
     # how still the machine stood while the profile was taken (empty in files written before it was recorded)
     drift: dict[str, float] = field(default_factory=dict)
@@ -300,8 +296,7 @@ class HardwareProfile:
             "overhead": self.overhead.to_dict(), "kernels": self._kernels_dict(),
             "transfers": {link: m.to_dict() for link, m in self.transfers.items()},
             "disk_free_bytes": self.disk_free_bytes, "drift": dict(self.drift),
-            **({"idle_wake": {"extra_s": self.idle_wake_s, "after_idle_s": IDLE_WAKE_SLEEP_S}}
-               if self.idle_wake_s is not None else {}),
+            **({"idle_wake": [{"idle_s": g, "extra_s": x} for g, x in self.idle_wake]} if self.idle_wake else {}),
             "tier_notes": {tier: list(notes) for tier, notes in self.tier_notes.items()},
             **({"block_io": {kind: m.to_dict() for kind, m in self.block_io.items()}} if self.block_io else {}),
             "power": {**self.power.to_dict(), "energy_j_per_token": self.energy_j_per_token()},
@@ -348,8 +343,7 @@ class HardwareProfile:
             disk_free_bytes=(None if data.get("disk_free_bytes") is None
                              else integer(data, "disk_free_bytes", "profile")),
             drift=_read_drift(data.get("drift") or {}), block_io=_read_block_io(data),
-            idle_wake_s=(number(entry(data, "idle_wake", "profile"), "extra_s", "idle_wake", minimum=0.0)
-                         if "idle_wake" in data else None))
+            idle_wake=_read_idle_wake(data))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically (a temp file in the same folder, then renamed over ``path``)."""
@@ -639,6 +633,18 @@ def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True
     if check_fingerprint:
         warn_if_elsewhere(profile, path)
     return profile
+
+
+def _read_idle_wake(data: dict) -> tuple[tuple[float, float], ...]:
+    """The ``idle_wake`` points (none in files written before them), checked and ordered by idle."""
+    if "idle_wake" not in data:
+        return ()
+    points = items(data, "idle_wake", "profile")
+    read = [(number(p, "idle_s", f"idle_wake[{i}]", minimum=IDLE_WAKE_GAP_S),
+             number(p, "extra_s", f"idle_wake[{i}]")) for i, p in enumerate(points)]
+    if len({g for g, _ in read}) < len(read):
+        raise ValueError("idle_wake: two points at the same idle")
+    return tuple(sorted(read))
 
 
 def warn_if_elsewhere(profile: HardwareProfile, path: str | os.PathLike[str]) -> None:

@@ -11,26 +11,40 @@ from skistune.config import KVConfig
 from skistune.evaluate import sim_target
 from skistune.profile import HardwareProfile
 from skistune.runtime.request import Request
-from skistune.simulator import IDLE_WAKE_GAP_S, simulate
+from skistune.profile.cost import IDLE_WAKE_GAP_S, idle_wake_at
+from skistune.profile.measure import IDLE_WAKE_GAPS_S
+from skistune.simulator import simulate
 
 
 def test_the_profiler_records_it_and_the_file_keeps_it(tiny_profile):
-    assert tiny_profile.idle_wake_s is not None and tiny_profile.idle_wake_s >= 0
+    assert [g for g, _ in tiny_profile.idle_wake] == list(IDLE_WAKE_GAPS_S)
+    assert all(x >= 0 for _, x in tiny_profile.idle_wake)
     data = tiny_profile.to_dict()
-    assert data["idle_wake"]["extra_s"] == tiny_profile.idle_wake_s and data["idle_wake"]["after_idle_s"] > 0
-    assert HardwareProfile.from_dict(json.loads(json.dumps(data))).idle_wake_s == tiny_profile.idle_wake_s
+    assert data["idle_wake"] == [{"idle_s": g, "extra_s": x} for g, x in tiny_profile.idle_wake]
+    assert HardwareProfile.from_dict(json.loads(json.dumps(data))).idle_wake == tiny_profile.idle_wake
     older = {k: v for k, v in data.items() if k != "idle_wake"}  # (a file written before it was measured)
-    assert HardwareProfile.from_dict(older).idle_wake_s is None
-    with pytest.raises(ValueError, match=r"idle_wake\.extra_s: -0\.1 is below 0"):
-        HardwareProfile.from_dict({**data, "idle_wake": {"extra_s": -0.1, "after_idle_s": 0.5}})
+    assert HardwareProfile.from_dict(older).idle_wake == ()
+    with pytest.raises(ValueError, match=r"idle_wake\[0\]\.extra_s: -0\.1 is below 0"):
+        HardwareProfile.from_dict({**data, "idle_wake": [{"idle_s": 0.5, "extra_s": -0.1}]})
+    with pytest.raises(ValueError, match="two points at the same idle"):
+        HardwareProfile.from_dict({**data, "idle_wake": [{"idle_s": 0.5, "extra_s": 0.1}] * 2})
+
+
+def test_the_wake_up_grows_with_the_log_of_the_idle_between_its_points():
+    points = ((0.25, 0.010), (2.0, 0.040))
+    assert idle_wake_at(points, IDLE_WAKE_GAP_S / 2) == 0.0  # (back to back, or nearly)
+    assert idle_wake_at(points, IDLE_WAKE_GAP_S) == idle_wake_at(points, 0.25) == 0.010
+    assert idle_wake_at(points, 0.25 * 8 ** 0.5) == pytest.approx(0.025)  # halfway in log
+    assert idle_wake_at(points, 60.0) == idle_wake_at(points, float("inf")) == 0.040
+    assert idle_wake_at((), 60.0) == 0.0
 
 
 def test_the_simulator_adds_it_to_the_first_step_after_an_idle_engine():
     """A lone request after an idle gap starts later by the wake-up; one that arrives while the engine is busy
     does not; steps back to back (its decodes) do not. A profile without it predicts as before."""
     target = sim_target("smollm2-135m", "cpu-smollm2-135m")
-    assert target.idle_wake_s == 0.0  # (the shipped profile predates the measurement)
-    woken = replace(target, idle_wake_s=0.02)
+    assert target.idle_wake == ()  # (the shipped profile predates the measurement)
+    woken = replace(target, idle_wake=((0.25, 0.02),))
     alone = [Request("a", list(range(100, 140)), 4, arrival_s=0.0), Request("b", list(range(200, 240)), 4,
                                                                              arrival_s=5.0)]
     plain, slow = simulate(KVConfig(), alone, target), simulate(KVConfig(), alone, woken)
