@@ -210,7 +210,9 @@ class ProfileExecutor:
     def execute(self, out: SchedulerOutput, kv) -> dict[str, int]:
         self.num_steps += 1
         self.num_scheduled += 1
-        step_s = self.step_cost.predict_s(step_shape(out, self.kv)) + self._wake_s(self.clock.now())
+        step_s = self.step_cost.predict_s(step_shape(out, self.kv))
+        if self.idle_wake:  # (a call saved per step where the profile has none)
+            step_s += self._wake_s(self.clock.now())
         if kv.tiers is not None:  # on-demand copies add; a prefetch overlaps the step, late data stalls it
             whole, layered = layered_split(out, self.layerwise_layers > 0)
             sync_s, layered_s, prefetch_s = (self.transfer_s(t) for t in (whole, layered, out.prefetch))
@@ -227,7 +229,7 @@ class ProfileExecutor:
 
     def _wake_s(self, start_s: float) -> float:
         """What a step starting at ``start_s`` adds for following an idle engine (`cost.idle_wake_at`)."""
-        return idle_wake_at(self.idle_wake, start_s - self._last_end_s) if self.idle_wake else 0.0
+        return idle_wake_at(self.idle_wake, start_s - self._last_end_s)
 
     def fast_forward(self, engine: Engine, next_arrival_s: float) -> None:
         """Advance, in one event each, the steps that start before the next arrival and whose outcome is
