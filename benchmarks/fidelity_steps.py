@@ -20,7 +20,7 @@ from fidelity import (CONFIG_NAMES, TRACES, WORKLOAD_NAMES, add_target_args, bas
 
 from skistune.config import KVConfig
 from skistune.evaluate import workload_requests
-from skistune.profile.cost import step_shape
+from skistune.profile.cost import step_kind, step_shape
 from skistune.runtime.engine import Engine
 from skistune.runtime.kv_layout import kv_traffic
 
@@ -46,9 +46,8 @@ def timed_steps(engine: Engine, log: list) -> None:
 
 
 def kind(shape) -> str:
-    """decode, prefill or mixed; "+compaction" when eviction compacts a sequence after the step."""
-    base = "decode" if shape.num_tokens == shape.num_seqs else "prefill" if shape.num_seqs == 1 else "mixed"
-    return base + "+compaction" if shape.compactions else base
+    """decode, prefill or mixed (`cost.step_kind`); "+compaction" when eviction compacts a sequence after the step."""
+    return step_kind(shape) + ("+compaction" if shape.compactions else "")
 
 
 def summary(errors: list[float]) -> dict:
