@@ -12,7 +12,6 @@ the error of the model can be told apart.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -93,9 +92,7 @@ def cost_at_speed(step_cost: StepCostModel, checks: Sequence[Mapping]) -> Scaled
     if not checks:
         raise ValueError("no speed check to scale the step costs by")
 
-    def mean(ratios: list[float]) -> float:
-        return math.exp(statistics.fmean(map(math.log, ratios)))
-
+    mean = statistics.geometric_mean
     kinds = dict.fromkeys(k for c in checks for k in c["by_kind"])
     factors = tuple((k, mean([c["by_kind"][k] for c in checks if k in c["by_kind"]])) for k in kinds)
     return ScaledStepCost(step_cost, factors, mean([c["ratio"] for c in checks]))
