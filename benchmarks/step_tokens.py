@@ -3,8 +3,10 @@ rounds over all sizes (this machine's speed drifts within seconds; a round sees 
 same speed), the median per size. Shows the shape the step cost model has to follow at small steps,
 where a CPU's BLAS cost depends on the rows in steps (`kernels/linear.py`). With ``--idle S`` each step is
 also timed after the engine sat idle S seconds (as a replay's first step after a gap between arrivals),
-side by side with the back-to-back one. Chunked prefill is off and the step budget holds the largest size:
-every size is one step of that many tokens (sizes up to the model's context, less the sampled token).
+side by side with the back-to-back one. ``SKISTUNE_OMP_WAIT=spin`` times them with spinning OpenMP threads
+(past 32,768 elements PyTorch splits an elementwise op across threads, which wakes sleeping ones:
+`cost.parallel_rows`). Chunked prefill is off and the step budget holds the largest size: every size is one
+step of that many tokens (sizes up to the model's context, less the sampled token).
 
     python benchmarks/step_tokens.py [--model smollm2-135m] [--tokens 1 2 4 ...] [--rounds 5] [--idle S] [--json]
 """
@@ -18,6 +20,7 @@ from bench_args import add_json, check_runtime, description, fail, nonnegative_f
 
 import torch
 
+from skistune import openmp_wait
 from skistune.config import KVConfig
 from skistune.runtime.llm import Runtime
 from skistune.runtime.presets import PRESETS
@@ -76,14 +79,15 @@ def main() -> None:
                 engine.run_until_done()
     rows = [{"tokens": n, "idle_s": idle, "median_ms": statistics.median(v) * 1e3, "min_ms": min(v) * 1e3,
              "max_ms": max(v) * 1e3} for (n, idle), v in samples.items()]
-    print(f"{args.model}, torch threads {torch.get_num_threads()}: one-sequence prefill steps, {args.rounds} rounds")
+    print(f"{args.model}, torch threads {torch.get_num_threads()}, OpenMP threads {openmp_wait()} while waiting: "
+          f"one-sequence prefill steps, {args.rounds} rounds")
     print(f"{'tokens':>6} {'idle s':>6} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
     for row in rows:
         print(f"{row['tokens']:>6} {row['idle_s']:>6.2f} {row['median_ms']:>10.1f} {row['min_ms']:>8.1f} "
               f"{row['max_ms']:>8.1f}")
     if args.json:
         print_json({"benchmark": "step_tokens", "model": args.model, "rounds": args.rounds, "idle_s": args.idle,
-                    "rows": rows})
+                    "openmp_wait": openmp_wait(), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from skistune.config import format_bytes
 from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
 from skistune.paths import check_existing_dir, check_out_file
 
-from .cost import ALL_FEATURES, ProjectionTimes
+from .cost import ALL_FEATURES, PARALLEL_FEATURES, ProjectionTimes
 from .fingerprint import machine_fingerprint
 from .profile import HardwareProfile, cached_profile_path, load_profile, profile_path, warn_if_elsewhere
 
@@ -113,6 +113,9 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
         ("step: x the projection passes timed here (layers / LM head)",
          f"{c['projections_s']:.2f} / {c['lm_head_s']:.2f}" if profile.step_cost.table else "not measured"),
         *_projection_rows(profile.step_cost.table),
+        ("step: elementwise ops split over threads past N tokens (KV / hidden / MLP rows)",
+         " / ".join(f"{c[f] * 1e3:.2f} ms past {n}" for f, n in zip(PARALLEL_FEATURES, profile.step_cost.parallel_rows))
+         or "not fitted"),
         ("step: per eviction compaction + per K slots compacted",
          f"{c['compactions'] * 1e3:.2f} ms + {c['compacted_slots'] * 1e6:.2f} ms"
          if any(p.kind == "compaction" for p in profile.steps) else "not measured"),

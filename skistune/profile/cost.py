@@ -24,6 +24,8 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_cslot   * compacted_slots           sequence: select the kept tokens, move them, every layer)
            + c_proj    * projections_s(num_tokens) the projections as timed on this machine: one pass over
            + c_head    * lm_head_s(num_samples)    every layer's weights, and the LM head, at that many rows
+           + c_par_*   * [num_tokens > parallel_rows_*]  elementwise ops over a KV / hidden / MLP row that
+                                          PyTorch splits across threads past its grain (CPU only)
 
 KV bytes are counted at the config's bits (`skistune.runtime.kv_layout.kv_traffic`: packed codes, scales
 and zero points, plus the full-precision ring tokens attention reads), so fewer bits read fewer bytes.
@@ -66,6 +68,16 @@ LM head 19 ms at 15 rows against 10 at 16. The token terms could only follow suc
 step (`small_rows` was one); with the table their coefficients carry the rest of a step's per-token work.
 A profile measured before the table has it absent and the terms at zero.
 
+The parallel terms (`PARALLEL_FEATURES`, 2026-12-05) are steps where PyTorch's CPU kernels start to split
+an elementwise op (a norm, an add, an activation) across threads: past `TORCH_GRAIN_ELEMENTS` elements
+(``at::internal::GRAIN_SIZE``), so past 32768 // width rows of a tensor ``width`` wide. Each such op then
+wakes the other threads, which costs nothing much while they spin and a lot where they sleep
+(``OMP_WAIT_POLICY=PASSIVE``, skistune's default). On the Intel host, sleeping: a SmolLM2 prefill of 56
+tokens took 116 ms and one of 57 took 144 (hidden 576: 32768 // 576 = 56), +4-6 ms past 21 tokens (MLP
+1536), +21 ms past 170 (KV 192); spinning, 56 and 57 tokens took 91 ms both. Without the terms the shipped
+profile's 64-token chunks were predicted 14-32% short. The thresholds follow from the model's widths
+(`parallel_rows`); a GPU profile has none, and profiles written before them load with the terms at zero.
+
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
 from __future__ import annotations
@@ -94,10 +106,25 @@ QUANT_FEATURES = ("decode_dequant_elements", "prefill_dequant_elements", "quanti
                   "decode_unpack_elements", "prefill_unpack_elements")
 EVICTION_FEATURES = ("compactions", "compacted_slots")
 TABLE_FEATURES = ("projections_s", "lm_head_s")
-ALL_FEATURES = FEATURES + QUANT_FEATURES + EVICTION_FEATURES + TABLE_FEATURES
+PARALLEL_FEATURES = ("parallel_kv_rows", "parallel_hidden_rows", "parallel_mlp_rows")
+ALL_FEATURES = FEATURES + QUANT_FEATURES + EVICTION_FEATURES + TABLE_FEATURES + PARALLEL_FEATURES
 READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3], FEATURES + QUANT_FEATURES,  # every list a profile
-                     FEATURES + QUANT_FEATURES + EVICTION_FEATURES, ALL_FEATURES)  # was written with
-GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES)  # how `StepCostModel` keeps them
+                     FEATURES + QUANT_FEATURES + EVICTION_FEATURES,  # was written with
+                     FEATURES + QUANT_FEATURES + EVICTION_FEATURES + TABLE_FEATURES, ALL_FEATURES)
+GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES, PARALLEL_FEATURES)  # as `StepCostModel` keeps them
+NO_PARALLEL = (0.0,) * len(PARALLEL_FEATURES)
+# PyTorch's CPU kernels run an elementwise op on the calling thread up to this many elements and split it
+# across threads past it (at::internal::GRAIN_SIZE, a compile-time constant that Python cannot read)
+TORCH_GRAIN_ELEMENTS = 32768
+
+
+def parallel_rows(spec, device: str) -> tuple[int, ...]:
+    """The token counts past which a step's elementwise ops over a KV row, a hidden row and an MLP row (in
+    `PARALLEL_FEATURES`' order) are split across threads; () off the CPU, where no such switch exists."""
+    if device != "cpu":
+        return ()
+    return tuple(TORCH_GRAIN_ELEMENTS // width for width in (spec.n_kv_heads * spec.head_dim, spec.hidden,
+                                                               spec.ffn_hidden))
 
 
 @dataclass(frozen=True)
@@ -196,20 +223,23 @@ class StepShape:
     compacted_slots: int = 0  # ... their KV slots before it
 
     def feature_values(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
-                       table: ProjectionTimes | None = None) -> tuple[float, ...]:
+                       table: ProjectionTimes | None = None, parallel: tuple[int, ...] = ()) -> tuple[float, ...]:
         """The value of each feature of `ALL_FEATURES`, in order, as Python numbers: what `features` puts
-        in an array for the fitter and `StepCostModel.predict_s` weighs one by one."""
+        in an array for the fitter and `StepCostModel.predict_s` weighs one by one. ``parallel``: the
+        model's `parallel_rows` (none: those terms are zero)."""
         tokens, samples = rows.rows(self.num_tokens), rows.rows(self.num_samples) if self.num_samples else 0
         projections, head = (table.layers(self.num_tokens), table.head(self.num_samples)) if table else (0.0, 0.0)
-        return (1.0, self.num_seqs, tokens, max(0, tokens - knee), float(self.num_tokens > small_rows),
+        n = self.num_tokens  # (an elementwise op covers the step's tokens, not the rows a projection pads to)
+        return (1.0, self.num_seqs, tokens, max(0, tokens - knee), float(n > small_rows),
                 self.decode_kv_bytes, self.prefill_kv_bytes, self.prefill_pairs, samples,
                 self.decode_dequant_elements, self.prefill_dequant_elements, self.quantize_elements,
                 self.decode_unpack_elements, self.prefill_unpack_elements, self.compactions, self.compacted_slots,
-                projections, head)
+                projections, head,
+                *(tuple(float(n > r) for r in parallel) if parallel else NO_PARALLEL))
 
     def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
-                 table: ProjectionTimes | None = None) -> np.ndarray:
-        return np.array(self.feature_values(knee, rows, small_rows, table), dtype=np.float64)
+                 table: ProjectionTimes | None = None, parallel: tuple[int, ...] = ()) -> np.ndarray:
+        return np.array(self.feature_values(knee, rows, small_rows, table, parallel), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -217,8 +247,10 @@ class StepCostModel:
     """Fitted coefficients (seconds per unit of each feature) and the knee in tokens: ``coef`` for
     `FEATURES`, ``quant_coef`` for `QUANT_FEATURES` (zero where quantized KV was not measured),
     ``evict_coef`` for `EVICTION_FEATURES` (zero where compactions were not measured), ``table_coef`` for
-    `TABLE_FEATURES` with the ``table`` they read (None, and zeros, where it was not measured); ``rows``:
-    the projection rule the steps ran with, which says how the token terms count a step's rows."""
+    `TABLE_FEATURES` with the ``table`` they read (None, and zeros, where it was not measured),
+    ``parallel_coef`` for `PARALLEL_FEATURES` with the ``parallel_rows`` they switch at (`parallel_rows`;
+    none, and zeros, off the CPU and in older profiles); ``rows``: the projection rule the steps ran with,
+    which says how the token terms count a step's rows."""
 
     coef: tuple[float, ...]
     knee: int
@@ -228,28 +260,37 @@ class StepCostModel:
     evict_coef: tuple[float, ...] = (0.0,) * len(EVICTION_FEATURES)
     table_coef: tuple[float, ...] = (0.0,) * len(TABLE_FEATURES)
     table: ProjectionTimes | None = None
+    parallel_coef: tuple[float, ...] = NO_PARALLEL
+    parallel_rows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        counts = tuple(len(c) for c in (self.coef, self.quant_coef, self.evict_coef, self.table_coef))
+        counts = tuple(len(c) for c in (self.coef, self.quant_coef, self.evict_coef, self.table_coef,
+                                        self.parallel_coef))
         if counts != tuple(len(g) for g in GROUPS):
             raise ValueError(f"step cost model: needs {' + '.join(str(len(g)) for g in GROUPS)} coefficients, "
                              f"got {' + '.join(map(str, counts))}")
         if self.small_rows < 1:
             raise ValueError(f"step cost model: small_rows must be at least 1, got {self.small_rows}")
+        if self.parallel_rows and len(self.parallel_rows) != len(PARALLEL_FEATURES):
+            raise ValueError(f"step cost model: parallel_rows needs {len(PARALLEL_FEATURES)} token counts "
+                             f"(KV, hidden, MLP), got {len(self.parallel_rows)}")
+        if not self.parallel_rows and any(self.parallel_coef):
+            raise ValueError("step cost model: parallel terms without the parallel_rows they switch at")
 
     @classmethod
     def of(cls, coef, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
-           table: ProjectionTimes | None = None) -> "StepCostModel":
+           table: ProjectionTimes | None = None, parallel: tuple[int, ...] = ()) -> "StepCostModel":
         """From one coefficient per feature of `ALL_FEATURES`."""
         values, groups, start = tuple(float(c) for c in coef), [], 0
         for group in GROUPS:
             groups.append(values[start:start + len(group)])
             start += len(group)
-        return cls(groups[0], knee, groups[1], rows, small_rows, groups[2], groups[3], table)
+        return cls(groups[0], knee, groups[1], rows, small_rows, groups[2], groups[3], table, groups[4],
+                   tuple(parallel))
 
     @cached_property  # `predict_s` reads it every call (the fields are frozen: it cannot go stale)
     def all_coef(self) -> tuple[float, ...]:
-        return self.coef + self.quant_coef + self.evict_coef + self.table_coef
+        return self.coef + self.quant_coef + self.evict_coef + self.table_coef + self.parallel_coef
 
     def compaction_s(self, kv_slots: int) -> float:
         """What one compaction of a sequence holding ``kv_slots`` KV slots adds to its step."""
@@ -259,12 +300,14 @@ class StepCostModel:
         # The simulator predicts every step it does not fast-forward (~4 a request): Python floats, as a
         # numpy array and a dot product per call took 1.7x as long (4.0 us against 2.4 here). The sum's
         # order is not numpy's: predictions agree with `features` @ coefficients to ~1e-16 relative.
-        return sum(map(mul, self.all_coef, shape.feature_values(self.knee, self.rows, self.small_rows, self.table)))
+        return sum(map(mul, self.all_coef, shape.feature_values(self.knee, self.rows, self.small_rows, self.table,
+                                                                self.parallel_rows)))
 
     def to_dict(self) -> dict:
         table = {} if self.table is None else {"projection_table": self.table.to_dict()}
         return {"features": list(ALL_FEATURES), "coef": list(self.all_coef), "knee_tokens": self.knee,
-                "rows": rule_to_json(self.rows), "small_rows": self.small_rows, **table}
+                "rows": rule_to_json(self.rows), "small_rows": self.small_rows, **table,
+                "parallel_rows": list(self.parallel_rows)}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "step.cost_model") -> "StepCostModel":
@@ -290,7 +333,13 @@ class StepCostModel:
         small = _integer(data.get("small_rows", 1), f"{where}.small_rows", minimum=1)  # ... before it was fitted: 1
         table = (ProjectionTimes.from_dict(data["projection_table"], f"{where}.projection_table")
                  if "projection_table" in data else None)
-        return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), knee, rows, small, table)
+        parallel = tuple(_integer(r, f"{where}.parallel_rows[{i}]", minimum=1)  # (files before them: none)
+                         for i, r in enumerate(items(data, "parallel_rows", where, nonempty=False)
+                                               if "parallel_rows" in data else ()))
+        try:
+            return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), knee, rows, small, table, parallel)
+        except ValueError as exc:  # (its own checks say "step cost model: ..."; name where it sits)
+            raise ValueError(f"{where}: {str(exc).removeprefix('step cost model: ')}") from None
 
 
 def step_kind(shape: StepShape) -> str:
@@ -344,8 +393,9 @@ def idle_wake_at(points: Sequence[tuple[float, float]], gap_s: float) -> float:
 
 
 def design_matrix(shapes: Sequence[StepShape], knee: int, rows: ProjectionRule = PLAIN_RULE,
-                  small_rows: int = 1, table: ProjectionTimes | None = None) -> np.ndarray:
-    return np.stack([s.features(knee, rows, small_rows, table) for s in shapes])
+                  small_rows: int = 1, table: ProjectionTimes | None = None,
+                  parallel: tuple[int, ...] = ()) -> np.ndarray:
+    return np.stack([s.features(knee, rows, small_rows, table, parallel) for s in shapes])
 
 
 def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:

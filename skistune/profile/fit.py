@@ -121,24 +121,26 @@ class StepFit:
 
 def fit_step_cost(shapes: Sequence[StepShape], measured_s: Sequence[float], held_out: Sequence[bool],
                   knees: Sequence[int] = KNEE_CANDIDATES, rows: ProjectionRule = PLAIN_RULE,
-                  small_rows: Sequence[int] = SMALL_ROWS_CANDIDATES, table: ProjectionTimes | None = None) -> StepFit:
+                  small_rows: Sequence[int] = SMALL_ROWS_CANDIDATES, table: ProjectionTimes | None = None,
+                  parallel: tuple[int, ...] = ()) -> StepFit:
     """Fit `StepCostModel` on the points not held out, choosing the knee and the small-product bound
     (`SMALL_ROWS_CANDIDATES`) with the least relative error; ``rows``: the projection rule the steps ran
-    with (how it counts a step's rows); ``table``: the projections timed on the same machine, if measured."""
+    with (how it counts a step's rows); ``table``: the projections timed on the same machine, if measured;
+    ``parallel``: where the model's elementwise ops go parallel (`cost.parallel_rows`; none off the CPU)."""
     y = np.asarray(measured_s, dtype=np.float64)
     test = np.asarray(held_out, dtype=bool)
     train_shapes = [s for s, h in zip(shapes, test) if not h]
     errors, coefs = {}, {}
     for knee in knees:
         for small in small_rows:
-            x = design_matrix(train_shapes, knee, rows, small, table)
+            x = design_matrix(train_shapes, knee, rows, small, table, parallel)
             coefs[knee, small] = nnls_relative(x, y[~test])
             errors[knee, small] = huber_loss((x @ coefs[knee, small]) / y[~test] - 1.0)
     # Ties (no convex kink in the data: every knee past the largest step fits alike) go to the larger
     # knee, so that the slope is carried by `tokens` and the knee says "not seen below this"; and to the
     # smaller bound (1: one token, the model before the bound was fitted).
     knee, small = min(errors, key=lambda ks: (round(errors[ks], 12), ks[1], -ks[0]))
-    model = StepCostModel.of(coefs[knee, small], knee, rows, small, table)
+    model = StepCostModel.of(coefs[knee, small], knee, rows, small, table, parallel)
     predicted = np.array([model.predict_s(s) for s in shapes])
     held = fit_quality(predicted[test], y[test]) if test.any() else None
     return StepFit(model, fit_quality(predicted[~test], y[~test]), held, {k: errors[k, small] for k in knees})

@@ -23,7 +23,7 @@ from ..kernels.quant import QUANT_BITS
 from ..runtime.kv_layout import kv_block_bytes, kv_traffic, ring_bytes
 from ..runtime.llm import Runtime
 from ..runtime.presets import get_preset
-from .cost import ProjectionTimes
+from .cost import ProjectionTimes, parallel_rows
 from .fingerprint import machine_fingerprint
 from .fit import fit_linear, fit_transfer
 from .kernels import (
@@ -436,7 +436,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
     else:
         steps, busy_w = average_w(meter, lambda: _measure_steps(bench, grid, tick))
     table = _projection_times(runtime, grid, tick)
-    step_fit = fit_step_points(steps, runtime.model.rule, table)
+    step_fit = fit_step_points(steps, runtime.model.rule, table, parallel_rows(runtime.spec, device.type))
     overhead = _overhead(bench, grid, tick)
     attention = _attention(runtime, grid, tick)
     quantize = _quantize(runtime, grid, tick)

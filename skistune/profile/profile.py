@@ -28,9 +28,10 @@ from skistune.paths import shipped_or_path
 
 from skistune.kernels.rows import ProjectionRule
 from skistune.quality.model import FORMAT as QUALITY_FORMAT
+from skistune.runtime.presets import get_preset
 from skistune.runtime.tiers import CPU_HOST_NOTE  # noqa: F401 (a tier note of profiles; re-exported)
 
-from .cost import IDLE_WAKE_GAP_S, ProjectionTimes, StepCostModel
+from .cost import IDLE_WAKE_GAP_S, ProjectionTimes, StepCostModel, parallel_rows
 from .fields import entry, integer, items, number, text
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import MIN_S_PER_BYTE, FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
@@ -168,7 +169,25 @@ class HardwareProfile:
             raise ValueError(f"profile {self.name}: cannot refit the step cost model: its training step points "
                              f"have no {', no '.join(gaps)}, and the simulator would extrapolate such steps "
                              "from it; measure the profile again (`skistune profile`)")
-        return replace(self, step_fit=fit_step_points(self.steps, self.step_cost.rows, self.step_cost.table))
+        return replace(self, step_fit=fit_step_points(self.steps, self.step_cost.rows, self.step_cost.table,
+                                                      self._parallel_rows()))
+
+    def _parallel_rows(self) -> tuple[int, ...]:
+        """Where the model's elementwise ops go parallel on this device (`cost.parallel_rows`): as the fit
+        recorded them, else from the model's preset (none for a model that is not one: a test's tiny Llama)."""
+        if self.step_cost.parallel_rows:
+            return self.step_cost.parallel_rows
+        try:
+            spec = get_preset(self.model)
+        except ValueError:
+            return ()
+        return parallel_rows(spec, self.device)
+
+    @property
+    def fitted_before_parallel_terms(self) -> bool:
+        """Whether the step fit predates the terms for elementwise ops going parallel (`cost.parallel_rows`)
+        where this profile's device and model have them: a refit adds them, from the same points."""
+        return not self.step_cost.parallel_rows and bool(self._parallel_rows())
 
     @property
     def step_coverage_note(self) -> str | None:
@@ -719,12 +738,14 @@ def step_coverage_gaps(steps: Sequence[StepPoint]) -> list[str]:
     return [what for what, covered in needs.items() if not covered]
 
 
-def fit_step_points(steps: Sequence[StepPoint], rows: ProjectionRule, table: ProjectionTimes | None = None) -> StepFit:
+def fit_step_points(steps: Sequence[StepPoint], rows: ProjectionRule, table: ProjectionTimes | None = None,
+                    parallel: tuple[int, ...] = ()) -> StepFit:
     """The step cost model fitted on measured steps (their medians; the held-out ones checked), counting
     rows as the projection rule the steps ran with does, with the projection passes timed on the same
-    machine where they were: what a measurement and a refit both do."""
+    machine where they were and the model's `parallel_rows` on this device: what a measurement and a refit
+    both do."""
     return fit_step_cost([p.shape for p in steps], [p.timing.median_s for p in steps],
-                         [p.held_out for p in steps], rows=rows, table=table)
+                         [p.held_out for p in steps], rows=rows, table=table, parallel=parallel)
 
 
 class ProfileCacheWarning(UserWarning):
@@ -747,6 +768,11 @@ def read_cached_profile(path: Path, *, check_fingerprint: bool = True) -> tuple[
     # quantized KV predictions then rest on): `skistune profile` measures it again on demand
     if cached.unreliable is not None:  # (one kept before this check existed is measured again)
         return None, f"cannot be trusted ({cached.unreliable})"
+    if cached.fitted_before_parallel_terms:  # refitted from its own points (a third of a second), and kept
+        with contextlib.suppress(ValueError):
+            cached = cached.refit_steps()
+            with contextlib.suppress(OSError):  # (written atomically: a reader sees the old file or the new)
+                cached.save(path)
     return cached, None
 
 

@@ -193,3 +193,23 @@ def test_a_drifting_quick_profile_is_measured_once_more_and_the_steadier_kept(tm
     monkeypatch.setattr(measure, "profile_model", lambda model, **kw: calls.append(model) or steady_profile)
     default_profile("smollm2-135m", "cpu", folder=tmp_path / "steady")
     assert len(calls) == 1  # a steady first profile is not measured again
+
+
+def test_a_cached_profile_fitted_before_the_parallel_terms_is_refitted_and_kept(tmp_path, shipped):
+    """A quick profile cached before the terms for elementwise ops going parallel (`cost.parallel_rows`) is
+    fitted again from its own points when read, and written back: no minute of measuring."""
+    from skistune.profile.profile import read_cached_profile
+
+    before = replace(shipped.step_cost, parallel_coef=(0.0, 0.0, 0.0), parallel_rows=())
+    old = replace(shipped, step_fit=replace(shipped.step_fit, model=before))
+    assert old.fitted_before_parallel_terms and not shipped.fitted_before_parallel_terms
+    path = old.save(tmp_path / "quick.json")
+    read, problem = read_cached_profile(path, check_fingerprint=False)
+    assert problem is None and read.steps == old.steps
+    assert read.step_cost.parallel_rows == (170, 56, 21) and any(read.step_cost.parallel_coef)
+
+    def worst_miss(model) -> float:
+        return max(abs(model.predict_s(p.shape) / p.timing.median_s - 1) for p in shipped.steps)
+
+    assert worst_miss(read.step_cost) < 0.10 < worst_miss(before)
+    assert load_profile(path, check_fingerprint=False).step_cost == read.step_cost  # written back

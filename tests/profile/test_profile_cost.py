@@ -16,10 +16,13 @@ from skistune.runtime.scheduler import Compaction, ScheduledSeq, SchedulerOutput
 
 TABLE = ProjectionTimes((1, 2, 4, 16, 64), (0.010, 0.011, 0.015, 0.030, 0.080), (0.004, 0.004, 0.006, 0.005, 0.02))
 COEF = tuple(10.0 ** -(i % 7) * (1 + i / 10) for i in range(len(ALL_FEATURES)))  # every term nonzero
+PARALLEL = (170, 56, 21)  # SmolLM2's (`cost.parallel_rows`)
 MODELS = {
-    "plain": StepCostModel.of(COEF[:16] + (0.0, 0.0), knee=256),
-    "table-legacy-rule": StepCostModel.of(COEF, knee=32, rows=LEGACY_RULE, small_rows=3, table=TABLE),
-    "sparse": StepCostModel.of([c if i % 3 else 0.0 for i, c in enumerate(COEF)], knee=8, table=TABLE),
+    "plain": StepCostModel.of(COEF[:16] + (0.0,) * 5, knee=256),
+    "table-legacy-rule": StepCostModel.of(COEF, knee=32, rows=LEGACY_RULE, small_rows=3, table=TABLE,
+                                          parallel=PARALLEL),
+    "sparse": StepCostModel.of([c if i % 3 else 0.0 for i, c in enumerate(COEF)], knee=8, table=TABLE,
+                               parallel=PARALLEL),
 }
 SHAPES = [
     StepShape(1, 1, 46080, 0, 1),
@@ -38,7 +41,7 @@ SHAPES = [
 def test_the_scalar_prediction_is_the_features_times_the_coefficients(name):
     model = MODELS[name]
     for shape in SHAPES:
-        x = shape.features(model.knee, model.rows, model.small_rows, model.table)
+        x = shape.features(model.knee, model.rows, model.small_rows, model.table, model.parallel_rows)
         predicted = model.predict_s(shape)
         assert type(predicted) is float
         assert predicted == pytest.approx(float(x @ np.asarray(model.all_coef)), rel=1e-12, abs=0.0)
@@ -50,18 +53,51 @@ def test_each_feature_is_the_one_its_name_says():
                 "decode_kv_bytes": 1003, "prefill_kv_bytes": 1006, "prefill_pairs": 1004, "samples": 3,
                 "decode_dequant_elements": 1007, "prefill_dequant_elements": 1008, "quantize_elements": 1009,
                 "decode_unpack_elements": 1010, "prefill_unpack_elements": 1011, "compactions": 1012,
-                "compacted_slots": 1013, "projections_s": TABLE.layers(13), "lm_head_s": TABLE.head(3)}
+                "compacted_slots": 1013, "projections_s": TABLE.layers(13), "lm_head_s": TABLE.head(3),
+                "parallel_kv_rows": 0.0, "parallel_hidden_rows": 1.0, "parallel_mlp_rows": 0.0}
     assert list(expected) == list(ALL_FEATURES)
-    x = shape.features(10, LEGACY_RULE, 12, TABLE)  # 13 tokens: 16 rows under the legacy rule
+    parallel = (20, 12, 13)  # 13 tokens are past 12, not past 13: the tokens count, not the 16 rows they pad to
+    x = shape.features(10, LEGACY_RULE, 12, TABLE, parallel)  # 13 tokens: 16 rows under the legacy rule
     assert x.dtype == np.float64 and x.tolist() == list(expected.values())
     for i, name in enumerate(ALL_FEATURES):  # one coefficient at a time: the prediction reads that feature
         unit = StepCostModel.of([1.0 if j == i else 0.0 for j in range(len(ALL_FEATURES))], 10, LEGACY_RULE, 12,
-                                TABLE)
+                                TABLE, parallel)
         assert unit.predict_s(shape) == expected[name], name
 
 
+def test_elementwise_ops_go_parallel_past_torchs_grain_at_the_models_widths():
+    from skistune.profile.cost import TORCH_GRAIN_ELEMENTS, parallel_rows
+    from skistune.runtime.presets import get_preset
+
+    smollm = get_preset("smollm2-135m")  # KV rows of 3 x 64, hidden 576, MLP 1536
+    assert parallel_rows(smollm, "cpu") == PARALLEL
+    assert all(r * w <= TORCH_GRAIN_ELEMENTS < (r + 1) * w for r, w in zip(PARALLEL, (192, 576, 1536)))
+    assert parallel_rows(smollm, "cuda") == ()  # no such switch on a GPU: the terms stay zero
+    only = StepCostModel.of((0.0,) * (len(ALL_FEATURES) - 3) + (100.0, 10.0, 1.0), knee=8, parallel=PARALLEL)
+    added = {n: only.predict_s(StepShape(n, 1, 0, n * n, 1)) for n in (21, 22, 56, 57, 170, 171)}
+    assert added == {21: 0.0, 22: 1.0, 56: 1.0, 57: 11.0, 170: 11.0, 171: 111.0}
+
+
+def test_a_model_reads_its_parallel_rows_back_and_older_files_have_none():
+    model = MODELS["sparse"]
+    assert StepCostModel.from_dict(model.to_dict()) == model
+    older = model.to_dict()
+    older["features"], older["coef"] = older["features"][:-3], older["coef"][:-3]
+    del older["parallel_rows"]
+    read = StepCostModel.from_dict(older)
+    assert read.parallel_rows == () and read.parallel_coef == (0.0, 0.0, 0.0)
+    bad = {**model.to_dict(), "parallel_rows": [56, 21]}
+    with pytest.raises(ValueError, match=r"step.cost_model: parallel_rows needs 3 token counts"):
+        StepCostModel.from_dict(bad)
+    with pytest.raises(ValueError, match=r"step.cost_model: parallel terms without the parallel_rows"):
+        StepCostModel.from_dict({**model.to_dict(), "parallel_rows": []})
+    with pytest.raises(ValueError, match=r"step.cost_model.parallel_rows\[0\]"):
+        StepCostModel.from_dict({**model.to_dict(), "parallel_rows": [0, 56, 21]})
+
+
 def test_the_cached_coefficients_leave_equality_hash_and_files_alone():
-    model, twin = (StepCostModel.of(COEF, knee=32, rows=LEGACY_RULE, small_rows=3, table=TABLE) for _ in "ab")
+    model, twin = (StepCostModel.of(COEF, knee=32, rows=LEGACY_RULE, small_rows=3, table=TABLE, parallel=PARALLEL)
+                   for _ in "ab")
     model.predict_s(SHAPES[0])  # caches ``all_coef`` on one of them
     assert "all_coef" not in {f.name for f in fields(StepCostModel)}
     assert model == twin and hash(model) == hash(twin) and repr(model) == repr(twin)
