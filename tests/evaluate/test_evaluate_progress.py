@@ -61,9 +61,11 @@ def test_the_note_says_the_arrivals_span_and_the_predicted_run_time_before_a_run
     assert predicted_s == ev.evaluate(KVConfig(), reqs, profile=SHIPPED).duration_s
     from skistune.display import format_duration
 
+    long = ": fewer requests (--requests) or a lower rate (--rate-scale) make it shorter"
     assert cli.real_time_note(200, span_s, (predicted_s, name)) == (
         f"a run replays the arrivals in real time: these 200 requests arrive over {span_s:,.0f} s; the simulator "
-        f"predicts the run takes about {format_duration(predicted_s)} (profile {name})")
+        f"predicts the run takes about {format_duration(predicted_s)} (profile {name})"
+        + (long if predicted_s >= cli.LONG_RUN_S else ""))
     assert cli.real_time_note(2000, 362.0, (20_600.0, name)).endswith(
         f"these 2000 requests arrive over 362 s; the simulator predicts the run takes about 5.7 h (profile {name}): "
         "fewer requests (--requests) or a lower rate (--rate-scale) make it shorter")

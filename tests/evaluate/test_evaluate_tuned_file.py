@@ -89,11 +89,11 @@ def test_the_hint_carries_every_workload_option_and_pasted_reproduces_the_figure
 def test_a_preset_tuned_without_requests_records_optimizes_count_not_evaluates(tmp_path, monkeypatch):
     """Optimize's preset default is 100 requests, evaluate's 2,000: the file says 100 so the hint can."""
     monkeypatch.chdir(tmp_path)
-    prov = _optimize("--objective", "memory", "--rate", "0.05", "--max-output", "8")
-    assert prov["workload"]["options"] == {"workload": "chat", "requests": 100, "rate": 0.05, "max-output": 8}
+    prov = _optimize("--objective", "memory", "--rate", "0.02", "--max-output", "8")
+    assert prov["workload"]["options"] == {"workload": "chat", "requests": 100, "rate": 0.02, "max-output": 8}
     assert prov["predicted"]["rate_scale"] == 1.0
     hint = _hint(_tuned_note(_evaluate("skistune-tuned.yaml", "--requests", "200")))
-    assert hint == ["--workload", "chat", "--requests", "100", "--rate", "0.05", "--max-output", "8"]
+    assert hint == ["--workload", "chat", "--requests", "100", "--rate", "0.02", "--max-output", "8"]
     again = _evaluate("skistune-tuned.yaml", *hint)
     assert _tuned_note(again) is None
     _same_figures(again, prov["predicted"])

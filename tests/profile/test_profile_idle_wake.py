@@ -42,9 +42,9 @@ def test_the_wake_up_grows_with_the_log_of_the_idle_between_its_points():
 def test_the_simulator_adds_it_to_the_first_step_after_an_idle_engine():
     """A lone request after an idle gap starts later by the wake-up; one that arrives while the engine is busy
     does not; steps back to back (its decodes) do not. A profile without it predicts as before."""
-    target = sim_target("smollm2-135m", "cpu-smollm2-135m")
-    assert target.idle_wake == ()  # (the shipped profile predates the measurement)
-    woken = replace(target, idle_wake=((0.25, 0.02),))
+    shipped = sim_target("smollm2-135m", "cpu-smollm2-135m")
+    assert [idle for idle, _ in shipped.idle_wake] == [0.25, 2.0]  # (what the profiler measures)
+    target, woken = replace(shipped, idle_wake=()), replace(shipped, idle_wake=((0.25, 0.02),))
     alone = [Request("a", list(range(100, 140)), 4, arrival_s=0.0), Request("b", list(range(200, 240)), 4,
                                                                              arrival_s=5.0)]
     plain, slow = simulate(KVConfig(), alone, target), simulate(KVConfig(), alone, woken)

@@ -270,13 +270,13 @@ def test_command_defaults_to_the_study_file_and_folder_here_and_ends_with_json(s
 
 
 def test_infeasible_study_reports_the_binding_constraint_without_the_best_config_plots(tmp_path):
-    _, storage = make_study(tmp_path, name="hard", n_trials=2, slo="ttft:p99<=40ms")
+    _, storage = make_study(tmp_path, name="hard", n_trials=2, slo="ttft:p99<=55ms")
     r = invoke("hard", "--storage", storage, "--out-dir", str(tmp_path / "out"), "--json")
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert not summary["feasible"] and summary["binding"]["ttft:p99<=40ms"] == 2 and set(summary["files"]) == {"html"}
+    assert not summary["feasible"] and summary["binding"]["ttft:p99<=55ms"] == 2 and set(summary["files"]) == {"html"}
     assert "no config met every constraint in 2 trials" in r.stdout and "closest" in r.stdout
-    # why, as optimize says it: a 40 ms TTFT is broken even with each request served alone
+    # why, as optimize says it: a 55 ms TTFT is broken even with each request served alone
     assert "even with each request served alone" in summary["why"] and summary["why"][:40] in r.stdout
     assert "no latency CDF" in r.stderr and "no memory timeline" in r.stderr
     assert "no Pareto plot: no config met every constraint, and every trial's capacity (req/s) is 0" in r.stderr
