@@ -115,7 +115,8 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
         *_projection_rows(profile.step_cost.table),
         ("step: elementwise ops split over threads past N tokens (KV / hidden / MLP rows)",
          " / ".join(f"{c[f] * 1e3:.2f} ms past {n}" for f, n in zip(PARALLEL_FEATURES, profile.step_cost.parallel_rows))
-         or "not fitted"),
+         or ("not fitted (skistune profile --refit FILE fits them)" if profile.fitted_before_parallel_terms
+             else "none on this device")),
         ("step: per eviction compaction + per K slots compacted",
          f"{c['compactions'] * 1e3:.2f} ms + {c['compacted_slots'] * 1e6:.2f} ms"
          if any(p.kind == "compaction" for p in profile.steps) else "not measured"),

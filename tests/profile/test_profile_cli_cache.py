@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
+from profile_tiny import SHIPPED as SHIPPED_FILE
+
 from skistune.cli import app
 from skistune.profile import (
     cache_dir,
@@ -213,3 +215,14 @@ def test_a_cached_profile_fitted_before_the_parallel_terms_is_refitted_and_kept(
 
     assert worst_miss(read.step_cost) < 0.10 < worst_miss(before)
     assert load_profile(path, check_fingerprint=False).step_cost == read.step_cost  # written back
+
+
+def test_show_prints_the_parallel_terms_or_how_to_fit_them(tmp_path, shipped):
+    shown = CliRunner().invoke(app, ["profile", "--show", str(SHIPPED_FILE)])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.stdout.split())
+    assert all(f"ms past {n}" in text for n in (170, 56, 21)), text
+    before = replace(shipped.step_cost, parallel_coef=(0.0, 0.0, 0.0), parallel_rows=())
+    path = replace(shipped, step_fit=replace(shipped.step_fit, model=before)).save(tmp_path / "old.json")
+    old = CliRunner().invoke(app, ["profile", "--show", str(path)])
+    assert old.exit_code == 0 and "not fitted" in old.stdout and "--refit" in old.stdout
