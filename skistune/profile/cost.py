@@ -72,11 +72,12 @@ The parallel terms (`PARALLEL_FEATURES`, 2026-12-05) are steps where PyTorch's C
 an elementwise op (a norm, an add, an activation) across threads: past `TORCH_GRAIN_ELEMENTS` elements
 (``at::internal::GRAIN_SIZE``), so past 32768 // width rows of a tensor ``width`` wide. Each such op then
 wakes the other threads, which costs nothing much while they spin and a lot where they sleep
-(``OMP_WAIT_POLICY=PASSIVE``, skistune's default). On the Intel host, sleeping: a SmolLM2 prefill of 56
-tokens took 116 ms and one of 57 took 144 (hidden 576: 32768 // 576 = 56), +4-6 ms past 21 tokens (MLP
-1536), +21 ms past 170 (KV 192); spinning, 56 and 57 tokens took 91 ms both. Without the terms the shipped
-profile's 64-token chunks were predicted 14-32% short. The thresholds follow from the model's widths
-(`parallel_rows`); a GPU profile has none, and profiles written before them load with the terms at zero.
+(``OMP_WAIT_POLICY=PASSIVE``, skistune's default). On the Intel host, sleeping, a SmolLM2 prefill of 56
+tokens took 129 ms and one of 57 took 161 (hidden 576: 32768 // 576 = 56); 21 -> 22 tokens (MLP 1536) and
+170 -> 171 (KV 192) added 10 ms each; spinning, 56 and 57 tokens took 97 and 99 ms (`benchmarks/step_tokens.py`).
+Without the terms the shipped profile's 64-token chunks were predicted 14-32% short. The thresholds follow
+from the model's widths (`parallel_rows`); a GPU profile has none, and profiles written before them load
+with the terms at zero.
 
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
@@ -111,7 +112,7 @@ ALL_FEATURES = FEATURES + QUANT_FEATURES + EVICTION_FEATURES + TABLE_FEATURES + 
 READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3], FEATURES + QUANT_FEATURES,  # every list a profile
                      FEATURES + QUANT_FEATURES + EVICTION_FEATURES,  # was written with
                      FEATURES + QUANT_FEATURES + EVICTION_FEATURES + TABLE_FEATURES, ALL_FEATURES)
-GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES, PARALLEL_FEATURES)  # as `StepCostModel` keeps them
+GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES, PARALLEL_FEATURES)  # `StepCostModel`'s
 NO_PARALLEL = (0.0,) * len(PARALLEL_FEATURES)
 # PyTorch's CPU kernels run an elementwise op on the calling thread up to this many elements and split it
 # across threads past it (at::internal::GRAIN_SIZE, a compile-time constant that Python cannot read)
@@ -234,8 +235,9 @@ class StepShape:
                 self.decode_kv_bytes, self.prefill_kv_bytes, self.prefill_pairs, samples,
                 self.decode_dequant_elements, self.prefill_dequant_elements, self.quantize_elements,
                 self.decode_unpack_elements, self.prefill_unpack_elements, self.compactions, self.compacted_slots,
-                projections, head,
-                *(tuple(float(n > r) for r in parallel) if parallel else NO_PARALLEL))
+                projections, head,  # (the parallel terms unrolled: the simulator predicts a step per call)
+                *((float(n > parallel[0]), float(n > parallel[1]), float(n > parallel[2])) if parallel
+                  else NO_PARALLEL))
 
     def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
                  table: ProjectionTimes | None = None, parallel: tuple[int, ...] = ()) -> np.ndarray:
