@@ -11,7 +11,7 @@ import numpy as np
 
 from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
 
-from .cost import ProjectionTimes, StepCostModel, StepShape, design_matrix
+from .cost import ALL_FEATURES, PARALLEL_FEATURES, ProjectionTimes, StepCostModel, StepShape, design_matrix
 
 R2_FLAG_BELOW = 0.95
 MIN_POINTS_FOR_R2 = 3
@@ -130,10 +130,12 @@ def fit_step_cost(shapes: Sequence[StepShape], measured_s: Sequence[float], held
     y = np.asarray(measured_s, dtype=np.float64)
     test = np.asarray(held_out, dtype=bool)
     train_shapes = [s for s, h in zip(shapes, test) if not h]
+    unfit = separable_steps(train_shapes, parallel) == 0  # (their columns zeroed: their terms stay at zero)
     errors, coefs = {}, {}
     for knee in knees:
         for small in small_rows:
             x = design_matrix(train_shapes, knee, rows, small, table, parallel)
+            x[:, len(ALL_FEATURES) - len(PARALLEL_FEATURES):][:, unfit] = 0.0
             coefs[knee, small] = nnls_relative(x, y[~test])
             errors[knee, small] = huber_loss((x @ coefs[knee, small]) / y[~test] - 1.0)
     # Ties (no convex kink in the data: every knee past the largest step fits alike) go to the larger
@@ -144,6 +146,16 @@ def fit_step_cost(shapes: Sequence[StepShape], measured_s: Sequence[float], held
     predicted = np.array([model.predict_s(s) for s in shapes])
     held = fit_quality(predicted[test], y[test]) if test.any() else None
     return StepFit(model, fit_quality(predicted[~test], y[~test]), held, {k: errors[k, small] for k in knees})
+
+
+def separable_steps(shapes: Sequence[StepShape], parallel: tuple[int, ...]) -> np.ndarray:
+    """Per threshold of ``parallel`` (`cost.parallel_rows`), 1 where the points can tell its step from the
+    per-token slope (two or more step sizes on each side of it), else 0. With one size past it the two trade
+    freely: a quick grid's three 256-token prefills, the only steps past SmolLM2's 170, had put 279 ms in
+    the step and cut the slope, and predicted a 2,048-token prefill at 2.6 s where the full profile says 4.3."""
+    sizes = {s.num_tokens for s in shapes}
+    return np.array([float(len({n for n in sizes if n <= r}) >= 2 and len({n for n in sizes if n > r}) >= 2)
+                     for r in parallel] if parallel else [1.0] * len(PARALLEL_FEATURES))
 
 
 @dataclass(frozen=True)

@@ -160,3 +160,27 @@ def test_the_fit_reads_the_projection_table_and_follows_its_steps():
     without = fit_step_cost(shapes, times_s, [False] * len(shapes))
     assert without.train.max_rel_error > 0.05
     assert StepCostModel.from_dict(fit.model.to_dict()) == fit.model
+
+
+def test_the_parallel_steps_are_recovered_where_the_grid_can_separate_them_from_the_slope():
+    """Exact timings with a jump of 40 ms past 56 tokens and 10 ms past 21: the fit gives them back. A grid
+    with one step size past a threshold (a quick grid's 256-token prefills past 170) cannot tell a jump there
+    from the slope: that term stays at zero, and the sizes past it are fitted by the slope alone."""
+    from skistune.profile.cost import ALL_FEATURES, StepCostModel
+    from skistune.profile.fit import separable_steps
+
+    parallel = (170, 56, 21)
+    coef = list(TRUE.coef) + [0.0] * (len(ALL_FEATURES) - len(TRUE.coef) - 3) + [0.0, 0.040, 0.010]
+    truth = StepCostModel.of(coef, knee=256, parallel=parallel)
+    shapes = _shapes()
+    fit = fit_step_cost(shapes, [truth.predict_s(s) for s in shapes], [False] * len(shapes), parallel=parallel)
+    np.testing.assert_allclose(fit.model.parallel_coef, (0.0, 0.040, 0.010), atol=1e-6)
+    assert fit.model.parallel_rows == parallel and fit.train.max_rel_error < 1e-4
+    quick = [s for s in shapes if s.num_tokens <= 256]  # (as the quick grid: no step larger than 256 tokens)
+    assert sorted({s.num_tokens for s in quick if s.num_tokens > 170}) == [256]
+    np.testing.assert_array_equal(separable_steps(quick, parallel), [0.0, 1.0, 1.0])
+    jump = StepCostModel.of(coef[:-3] + [0.3, 0.040, 0.010], knee=256, parallel=parallel)  # 300 ms past 170
+    fit = fit_step_cost(quick, [jump.predict_s(s) for s in quick], [False] * len(quick), parallel=parallel)
+    assert fit.model.parallel_coef[0] == 0.0
+    np.testing.assert_array_equal(separable_steps(shapes, parallel), [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(separable_steps(shapes, ()), [1.0, 1.0, 1.0])
