@@ -26,6 +26,7 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_head    * lm_head_s(num_samples)    every layer's weights, and the LM head, at that many rows
            + c_par_*   * [num_tokens > parallel_rows_*]  elementwise ops over a KV / hidden / MLP row that
                                           PyTorch splits across threads past its grain (CPU only)
+           + c_mixed   * [decode rows and prefill chunks]  both attention paths run in one step
 
 KV bytes are counted at the config's bits (`skistune.runtime.kv_layout.kv_traffic`: packed codes, scales
 and zero points, plus the full-precision ring tokens attention reads), so fewer bits read fewer bytes.
@@ -79,13 +80,23 @@ Without the terms the shipped profile's 64-token chunks were predicted 14-32% sh
 from the model's widths (`parallel_rows`); a GPU profile has none, and profiles written before them load
 with the terms at zero.
 
+The mixed term (`MIXED_FEATURES`, 2026-12-05) is a step that computes decode rows and prefill chunks
+together: it runs both attention paths in every layer (the decode rows in one batched call, each chunk in
+its own), where a decode step or a prefill step runs one, and the intercept carries one path's fixed cost
+only. On the Intel host, with OpenMP threads sleeping between parallel regions, one decode row added to a
+prefill chunk of 8, 40, 64 and 128 tokens took 7.6, 16.9, 13.1 and 16.7 ms more than the chunk alone
+(49 ms for the decode step alone), where the model without the term added 1-2 ms; spinning, 3-4 ms. The
+full profile's grid had mixed steps of 2 to 64 decodes only; a replay's mixed steps (a new prompt joining
+one to three decodes) were predicted 8-11% short, and with them every TBT p99 of the fidelity replays.
+Profiles written before the term load with it at zero.
+
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
 from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from operator import mul
 from typing import TYPE_CHECKING, Sequence
@@ -108,11 +119,14 @@ QUANT_FEATURES = ("decode_dequant_elements", "prefill_dequant_elements", "quanti
 EVICTION_FEATURES = ("compactions", "compacted_slots")
 TABLE_FEATURES = ("projections_s", "lm_head_s")
 PARALLEL_FEATURES = ("parallel_kv_rows", "parallel_hidden_rows", "parallel_mlp_rows")
-ALL_FEATURES = FEATURES + QUANT_FEATURES + EVICTION_FEATURES + TABLE_FEATURES + PARALLEL_FEATURES
-READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3], FEATURES + QUANT_FEATURES,  # every list a profile
-                     FEATURES + QUANT_FEATURES + EVICTION_FEATURES,  # was written with
-                     FEATURES + QUANT_FEATURES + EVICTION_FEATURES + TABLE_FEATURES, ALL_FEATURES)
-GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES, PARALLEL_FEATURES)  # `StepCostModel`'s
+MIXED_FEATURES = ("mixed_paths",)
+GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES, PARALLEL_FEATURES, MIXED_FEATURES)
+ALL_FEATURES = sum(GROUPS, ())
+# every list a profile was written with: each group's terms came after the last's (the first quantized three first)
+READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3],
+                     *(sum(GROUPS[:i], ()) for i in range(2, len(GROUPS) + 1)))
+# the columns of the parallel terms in `StepShape.feature_values` (the fit zeroes those it cannot separate)
+PARALLEL_COLUMNS = slice(ALL_FEATURES.index(PARALLEL_FEATURES[0]), ALL_FEATURES.index(PARALLEL_FEATURES[-1]) + 1)
 NO_PARALLEL = (0.0,) * len(PARALLEL_FEATURES)
 # PyTorch's CPU kernels run an elementwise op on the calling thread up to this many elements and split it
 # across threads past it (at::internal::GRAIN_SIZE, a compile-time constant that Python cannot read)
@@ -237,7 +251,8 @@ class StepShape:
                 self.decode_unpack_elements, self.prefill_unpack_elements, self.compactions, self.compacted_slots,
                 projections, head,  # (the parallel terms unrolled: the simulator predicts a step per call)
                 *((float(n > parallel[0]), float(n > parallel[1]), float(n > parallel[2])) if parallel
-                  else NO_PARALLEL))
+                  else NO_PARALLEL),
+                float(self.decode_kv_bytes > 0 and self.prefill_pairs > 0))  # (a decode reads one KV slot or more)
 
     def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
                  table: ProjectionTimes | None = None, parallel: tuple[int, ...] = ()) -> np.ndarray:
@@ -251,8 +266,9 @@ class StepCostModel:
     ``evict_coef`` for `EVICTION_FEATURES` (zero where compactions were not measured), ``table_coef`` for
     `TABLE_FEATURES` with the ``table`` they read (None, and zeros, where it was not measured),
     ``parallel_coef`` for `PARALLEL_FEATURES` with the ``parallel_rows`` they switch at (`parallel_rows`;
-    none, and zeros, off the CPU and in older profiles); ``rows``: the projection rule the steps ran with,
-    which says how the token terms count a step's rows."""
+    none, and zeros, off the CPU and in older profiles), ``mixed_coef`` for `MIXED_FEATURES` (zero in older
+    profiles); ``rows``: the projection rule the steps ran with, which says how the token terms count a
+    step's rows."""
 
     coef: tuple[float, ...]
     knee: int
@@ -264,10 +280,14 @@ class StepCostModel:
     table: ProjectionTimes | None = None
     parallel_coef: tuple[float, ...] = NO_PARALLEL
     parallel_rows: tuple[int, ...] = ()
+    mixed_coef: tuple[float, ...] = (0.0,) * len(MIXED_FEATURES)
+    # the terms the file it was read from had fitted (the first of `ALL_FEATURES`: the rest read zero), not a
+    # difference between two models; a refit fits them all (`HardwareProfile.fitted_before_current_terms`)
+    fitted_terms: int = field(default=len(ALL_FEATURES), compare=False)
 
     def __post_init__(self) -> None:
         counts = tuple(len(c) for c in (self.coef, self.quant_coef, self.evict_coef, self.table_coef,
-                                        self.parallel_coef))
+                                        self.parallel_coef, self.mixed_coef))
         if counts != tuple(len(g) for g in GROUPS):
             raise ValueError(f"step cost model: needs {' + '.join(str(len(g)) for g in GROUPS)} coefficients, "
                              f"got {' + '.join(map(str, counts))}")
@@ -288,11 +308,11 @@ class StepCostModel:
             groups.append(values[start:start + len(group)])
             start += len(group)
         return cls(groups[0], knee, groups[1], rows, small_rows, groups[2], groups[3], table, groups[4],
-                   tuple(parallel))
+                   tuple(parallel), groups[5])
 
     @cached_property  # `predict_s` reads it every call (the fields are frozen: it cannot go stale)
     def all_coef(self) -> tuple[float, ...]:
-        return self.coef + self.quant_coef + self.evict_coef + self.table_coef + self.parallel_coef
+        return self.coef + self.quant_coef + self.evict_coef + self.table_coef + self.parallel_coef + self.mixed_coef
 
     def compaction_s(self, kv_slots: int) -> float:
         """What one compaction of a sequence holding ``kv_slots`` KV slots adds to its step."""
@@ -339,7 +359,8 @@ class StepCostModel:
                          for i, r in enumerate(items(data, "parallel_rows", where, nonempty=False)
                                                if "parallel_rows" in data else ()))
         try:
-            return cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), knee, rows, small, table, parallel)
+            return replace(cls.of(coef + (0.0,) * (len(ALL_FEATURES) - len(coef)), knee, rows, small, table, parallel),
+                           fitted_terms=len(coef))
         except ValueError as exc:  # (its own checks say "step cost model: ..."; name where it sits)
             raise ValueError(f"{where}: {str(exc).removeprefix('step cost model: ')}") from None
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from skistune.kernels.rows import PLAIN_RULE, ProjectionRule
 
-from .cost import PARALLEL_FEATURES, ProjectionTimes, StepCostModel, StepShape, design_matrix
+from .cost import PARALLEL_COLUMNS, PARALLEL_FEATURES, ProjectionTimes, StepCostModel, StepShape, design_matrix
 
 R2_FLAG_BELOW = 0.95
 MIN_POINTS_FOR_R2 = 3
@@ -135,7 +135,7 @@ def fit_step_cost(shapes: Sequence[StepShape], measured_s: Sequence[float], held
     for knee in knees:
         for small in small_rows:
             x = design_matrix(train_shapes, knee, rows, small, table, parallel)
-            x[:, -len(PARALLEL_FEATURES):][:, unfit] = 0.0  # (the parallel terms are the last columns)
+            x[:, PARALLEL_COLUMNS][:, unfit] = 0.0
             coefs[knee, small] = nnls_relative(x, y[~test])
             errors[knee, small] = huber_loss((x @ coefs[knee, small]) / y[~test] - 1.0)
     # Ties (no convex kink in the data: every knee past the largest step fits alike) go to the larger

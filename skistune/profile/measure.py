@@ -142,7 +142,10 @@ FULL_GRID = Grid(
     decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(32, 128, 512, 1024, 2048), max_decode_kv_tokens=32768,
     # (cached contexts of about 512 and 1,536 tokens, rounded to whole chunks: the profiler prefills them chunk by chunk)
     prefill=tuple((n, n * round(k / n)) for n in (5, 9, 16, 37, 64, 131, 256, 512) for k in (0, 512, 1536)),
-    mixed=((2, 512, 64), (4, 256, 256), (8, 1024, 64), (16, 512, 256), (32, 128, 512), (64, 256, 128)),
+    # (and a new prompt's chunk beside one to three decodes, as serving at a low rate mostly has: steps on
+    # each side of the elementwise ops' thresholds, `cost.parallel_rows`, for the mixed term, `cost.MIXED_FEATURES`)
+    mixed=((2, 512, 64), (4, 256, 256), (8, 1024, 64), (16, 512, 256), (32, 128, 512), (64, 256, 128),
+           (1, 128, 9), (3, 128, 16), (1, 512, 37), (2, 64, 100)),
     warmup=2, repeats=5, max_repeats=25, min_time_s=1.0,
     overhead_batches=(1, 4, 16, 64, 256), overhead_repeats=30, kernel_repeats=10,
     copy_blocks=(1, 2, 4, 8, 16, 32, 64), disk_bytes=tuple(4096 * 4 ** i for i in range(8)),
@@ -158,7 +161,7 @@ QUICK_GRID = Grid(
     # (short chunks too: real prompts and the last chunks of long ones have any size, and a straight line
     # through 32-256 tokens alone predicted 5-token chunks 30-50% slow)
     prefill=((9, 0), (32, 0), (256, 0), (128, 256), (16, 512), (32, 512), (256, 512), (256, 1536)),
-    mixed=((4, 256, 64), (16, 1024, 128)),
+    mixed=((4, 256, 64), (16, 1024, 128), (1, 512, 32)),
     warmup=1, repeats=3, max_repeats=10, min_time_s=0.3,
     overhead_batches=(1, 16, 128), overhead_repeats=15, kernel_repeats=5,
     copy_blocks=(1, 4, 16, 64), disk_bytes=(64 << 10, 1 << 20, 4 << 20, 16 << 20), transfer_repeats=5, idle_s=1.0,

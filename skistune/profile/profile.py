@@ -31,7 +31,7 @@ from skistune.quality.model import FORMAT as QUALITY_FORMAT
 from skistune.runtime.presets import get_preset
 from skistune.runtime.tiers import CPU_HOST_NOTE  # noqa: F401 (a tier note of profiles; re-exported)
 
-from .cost import IDLE_WAKE_GAP_S, ProjectionTimes, StepCostModel, parallel_rows
+from .cost import ALL_FEATURES, IDLE_WAKE_GAP_S, MIXED_FEATURES, ProjectionTimes, StepCostModel, parallel_rows
 from .fields import entry, integer, items, number, text
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import MIN_S_PER_BYTE, FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
@@ -188,6 +188,18 @@ class HardwareProfile:
         """Whether the step fit predates the terms for elementwise ops going parallel (`cost.parallel_rows`)
         where this profile's device and model have them: a refit adds them, from the same points."""
         return not self.step_cost.parallel_rows and bool(self._parallel_rows())
+
+    @property
+    def fitted_before_mixed_term(self) -> bool:
+        """Whether the step fit predates the term for steps that run decode rows and prefill chunks together
+        (`cost.MIXED_FEATURES`) while the profile measured such steps: a refit adds it, from the same points."""
+        return (self.step_cost.fitted_terms <= ALL_FEATURES.index(MIXED_FEATURES[0])
+                and any(p.kind == "mixed" for p in self.steps))
+
+    @property
+    def fitted_before_current_terms(self) -> bool:
+        """Whether a refit from the profile's own points would add terms this version's step model has."""
+        return self.fitted_before_parallel_terms or self.fitted_before_mixed_term
 
     @property
     def step_coverage_note(self) -> str | None:
@@ -768,7 +780,7 @@ def read_cached_profile(path: Path, *, check_fingerprint: bool = True) -> tuple[
     # quantized KV predictions then rest on): `skistune profile` measures it again on demand
     if cached.unreliable is not None:  # (one kept before this check existed is measured again)
         return None, f"cannot be trusted ({cached.unreliable})"
-    if cached.fitted_before_parallel_terms:  # refitted from its own points (a third of a second), and kept
+    if cached.fitted_before_current_terms:  # refitted from its own points (a third of a second), and kept
         with contextlib.suppress(ValueError):
             cached = cached.refit_steps()
             with contextlib.suppress(OSError):  # (written atomically: a reader sees the old file or the new)

@@ -226,3 +226,34 @@ def test_show_prints_the_parallel_terms_or_how_to_fit_them(tmp_path, shipped):
     path = replace(shipped, step_fit=replace(shipped.step_fit, model=before)).save(tmp_path / "old.json")
     old = CliRunner().invoke(app, ["profile", "--show", str(path)])
     assert old.exit_code == 0 and "not fitted" in old.stdout and "--refit" in old.stdout
+
+
+def _before_the_mixed_term(profile, path):
+    """``profile`` written as a version before the mixed term (`cost.MIXED_FEATURES`) wrote it: without it."""
+    data = json.loads(profile.save(path).read_text())
+    model = data["step"]["cost_model"]
+    assert model["features"][-1] == "mixed_paths"
+    model["features"], model["coef"] = model["features"][:-1], model["coef"][:-1]
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_cached_profile_fitted_before_the_mixed_term_is_refitted_and_kept(tmp_path, shipped):
+    """A quick profile cached before the term for decode rows beside a prefill chunk is fitted again from its
+    own points (which have such steps) when read, and written back; `--show` says how to fit it meanwhile."""
+    from skistune.profile.profile import read_cached_profile
+
+    path = _before_the_mixed_term(shipped, tmp_path / "quick.json")
+    old = load_profile(path, check_fingerprint=False)
+    assert old.fitted_before_mixed_term and old.fitted_before_current_terms and old.step_cost.mixed_coef == (0.0,)
+    assert not shipped.fitted_before_mixed_term and not shipped.fitted_before_current_terms
+    shown = CliRunner().invoke(app, ["profile", "--show", str(path)])
+    assert shown.exit_code == 0 and shown.stdout.count("not fitted") == 1 and "--refit" in shown.stdout  # (its row:
+    # the parallel terms are fitted)
+    read, problem = read_cached_profile(path, check_fingerprint=False)
+    assert problem is None and read.steps == old.steps and not read.fitted_before_mixed_term
+    assert read.step_cost.mixed_coef == shipped.refit_steps().step_cost.mixed_coef
+    assert load_profile(path, check_fingerprint=False).step_cost == read.step_cost  # written back
+    unmixed = replace(shipped, steps=tuple(p for p in shipped.steps if p.kind != "mixed"))
+    assert not load_profile(_before_the_mixed_term(unmixed, tmp_path / "unmixed.json"),
+                            check_fingerprint=False).fitted_before_mixed_term  # (a refit could not fit it)

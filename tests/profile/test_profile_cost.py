@@ -18,7 +18,7 @@ TABLE = ProjectionTimes((1, 2, 4, 16, 64), (0.010, 0.011, 0.015, 0.030, 0.080), 
 COEF = tuple(10.0 ** -(i % 7) * (1 + i / 10) for i in range(len(ALL_FEATURES)))  # every term nonzero
 PARALLEL = (170, 56, 21)  # SmolLM2's (`cost.parallel_rows`)
 MODELS = {
-    "plain": StepCostModel.of(COEF[:16] + (0.0,) * 5, knee=256),
+    "plain": StepCostModel.of(COEF[:16] + (0.0,) * (len(ALL_FEATURES) - 16), knee=256),
     "table-legacy-rule": StepCostModel.of(COEF, knee=32, rows=LEGACY_RULE, small_rows=3, table=TABLE,
                                           parallel=PARALLEL),
     "sparse": StepCostModel.of([c if i % 3 else 0.0 for i, c in enumerate(COEF)], knee=8, table=TABLE,
@@ -54,7 +54,8 @@ def test_each_feature_is_the_one_its_name_says():
                 "decode_dequant_elements": 1007, "prefill_dequant_elements": 1008, "quantize_elements": 1009,
                 "decode_unpack_elements": 1010, "prefill_unpack_elements": 1011, "compactions": 1012,
                 "compacted_slots": 1013, "projections_s": TABLE.layers(13), "lm_head_s": TABLE.head(3),
-                "parallel_kv_rows": 0.0, "parallel_hidden_rows": 1.0, "parallel_mlp_rows": 0.0}
+                "parallel_kv_rows": 0.0, "parallel_hidden_rows": 1.0, "parallel_mlp_rows": 0.0,
+                "mixed_paths": 1.0}  # (decode KV read and prefill pairs: decode rows beside a chunk)
     assert list(expected) == list(ALL_FEATURES)
     parallel = (20, 12, 13)  # 13 tokens are past 12, not past 13: the tokens count, not the 16 rows they pad to
     x = shape.features(10, LEGACY_RULE, 12, TABLE, parallel)  # 13 tokens: 16 rows under the legacy rule
@@ -73,7 +74,8 @@ def test_elementwise_ops_go_parallel_past_torchs_grain_at_the_models_widths():
     assert parallel_rows(smollm, "cpu") == PARALLEL
     assert all(r * w <= TORCH_GRAIN_ELEMENTS < (r + 1) * w for r, w in zip(PARALLEL, (192, 576, 1536)))
     assert parallel_rows(smollm, "cuda") == ()  # no such switch on a GPU: the terms stay zero
-    only = StepCostModel.of((0.0,) * (len(ALL_FEATURES) - 3) + (100.0, 10.0, 1.0), knee=8, parallel=PARALLEL)
+    weights = {"parallel_kv_rows": 100.0, "parallel_hidden_rows": 10.0, "parallel_mlp_rows": 1.0}
+    only = StepCostModel.of([weights.get(f, 0.0) for f in ALL_FEATURES], knee=8, parallel=PARALLEL)
     added = {n: only.predict_s(StepShape(n, 1, 0, n * n, 1)) for n in (21, 22, 56, 57, 170, 171)}
     assert added == {21: 0.0, 22: 1.0, 56: 1.0, 57: 11.0, 170: 11.0, 171: 111.0}
 
@@ -82,7 +84,7 @@ def test_a_model_reads_its_parallel_rows_back_and_older_files_have_none():
     model = MODELS["sparse"]
     assert StepCostModel.from_dict(model.to_dict()) == model
     older = model.to_dict()
-    older["features"], older["coef"] = older["features"][:-3], older["coef"][:-3]
+    older["features"], older["coef"] = older["features"][:-4], older["coef"][:-4]  # (the mixed term came later)
     del older["parallel_rows"]
     read = StepCostModel.from_dict(older)
     assert read.parallel_rows == () and read.parallel_coef == (0.0, 0.0, 0.0)
@@ -93,6 +95,36 @@ def test_a_model_reads_its_parallel_rows_back_and_older_files_have_none():
         StepCostModel.from_dict({**model.to_dict(), "parallel_rows": []})
     with pytest.raises(ValueError, match=r"step.cost_model.parallel_rows\[0\]"):
         StepCostModel.from_dict({**model.to_dict(), "parallel_rows": [0, 56, 21]})
+
+
+def test_the_mixed_term_counts_steps_that_run_decode_rows_beside_a_prefill_chunk():
+    from skistune.runtime.request import Request
+    from skistune.runtime.scheduler import Sequence
+
+    mixed_only = StepCostModel.of([float(f == "mixed_paths") for f in ALL_FEATURES], knee=8)
+
+    def seq(prompt: int, computed: int) -> Sequence:
+        s = Sequence(Request(f"r{prompt}-{computed}", list(range(1, prompt + 1)), 8), None)
+        s.num_computed_tokens = computed
+        return s
+
+    decode, chunk, other_chunk = (ScheduledSeq.of(seq(40, 40), 40, 1, 40), ScheduledSeq.of(seq(64, 0), 0, 32, 0),
+                                  ScheduledSeq.of(seq(20, 0), 0, 20, 0))
+    added = {name: mixed_only.predict_s(step_shape(SchedulerOutput(list(steps)), 46080))
+             for name, steps in {"decode": [decode], "chunk": [chunk], "chunks": [chunk, other_chunk],
+                                 "decode beside a chunk": [decode, chunk]}.items()}
+    assert added == {"decode": 0.0, "chunk": 0.0, "chunks": 0.0, "decode beside a chunk": 1.0}
+    assert mixed_only.predict_s(decode_shape(8, 800, KVTraffic(46080))) == 0.0  # (the simulator's decode runs)
+
+
+def test_a_file_written_before_the_mixed_term_reads_it_as_zero_and_says_it_fitted_fewer_terms():
+    model = MODELS["sparse"]
+    assert StepCostModel.from_dict(model.to_dict()).fitted_terms == len(ALL_FEATURES)
+    older = model.to_dict()
+    older["features"], older["coef"] = older["features"][:-1], older["coef"][:-1]
+    read = StepCostModel.from_dict(older)
+    assert read.mixed_coef == (0.0,) and read.fitted_terms == len(ALL_FEATURES) - 1
+    assert read == replace(model, mixed_coef=(0.0,))  # (how many terms a file had is not part of the model)
 
 
 def test_the_cached_coefficients_leave_equality_hash_and_files_alone():

@@ -170,7 +170,8 @@ def test_the_parallel_steps_are_recovered_where_the_grid_can_separate_them_from_
     from skistune.profile.fit import separable_steps
 
     parallel = (170, 56, 21)
-    coef = list(TRUE.coef) + [0.0] * (len(ALL_FEATURES) - len(TRUE.coef) - 3) + [0.0, 0.040, 0.010]
+    jumps = {"parallel_kv_rows": 0.0, "parallel_hidden_rows": 0.040, "parallel_mlp_rows": 0.010}
+    coef = [dict(zip(ALL_FEATURES, TRUE.coef)).get(f, jumps.get(f, 0.0)) for f in ALL_FEATURES]
     truth = StepCostModel.of(coef, knee=256, parallel=parallel)
     shapes = _shapes()
     fit = fit_step_cost(shapes, [truth.predict_s(s) for s in shapes], [False] * len(shapes), parallel=parallel)
@@ -179,8 +180,24 @@ def test_the_parallel_steps_are_recovered_where_the_grid_can_separate_them_from_
     quick = [s for s in shapes if s.num_tokens <= 256]  # (as the quick grid: no step larger than 256 tokens)
     assert sorted({s.num_tokens for s in quick if s.num_tokens > 170}) == [256]
     np.testing.assert_array_equal(separable_steps(quick, parallel), [0.0, 1.0, 1.0])
-    jump = StepCostModel.of(coef[:-3] + [0.3, 0.040, 0.010], knee=256, parallel=parallel)  # 300 ms past 170
+    jump = replace(truth, parallel_coef=(0.3, 0.040, 0.010))  # 300 ms past 170
     fit = fit_step_cost(quick, [jump.predict_s(s) for s in quick], [False] * len(quick), parallel=parallel)
     assert fit.model.parallel_coef[0] == 0.0
     np.testing.assert_array_equal(separable_steps(shapes, parallel), [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(separable_steps(shapes, ()), [1.0, 1.0, 1.0])
+
+
+def test_the_mixed_term_is_recovered_from_mixed_steps_and_stays_zero_without_them():
+    """Exact timings where a step with decode rows beside a chunk costs 12 ms more (both attention paths):
+    the fit gives the 12 ms back from the grid's mixed steps, and the other terms stay as they were. A grid
+    without mixed steps leaves the term at zero (nothing tells it apart)."""
+    truth = replace(TRUE, mixed_coef=(0.012,))
+    kvb = 46080
+    shapes = _shapes() + [StepShape(b + n, b + 1, b * c * kvb, n * n, b + 1, n * kvb)
+                          for b, c, n in ((1, 128, 9), (3, 128, 16), (1, 512, 37), (2, 64, 100))]
+    fit = fit_step_cost(shapes, [truth.predict_s(s) for s in shapes], [False] * len(shapes))
+    np.testing.assert_allclose(fit.model.mixed_coef, (0.012,), rtol=1e-4)
+    np.testing.assert_allclose(fit.model.coef, TRUE.coef, rtol=1e-4, atol=1e-12)
+    unmixed = [s for s in shapes if not (s.decode_kv_bytes and s.prefill_pairs)]
+    fit = fit_step_cost(unmixed, [truth.predict_s(s) for s in unmixed], [False] * len(unmixed))
+    assert fit.model.mixed_coef == (0.0,)
