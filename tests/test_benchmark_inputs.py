@@ -275,6 +275,22 @@ def test_step_tokens_times_each_size_as_one_step(monkeypatch):
     assert not b.chunked_prefill and b.max_num_batched_tokens >= 4097
 
 
+@pytest.mark.slow
+def test_step_tokens_times_prefills_beside_decodes_and_prints_the_profiles_prediction():
+    """Each prefill beside 0 and 1 decoding sequences, one step each (the script stops if a step held other
+    work), with the shipped profile's prediction of that step."""
+    import json
+
+    r = run_script("step_tokens.py", "--tokens", "4", "9", "--rounds", "1", "--decodes", "0", "1",
+                   "--profile", "cpu-smollm2-135m", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout.splitlines()[-1])["rows"]
+    assert sorted((row["tokens"], row["decodes"]) for row in rows) == [(4, 0), (4, 1), (9, 0), (9, 1)]
+    assert all(row["median_ms"] > 0 and row["predicted_ms"] > 0 for row in rows)
+    predicted = {(row["tokens"], row["decodes"]): row["predicted_ms"] for row in rows}
+    assert all(predicted[n, 1] > predicted[n, 0] for n in (4, 9))  # (a decode beside a chunk costs its term)
+
+
 def test_bench_args_types(monkeypatch, tmp_path):
     bench_args = load("bench_args", monkeypatch)
     import argparse
