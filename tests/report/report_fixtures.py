@@ -21,11 +21,12 @@ def shipped_profile():
         return load_profile(SHIPPED_PROFILE)
 
 
-def make_study(folder: Path, name: str = "t", n_trials: int = 4, **options):
-    """`skistune.optimize` without validation into ``folder/s.db``; returns (result, storage URL)."""
+def make_study(folder: Path, name: str = "t", n_trials: int = 4, workload_seed: int = 0, **options):
+    """`skistune.optimize` without validation into ``folder/s.db``, on 16 chat requests drawn with
+    ``workload_seed``; returns (result, storage URL)."""
     storage = f"sqlite:///{folder / 's.db'}"
     options = {"slo": "p99=200ms", **options}
-    result = skistune.optimize(load_workload("chat", requests=16, seed=0), n_trials=n_trials, validate=0,
+    result = skistune.optimize(load_workload("chat", requests=16, seed=workload_seed), n_trials=n_trials, validate=0,
                                profile=shipped_profile(), storage=storage, study_name=name, **options)
     return result, storage
 

@@ -155,7 +155,8 @@ def test_labels_are_placed_after_the_zoom_clear_of_every_dot(report, figures):
 @pytest.fixture(scope="module")
 def energy_study(tmp_path_factory):
     folder = tmp_path_factory.mktemp("energy")
-    result, storage = make_study(folder, name="en", n_trials=3, energy="0.05J/token")
+    # (seed 1: the baseline's coarse and refined capacities differ with the shipped profile; seed 0's coincide)
+    result, storage = make_study(folder, name="en", n_trials=3, energy="0.05J/token", workload_seed=1)
     return result, storage, folder
 
 
