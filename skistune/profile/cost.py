@@ -83,12 +83,13 @@ with the terms at zero.
 The mixed term (`MIXED_FEATURES`, 2026-12-05) is a step that computes decode rows and prefill chunks
 together: it runs both attention paths in every layer (the decode rows in one batched call, each chunk in
 its own), where a decode step or a prefill step runs one, and the intercept carries one path's fixed cost
-only. On the Intel host, with OpenMP threads sleeping between parallel regions, one decode row added to a
-prefill chunk of 8, 40, 64 and 128 tokens took 7.6, 16.9, 13.1 and 16.7 ms more than the chunk alone
-(49 ms for the decode step alone), where the model without the term added 1-2 ms; spinning, 3-4 ms. The
-full profile's grid had mixed steps of 2 to 64 decodes only; a replay's mixed steps (a new prompt joining
-one to three decodes) were predicted 8-11% short, and with them every TBT p99 of the fidelity replays.
-Profiles written before the term load with it at zero.
+only. On the Intel host, with OpenMP threads sleeping between parallel regions, one decode beside a prefill
+of 8, 40, 64 and 128 tokens added 13.0, 8.5, 15.4 and 10.5 ms to the prefill alone (69-217 ms), where the
+model without the term added 0.5-1.6 ms; with spinning threads it added 1.1-5.1 ms (`python
+benchmarks/step_tokens.py --tokens 8 40 64 128 --decodes 0 1 4 --rounds 5`, with ``--profile`` for the
+predictions). The full profile's grid had mixed steps of 2 to 64 decodes only; its steps of a new prompt
+beside one to four decodes, as serving at a low rate mostly has, were predicted up to 17% short (8% with the
+term). Profiles written before the term load with it at zero.
 
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
