@@ -100,7 +100,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from operator import mul
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
@@ -220,9 +220,10 @@ def _integer(value, where: str, minimum: int = 0) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class StepShape:
-    """What one step computes: enough to predict its time, nothing about which tokens."""
+class StepShape(NamedTuple):
+    """What one step computes: enough to predict its time, nothing about which tokens. (A named tuple: the
+    simulator builds one per step it does not fast-forward, and a frozen dataclass took 1.7 us to build
+    against 0.5 here.)"""
 
     num_tokens: int  # tokens computed (prefill chunk tokens + one per decode)
     num_seqs: int

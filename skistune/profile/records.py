@@ -70,7 +70,7 @@ class StepPoint:
     held_out: bool = False  # kept out of the fit, to check it on points it has not seen
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "grid": dict(self.grid), "shape": dict(vars(self.shape)),
+        return {"kind": self.kind, "grid": dict(self.grid), "shape": self.shape._asdict(),
                 "timing": self.timing.to_dict(), "held_out": self.held_out}
 
     @classmethod
@@ -79,7 +79,7 @@ class StepPoint:
         try:
             step_shape = StepShape(**shape)
         except TypeError:
-            names = ", ".join(StepShape.__dataclass_fields__)
+            names = ", ".join(StepShape._fields)
             raise ValueError(f"{where}.shape: expected the fields {names}") from None
         held_out = entry(data, "held_out", where)
         if not isinstance(held_out, bool):
