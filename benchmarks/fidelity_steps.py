@@ -1,7 +1,8 @@
 """Simulator fidelity step by step: one fidelity workload x config served by the real runtime, each real
-step's time against the hardware profile's prediction for the same step's shape, by kind of step (pure
-decode, one prefill, prefill with decodes), and for the steps that follow an idle gap apart from the rest
-(and from the replay's first step, which follows nothing). Shows where `benchmarks/fidelity.py`'s latency
+step's time against the hardware profile's prediction for the same step's shape (with what the simulator adds
+to a step after an idle engine, `cost.idle_wake_at`), by kind of step (pure decode, one prefill, prefill
+with decodes), and for the steps that follow an idle gap apart from the rest (and from the replay's first
+step, which follows nothing). Shows where `benchmarks/fidelity.py`'s latency
 errors come from.
     python benchmarks/fidelity_steps.py [--model smollm2-135m] [--device cpu] [--profile P]
                                         [--workload mooncake-prefix] [--config default] [--rate-scale 1]
@@ -10,6 +11,7 @@ errors come from.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from pathlib import Path
@@ -20,7 +22,7 @@ from fidelity import (CONFIG_NAMES, TRACES, WORKLOAD_NAMES, add_target_args, bas
 
 from skistune.config import KVConfig
 from skistune.evaluate import workload_requests
-from skistune.profile.cost import step_kind, step_shape
+from skistune.profile.cost import idle_wake_at, step_kind, step_shape
 from skistune.runtime.engine import Engine
 from skistune.runtime.kv_layout import kv_traffic
 
@@ -102,9 +104,12 @@ def main() -> None:
         rows, previous_end = [], None
         for out, measured_s, start, end in log:
             shape = step_shape(out, traffic)
+            # (with what the simulator adds to a step after an idle engine: the first one follows one too)
+            idle_s = math.inf if previous_end is None else start - previous_end
             rows.append({"kind": kind(shape), "tokens": shape.num_tokens, "seqs": shape.num_seqs,
-                         "measured_s": measured_s, "predicted_s": target.step_cost.predict_s(shape),
-                         "after_idle": previous_end is not None and start - previous_end > IDLE_GAP_S})
+                         "measured_s": measured_s,
+                         "predicted_s": target.step_cost.predict_s(shape) + idle_wake_at(target.idle_wake, idle_s),
+                         "after_idle": previous_end is not None and idle_s > IDLE_GAP_S})
             previous_end = end
         groups = step_groups(rows)
         replays.append({"steps": len(rows), "groups": groups})
