@@ -110,7 +110,7 @@ def main() -> None:
     executed = {d: recorded_steps(engine) for d, engine in engines.items()}
     keys = [(n, idle, d) for n in args.tokens for idle in idles for d in decodes]
     samples: dict[tuple[int, float, int], list[float]] = {key: [] for key in keys}
-    shapes = {}
+    shapes, traffic = {}, kv_traffic(config, rt.spec, rt.store.dtype.itemsize)
     for r in range(args.rounds + 1):  # round 0 warms up
         for n, idle, d in keys:
             engine = engines[d]
@@ -123,7 +123,7 @@ def main() -> None:
                 samples[n, idle, d].append(time.perf_counter() - t0)
             if len(finished) != 1 or len(executed[d][-1].scheduled) != d + 1:
                 raise RuntimeError(f"the {n}-token prefill did not run in one step beside {d} decodes")
-            shapes[n, idle, d] = step_shape(executed[d][-1], kv_traffic(config, rt.spec, rt.store.dtype.itemsize))
+            shapes[n, idle, d] = step_shape(executed[d][-1], traffic)
             if not d:
                 engine.run_until_done()
     rows = []
