@@ -54,6 +54,8 @@ def load(name: str, monkeypatch):
     ("runtime_throughput.py", ["--prompt-tokens", "3000", "--batch-sizes", "1", "--repeats", "1"],
      "error: --prompt-tokens 3000: the prompt text gives at most"),
     # a prompt and its sampled token beyond the context: "scheduler made no progress" after the model loaded
+    ("block_fill_steps.py", ["--steps", "8"], "error: --steps 8: fewer than a block (16 tokens)"),
+    ("block_fill_steps.py", ["--prompt", "8000", "--steps", "500"], "error: --prompt 8000 --steps 500: more tokens"),
     ("step_tokens.py", ["--tokens", "8192", "--rounds", "1"],
      "error: --tokens 8192: a prefill of at most 8191 tokens fits smollm2-135m's context of 8192"),
     ("search_efficiency.py", ["--code", "", "--scenarios", "chat-capacity"], "argument --code: '': empty"),
@@ -289,6 +291,20 @@ def test_step_tokens_times_prefills_beside_decodes_and_prints_the_profiles_predi
     assert all(row["median_ms"] > 0 and row["predicted_ms"] > 0 for row in rows)
     predicted = {(row["tokens"], row["decodes"]): row["predicted_ms"] for row in rows}
     assert all(predicted[n, 1] > predicted[n, 0] for n in (4, 9))  # (a decode beside a chunk costs its term)
+
+
+@pytest.mark.slow
+def test_block_fill_steps_splits_the_decode_steps_that_complete_a_block():
+    """16 decode steps from a 40-token prompt: the 8th writes the third block's last token (slot 47)."""
+    import json
+
+    r = run_script("block_fill_steps.py", "--steps", "16", "--bits", "16", "4", "--profile", "cpu-smollm2-135m",
+                   "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout.splitlines()[-1])["rows"]
+    assert [(row["bits"], row["kind"], row["steps"]) for row in rows] == [
+        (16, "completes a block", 1), (16, "completes none", 15), (4, "completes a block", 1), (4, "completes none", 15)]
+    assert all(row["median_ms"] > 0 and row["predicted_ms"] > 0 for row in rows)
 
 
 def test_bench_args_types(monkeypatch, tmp_path):
