@@ -15,6 +15,7 @@ import statistics
 import time
 
 from bench_args import add_json, check_runtime, description, fail, hardware_profile, positive_int, print_json
+from step_tokens import recorded_steps, with_decoders
 
 import torch
 
@@ -25,22 +26,13 @@ from skistune.profile.cost import step_shape
 from skistune.runtime.kv_layout import kv_traffic
 from skistune.runtime.llm import Runtime
 from skistune.runtime.presets import PRESETS
-from skistune.runtime.request import Request
 
 
 def timed_decodes(runtime: Runtime, batch: int, prompt: int, steps: int) -> list[tuple[float, bool, object]]:
     """(seconds, whether the step completed a block, its scheduler output) of ``steps`` decode steps of
     ``batch`` sequences, after their prefill."""
-    engine = runtime.new_engine()
-    gen = torch.Generator().manual_seed(0)
-    for i in range(batch):
-        engine.add_request(Request(f"s{i}", torch.randint(1000, runtime.spec.vocab_size, (prompt,),
-                                                          generator=gen).tolist(), steps + 2))
-    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) \
-            or len(engine.scheduler.waiting):
-        engine.step()
-    outs, execute = [], engine.executor.execute
-    engine.executor.execute = lambda out, kv: outs.append(out) or execute(out, kv)
+    engine = with_decoders(runtime, batch, steps, torch.Generator().manual_seed(0), prompt)
+    outs = recorded_steps(engine)
     block = runtime.store.block_size
     timed = []
     for _ in range(steps):
@@ -66,7 +58,7 @@ def main() -> None:
                     help="also print this profile's prediction of each kind of step")
     add_json(ap)
     args = ap.parse_args()
-    if args.prompt + args.steps + 2 > PRESETS[args.model].max_context:
+    if args.prompt + args.steps + 4 > PRESETS[args.model].max_context:
         fail(f"--prompt {args.prompt} --steps {args.steps}: more tokens than {args.model}'s context of "
              f"{PRESETS[args.model].max_context}")
     check_runtime(args.model, "cpu")

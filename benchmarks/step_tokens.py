@@ -46,12 +46,12 @@ def one_step_prefill(tokens: int, decodes: int = 0, bits: int = 16) -> KVConfig:
                                   "bitwidth.key_bits": bits, "bitwidth.value_bits": bits})
 
 
-def with_decoders(runtime: Runtime, decodes: int, steps: int, gen: torch.Generator) -> Engine:
-    """An engine whose ``decodes`` sequences (short prompts) are past their prefill and decode for ``steps``
-    more steps at least: each step of it that takes a prompt runs their decodes beside it."""
+def with_decoders(runtime: Runtime, decodes: int, steps: int, gen: torch.Generator, prompt: int = 32) -> Engine:
+    """An engine whose ``decodes`` sequences (prompts of ``prompt`` tokens) are past their prefill and decode
+    for ``steps`` more steps at least: each step of it that takes a prompt runs their decodes beside it."""
     engine = runtime.new_engine()
     for i in range(decodes):
-        engine.add_request(Request(f"decoder-{i}", torch.randint(1000, runtime.spec.vocab_size, (32,),
+        engine.add_request(Request(f"decoder-{i}", torch.randint(1000, runtime.spec.vocab_size, (prompt,),
                                                                  generator=gen).tolist(), steps + 4))
     while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) \
             or len(engine.scheduler.waiting):
