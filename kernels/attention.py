@@ -319,9 +319,11 @@ def quantize_blocks(side, staging: torch.Tensor, block_ids: torch.Tensor, value_
         packed, scale, zero = quantize_keys(blocks, side.bits)
     else:
         packed, scale, zero = quantize_values(blocks, side.bits, value_group)
-    side.data[block_ids] = packed
-    side.scale[block_ids] = scale
-    side.zero[block_ids] = zero
+    # (index_copy_, not ``side.data[block_ids] = ...``: advanced-indexing stores cost several times as much
+    # on a CPU, where a step packs a block per side and layer)
+    side.data.index_copy_(0, block_ids, packed)
+    side.scale.index_copy_(0, block_ids, scale)
+    side.zero.index_copy_(0, block_ids, zero)
 
 
 def _append_quantized(side, new: torch.Tensor, plan: AppendPlan, block_size: int, value_group: int) -> None:
@@ -331,10 +333,11 @@ def _append_quantized(side, new: torch.Tensor, plan: AppendPlan, block_size: int
     ring = side.ring.view(-1, n_kv, d)
     if plan.block_ids.numel():
         staging = new.new_empty(plan.block_ids.numel() * block_size, n_kv, d)
-        staging[plan.from_ring_dst] = ring[plan.from_ring_src]
-        staging[plan.from_new_dst] = new[plan.from_new_src]
+        if plan.from_ring_dst.numel():  # (none where the step's own tokens fill the block: a prefill's)
+            staging.index_copy_(0, plan.from_ring_dst, ring.index_select(0, plan.from_ring_src))
+        staging.index_copy_(0, plan.from_new_dst, new.index_select(0, plan.from_new_src))
         quantize_blocks(side, staging, plan.block_ids, value_group)
-    ring[plan.ring_dst] = new[plan.ring_src]
+    ring.index_copy_(0, plan.ring_dst, new.index_select(0, plan.ring_src))
 
 
 def write_kv(key, value, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, value_group: int = 0) -> None:
