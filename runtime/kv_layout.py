@@ -134,6 +134,7 @@ class KVTraffic:
     quantized_elements_per_token: int = 0  # dequantized on every read, quantized once when its block completes
     ring_bytes_per_seq: int = 0  # full-precision ring tokens each sequence's attention reads (mean, see kv_traffic)
     unpacked_elements_per_token: int = 0  # sub-byte codes' extra unpacking work: see `unpack_work`
+    block_size: int = 0  # tokens a block packs when it completes (0: nothing is quantized, nothing packed)
 
 
 def kv_traffic(config: KVConfig, spec: ModelSpec, itemsize: int) -> KVTraffic:
@@ -149,7 +150,8 @@ def kv_traffic(config: KVConfig, spec: ModelSpec, itemsize: int) -> KVTraffic:
     ring_tokens = config.bitwidth.full_precision_window + bs // 2
     unpacked = sum(unpack_work(kb) + unpack_work(vb) for kb, vb in layer_bits(config, spec))
     return KVTraffic(kv_block_bytes(spec, bs, itemsize, config) // bs, elements,
-                     ring_tokens * elements * itemsize, unpacked * spec.n_kv_heads * spec.head_dim)
+                     ring_tokens * elements * itemsize, unpacked * spec.n_kv_heads * spec.head_dim,
+                     bs if elements else 0)
 
 
 def unpack_work(bits: int) -> int:

@@ -9,7 +9,8 @@ each sequence's KV slots, hence its blocks and the KV bytes a step reads, follow
 Quantized KV (``bitwidth.*``) enters twice, both from the runtime's own layout (`kv_layout`): the pool
 holds more blocks at fewer bits (less the full-precision rings), and each step reads the bytes of its
 context at the configured bits and pays the profile's dequantization and quantize-on-append terms
-(`kv_layout.kv_traffic`, `profile.cost`).
+(`kv_layout.kv_traffic`, `profile.cost`); a step that completes blocks pays for packing them, in a decode
+run too (every block-size-th step of each sequence, `_blocks_completed`).
 
 Tier transfers are priced as the runtime's `TierStore` runs them (`ProfileExecutor._transfer_s`): a host <->
 device copy makes one call per part tensor of the layout (`kv_layout.part_tensors`: 60 for SmolLM2 at 16 bits,
@@ -161,6 +162,8 @@ class ProfileExecutor:
         self.num_fast_forwards = 0
         self._tokens_drawn = 0
         self._decode_lines: dict[int, tuple[float, float]] = {}  # batch -> (step s at 0 KV tokens, s per token)
+        # quantized KV whose packing the profile prices: a decode run's steps that complete blocks cost more
+        self._packing = bool(kv.block_size) and float(step_cost.packing_s(np.ones(1))[0]) > 0
 
     def next_tokens(self, n: int) -> list[int]:
         """Knuth's multiplicative hash of a counter: spread out, deterministic. The hash of counter c depends on
@@ -308,9 +311,12 @@ class ProfileExecutor:
             k_max = _steps_with_blocks(engine, seqs, k_max)
             if k_max < 2:
                 return None
-            context = sum(s.num_tokens for s in seqs)  # every sequence reads one slot more a step
-            first, per_step = self._decode_cost_line(len(seqs), context)
-            return first + per_step * np.arange(k_max, dtype=np.float64), [], None
+            first_reads = [s.num_tokens for s in seqs]  # every sequence reads one slot more a step
+            first, per_step = self._decode_cost_line(len(seqs), sum(first_reads))
+            step_s = first + per_step * np.arange(k_max, dtype=np.float64)
+            if self._packing:
+                step_s += self.step_cost.packing_s(_blocks_completed(first_reads, k_max, self.kv.block_size))
+            return step_s, [], None
         k_max, compactions = engine.scheduler.plan_decode_run(seqs, k_max)
         if k_max < 2:
             return None
@@ -322,6 +328,8 @@ class ProfileExecutor:
         if k_max < 2:
             return None
         step_s = self._decode_step_times(len(seqs), reads[:, :k_max].sum(axis=0))
+        if self._packing:  # (a decode completes a block where it reads a whole number of blocks)
+            step_s += self.step_cost.packing_s((reads[:, :k_max] % self.kv.block_size == 0).sum(axis=0))
         for row, per_seq in zip(reads, compactions):  # each compaction adds to the step it follows
             for e in per_seq:
                 if e.step <= k_max:
@@ -360,6 +368,14 @@ def _kv_reads(engine: Engine, seqs: list, k: int, compactions: list[list[DecodeC
         for e in compactions[i]:
             row[e.step:] -= row[e.step - 1] - e.new_num_kv_tokens
     return reads
+
+
+def _blocks_completed(first_reads: list[int], k: int, block_size: int) -> np.ndarray:
+    """Blocks the next k decode steps complete, step by step, where each sequence reads ``first_reads[i]`` KV
+    slots at the first and one more at each: sequence i completes one at each step j with (first_reads[i] + j)
+    a multiple of the block size, so every block_size steps from its own offset."""
+    per_offset = np.bincount([-r % block_size for r in first_reads], minlength=block_size)
+    return per_offset[np.arange(k) % block_size]
 
 
 @functools.lru_cache(maxsize=4)

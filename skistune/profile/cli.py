@@ -121,6 +121,9 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
          "not fitted (skistune profile --refit FILE fits it)" if profile.fitted_before_mixed_term
          else f"{c['mixed_paths'] * 1e3:.2f} ms" if any(p.kind == "mixed" for p in profile.steps)
          else "not measured"),
+        ("step: quantized KV, a step that packs completed blocks + per block",
+         f"{c['packing_steps'] * 1e3:.2f} ms + {c['packed_blocks'] * 1e3:.2f} ms"
+         if any(p.kind == "packing" for p in profile.steps) else "not measured"),
         ("step: per eviction compaction + per K slots compacted",
          f"{c['compactions'] * 1e3:.2f} ms + {c['compacted_slots'] * 1e6:.2f} ms"
          if any(p.kind == "compaction" for p in profile.steps) else "not measured"),

@@ -27,6 +27,8 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_par_*   * [num_tokens > parallel_rows_*]  elementwise ops over a KV / hidden / MLP row that
                                           PyTorch splits across threads past its grain (CPU only)
            + c_mixed   * [decode rows and prefill chunks]  both attention paths run in one step
+           + c_packing * [the step packs a block]  quantized KV: the blocks the step completes are packed
+           + c_block   * packed_blocks             (one quantize call per side and layer, whatever the blocks)
 
 KV bytes are counted at the config's bits (`skistune.runtime.kv_layout.kv_traffic`: packed codes, scales
 and zero points, plus the full-precision ring tokens attention reads), so fewer bits read fewer bytes.
@@ -91,6 +93,16 @@ predictions). The full profile's grid had mixed steps of 2 to 64 decodes only; i
 beside one to four decodes, as serving at a low rate mostly has, were predicted up to 17% short (8% with the
 term). Profiles written before the term load with it at zero.
 
+The packing terms (`PACKING_FEATURES`, 2026-12-05) are quantized KV's: the runtime writes a step's new tokens
+to the full-precision ring and packs each block the step completes (`kernels.attention._append_quantized`), one
+quantize call per quantized side and layer, in the step that completes it. A decode step completes a block once
+every `block_size` tokens a sequence; a prefill chunk of a block or more completes one at least. On the Intel
+host, after the packing stopped waking sleeping threads, a decode step of 4 sequences that completed their
+blocks took 13.6 ms more than one that completed none, about the 60 calls' dispatch (`python
+benchmarks/block_fill_steps.py --batch 4`). The token-counted ``quantize_elements`` had spread that over every
+step: a profile's decode points time the median step, which completes none. Profiles written before the terms
+load with them at zero, and their points lack the blocks packed, so a refit cannot add them.
+
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
 from __future__ import annotations
@@ -121,7 +133,9 @@ EVICTION_FEATURES = ("compactions", "compacted_slots")
 TABLE_FEATURES = ("projections_s", "lm_head_s")
 PARALLEL_FEATURES = ("parallel_kv_rows", "parallel_hidden_rows", "parallel_mlp_rows")
 MIXED_FEATURES = ("mixed_paths",)
-GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES, PARALLEL_FEATURES, MIXED_FEATURES)
+PACKING_FEATURES = ("packing_steps", "packed_blocks")
+GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES, PARALLEL_FEATURES, MIXED_FEATURES,
+          PACKING_FEATURES)
 ALL_FEATURES = sum(GROUPS, ())
 # every list a profile was written with: each group's terms came after the last's (the first quantized three first)
 READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3],
@@ -238,6 +252,7 @@ class StepShape(NamedTuple):
     prefill_unpack_elements: int = 0  # ... the prefill chunks' contexts
     compactions: int = 0  # sequences compacted after the step (eviction)
     compacted_slots: int = 0  # ... their KV slots before it
+    packed_blocks: int = 0  # quantized KV: blocks the step completes, which it packs
 
     def feature_values(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
                        table: ProjectionTimes | None = None, parallel: tuple[int, ...] = ()) -> tuple[float, ...]:
@@ -254,7 +269,8 @@ class StepShape(NamedTuple):
                 projections, head,  # (the parallel terms unrolled: the simulator predicts a step per call)
                 *((float(n > parallel[0]), float(n > parallel[1]), float(n > parallel[2])) if parallel
                   else NO_PARALLEL),
-                float(self.decode_kv_bytes > 0 and self.prefill_pairs > 0))  # (a decode reads one KV slot or more)
+                float(self.decode_kv_bytes > 0 and self.prefill_pairs > 0),  # (a decode reads one KV slot or more)
+                float(self.packed_blocks > 0), self.packed_blocks)
 
     def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
                  table: ProjectionTimes | None = None, parallel: tuple[int, ...] = ()) -> np.ndarray:
@@ -268,8 +284,8 @@ class StepCostModel:
     ``evict_coef`` for `EVICTION_FEATURES` (zero where compactions were not measured), ``table_coef`` for
     `TABLE_FEATURES` with the ``table`` they read (None, and zeros, where it was not measured),
     ``parallel_coef`` for `PARALLEL_FEATURES` with the ``parallel_rows`` they switch at (`parallel_rows`;
-    none, and zeros, off the CPU and in older profiles), ``mixed_coef`` for `MIXED_FEATURES` (zero in older
-    profiles); ``rows``: the projection rule the steps ran with, which says how the token terms count a
+    none, and zeros, off the CPU and in older profiles), ``mixed_coef`` for `MIXED_FEATURES` and
+    ``packing_coef`` for `PACKING_FEATURES` (zero in older profiles); ``rows``: the projection rule the steps ran with, which says how the token terms count a
     step's rows."""
 
     coef: tuple[float, ...]
@@ -283,13 +299,14 @@ class StepCostModel:
     parallel_coef: tuple[float, ...] = NO_PARALLEL
     parallel_rows: tuple[int, ...] = ()
     mixed_coef: tuple[float, ...] = (0.0,) * len(MIXED_FEATURES)
+    packing_coef: tuple[float, ...] = (0.0,) * len(PACKING_FEATURES)
     # the terms the file it was read from had fitted (the first of `ALL_FEATURES`: the rest read zero), not a
     # difference between two models; a refit fits them all (`HardwareProfile.fitted_before_current_terms`)
     fitted_terms: int = field(default=len(ALL_FEATURES), compare=False)
 
     def __post_init__(self) -> None:
         counts = tuple(len(c) for c in (self.coef, self.quant_coef, self.evict_coef, self.table_coef,
-                                        self.parallel_coef, self.mixed_coef))
+                                        self.parallel_coef, self.mixed_coef, self.packing_coef))
         if counts != tuple(len(g) for g in GROUPS):
             raise ValueError(f"step cost model: needs {' + '.join(str(len(g)) for g in GROUPS)} coefficients, "
                              f"got {' + '.join(map(str, counts))}")
@@ -310,15 +327,22 @@ class StepCostModel:
             groups.append(values[start:start + len(group)])
             start += len(group)
         return cls(groups[0], knee, groups[1], rows, small_rows, groups[2], groups[3], table, groups[4],
-                   tuple(parallel), groups[5])
+                   tuple(parallel), groups[5], groups[6])
 
     @cached_property  # `predict_s` reads it every call (the fields are frozen: it cannot go stale)
     def all_coef(self) -> tuple[float, ...]:
-        return self.coef + self.quant_coef + self.evict_coef + self.table_coef + self.parallel_coef + self.mixed_coef
+        return (self.coef + self.quant_coef + self.evict_coef + self.table_coef + self.parallel_coef + self.mixed_coef
+                + self.packing_coef)
 
     def compaction_s(self, kv_slots: int) -> float:
         """What one compaction of a sequence holding ``kv_slots`` KV slots adds to its step."""
         return self.evict_coef[0] + self.evict_coef[1] * kv_slots
+
+    def packing_s(self, blocks: np.ndarray) -> np.ndarray:
+        """What packing ``blocks[j]`` completed blocks adds to step j (the simulator's decode runs: their
+        steps' shapes leave the packing out, `decode_shape`)."""
+        fixed, per_block = self.packing_coef
+        return fixed * (blocks > 0) + per_block * blocks
 
     def predict_s(self, shape: StepShape) -> float:
         # The simulator predicts every step it does not fast-forward (~4 a request): Python floats, as a
@@ -395,6 +419,9 @@ class ScaledStepCost:
     def compaction_s(self, kv_slots: int) -> float:
         return self.base.compaction_s(kv_slots) * self.other
 
+    def packing_s(self, blocks: np.ndarray) -> np.ndarray:
+        return self.base.packing_s(blocks) * self.factor("decode")  # (the decode runs' steps)
+
 
 # A step that follows an idle engine takes longer than back to back (threads and cores waking), and the longer
 # the idle the more: on a 2-core Intel host a 131-token prefill took +9 ms after 0.05 s of idle, +17-20 ms after
@@ -440,7 +467,7 @@ def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:
             prefill_seqs += 1
             pairs += new * context
         samples += s.samples
-    q, u = kv.quantized_elements_per_token, kv.unpacked_elements_per_token
+    q, u, bs = kv.quantized_elements_per_token, kv.unpacked_elements_per_token, kv.block_size
     return StepShape(num_tokens=tokens, num_seqs=len(out.scheduled),
                      decode_kv_bytes=decode_tokens * kv.bytes_per_token + decode_seqs * kv.ring_bytes_per_seq,
                      prefill_pairs=pairs, num_samples=samples,
@@ -448,7 +475,14 @@ def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:
                      decode_dequant_elements=decode_tokens * q, prefill_dequant_elements=prefill_tokens * q,
                      quantize_elements=tokens * q, decode_unpack_elements=decode_tokens * u,
                      prefill_unpack_elements=prefill_tokens * u, compactions=len(out.compactions),
-                     compacted_slots=sum(c.kv_len for c in out.compactions))
+                     compacted_slots=sum(c.kv_len for c in out.compactions),
+                     packed_blocks=completed_blocks(out, bs) if bs else 0)
+
+
+def completed_blocks(out: "SchedulerOutput", block_size: int) -> int:
+    """Blocks of ``block_size`` KV slots that the scheduled step completes (a quantized store packs them in
+    the step: `kernels.attention._append_plan`)."""
+    return sum((s.kv_start + s.num_new_tokens) // block_size - s.kv_start // block_size for s in out.scheduled)
 
 
 def decode_shape(batch: int, kv_tokens: int, kv: KVTraffic) -> StepShape:

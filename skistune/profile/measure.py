@@ -89,6 +89,9 @@ class Grid:
     projection_rounds: int = 3
     # the attention kernel alone at these decode (batch, context) points (None: at every decode step point)
     attention_decode: tuple[tuple[int, int], ...] | None = None
+    # quantized KV: decode steps at (batch, context) in which every sequence completes a block and the step packs
+    # it (`cost.PACKING_FEATURES`), at each of step_bits
+    quant_packing: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for chunk, cached in self.prefill + self.quant_prefill:
@@ -110,7 +113,7 @@ class Grid:
         """Progress units: one per grid point, kernel case, transfer stage, the idle wake-up and the power figure."""
         plain = len(self.decode()) + len(self.prefill)
         quant = len(self.quant_decode) + len(self.quant_prefill)
-        steps = plain + len(self.mixed) + len(self.step_bits) * quant + len(self.compaction)
+        steps = plain + len(self.mixed) + len(self.step_bits) * (quant + len(self.quant_packing)) + len(self.compaction)
         kernels = (len(self.kernel_decode()) + len(self.prefill)
                    + len(self.kernel_bits) * (quant + len(self.quantize_blocks)))
         return steps + len(self.overhead_batches) + kernels + 2 + 1 + 1 + bool(self.projection_rows)
@@ -121,14 +124,17 @@ class Grid:
                             block_size)
 
     def quant_pool_tokens(self, block_size: int) -> int:
-        """The same for the quantized step points."""
-        return _pool_tokens(list(self.quant_decode), [], list(self.quant_prefill), self.warmup + self.max_repeats + 8,
-                            block_size)
+        """The same for the quantized step points (their decode points step twice as long, skipping the steps
+        that complete a block; their packing points a block's worth of steps per measured one)."""
+        steps = self.warmup + self.max_repeats + 8
+        return max(_pool_tokens(list(self.quant_decode), [], list(self.quant_prefill), 2 * steps, block_size),
+                   _pool_tokens(list(self.quant_packing), [], [], block_size * steps, block_size)
+                   if self.quant_packing else 0)
 
     def quant_seqs(self) -> int:
         """Sequences a quantized step point runs at once (each needs a full-precision ring slot), with room
         for one that finishes while the next starts."""
-        return max([b for b, _ in self.quant_decode] + [1]) + 2
+        return max([b for b, _ in self.quant_decode + self.quant_packing] + [1]) + 2
 
 
 # Step sizes include some that are not powers of two or multiples of 16 (batch 3; chunks of 37 and 131
@@ -154,7 +160,7 @@ FULL_GRID = Grid(
     quant_prefill=((64, 0), (512, 0), (64, 1536), (256, 512)),
     step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(1, 16, 64, 256, 1024),
     compaction=((1, 256), (1, 1024), (8, 256), (8, 1024), (32, 256)),
-    projection_rows=PROJECTION_ROWS)
+    projection_rows=PROJECTION_ROWS, quant_packing=((1, 512), (4, 512), (16, 128)))
 
 QUICK_GRID = Grid(
     decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(64, 512, 2048), max_decode_kv_tokens=16384,
@@ -179,7 +185,8 @@ QUICK_GRID = Grid(
     # last segment, where the products are compute-bound): the full table's sizes to 2,048 took 32 of the
     # quick profile's 78 s on a 2-core EPYC; one timed pass after the warm-up pass at each size (two rounds
     # took 5 s more)
-    projection_rows=tuple(range(1, 17)) + (20, 24, 32, 48, 64, 96, 128, 192, 256), projection_rounds=1)
+    projection_rows=tuple(range(1, 17)) + (20, 24, 32, 48, 64, 96, 128, 192, 256), projection_rounds=1,
+    quant_packing=((1, 512), (4, 128)))
 
 
 def held_out_mask(points: list[StepPoint], every: int = 3) -> list[bool]:
@@ -244,8 +251,12 @@ def _measure_steps(bench: StepBench, grid: Grid, tick: _Tracker) -> list[StepPoi
     for bits in grid.step_bits:
         quantized = bench.runtime.with_config(quantized_pool(bench.runtime, grid, bits))
         fill_kv(quantized)
-        points += _grid_steps(_bench(quantized, grid), grid.quant_decode, grid.quant_prefill, (), tick)
-        del quantized
+        qbench = _bench(quantized, grid)
+        points += _grid_steps(qbench, grid.quant_decode, grid.quant_prefill, (), tick)
+        for batch, context in grid.quant_packing:
+            points.append(qbench.packing(batch, context))
+            tick(f"decode step that packs a block a sequence: batch {batch}, context {context}, {bits}-bit KV")
+        del quantized, qbench
     for batch, budget in grid.compaction:
         evicting = bench.runtime.with_config(compaction_pool(bench.runtime, grid, batch, budget))
         fill_kv(evicting)

@@ -478,7 +478,9 @@ def _step_text(p: StepPoint) -> str:
              "prefill": lambda: f"a prefill chunk of {g['chunk']} tokens after {g['cached']} cached",
              "mixed": lambda: (f"a step of {seqs(g['batch'])} decoding at {g['context']} tokens of context and a "
                                f"{g['chunk']}-token prefill chunk"),
-             "compaction": lambda: f"a decode step of {seqs(g['batch'])} compacted to {g['budget']} tokens"}
+             "compaction": lambda: f"a decode step of {seqs(g['batch'])} compacted to {g['budget']} tokens",
+             "packing": lambda: (f"a decode step of {seqs(g['batch'])} at {g['context']} tokens of context that "
+                                 f"packs a completed block each")}
     try:
         return texts[p.kind]()
     except KeyError:  # (a grid without the usual coordinates)

@@ -38,7 +38,8 @@ class Timing:
                    integer(data, "repeats", where, minimum=1))
 
 
-STEP_KINDS = ("decode", "prefill", "mixed", "compaction")  # compaction: decode steps that also compact
+# compaction: decode steps that also compact; packing: quantized decode steps that complete a block each
+STEP_KINDS = ("decode", "prefill", "mixed", "compaction", "packing")
 
 
 def kv_bits(grid: dict[str, int]) -> int:

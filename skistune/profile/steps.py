@@ -9,7 +9,9 @@ untouched pages) behind. The steps being measured run the real `ModelRunner` and
 schedule + execute + update, which is what the simulator predicts.
 
 A runtime whose KV is quantized measures the same way: its steps read packed blocks and rings, quantize
-the blocks they complete, and every grid point records its bits (``grid["bits"]``). Setup steps still
+the blocks they complete, and every grid point records its bits (``grid["bits"]``). Its decode points time
+steps that complete no block (one in a block's worth of steps packs one, and the median would hide it); its
+packing points time the steps that do (`cost.PACKING_FEATURES`). Setup steps still
 claim each new sequence's full-precision ring slot, as the runner would, so that the measured step finds
 its sequences where a served sequence would be.
 """
@@ -29,7 +31,7 @@ from ..runtime.llm import Runtime
 from ..runtime.model_runner import ModelRunner
 from ..runtime.request import Request
 from ..runtime.scheduler import SchedulerOutput
-from .cost import StepShape, step_shape
+from .cost import StepShape, completed_blocks, step_shape
 from .harness import enough, synchronize
 from .records import GridPoint, StepPoint, Timing
 
@@ -147,11 +149,27 @@ class StepBench:
             engine.add_request(self._request(context, setup_steps + steps))
 
     def decode(self, batch: int, context: int) -> StepPoint:
+        """Decode steps of ``batch`` sequences at about ``context`` tokens; with quantized KV, those that
+        complete no block (`packing` times those that do)."""
         engine = self._engine(chunk_size=SETUP_TOKENS, budget_tokens=SETUP_TOKENS)
-        self._add_decoders(engine, batch, context, self.warmup + self.max_repeats + 2)
+        block = self.runtime.store.block_size
+        self._add_decoders(engine, batch, context, (self.warmup + self.max_repeats + 2) * (1 + (self.bits < 16)))
         times_s, shapes = self._run(
-            engine, lambda out: len(out.scheduled) == batch and out.num_batched_tokens == batch)
+            engine, lambda out: len(out.scheduled) == batch and out.num_batched_tokens == batch
+            and (self.bits == 16 or not completed_blocks(out, block)))
         return self._point("decode", {"batch": batch, "context": context, "bits": self.bits}, times_s, shapes)
+
+    def packing(self, batch: int, context: int) -> StepPoint:
+        """Quantized KV: decode steps of ``batch`` sequences in which every sequence completes a block, which
+        the step packs. Their prompts of ``context`` tokens are prefilled in one setup step, so the sequences
+        stay in step: every block-th decode step is one of these (the steps between run no model)."""
+        setup = max(SETUP_TOKENS, batch * context)
+        engine = self._engine(chunk_size=setup, budget_tokens=setup)
+        block = self.runtime.store.block_size
+        self._add_decoders(engine, batch, context, block * (self.warmup + self.max_repeats + 2))
+        times_s, shapes = self._run(engine, lambda out: len(out.scheduled) == batch
+                                    and out.num_batched_tokens == batch and completed_blocks(out, block) == batch)
+        return self._point("packing", {"batch": batch, "context": context, "bits": self.bits}, times_s, shapes)
 
     def prefill(self, chunk: int, cached: int, idle_s: float = 0.0) -> StepPoint:
         """A ``chunk``-token prefill chunk after ``cached`` tokens of the same prompt (a multiple of

@@ -232,8 +232,8 @@ def _before_the_mixed_term(profile, path):
     """``profile`` written as a version before the mixed term (`cost.MIXED_FEATURES`) wrote it: without it."""
     data = json.loads(profile.save(path).read_text())
     model = data["step"]["cost_model"]
-    assert model["features"][-1] == "mixed_paths"
-    model["features"], model["coef"] = model["features"][:-1], model["coef"][:-1]
+    assert model["features"][-3:] == ["mixed_paths", "packing_steps", "packed_blocks"]  # (the packing terms after)
+    model["features"], model["coef"] = model["features"][:-3], model["coef"][:-3]
     path.write_text(json.dumps(data))
     return path
 

@@ -48,14 +48,15 @@ def test_the_scalar_prediction_is_the_features_times_the_coefficients(name):
 
 
 def test_each_feature_is_the_one_its_name_says():
-    shape = StepShape(13, 5, 1003, 1004, 3, 1006, 1007, 1008, 1009, 1010, 1011, 1012, 1013)
+    shape = StepShape(13, 5, 1003, 1004, 3, 1006, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014)
     expected = {"fixed": 1.0, "seqs": 5, "tokens": 16, "tokens_past_knee": 6, "multi_token": 1.0,
                 "decode_kv_bytes": 1003, "prefill_kv_bytes": 1006, "prefill_pairs": 1004, "samples": 3,
                 "decode_dequant_elements": 1007, "prefill_dequant_elements": 1008, "quantize_elements": 1009,
                 "decode_unpack_elements": 1010, "prefill_unpack_elements": 1011, "compactions": 1012,
                 "compacted_slots": 1013, "projections_s": TABLE.layers(13), "lm_head_s": TABLE.head(3),
                 "parallel_kv_rows": 0.0, "parallel_hidden_rows": 1.0, "parallel_mlp_rows": 0.0,
-                "mixed_paths": 1.0}  # (decode KV read and prefill pairs: decode rows beside a chunk)
+                "mixed_paths": 1.0,  # (decode KV read and prefill pairs: decode rows beside a chunk)
+                "packing_steps": 1.0, "packed_blocks": 1014}
     assert list(expected) == list(ALL_FEATURES)
     parallel = (20, 12, 13)  # 13 tokens are past 12, not past 13: the tokens count, not the 16 rows they pad to
     x = shape.features(10, LEGACY_RULE, 12, TABLE, parallel)  # 13 tokens: 16 rows under the legacy rule
@@ -84,7 +85,7 @@ def test_a_model_reads_its_parallel_rows_back_and_older_files_have_none():
     model = MODELS["sparse"]
     assert StepCostModel.from_dict(model.to_dict()) == model
     older = model.to_dict()
-    older["features"], older["coef"] = older["features"][:-4], older["coef"][:-4]  # (the mixed term came later)
+    older["features"], older["coef"] = older["features"][:-6], older["coef"][:-6]  # (mixed, packing came later)
     del older["parallel_rows"]
     read = StepCostModel.from_dict(older)
     assert read.parallel_rows == () and read.parallel_coef == (0.0, 0.0, 0.0)
@@ -118,13 +119,33 @@ def test_the_mixed_term_counts_steps_that_run_decode_rows_beside_a_prefill_chunk
 
 
 def test_a_file_written_before_the_mixed_term_reads_it_as_zero_and_says_it_fitted_fewer_terms():
-    model = MODELS["sparse"]
+    model = MODELS["table-legacy-rule"]
     assert StepCostModel.from_dict(model.to_dict()).fitted_terms == len(ALL_FEATURES)
     older = model.to_dict()
-    older["features"], older["coef"] = older["features"][:-1], older["coef"][:-1]
+    older["features"], older["coef"] = older["features"][:-3], older["coef"][:-3]  # (the packing terms came after)
     read = StepCostModel.from_dict(older)
-    assert read.mixed_coef == (0.0,) and read.fitted_terms == len(ALL_FEATURES) - 1
-    assert read == replace(model, mixed_coef=(0.0,))  # (how many terms a file had is not part of the model)
+    assert read.mixed_coef == (0.0,) and read.fitted_terms == len(ALL_FEATURES) - 3
+    # (how many terms a file had is not part of the model)
+    assert read == replace(model, mixed_coef=(0.0,), packing_coef=(0.0, 0.0))
+    older["features"], older["coef"] = model.to_dict()["features"][:-2], model.to_dict()["coef"][:-2]
+    read = StepCostModel.from_dict(older)
+    assert read == replace(model, packing_coef=(0.0, 0.0)) and read.mixed_coef == model.mixed_coef != (0.0,)
+
+
+def test_the_packing_terms_count_the_blocks_a_quantized_step_completes():
+    from skistune.profile.cost import completed_blocks
+
+    kv = KVTraffic(bytes_per_token=100, quantized_elements_per_token=7, block_size=16)
+    # decodes reading their 16th and 10th slot, chunks of 37 tokens after 10 and of 5 from the start
+    out = SchedulerOutput(scheduled=[_seq(1, 15, True), _seq(1, 9, True), _seq(37, 10, False), _seq(5, 0, True)])
+    assert completed_blocks(out, 16) == 1 + 0 + 2 + 0
+    assert step_shape(out, kv).packed_blocks == 3
+    assert step_shape(out, replace(kv, quantized_elements_per_token=0, block_size=0)).packed_blocks == 0  # 16-bit
+    packing = StepCostModel.of([{"packing_steps": 0.005, "packed_blocks": 0.001}.get(f, 0.0) for f in ALL_FEATURES],
+                               knee=8)
+    assert packing.predict_s(step_shape(out, kv)) == pytest.approx(0.005 + 3 * 0.001)
+    assert packing.predict_s(step_shape(SchedulerOutput(scheduled=[_seq(1, 9, True)]), kv)) == 0.0
+    assert packing.packing_s(np.array([0, 1, 4])) == pytest.approx([0.0, 0.006, 0.009])
 
 
 def test_the_cached_coefficients_leave_equality_hash_and_files_alone():

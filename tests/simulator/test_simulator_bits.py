@@ -1,6 +1,7 @@
 """Quantized KV in the simulator: the pool holds more blocks at fewer bits, a step reads its context's bytes
 at the configured bits and pays the profile's dequantization and quantize-on-append terms (both machines'
-behaviours: bytes that cost time, conversions that cost more), fast-forward still equals stepping."""
+behaviours: bytes that cost time, conversions that cost more), a step that completes blocks pays for packing
+them, fast-forward still equals stepping."""
 import dataclasses
 import warnings
 from pathlib import Path
@@ -21,9 +22,10 @@ SPEC = PRESETS["smollm2-135m"]
 SHIPPED = Path(__file__).resolve().parents[2] / "profiles" / "cpu-smollm2-135m.json"
 
 
-def cost(*, tokens=0.0, kv=0.0, decode_dequant=0.0, prefill_dequant=0.0, quantize=0.0, **plain):
+def cost(*, tokens=0.0, kv=0.0, decode_dequant=0.0, prefill_dequant=0.0, quantize=0.0, packing=(0.0, 0.0), **plain):
     c = dict.fromkeys(FEATURES, 0.0) | plain | {"tokens": tokens, "decode_kv_bytes": kv, "prefill_kv_bytes": kv}
-    return StepCostModel(tuple(c[f] for f in FEATURES), 512, (decode_dequant, prefill_dequant, quantize, 0.0, 0.0))
+    return StepCostModel(tuple(c[f] for f in FEATURES), 512, (decode_dequant, prefill_dequant, quantize, 0.0, 0.0),
+                         packing_coef=packing)
 
 
 def target(step_cost, device_bytes=1 << 30):
@@ -66,20 +68,31 @@ def test_dequantization_can_cost_more_than_the_bytes_save():
     assert first_decode_s(bits(4), converting) == pytest.approx(expected)
 
 
+def test_a_decode_step_that_completes_a_block_pays_for_packing_it():
+    packing = cost(tokens=1e-3, packing=(5e-3, 1e-3))
+    m = simulate(bits(4), [Request("a", list(range(3, 43)), 40)], target(packing))  # 40-token prompt, 40 decodes
+    # the 40-token prefill completes 2 blocks; decodes reading slots 48 and 64 complete one each
+    assert m.ttft_s.max == pytest.approx(40e-3 + 5e-3 + 2e-3)
+    assert m.e2e_s.max - m.ttft_s.max == pytest.approx(39 * 1e-3 + 2 * 6e-3)
+    assert m.tbt_s.max == pytest.approx(7e-3) and m.tbt_s.p50 == pytest.approx(1e-3)
+    assert simulate(bits(16), [Request("a", list(range(3, 43)), 40)], target(packing)).tbt_s.max == pytest.approx(1e-3)
+
+
 def test_a_full_precision_window_reads_more_ring_bytes():
     bandwidth_bound = cost(kv=1e-9)
     assert first_decode_s(bits(4, **{"bitwidth.full_precision_window": 128}), bandwidth_bound) \
         > first_decode_s(bits(4), bandwidth_bound)
 
 
-@pytest.mark.parametrize("config", [bits(4), bits(8, **{"bitwidth.full_precision_window": 32})],
-                         ids=["int4", "int8-window32"])
+@pytest.mark.parametrize("config", [bits(4), bits(8, **{"bitwidth.full_precision_window": 32}),
+                                    bits(4, **{"eviction.policy": "h2o", "eviction.budget_tokens": 200})],
+                         ids=["int4", "int8-window32", "int4-h2o"])
 def test_fast_forward_equals_stepping_with_quantized_kv(config):
     w = load_workload("../shared/traces/azure_llm_2023_conv/AzureLLMInferenceTrace_conv.csv", first=150,
                       rate_scale=4.0)
     reqs = to_requests(w, vocab_size=SPEC.vocab_size)
     step_cost = cost(fixed=2e-3, seqs=1e-4, tokens=2e-5, kv=1e-12, samples=1e-5, decode_dequant=1e-10,
-                     prefill_dequant=2e-10, quantize=1e-9)
+                     prefill_dequant=2e-10, quantize=1e-9, packing=(3e-3, 1e-3))  # (a run's steps that fill blocks)
     runs = [build_engine(config, target(step_cost, 256 << 20), fast_forward=ff) for ff in (True, False)]
     (fast, ex_fast), (slow, ex_slow) = runs
     fast.replay(reqs), slow.replay(reqs)
