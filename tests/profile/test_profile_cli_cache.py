@@ -213,7 +213,9 @@ def test_a_cached_profile_fitted_before_the_parallel_terms_is_refitted_and_kept(
     def worst_miss(model) -> float:
         return max(abs(model.predict_s(p.shape) / p.timing.median_s - 1) for p in shipped.steps)
 
-    assert worst_miss(read.step_cost) < 0.10 < worst_miss(before)
+    # (the shipped fit's own worst point, and less than half the miss without the terms)
+    assert worst_miss(read.step_cost) == pytest.approx(worst_miss(shipped.step_cost), rel=1e-6)
+    assert worst_miss(read.step_cost) < 0.5 * worst_miss(before)
     assert load_profile(path, check_fingerprint=False).step_cost == read.step_cost  # written back
 
 
