@@ -285,8 +285,8 @@ class StepCostModel:
     `TABLE_FEATURES` with the ``table`` they read (None, and zeros, where it was not measured),
     ``parallel_coef`` for `PARALLEL_FEATURES` with the ``parallel_rows`` they switch at (`parallel_rows`;
     none, and zeros, off the CPU and in older profiles), ``mixed_coef`` for `MIXED_FEATURES` and
-    ``packing_coef`` for `PACKING_FEATURES` (zero in older profiles); ``rows``: the projection rule the steps ran with, which says how the token terms count a
-    step's rows."""
+    ``packing_coef`` for `PACKING_FEATURES` (zero in older profiles); ``rows``: the projection rule the steps
+    ran with, which says how the token terms count a step's rows."""
 
     coef: tuple[float, ...]
     knee: int

@@ -11,9 +11,9 @@ schedule + execute + update, which is what the simulator predicts.
 A runtime whose KV is quantized measures the same way: its steps read packed blocks and rings, quantize
 the blocks they complete, and every grid point records its bits (``grid["bits"]``). Its decode points time
 steps that complete no block (one in a block's worth of steps packs one, and the median would hide it); its
-packing points time the steps that do (`cost.PACKING_FEATURES`). Setup steps still
-claim each new sequence's full-precision ring slot, as the runner would, so that the measured step finds
-its sequences where a served sequence would be.
+packing points time the steps that do (`cost.PACKING_FEATURES`). Setup steps still claim each new
+sequence's full-precision ring slot, as the runner would, so that the measured step finds its sequences
+where a served sequence would be.
 """
 from __future__ import annotations
 
