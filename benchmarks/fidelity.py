@@ -14,7 +14,11 @@ Before the first replay and after the last, a few of the profile's own step poin
 run than when the profile was measured. On a shared host that drift alone moves every error by 10% or
 more; it is printed beside the errors, and a second table predicts every replay again with the profile's
 steps at the speed the checks timed (per kind, the geometric mean of before and after), which takes it out
-of them. ``--no-speed-check`` skips both.
+of them. ``--no-speed-check`` skips both. With ``--check-each`` the steps are also timed between replays
+(about 7 s each on a 2-core CPU), and each replay is predicted at the speed of the checks just before and
+after it: on a host whose speed moves within minutes, the checks at the run's two ends had missed a replay's
+speed by 20% and more (the measured TBT p50 of the same decode work ran 50.6-71.0 ms from one replay to the
+next, BENCHMARKS.md).
 
 On a GPU (``--device cuda --model llama-3-8b``, random weights: timing only) the same configs and workloads
 run at ``--rate-scale`` times their rates (the GPU serves the 8B model faster than two CPU cores serve
@@ -25,7 +29,8 @@ first, so that Triton's compilations are not timed.
 another profile, serving nothing: a GPU run re-scored on a CPU (`benchmarks/results/`).
 
     python benchmarks/fidelity.py [--model smollm2-135m] [--device cpu] [--profile profiles/DEVICE-MODEL.json]
-                                  [--requests 16] [--rate-scale 1] [--configs ...] [--no-speed-check] [--json]
+                                  [--requests 16] [--rate-scale 1] [--configs ...] [--no-speed-check]
+                                  [--check-each] [--json]
     python benchmarks/fidelity.py --measured RUN.json [--profile P] [--json]
 """
 from __future__ import annotations
@@ -178,8 +183,14 @@ def main() -> None:
                          "and configs replace those options")
     ap.add_argument("--no-speed-check", dest="speed_check", action="store_false",
                     help="do not time the profile's own steps again before and after the replays")
+    ap.add_argument("--check-each", action="store_true",
+                    help="also time them between replays, and predict each replay at the speed of the checks "
+                         "around it")
     add_json(ap)
     args = ap.parse_args()
+    if args.check_each and not args.speed_check:
+        fail("--check-each times the profile's steps between replays: it needs the speed checks "
+             "(drop --no-speed-check)")
     recorded, recorded_run = read_recorded(args) if args.measured else (None, {})
     profile = profile_path(args, serving=recorded is None)
     target = simulation_target(args.model, profile)
@@ -205,19 +216,26 @@ def main() -> None:
             try:
                 p = simulate(cfg, reqs, target)
                 predicted = {n: f(p) for n, f in METRICS}
+                checks = None
                 if recorded is None:
+                    if args.check_each and speed:
+                        if rows or failed:  # (the first replay follows the "before" check)
+                            speed.append(machine_speed(profile, rt, f"before {wname} {cname}", quiet=True))
+                        checks = [len(speed) - 1, len(speed)]  # (the next check, or the last, follows it)
                     m = replay(rt, cfg, reqs)
                     measured, preemptions = {n: f(m) for n, f in METRICS}, [p.preemptions, m.preemptions]
                 else:
                     measured = recorded[wname, cname]["measured"]
                     preemptions = [p.preemptions, recorded[wname, cname]["preemptions"][1]]
+                    checks = recorded[wname, cname].get("checks")
             except Exception as exc:  # one broken config must not cost the others' figures (a GPU run is short)
                 failed.append({"workload": wname, "config": cname, "error": repr(exc)})
                 print(f"{wname:<16} {cname:<20} FAILED: {exc!r}", flush=True)
                 continue
             errors = {n: relative_error(predicted[n], measured[n]) or 0.0 for n, _ in METRICS}
             rows.append({"workload": wname, "config": cname, "errors": errors, "predicted": predicted,
-                         "measured": measured, "preemptions": preemptions})
+                         "measured": measured, "preemptions": preemptions,
+                         **({"checks": checks} if checks is not None else {})})
             print(f"{wname:<16} {cname:<20} " + " ".join(
                 cell(n, predicted[n], measured[n], errors[n]) for n, _ in METRICS), flush=True)
     if speed:
@@ -259,20 +277,25 @@ def summarize(rows: list[dict], key: str) -> dict:
 
 def predict_at_speed(rows: list[dict], served: dict, table: dict, target, speed: list[dict]) -> dict:
     """Each row predicted again with the profile's steps at the speed the run's checks timed (per kind, the
-    geometric mean of before and after: `check.cost_at_speed`), its errors added to the row as
-    "errors_at_speed": what is left once the machine's drift since the profile is taken out, the simulator's
-    own error (approximately: the machine's speed may have moved between the checks). Printed as a second
-    table, its summary returned."""
+    geometric mean of before and after: `check.cost_at_speed`; a row of a ``--check-each`` run, of the checks
+    just before and after its replay), its errors added to the row as "errors_at_speed": what is left once the
+    machine's drift since the profile is taken out, the simulator's own error (approximately: the machine's
+    speed may have moved between the checks). Printed as a second table, its summary returned."""
     from dataclasses import replace
 
     from skistune.profile.check import cost_at_speed
 
-    scaled = replace(target, step_cost=cost_at_speed(target.step_cost, speed))
+    scaled = replace(target, step_cost=cost_at_speed(target.step_cost, [speed[0], speed[-1]]))
     factors = ", ".join(f"{k} x{f:.3f}" for k, f in scaled.step_cost.factors)
-    print(f"\nthe same replays predicted with the profile's steps at the speed its checks timed ({factors}):")
+    each = any("checks" in r for r in rows)
+    print("\nthe same replays predicted with the profile's steps at the speed its checks timed "
+          + (f"around each replay (from {len(speed)} checks; the run's ends: {factors}):" if each
+             else f"({factors}):"))
     print_heading("at speed/measured")
     for r in rows:
-        p = simulate(KVConfig().with_knobs(table[r["config"]]), served[r["workload"]], scaled)
+        around = [speed[i] for i in r.get("checks", ()) if 0 <= i < len(speed)]
+        cost = replace(target, step_cost=cost_at_speed(target.step_cost, around)) if around else scaled
+        p = simulate(KVConfig().with_knobs(table[r["config"]]), served[r["workload"]], cost)
         predicted = r["predicted_at_speed"] = {n: f(p) for n, f in METRICS}
         r["errors_at_speed"] = {n: relative_error(predicted[n], r["measured"][n]) or 0.0 for n, _ in METRICS}
         print(f"{r['workload']:<16} {r['config']:<20} " + " ".join(
@@ -374,12 +397,14 @@ def replay(runtime: Runtime, config: KVConfig, requests):
             torch.cuda.empty_cache()
 
 
-def machine_speed(profile_path: str, runtime, when: str) -> dict:
-    """The profile's own steps timed again now (`skistune.profile.check`): now / then, median."""
+def machine_speed(profile_path: str, runtime, when: str, quiet: bool = False) -> dict:
+    """The profile's own steps timed again now (`skistune.profile.check`): now / then, median; printed unless
+    ``quiet`` (the checks between replays would split the table)."""
     from skistune.profile import load_profile
     from skistune.profile.check import speed_check
     check = speed_check(load_profile(profile_path, check_fingerprint=False), runtime)
-    print(f"{when} the replays, {check.summary_line()}", flush=True)
+    if not quiet:
+        print(f"{when} the replays, {check.summary_line()}", flush=True)
     return {"when": when, **check.to_dict()}
 
 

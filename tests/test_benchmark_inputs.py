@@ -401,6 +401,19 @@ def test_fidelity_predicts_again_at_the_speed_its_checks_timed(tmp_path):
     errors = [abs(e) for r in out["rows"] for e in r["errors_at_speed"].values()]
     assert speed["median_abs_error"] == statistics.median(errors)
     assert speed["runs"] == 2 and speed["latency_figures"] == 12
+    # --check-each: each replay at the speed of the checks around it, not the run's two ends
+    around = [{"when": w, "ratio": 1.0, "by_kind": {"decode": d, "prefill": 1.0}}
+              for w, d in (("before", 1.0), ("before bursty-chat seqs4", 1.0), ("after", 4.0))]
+    record = _recorded_run(profile, around)
+    for row, checks in zip(record["rows"], ([0, 1], [1, 2])):
+        row["checks"] = checks
+    (tmp_path / "each.json").write_text(json.dumps(record) + "\n")
+    r = run_script("fidelity.py", "--measured", str(tmp_path / "each.json"), "--profile", str(profile), "--json")
+    assert r.returncode == 0, r.stderr
+    first, second = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+    assert first["predicted_at_speed"] == first["predicted"]  # (decode x1.0 before and after it)
+    assert second["predicted_at_speed"]["tbt p50"] > 1.5 * second["predicted"]["tbt p50"]  # (x1.0, x4.0: x2.0)
+    assert "around each replay (from 3 checks" in r.stdout
     # checks of another profile say nothing of this one: none applied
     other = tmp_path / "other.json"
     other.write_text(json.dumps(_recorded_run(tmp_path / "elsewhere.json", drift)) + "\n")
