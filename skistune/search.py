@@ -627,6 +627,9 @@ def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, 
     except TimeUp:  # (the deadline, met between trials: nothing to report)
         return
     except Exception as exc:
+        # the parent stops every worker once one reports an error (SIGTERM): one that came while this handler
+        # ran raised out of it, past the KeyboardInterrupt clause below, and multiprocessing printed its traceback
+        _ignore_stops()
         failed = storage_failure(exc)
         if isinstance(exc, ReturnValueError) or raised_by(exc) is not None:  # the user's callable: its own error
             errors.put(_picklable(exc))
@@ -640,8 +643,12 @@ def _worker(problem, storage_url, study_name, sampler_name, n_trials, deadline, 
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, its parent gone: its trial failed, the parent reports
         raise SystemExit(130) from None
     finally:  # (a second signal while the process ends would print a traceback from multiprocessing's exit)
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
+        _ignore_stops()
+
+
+def _ignore_stops() -> None:
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def _picklable(exc: BaseException) -> BaseException | str:
