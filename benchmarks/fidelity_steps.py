@@ -1,6 +1,6 @@
 """Simulator fidelity step by step: one fidelity workload x config served by the real runtime, each real
 step's time against the hardware profile's prediction for the same step's shape (with what the simulator adds
-to a step after an idle engine, `cost.idle_wake_at`), by kind of step (pure decode, one prefill, prefill
+to the steps after an idle engine, their medians: `cost.typical_wake_s`), by kind of step (pure decode, one prefill, prefill
 with decodes), and for the steps that follow an idle gap apart from the rest (and from the replay's first
 step, which follows nothing). Shows where `benchmarks/fidelity.py`'s latency
 errors come from.
@@ -22,7 +22,7 @@ from fidelity import (CONFIG_NAMES, TRACES, WORKLOAD_NAMES, add_target_args, bas
 
 from skistune.config import KVConfig
 from skistune.evaluate import workload_requests
-from skistune.profile.cost import idle_wake_at, step_kind, step_shape
+from skistune.profile.cost import IDLE_WAKE_GAP_S, step_kind, step_shape, typical_wake_s
 from skistune.runtime.engine import Engine
 from skistune.runtime.kv_layout import kv_traffic
 
@@ -101,14 +101,19 @@ def main() -> None:
         log: list = []
         timed_steps(engine, log)
         engine.replay(requests)
-        rows, previous_end = [], None
+        rows, previous_end, woken, since_wake = [], None, 0.0, 0
         for out, measured_s, start, end in log:
             shape = step_shape(out, traffic)
-            # (with what the simulator adds to a step after an idle engine: the first one follows one too)
+            # (with what the simulator adds to the steps after an idle engine, as medians: the first follows one)
             idle_s = math.inf if previous_end is None else start - previous_end
+            if idle_s >= IDLE_WAKE_GAP_S:
+                woken, since_wake = idle_s, 0
+            else:
+                since_wake += 1
             rows.append({"kind": kind(shape), "tokens": shape.num_tokens, "seqs": shape.num_seqs,
                          "measured_s": measured_s,
-                         "predicted_s": target.step_cost.predict_s(shape) + idle_wake_at(target.idle_wake, idle_s),
+                         "predicted_s": target.step_cost.predict_s(shape)
+                         + typical_wake_s(target.idle_wake, woken, since_wake),
                          "after_idle": previous_end is not None and idle_s > IDLE_GAP_S})
             previous_end = end
         groups = step_groups(rows)

@@ -28,7 +28,7 @@ import torch
 from skistune import openmp_wait
 from skistune.config import KV_BITS, KVConfig
 from skistune.profile import load_profile
-from skistune.profile.cost import idle_wake_at, step_shape
+from skistune.profile.cost import step_shape, typical_wake_s
 from skistune.runtime.engine import Engine
 from skistune.runtime.kv_layout import kv_traffic
 from skistune.runtime.llm import Runtime
@@ -140,7 +140,7 @@ def main() -> None:
                "min_ms": min(v) * 1e3, "max_ms": max(v) * 1e3}
         if profile is not None:
             row["predicted_ms"] = (profile.step_cost.predict_s(shapes[n, idle, d, b])
-                                   + idle_wake_at(profile.idle_wake, idle)) * 1e3
+                                   + typical_wake_s(profile.idle_wake, idle)) * 1e3
         rows.append(row)
     print(f"{args.model}, torch threads {torch.get_num_threads()}, OpenMP threads {openmp_wait()} while waiting: "
           f"one-sequence prefill steps, {args.rounds} rounds" + (f"; predicted by {args.profile}" if profile else ""))

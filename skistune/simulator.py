@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import functools
 import math
-from array import array
 import os
+import random
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
@@ -32,7 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from skistune.config import KVConfig
-from skistune.profile.cost import StepCostModel, decode_shape, idle_wake_at, step_shape
+from skistune.profile.cost import IDLE_WAKE_GAP_S, IdleWake, StepCostModel, decode_shape, step_shape
 from skistune.profile.records import block_io_features
 from skistune.runtime.engine import Engine, VirtualClock, layerwise_depth
 from skistune.runtime.kv_layout import (KVTraffic, kv_pool_blocks, kv_traffic, layout_notes, part_tensors,
@@ -87,8 +88,8 @@ class SimTarget:
     block_io: dict[str, Any] = field(default_factory=dict)
     # link -> notes on how its transfers were measured: added to the notes of configs whose tiers cross it
     link_notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # (idle s, extra s): what a step that follows an idle engine takes more (`cost.idle_wake_at`); () none
-    idle_wake: tuple[tuple[float, float], ...] = ()
+    # what the steps that follow an idle engine take more (`cost.IdleWake`); None: not measured
+    idle_wake: IdleWake | None = None
 
 
 def target_from_profile(profile, model: str | None = None) -> SimTarget:
@@ -135,6 +136,9 @@ def _profile_itemsize(profile, spec: ModelSpec) -> int:
     return itemsize
 
 
+WAKE_SEED = 0  # the rounds a replay's wake-ups draw (`IdleWake`): seeded, so a replay predicts the same each time
+
+
 class ProfileExecutor:
     """Executes a step by advancing the virtual clock by its predicted duration. Sampled tokens are a
     deterministic pseudo-random sequence (content is irrelevant to timing; distinct tokens keep output
@@ -143,10 +147,12 @@ class ProfileExecutor:
     def __init__(self, step_cost: StepCostModel, kv: KVTraffic, clock: VirtualClock, vocab: int,
                  transfers: dict[str, Any] | None = None, block_bytes: int = 0, layerwise_layers: int = 0,
                  ring_swap_bytes: int = 0, *, parts: int = 1, rings: int = 0, block_io: dict[str, Any] | None = None,
-                 idle_wake: tuple[tuple[float, float], ...] = ()):
+                 idle_wake: IdleWake | None = None):
         self.step_cost = step_cost
         self.idle_wake = idle_wake
         self._last_end_s = -math.inf  # when the last step ended: the replay's first step follows an idle engine
+        self._wake_rng = random.Random(WAKE_SEED)
+        self._wake_left: list[float] = []  # the extras of the steps still to come after a wake-up, the next last
         self.layerwise_layers = layerwise_layers  # > 0 (the model's layers): copies overlap layer by layer
         self.transfers = transfers or {}  # link -> transfer fit
         self.block_io = block_io or {}  # the disk tier's block conversion -> fit (`records.BLOCK_IO`)
@@ -214,8 +220,8 @@ class ProfileExecutor:
         self.num_steps += 1
         self.num_scheduled += 1
         step_s = self.step_cost.predict_s(step_shape(out, self.kv))
-        if self.idle_wake:  # (a call saved per step where the profile has none)
-            step_s += self._wake_s(self.clock.now())
+        if self.idle_wake is not None:  # (a call saved per step where the profile has none)
+            step_s += self._wake_s(self.clock.now() - self._last_end_s)
         if kv.tiers is not None:  # on-demand copies add; a prefetch overlaps the step, late data stalls it
             whole, layered = layered_split(out, self.layerwise_layers > 0)
             sync_s, layered_s, prefetch_s = (self.transfer_s(t) for t in (whole, layered, out.prefetch))
@@ -230,9 +236,26 @@ class ProfileExecutor:
         sampling = [s.seq.seq_id for s in out.scheduled if s.samples]
         return dict(zip(sampling, self.next_tokens(len(sampling))))
 
-    def _wake_s(self, start_s: float) -> float:
-        """What a step starting at ``start_s`` adds for following an idle engine (`cost.idle_wake_at`)."""
-        return idle_wake_at(self.idle_wake, start_s - self._last_end_s)
+    def _wake_s(self, idle_s: float) -> float:
+        """What a step adds for the idle engine it follows: after ``idle_s`` of idle (`IDLE_WAKE_GAP_S` or more),
+        a round of the profile's wake-ups is drawn for this step and the few after it (`IdleWake.draw_s`); a
+        step back to back takes the next of those, if any are left."""
+        if idle_s >= IDLE_WAKE_GAP_S:
+            self._wake_left = self.idle_wake.draw_s(idle_s, self._wake_rng)[::-1]
+        return self._wake_left.pop() if self._wake_left else 0.0
+
+    def _wake_run(self, step_s: np.ndarray) -> np.ndarray:
+        """A decode run's step times with the extras left from a wake-up added to its first steps (taken from
+        `_wake_left` by `_took_wake_run`, once the steps that run are known)."""
+        if not self._wake_left:
+            return step_s
+        m = min(len(self._wake_left), len(step_s))
+        step_s = step_s.copy()
+        step_s[:m] += self._wake_left[::-1][:m]
+        return step_s
+
+    def _took_wake_run(self, k: int) -> None:
+        del self._wake_left[max(0, len(self._wake_left) - k):]
 
     def fast_forward(self, engine: Engine, next_arrival_s: float) -> None:
         """Advance, in one event each, the steps that start before the next arrival and whose outcome is
@@ -254,7 +277,9 @@ class ProfileExecutor:
             if now_s >= next_arrival_s:
                 break
             end_s = now_s + self.step_cost.predict_s(step_shape(SchedulerOutput([ScheduledSeq.of(seq, start, n, start)]),
-                                                                self.kv)) + (self._wake_s(now_s) if not steps else 0.0)
+                                                                self.kv))
+            if self.idle_wake is not None:  # (the first chunk may follow an idle engine, the rest back to back)
+                end_s += self._wake_s(now_s - self._last_end_s if not steps else 0.0)
             engine.busy_s += end_s - now_s
             now_s, start, steps = end_s, start + n, steps + 1
         if not steps:
@@ -277,11 +302,13 @@ class ProfileExecutor:
         if run is None:
             return False
         step_s, compactions, used_blocks = run
+        step_s = self._wake_run(step_s)
         now_s = self.clock.now()
         end_s = now_s + np.cumsum(step_s)
         k = int(np.searchsorted(end_s - step_s, next_arrival_s, side="left"))  # steps starting before it
         if k < 1:
             return False
+        self._took_wake_run(k)
         n = len(seqs)
         tokens = self.next_tokens(k * n)  # drawn step by step, in batch order: as k single steps draw them
         times = array("d")  # (the records' type: each sequence's slice of it is copied in whole)

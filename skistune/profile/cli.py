@@ -163,8 +163,7 @@ def _other_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
              "not measured" if profile.quantize is None else _r2(profile.quantize.fit.quality.r2))]
     rows += [_transfer_row(link, m.fit) for link, m in profile.transfers.items()]
     rows += [_block_io_row(kind, m.fit) for kind, m in profile.block_io.items()]
-    rows.append(("a step after an idle engine: time added", ", ".join(
-        f"{x * 1e3:.1f} ms after {g:g} s" for g, x in profile.idle_wake) or "not measured"))
+    rows.append(("steps after an idle engine: time added", _idle_wake_text(profile.idle_wake)))
     rows.append(("machine speed while measured: last / first step timed",
                  ", ".join(f"{k} x{r:.2f}" for k, r in profile.drift.items()) or "not recorded"))
     # what bounds the host and disk tiers the optimizer recommends for this machine
@@ -466,3 +465,11 @@ def _check(path: Path, json_out: bool) -> None:
     if json_out:
         print_json({"profile": str(path), **result.to_dict()})
 
+
+def _idle_wake_text(wake) -> str:
+    """Per idle, each step's median extra from the first after it, e.g. "after 2 s: +22.7 / +2.7 ms"."""
+    if wake is None:
+        return "not measured"
+    per_idle = "; ".join(f"after {g:g} s: " + " / ".join(f"{x * 1e3:+.1f}" for x in wake.typical_s(g)) + " ms"
+                         for g in wake.idle_s)
+    return per_idle + (f" (medians of {wake.rounds} rounds)" if wake.rounds > 1 else "")

@@ -109,6 +109,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from operator import mul
@@ -426,22 +427,86 @@ class ScaledStepCost:
 # A step that follows an idle engine takes longer than back to back (threads and cores waking), and the longer
 # the idle the more: on a 2-core Intel host a 131-token prefill took +9 ms after 0.05 s of idle, +17-20 ms after
 # 0.2-1 s and +33 ms after 2 s, whatever the step's size (+17-19 ms for 9, 48 and 131 tokens after 1 s). The
-# profiler times it after each of `measure.IDLE_WAKE_GAPS_S` of idle; a step that starts `IDLE_WAKE_GAP_S` or more
-# after the last one ended takes `idle_wake_at` more in the simulator.
+# steps after it can be slower too, now and then: after 2 s of idle, the next decode step took +13-14 ms in 2 of
+# 8 rounds and under +7 ms in the others. The profiler times a request's first steps after each of
+# `measure.IDLE_WAKE_GAPS_S` of idle, in rounds; a step that starts `IDLE_WAKE_GAP_S` or more after the last one
+# ended draws one round's extras (`IdleWake.draw_s`) for itself and the steps that follow it in the simulator.
 IDLE_WAKE_GAP_S = 0.1
 
 
-def idle_wake_at(points: Sequence[tuple[float, float]], gap_s: float) -> float:
-    """What a step adds after ``gap_s`` of idle, from the profile's (idle seconds, extra seconds) points: none
-    below `IDLE_WAKE_GAP_S`, the nearest point's outside them, linear in the log of the idle between them."""
-    if not points or gap_s < IDLE_WAKE_GAP_S:
+@dataclass(frozen=True)
+class IdleWake:
+    """What the steps that follow an idle engine take over the same steps back to back, measured in rounds
+    after each of a few idles: ``rounds_s[g][r][i]`` is step ``i`` (0: the first after the idle) after
+    ``idle_s[g]`` of idle in round ``r``. Each round times every idle once, so a round's figures at the
+    idles belong together. A profile written before the rounds has one round of one step at each idle.
+
+    The simulator draws a round at random (seeded: a replay predicts the same each time) rather than taking
+    the median: the wake-up is noisy, and a latency tail (TBT p99 of a lightly loaded server) is made of the
+    rounds in which it was slow, which a median leaves out."""
+
+    idle_s: tuple[float, ...]  # ascending, each at least IDLE_WAKE_GAP_S
+    rounds_s: tuple[tuple[tuple[float, ...], ...], ...]
+
+    def __post_init__(self) -> None:
+        try:
+            table = np.asarray(self.rounds_s, dtype=np.float64)
+        except ValueError:  # (ragged)
+            table = np.zeros(0)
+        if table.ndim != 3 or len(self.idle_s) != len(table) or not table.size:
+            raise ValueError("idle_wake: needs the same number of rounds and of steps at every idle, and one "
+                             "idle per set of rounds")
+        if list(self.idle_s) != sorted(set(self.idle_s)):
+            raise ValueError("idle_wake: two points at the same idle")
+        if self.idle_s[0] < IDLE_WAKE_GAP_S:
+            raise ValueError(f"idle_wake: idle {self.idle_s[0]:g} s is below {IDLE_WAKE_GAP_S:g} s")
+        # (lists, not arrays: the simulator draws at every wake-up, and a numpy call costs more than the loop)
+        object.__setattr__(self, "_rounds", table.tolist())  # [idles][rounds][steps]
+        object.__setattr__(self, "_medians", np.median(table, axis=1).tolist())  # [idles][steps]
+
+    @classmethod
+    def of_first_steps(cls, points: Sequence[tuple[float, float]]) -> "IdleWake":
+        """One round of one step: (idle s, extra s) points (a profile written before the rounds)."""
+        points = sorted(points)
+        return cls(tuple(g for g, _ in points), tuple(((x,),) for _, x in points))
+
+    @property
+    def rounds(self) -> int:
+        return len(self.rounds_s[0])
+
+    @property
+    def steps(self) -> int:
+        return len(self.rounds_s[0][0])
+
+    def typical_s(self, gap_s: float) -> list[float]:
+        """The median over the rounds of each step's extra after ``gap_s`` of idle (`_at`)."""
+        return self._at(self._medians, gap_s)
+
+    def draw_s(self, gap_s: float, rng: random.Random) -> list[float]:
+        """One round's extras, chosen by ``rng``, of the steps after ``gap_s`` of idle (`_at`)."""
+        r = rng.randrange(self.rounds)
+        return self._at([by_round[r] for by_round in self._rounds], gap_s)
+
+    def _at(self, by_idle: list[list[float]], gap_s: float) -> list[float]:
+        """[steps] from ``by_idle`` [idles][steps]: none below `IDLE_WAKE_GAP_S`, the nearest idle's outside
+        them, linear in the log of the idle between them."""
+        if gap_s < IDLE_WAKE_GAP_S:
+            return [0.0] * self.steps
+        idle = self.idle_s
+        if gap_s <= idle[0]:
+            return list(by_idle[0])
+        for i in range(1, len(idle)):
+            if gap_s <= idle[i]:
+                w = math.log(gap_s / idle[i - 1]) / math.log(idle[i] / idle[i - 1])
+                return [a + (b - a) * w for a, b in zip(by_idle[i - 1], by_idle[i])]
+        return list(by_idle[-1])
+
+
+def typical_wake_s(wake: IdleWake | None, idle_s: float, step: int = 0) -> float:
+    """The median extra of step ``step`` (0: the first) after ``idle_s`` of idle; 0 where the profile has none."""
+    if wake is None or step >= wake.steps:
         return 0.0
-    if gap_s <= points[0][0]:
-        return points[0][1]
-    for (g0, x0), (g1, x1) in zip(points, points[1:]):
-        if gap_s <= g1:
-            return x0 + (x1 - x0) * math.log(gap_s / g0) / math.log(g1 / g0)
-    return points[-1][1]
+    return float(wake.typical_s(idle_s)[step])
 
 
 def design_matrix(shapes: Sequence[StepShape], knee: int, rows: ProjectionRule = PLAIN_RULE,

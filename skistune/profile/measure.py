@@ -24,7 +24,7 @@ from ..kernels.quant import QUANT_BITS
 from ..runtime.kv_layout import kv_block_bytes, kv_traffic, ring_bytes
 from ..runtime.llm import Runtime
 from ..runtime.presets import get_preset
-from .cost import ProjectionTimes, parallel_rows
+from .cost import IdleWake, ProjectionTimes, parallel_rows
 from .fingerprint import machine_fingerprint
 from .fit import fit_linear, fit_transfer
 from .kernels import (
@@ -93,6 +93,8 @@ class Grid:
     # quantized KV: decode steps at (batch, context) in which every sequence completes a block and the step packs
     # it (`cost.PACKING_FEATURES`), at each of step_bits
     quant_packing: tuple[tuple[int, int], ...] = ()
+    # rounds of a request's first steps timed back to back and after each of `IDLE_WAKE_GAPS_S` (`_idle_wake`)
+    idle_wake_rounds: int = 3
 
     def __post_init__(self) -> None:
         for chunk, cached in self.prefill + self.quant_prefill:
@@ -161,7 +163,7 @@ FULL_GRID = Grid(
     quant_prefill=((64, 0), (512, 0), (64, 1536), (256, 512)),
     step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(1, 16, 64, 256, 1024),
     compaction=((1, 256), (1, 1024), (8, 256), (8, 1024), (32, 256)),
-    projection_rows=PROJECTION_ROWS, quant_packing=((1, 512), (4, 512), (16, 128)))
+    projection_rows=PROJECTION_ROWS, quant_packing=((1, 512), (4, 512), (16, 128)), idle_wake_rounds=8)
 
 QUICK_GRID = Grid(
     decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(64, 512, 2048), max_decode_kv_tokens=16384,
@@ -380,22 +382,25 @@ def _drift(bench: StepBench, steps: list[StepPoint]) -> dict[str, float]:
     return {kind: statistics.median(r) for kind, r in ratios.items()}
 
 
-IDLE_WAKE_CHUNK = 32  # the prefill timed after an idle engine: a short step, which the wake-up moves the most
-IDLE_WAKE_GAPS_S = (0.25, 2.0)  # the idles it is timed after (`cost.idle_wake_at` interpolates between them)
+IDLE_WAKE_CHUNK = 32  # the prompt timed after an idle engine: a short step, which the wake-up moves the most
+IDLE_WAKE_STEPS = 4  # its steps timed after the idle: the prefill, then decodes (the second was slow now and then)
+IDLE_WAKE_GAPS_S = (0.25, 2.0)  # the idles it is timed after (`cost.IdleWake` interpolates between them)
 
 
-def _idle_wake(bench: StepBench, tick: _Tracker) -> tuple[tuple[float, float], ...]:
-    """What a step that follows an idle engine takes over the same step back to back, after each of
-    `IDLE_WAKE_GAPS_S` of idle: a short prefill (one request's whole prompt) timed back to back, then three
-    times after each idle. At low arrival rates every prompt's first step follows an idle engine, and the
-    simulator, fed back-to-back step times only, predicted every TTFT p50 of `benchmarks/fidelity.py` short
-    (-22% as a median of 18 replays on the Intel host; -13% with one point, after 0.5 s)."""
-    back = bench.prefill(IDLE_WAKE_CHUNK, 0).timing.median_s
-    after = StepBench(bench.runtime, warmup=0, repeats=3, max_repeats=3, min_time_s=0.0)
-    points = tuple((gap, max(0.0, after.prefill(IDLE_WAKE_CHUNK, 0, idle_s=gap).timing.median_s - back))
-                   for gap in IDLE_WAKE_GAPS_S)
-    tick("a step after an idle engine")
-    return points
+def _idle_wake(bench: StepBench, rounds: int, tick: _Tracker) -> IdleWake:
+    """What the steps of a request that follows an idle engine take over the same steps back to back, after each
+    of `IDLE_WAKE_GAPS_S` of idle, in ``rounds`` rounds: a short prompt's prefill and decodes (`IDLE_WAKE_STEPS`),
+    back to back and after each idle in every round; the extra is a round's step over the median of its kind
+    back to back. At low arrival rates every prompt's first step follows an idle engine, and the simulator,
+    fed back-to-back step times only, predicted every TTFT p50 of `benchmarks/fidelity.py` short (-22% as a
+    median of 18 replays on the Intel host; -13% with one point, after 0.5 s). Timed three times after each
+    idle, the first step's extra had read 2.0-34.7 ms from one profile to the next on that host."""
+    times_s = bench.after_idle(IDLE_WAKE_CHUNK, IDLE_WAKE_STEPS, (0.0,) + IDLE_WAKE_GAPS_S, rounds)
+    back = np.median(times_s[0], axis=0)  # [steps]
+    extras = times_s[1:] - back
+    tick("steps after an idle engine")
+    return IdleWake(IDLE_WAKE_GAPS_S, tuple(tuple(tuple(float(x) for x in steps) for steps in by_round)
+                                            for by_round in extras))
 
 
 def busy_note(load_average: float | None, cores: int) -> str | None:
@@ -464,7 +469,7 @@ def measure_profile(runtime: Runtime, grid: Grid, *, name: str, model: str, quic
     quantize = _quantize(runtime, grid, tick)
     transfers, block_io = _transfers(runtime, grid, disk_dir, tick)
     drift = _drift(bench, steps)
-    idle_wake = _idle_wake(bench, tick)
+    idle_wake = _idle_wake(bench, grid.idle_wake_rounds, tick)
     fingerprint = machine_fingerprint(device.type)
     power = (modeled_power(device.type, fingerprint.cpu_count) if meter is None
              else measured_power(meter, grid.idle_s, busy_w))

@@ -31,8 +31,8 @@ from skistune.quality.model import FORMAT as QUALITY_FORMAT
 from skistune.runtime.presets import get_preset
 from skistune.runtime.tiers import CPU_HOST_NOTE  # noqa: F401 (a tier note of profiles; re-exported)
 
-from .cost import ALL_FEATURES, IDLE_WAKE_GAP_S, MIXED_FEATURES, ProjectionTimes, StepCostModel, parallel_rows
-from .fields import entry, integer, items, number, text
+from .cost import ALL_FEATURES, IDLE_WAKE_GAP_S, MIXED_FEATURES, IdleWake, ProjectionTimes, StepCostModel, parallel_rows
+from .fields import entry, finite, integer, items, number, text
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import MIN_S_PER_BYTE, FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
 from .power import POWER_SOURCES, PowerModel
@@ -119,9 +119,9 @@ class HardwareProfile:
     # free space of the disk the transfers were timed on, when they were: bounds the disk KV tier the
     # optimizer may recommend for this machine (None: not recorded, as in files written before it was)
     disk_free_bytes: int | None = None
-    # (idle seconds, what a step after that much idle takes over the same step back to back), by idle; empty
-    # where not measured (files written before it): see `idle_wake_at`
-    idle_wake: tuple[tuple[float, float], ...] = ()
+    # what the steps after an idle engine take over the same steps back to back (`cost.IdleWake`); None where
+    # not measured (files written before it)
+    idle_wake: IdleWake | None = None
     # each kind's first step point timed again at the end of the measurement, end / start (`measure._drift`):
     # how still the machine stood while the profile was taken (empty in files written before it was recorded)
     drift: dict[str, float] = field(default_factory=dict)
@@ -327,7 +327,7 @@ class HardwareProfile:
             "overhead": self.overhead.to_dict(), "kernels": self._kernels_dict(),
             "transfers": {link: m.to_dict() for link, m in self.transfers.items()},
             "disk_free_bytes": self.disk_free_bytes, "drift": dict(self.drift),
-            **({"idle_wake": [{"idle_s": g, "extra_s": x} for g, x in self.idle_wake]} if self.idle_wake else {}),
+            **({"idle_wake": _idle_wake_dict(self.idle_wake)} if self.idle_wake is not None else {}),
             "tier_notes": {tier: list(notes) for tier, notes in self.tier_notes.items()},
             **({"block_io": {kind: m.to_dict() for kind, m in self.block_io.items()}} if self.block_io else {}),
             "power": {**self.power.to_dict(), "energy_j_per_token": self.energy_j_per_token()},
@@ -668,16 +668,37 @@ def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True
     return profile
 
 
-def _read_idle_wake(data: dict) -> tuple[tuple[float, float], ...]:
-    """The ``idle_wake`` points (none in files written before them), checked and ordered by idle."""
+def _idle_wake_dict(wake: IdleWake) -> list[dict]:
+    """Per idle: its first step's typical extra (``extra_s``, what files before the rounds had) and the rounds."""
+    first = wake.typical_s
+    return [{"idle_s": g, "extra_s": max(0.0, float(first(g)[0])), "rounds_s": [list(r) for r in rounds]}
+            for g, rounds in zip(wake.idle_s, wake.rounds_s)]
+
+
+def _read_idle_wake(data: dict) -> IdleWake | None:
+    """The ``idle_wake`` points (none in files written before them), checked and ordered by idle: their rounds
+    (``rounds_s``: per round, the extra of each step from the first after the idle), or in files written before
+    the rounds, the first step's extra alone."""
     if "idle_wake" not in data:
-        return ()
+        return None
     points = items(data, "idle_wake", "profile")
-    read = [(number(p, "idle_s", f"idle_wake[{i}]", minimum=IDLE_WAKE_GAP_S),
-             number(p, "extra_s", f"idle_wake[{i}]")) for i, p in enumerate(points)]
+    read = []
+    for i, p in enumerate(points):
+        where = f"idle_wake[{i}]"
+        idle, first = number(p, "idle_s", where, minimum=IDLE_WAKE_GAP_S), number(p, "extra_s", where)
+        if "rounds_s" not in p:
+            read.append((idle, ((first,),)))
+            continue
+        rounds = items(p, "rounds_s", where)
+        for r, steps in enumerate(rounds):
+            if not isinstance(steps, list) or not steps:
+                raise ValueError(f"{where}.rounds_s[{r}]: expected a list of step extras, got {shown(steps)}")
+        read.append((idle, tuple(tuple(finite(x, f"{where}.rounds_s[{r}][{k}]") for k, x in enumerate(steps))
+                                 for r, steps in enumerate(rounds))))
     if len({g for g, _ in read}) < len(read):
         raise ValueError("idle_wake: two points at the same idle")
-    return tuple(sorted(read))
+    read.sort()
+    return IdleWake(tuple(g for g, _ in read), tuple(r for _, r in read))
 
 
 def warn_if_elsewhere(profile: HardwareProfile, path: str | os.PathLike[str]) -> None:

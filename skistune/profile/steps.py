@@ -188,6 +188,32 @@ class StepBench:
             and out.scheduled[0].num_new_tokens == chunk, one_request_at_a_time)
         return self._point("prefill", {"chunk": chunk, "cached": cached, "bits": self.bits}, times_s, shapes)
 
+    def after_idle(self, chunk: int, steps: int, idles_s: tuple[float, ...], rounds: int) -> np.ndarray:
+        """[idles, rounds, steps] seconds: the steps of one request (a ``chunk``-token prompt, then decodes:
+        ``steps`` in all), each time after that long an idle engine. A round takes every idle once, in
+        order, so that the machine's drift over the rounds reaches every idle alike. Idle 0 is back to back."""
+        engine = self._engine(chunk_size=chunk, budget_tokens=max(chunk, SETUP_TOKENS))
+        self.recorder.measure = lambda out: True
+
+        def one_request(idle_s: float) -> list[float]:
+            if idle_s:
+                time.sleep(idle_s)
+            engine.add_request(self._request(chunk, steps))
+            times_s = []
+            while engine.scheduler.has_work():
+                times_s.append(self._timed_step(engine)[0])
+            if len(times_s) != steps:
+                raise RuntimeError(f"profiler: a request after an idle engine ran {len(times_s)} steps, not {steps}")
+            return times_s
+
+        for _ in range(self.warmup):
+            one_request(0.0)
+        out = np.zeros((len(idles_s), rounds, steps))
+        for r in range(rounds):
+            for g, idle_s in enumerate(idles_s):
+                out[g, r] = one_request(idle_s)
+        return out
+
     def mixed(self, batch: int, context: int, chunk: int) -> StepPoint:
         """``batch`` decodes at ``context`` plus one whole ``chunk``-token prompt, in one step."""
         engine = self._engine(chunk_size=SETUP_TOKENS, budget_tokens=SETUP_TOKENS + batch + chunk)
