@@ -1,9 +1,8 @@
 """Simulator fidelity step by step: one fidelity workload x config served by the real runtime, each real
 step's time against the hardware profile's prediction for the same step's shape (with what the simulator adds
-to the steps after an idle engine, their medians: `cost.typical_wake_s`), by kind of step (pure decode, one prefill, prefill
-with decodes), and for the steps that follow an idle gap apart from the rest (and from the replay's first
-step, which follows nothing). Shows where `benchmarks/fidelity.py`'s latency
-errors come from.
+to the steps after an idle engine, as medians: `cost.typical_wake_s`), by kind of step (pure decode, one
+prefill, prefill with decodes), and for the steps that follow an idle gap apart from the rest (and from the
+replay's first step, which follows nothing). Shows where `benchmarks/fidelity.py`'s latency errors come from.
     python benchmarks/fidelity_steps.py [--model smollm2-135m] [--device cpu] [--profile P]
                                         [--workload mooncake-prefix] [--config default] [--rate-scale 1]
                                         [--replays 2] [--json]

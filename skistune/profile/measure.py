@@ -93,7 +93,8 @@ class Grid:
     # quantized KV: decode steps at (batch, context) in which every sequence completes a block and the step packs
     # it (`cost.PACKING_FEATURES`), at each of step_bits
     quant_packing: tuple[tuple[int, int], ...] = ()
-    # rounds of a request's first steps timed back to back and after each of `IDLE_WAKE_GAPS_S` (`_idle_wake`)
+    # rounds of a request's first steps timed back to back and after each of `IDLE_WAKE_GAPS_S` (`_idle_wake`): a
+    # later step's slow wake-up came in 0 of 8 rounds in one full profile and 3-4 of 8 in the next, 20 minutes on
     idle_wake_rounds: int = 3
 
     def __post_init__(self) -> None:
@@ -163,7 +164,7 @@ FULL_GRID = Grid(
     quant_prefill=((64, 0), (512, 0), (64, 1536), (256, 512)),
     step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(1, 16, 64, 256, 1024),
     compaction=((1, 256), (1, 1024), (8, 256), (8, 1024), (32, 256)),
-    projection_rows=PROJECTION_ROWS, quant_packing=((1, 512), (4, 512), (16, 128)), idle_wake_rounds=8)
+    projection_rows=PROJECTION_ROWS, quant_packing=((1, 512), (4, 512), (16, 128)), idle_wake_rounds=16)
 
 QUICK_GRID = Grid(
     decode_batches=(1, 2, 3, 4, 8, 16, 32, 64), decode_contexts=(64, 512, 2048), max_decode_kv_tokens=16384,
