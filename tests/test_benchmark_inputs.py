@@ -71,6 +71,8 @@ def load(name: str, monkeypatch):
     ("sim_instructions.py", ["--base", "HEAD", "--profile", "/nonexistent.json"],
      "argument --profile: /nonexistent.json: no such file"),
     ("sim_memory.py", ["--base", "HEAD", "--new", "HEAD"], "error: --base and --new are both HEAD"),
+    ("idle_wake.py", ["--rounds", "0"], "argument --rounds: '0': must be 1 or more"),
+    ("token_gaps.py", ["--top", "0"], "argument --top: '0': must be 1 or more"),
     ("sim_memory.py", ["--base", "nonexistentrev"], "error: --base nonexistentrev: not a git revision"),
     ("quality_kv.py", ["--only", ","], "argument --only: ',' names nothing"),  # (it meant every config)
     ("quality_heldout.py", ["--config", "eviction.policy"], "error: --config 'eviction.policy': 'eviction.policy' "
@@ -420,3 +422,10 @@ def test_fidelity_predicts_again_at_the_speed_its_checks_timed(tmp_path):
     r = run_script("fidelity.py", "--measured", str(other), "--profile", str(profile), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["at_checked_speed"] is None
+
+
+def test_token_gaps_pairs_each_gap_with_its_request_and_token(monkeypatch):
+    token_gaps = load("token_gaps", monkeypatch)
+    records = [SimpleNamespace(request_id="a", token_times_s=[1.0, 1.5, 1.75]),
+               SimpleNamespace(request_id="b", token_times_s=[2.0])]  # (one token: no gap)
+    assert token_gaps.token_gaps(records) == {("a", 1): (0.5, 1.0), ("a", 2): (0.25, 1.5)}

@@ -17,6 +17,8 @@ CUDA_PROFILE = str(ROOT / "profiles" / "cuda-llama-3-8b.json")
      "error: --rate-scale 1e+12: azure-conv's 0.8 req/s becomes 8e+11 req/s, above 1e+06 req/s"),
     ("fidelity.py", ["--profile", CUDA_PROFILE],
      "error: profile 'cuda-llama-3-8b' was measured for llama-3-8b, not smollm2-135m"),
+    ("token_gaps.py", ["--profile", CUDA_PROFILE],
+     "error: profile 'cuda-llama-3-8b' was measured for llama-3-8b, not smollm2-135m"),
     ("fidelity_steps.py", ["--rate-scale", "1e-9", "--workload", "bursty-chat"],
      "error: --rate-scale 1e-09: bursty-chat's 1 req/s becomes 1e-09 req/s, below 1e-06 req/s"),
     ("step_trace.py", ["--points", "prefill:8192x0"],
