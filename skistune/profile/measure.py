@@ -94,7 +94,8 @@ class Grid:
     # it (`cost.PACKING_FEATURES`), at each of step_bits
     quant_packing: tuple[tuple[int, int], ...] = ()
     # rounds of a request's first steps timed back to back and after each of `IDLE_WAKE_GAPS_S` (`_idle_wake`): a
-    # later step's slow wake-up came in 0 of 8 rounds in one full profile and 3-4 of 8 in the next, 20 minutes on
+    # later step's slow wake-up came in 1 of 16 idle/round pairs in one full profile and 7 of 16 in the next, 20
+    # minutes on
     idle_wake_rounds: int = 3
 
     def __post_init__(self) -> None:

@@ -210,8 +210,10 @@ def test_a_cached_profile_fitted_before_the_parallel_terms_is_refitted_and_kept(
     assert problem is None and read.steps == old.steps
     assert read.step_cost.parallel_rows == (170, 56, 21) and any(read.step_cost.parallel_coef)
 
-    def worst_miss(model) -> float:
-        return max(abs(model.predict_s(p.shape) / p.timing.median_s - 1) for p in shipped.steps)
+    def worst_miss(model) -> float:  # (over the 16-bit points, whose steps the terms price: a packing point can
+        # miss more, 17.8% at 8 bits in the shipped profile, which one per-block term for every bitwidth leaves)
+        return max(abs(model.predict_s(p.shape) / p.timing.median_s - 1) for p in shipped.steps
+                   if p.grid.get("bits", 16) == 16)
 
     # (the shipped fit's own worst point, and less than half the miss without the terms)
     assert worst_miss(read.step_cost) == pytest.approx(worst_miss(shipped.step_cost), rel=1e-6)

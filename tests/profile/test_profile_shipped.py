@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from skistune.profile import LINKS, HardwareProfile
+from skistune.profile.measure import FULL_GRID, IDLE_WAKE_STEPS
 from skistune.profile.power import POWER_SOURCES
 
 HELD_OUT_MEDIAN_REL_ERROR = 0.10
@@ -29,7 +30,8 @@ def test_shipped_profile_describes_smollm2_on_the_cpu(shipped: HardwareProfile):
         "cpu-smollm2-135m", "smollm2-135m", "cpu", "float32")
     assert not shipped.quick
     assert shipped.kv_bytes_per_token == 30 * 2 * 3 * 64 * 4  # layers x (K, V) x KV heads x head_dim x fp32
-    assert {p.kind for p in shipped.steps} == {"decode", "prefill", "mixed", "compaction"}  # (no packing points yet)
+    assert {p.kind for p in shipped.steps} == {"decode", "prefill", "mixed", "compaction", "packing"}
+    assert (shipped.idle_wake.rounds, shipped.idle_wake.steps) == (FULL_GRID.idle_wake_rounds, IDLE_WAKE_STEPS)
 
 
 def test_held_out_grid_points_are_reproduced(shipped: HardwareProfile):
