@@ -343,6 +343,15 @@ def add_target_args(ap: argparse.ArgumentParser) -> None:
                     help="the hardware profile the simulator reads (default profiles/DEVICE-MODEL.json)")
 
 
+def add_replay_args(ap: argparse.ArgumentParser) -> None:
+    """--workload, --config, --requests and --traces: the one replay a step-by-step script serves and predicts."""
+    ap.add_argument("--workload", default="mooncake-prefix", choices=WORKLOAD_NAMES)
+    ap.add_argument("--config", default="default", choices=CONFIG_NAMES)
+    ap.add_argument("--requests", type=positive_int, default=12)
+    ap.add_argument("--traces", type=Path, default=TRACES,
+                    help="the folder of the trace samples (default ../shared/traces beside the checkout)")
+
+
 def profile_path(args, serving: bool = True) -> str:
     """``--profile``, else the profile shipped for ``--device`` and ``--model``, which must load. When the
     script will serve requests, first: can this machine run the model there (else a one-line error, not the

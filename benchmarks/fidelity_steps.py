@@ -13,11 +13,10 @@ import argparse
 import math
 import statistics
 import time
-from pathlib import Path
 
 from bench_args import add_json, description, positive_float, positive_int, print_json
-from fidelity import (CONFIG_NAMES, TRACES, WORKLOAD_NAMES, add_target_args, base_runtime, block_bytes, configs,
-                      profile_path, simulation_target, workloads)
+from fidelity import (add_replay_args, add_target_args, base_runtime, block_bytes, configs, profile_path,
+                      simulation_target, workloads)
 
 from skistune.config import KVConfig
 from skistune.evaluate import workload_requests
@@ -76,11 +75,7 @@ def step_groups(rows: list[dict]) -> dict[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=description(__doc__))
     add_target_args(ap)
-    ap.add_argument("--workload", default="mooncake-prefix", choices=WORKLOAD_NAMES)
-    ap.add_argument("--config", default="default", choices=CONFIG_NAMES)
-    ap.add_argument("--requests", type=positive_int, default=12)
-    ap.add_argument("--traces", type=Path, default=TRACES,
-                    help="the folder of the trace samples (default ../shared/traces beside the checkout)")
+    add_replay_args(ap)
     ap.add_argument("--rate-scale", type=positive_float, default=1.0,
                     help="multiply the workload's arrival rate (as fidelity.py's --rate-scale)")
     ap.add_argument("--replays", type=positive_int, default=2)

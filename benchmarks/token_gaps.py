@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from pathlib import Path
 
 from bench_args import add_json, description, positive_int, print_json
-from fidelity import (CONFIG_NAMES, TRACES, WORKLOAD_NAMES, add_target_args, base_runtime, block_bytes, configs,
-                      profile_path, simulation_target, workloads)
+from fidelity import (add_replay_args, add_target_args, base_runtime, block_bytes, configs, profile_path,
+                      simulation_target, workloads)
 
 import numpy as np
 
@@ -37,11 +36,7 @@ def token_gaps(records) -> dict[tuple[str, int], tuple[float, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=description(__doc__))
     add_target_args(ap)
-    ap.add_argument("--workload", default="mooncake-prefix", choices=WORKLOAD_NAMES)
-    ap.add_argument("--config", default="default", choices=CONFIG_NAMES)
-    ap.add_argument("--requests", type=positive_int, default=12)
-    ap.add_argument("--traces", type=Path, default=TRACES,
-                    help="the folder of the trace samples (default ../shared/traces beside the checkout)")
+    add_replay_args(ap)
     ap.add_argument("--top", type=positive_int, default=8, help="how many of the slowest real gaps to list")
     add_json(ap)
     args = ap.parse_args()
