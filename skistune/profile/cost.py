@@ -427,10 +427,11 @@ class ScaledStepCost:
 # A step that follows an idle engine takes longer than back to back (threads and cores waking), and the longer
 # the idle the more: on a 2-core Intel host a 131-token prefill took +9 ms after 0.05 s of idle, +17-20 ms after
 # 0.2-1 s and +33 ms after 2 s, whatever the step's size (+17-19 ms for 9, 48 and 131 tokens after 1 s). The
-# steps after it can be slower too, now and then: after 2 s of idle, the next decode step took +13-14 ms in 2 of
-# 8 rounds and under +7 ms in the others. The profiler times a request's first steps after each of
-# `measure.IDLE_WAKE_GAPS_S` of idle, in rounds; a step that starts `IDLE_WAKE_GAP_S` or more after the last one
-# ended draws one round's extras (`IdleWake.draw_s`) for itself and the steps that follow it in the simulator.
+# steps after it can be slower too, now and then: after 2 s of idle, one of the next three took +6.8 to +31.8 ms
+# in 4 of 8 rounds (`benchmarks/idle_wake.py`, BENCHMARKS.md). The profiler times a request's first steps after
+# each of `measure.IDLE_WAKE_GAPS_S` of idle, in rounds; a step that starts `IDLE_WAKE_GAP_S` or more after the
+# last one ended draws one round's extras (`IdleWake.draw_s`) for itself and the steps that follow it in the
+# simulator.
 IDLE_WAKE_GAP_S = 0.1
 
 

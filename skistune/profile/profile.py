@@ -31,7 +31,8 @@ from skistune.quality.model import FORMAT as QUALITY_FORMAT
 from skistune.runtime.presets import get_preset
 from skistune.runtime.tiers import CPU_HOST_NOTE  # noqa: F401 (a tier note of profiles; re-exported)
 
-from .cost import ALL_FEATURES, IDLE_WAKE_GAP_S, MIXED_FEATURES, IdleWake, ProjectionTimes, StepCostModel, parallel_rows
+from .cost import (ALL_FEATURES, IDLE_WAKE_GAP_S, MIXED_FEATURES, IdleWake, ProjectionTimes, StepCostModel,
+                   parallel_rows)
 from .fields import entry, finite, integer, items, number, text
 from .fingerprint import Fingerprint, fingerprint_diff, machine_fingerprint
 from .fit import MIN_S_PER_BYTE, FitQuality, LinearFit, StepFit, TransferFit, fit_step_cost
@@ -670,8 +671,7 @@ def load_profile(path: str | os.PathLike[str], *, check_fingerprint: bool = True
 
 def _idle_wake_dict(wake: IdleWake) -> list[dict]:
     """Per idle: its first step's typical extra (``extra_s``, what files before the rounds had) and the rounds."""
-    first = wake.typical_s
-    return [{"idle_s": g, "extra_s": max(0.0, float(first(g)[0])), "rounds_s": [list(r) for r in rounds]}
+    return [{"idle_s": g, "extra_s": max(0.0, wake.typical_s(g)[0]), "rounds_s": [list(r) for r in rounds]}
             for g, rounds in zip(wake.idle_s, wake.rounds_s)]
 
 
