@@ -54,6 +54,10 @@ from ..config import EvictionConfig
 
 PYRAMID_BETA = 20  # PyramidKV's default: the top layer keeps 1/beta of the mean compressible budget
 SNAPKV_WINDOW = 32  # SnapKV's observation window in queries (the SnapKV repository's default; kvpress uses 64)
+# the policies that score tokens by attention (`eviction.EvictionPolicy.needs_attention`): every step of theirs
+# records attention statistics, so a prefill chunk runs attention with its probabilities materialized, which costs
+# more than the fused kernel a plain chunk runs (`cost.SCORED_FEATURES`)
+SCORING_POLICIES = frozenset({"h2o", "tova", "snapkv"})
 
 
 def _fraction(eviction: EvictionConfig) -> Fraction:

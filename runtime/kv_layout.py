@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import KVConfig, format_bytes
+from .eviction_budget import SCORING_POLICIES
 from .presets import ModelSpec
 
 # With no explicit device_kv_bytes, the device pool is device_memory_fraction of the free device
@@ -135,6 +136,7 @@ class KVTraffic:
     ring_bytes_per_seq: int = 0  # full-precision ring tokens each sequence's attention reads (mean, see kv_traffic)
     unpacked_elements_per_token: int = 0  # sub-byte codes' extra unpacking work: see `unpack_work`
     block_size: int = 0  # tokens a block packs when it completes (0: nothing is quantized, nothing packed)
+    scored_prefill: bool = False  # the eviction policy records attention statistics (`SCORING_POLICIES`)
 
 
 def kv_traffic(config: KVConfig, spec: ModelSpec, itemsize: int) -> KVTraffic:
@@ -151,7 +153,7 @@ def kv_traffic(config: KVConfig, spec: ModelSpec, itemsize: int) -> KVTraffic:
     unpacked = sum(unpack_work(kb) + unpack_work(vb) for kb, vb in layer_bits(config, spec))
     return KVTraffic(kv_block_bytes(spec, bs, itemsize, config) // bs, elements,
                      ring_tokens * elements * itemsize, unpacked * spec.n_kv_heads * spec.head_dim,
-                     bs if elements else 0)
+                     bs if elements else 0, config.eviction.policy in SCORING_POLICIES)
 
 
 def unpack_work(bits: int) -> int:

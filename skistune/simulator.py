@@ -360,7 +360,7 @@ class ProfileExecutor:
         for row, per_seq in zip(reads, compactions):  # each compaction adds to the step it follows
             for e in per_seq:
                 if e.step <= k_max:
-                    step_s[e.step - 1] += self.step_cost.compaction_s(int(row[e.step - 1]))
+                    step_s[e.step - 1] += self.step_cost.compaction_s(int(row[e.step - 1]), e.new_num_kv_tokens)
         return step_s, compactions, used[:k_max]
 
     def _decode_step_times(self, batch: int, contexts: np.ndarray) -> np.ndarray:

@@ -124,8 +124,13 @@ def _step_rows(profile: HardwareProfile) -> list[tuple[str, str]]:
         ("step: quantized KV, a step that packs completed blocks + per block",
          f"{c['packing_steps'] * 1e3:.2f} ms + {c['packed_blocks'] * 1e3:.2f} ms"
          if any(p.kind == "packing" for p in profile.steps) else "not measured"),
-        ("step: per eviction compaction + per K slots compacted",
+        ("step: eviction scoring by attention, per prefill token + per M query-key pairs",
+         f"{c['scored_prefill_tokens'] * 1e3:.3f} ms + {c['scored_prefill_pairs'] * 1e9:.2f} ms"
+         if any(p.kind == "scored" for p in profile.steps) else "not measured"),
+        ("step: per eviction compaction + per K slots compacted (+ kept slots past the KV rows' grain)",
          f"{c['compactions'] * 1e3:.2f} ms + {c['compacted_slots'] * 1e6:.2f} ms"
+         + (f" (+ {c['parallel_compactions'] * 1e3:.2f} ms past {profile.step_cost.parallel_rows[0]})"
+            if profile.step_cost.parallel_rows else "")
          if any(p.kind == "compaction" for p in profile.steps) else "not measured"),
     ]
 

@@ -29,6 +29,9 @@ The model is linear in features that follow the step's work (a roofline split in
            + c_mixed   * [decode rows and prefill chunks]  both attention paths run in one step
            + c_packing * [the step packs a block]  quantized KV: the blocks the step completes are packed
            + c_block   * packed_blocks             (one quantize call per side and layer, whatever the blocks)
+           + c_stoken  * scored_prefill_tokens     eviction that scores by attention: prefill chunks run
+           + c_spair   * scored_prefill_pairs      attention with its probabilities materialized
+           + c_pcomp   * parallel_compactions      compactions whose kept slots PyTorch splits across threads
 
 KV bytes are counted at the config's bits (`skistune.runtime.kv_layout.kv_traffic`: packed codes, scales
 and zero points, plus the full-precision ring tokens attention reads), so fewer bits read fewer bytes.
@@ -103,6 +106,25 @@ benchmarks/block_fill_steps.py --batch 4`). The token-counted ``quantize_element
 step: a profile's decode points time the median step, which completes none. Profiles written before the terms
 load with them at zero, and their points lack the blocks packed, so a refit cannot add them.
 
+The scored-prefill terms (`SCORED_FEATURES`, 2026-12-06) are eviction's: a policy that scores tokens by attention
+(H2O, TOVA, SnapKV: `eviction_budget.SCORING_POLICIES`) records attention statistics at every step, so each
+prefill chunk runs attention with its probabilities materialized (`kernels.attention._prefill_torch`) instead of
+the fused kernel, and files them layer by layer. On the Intel host a SmolLM2 prompt of 32, 128, 256 and 512 tokens
+took 6, 24, 41 and 120 ms more under H2O than without eviction (91-631 ms), where the model had them equal; on the
+Mooncake fidelity replay under H2O at half the context every prefill that compacted was predicted 12-21% short.
+The terms count the chunk's tokens and its query-key pairs. Decode rows record statistics too, from the decode
+kernel's own probabilities: 2 ms (3%) at 8 sequences of 512 tokens, not a term (see the eviction terms). Profiles
+written before the terms load with them at zero.
+
+The parallel-compaction term (`PARALLEL_COMPACTION_FEATURES`, 2026-12-06) is a compaction whose kept slots, a tensor
+of ``kept x n_kv_heads x head_dim`` per layer and side, pass PyTorch's grain: the KV-row threshold of the parallel
+terms (`parallel_rows`). On the Intel host a SmolLM2 compaction to 32, 64, 128 and 160 slots added 11, 15, 17 and
+18 ms to its decode step, one to 176 and 256 slots 32 and 34 ms (170 KV rows of 192 elements fill the grain). A
+line through the profile's compactions to 256 and 1,024 slots had put 24 ms on one to 32 slots, which Mooncake's
+replays under H2O at half the context compact every block. A step's compactions count as past the grain when the
+mean kept slots are (the simulator's decode runs price each compaction on its own: `StepCostModel.compaction_s`).
+Profiles written before the term load with it at zero.
+
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
 from __future__ import annotations
@@ -135,8 +157,10 @@ TABLE_FEATURES = ("projections_s", "lm_head_s")
 PARALLEL_FEATURES = ("parallel_kv_rows", "parallel_hidden_rows", "parallel_mlp_rows")
 MIXED_FEATURES = ("mixed_paths",)
 PACKING_FEATURES = ("packing_steps", "packed_blocks")
+SCORED_FEATURES = ("scored_prefill_tokens", "scored_prefill_pairs")
+PARALLEL_COMPACTION_FEATURES = ("parallel_compactions",)
 GROUPS = (FEATURES, QUANT_FEATURES, EVICTION_FEATURES, TABLE_FEATURES, PARALLEL_FEATURES, MIXED_FEATURES,
-          PACKING_FEATURES)
+          PACKING_FEATURES, SCORED_FEATURES, PARALLEL_COMPACTION_FEATURES)
 ALL_FEATURES = sum(GROUPS, ())
 # every list a profile was written with: each group's terms came after the last's (the first quantized three first)
 READABLE_FEATURES = (FEATURES, FEATURES + QUANT_FEATURES[:3],
@@ -254,6 +278,9 @@ class StepShape(NamedTuple):
     compactions: int = 0  # sequences compacted after the step (eviction)
     compacted_slots: int = 0  # ... their KV slots before it
     packed_blocks: int = 0  # quantized KV: blocks the step completes, which it packs
+    scored_prefill_tokens: int = 0  # eviction that scores by attention: the prefill chunks' tokens ...
+    scored_prefill_pairs: int = 0  # ... and their query-key pairs (chunk tokens x context tokens)
+    compacted_kept_slots: int = 0  # eviction: the KV slots the step's compactions keep, in all
 
     def feature_values(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
                        table: ProjectionTimes | None = None, parallel: tuple[int, ...] = ()) -> tuple[float, ...]:
@@ -271,7 +298,10 @@ class StepShape(NamedTuple):
                 *((float(n > parallel[0]), float(n > parallel[1]), float(n > parallel[2])) if parallel
                   else NO_PARALLEL),
                 float(self.decode_kv_bytes > 0 and self.prefill_pairs > 0),  # (a decode reads one KV slot or more)
-                float(self.packed_blocks > 0), self.packed_blocks)
+                float(self.packed_blocks > 0), self.packed_blocks, self.scored_prefill_tokens,
+                self.scored_prefill_pairs,  # (compactions past the grain, judged by their mean kept slots)
+                float(self.compactions) if parallel and self.compacted_kept_slots > parallel[0] * self.compactions
+                else 0.0)
 
     def features(self, knee: int, rows: ProjectionRule = PLAIN_RULE, small_rows: int = 1,
                  table: ProjectionTimes | None = None, parallel: tuple[int, ...] = ()) -> np.ndarray:
@@ -286,7 +316,8 @@ class StepCostModel:
     `TABLE_FEATURES` with the ``table`` they read (None, and zeros, where it was not measured),
     ``parallel_coef`` for `PARALLEL_FEATURES` with the ``parallel_rows`` they switch at (`parallel_rows`;
     none, and zeros, off the CPU and in older profiles), ``mixed_coef`` for `MIXED_FEATURES` and
-    ``packing_coef`` for `PACKING_FEATURES` (zero in older profiles); ``rows``: the projection rule the steps
+    ``packing_coef`` for `PACKING_FEATURES`, ``scored_coef`` for `SCORED_FEATURES` and ``parallel_compaction_coef``
+    for `PARALLEL_COMPACTION_FEATURES` (zero in older profiles); ``rows``: the projection rule the steps
     ran with, which says how the token terms count a step's rows."""
 
     coef: tuple[float, ...]
@@ -301,13 +332,16 @@ class StepCostModel:
     parallel_rows: tuple[int, ...] = ()
     mixed_coef: tuple[float, ...] = (0.0,) * len(MIXED_FEATURES)
     packing_coef: tuple[float, ...] = (0.0,) * len(PACKING_FEATURES)
+    scored_coef: tuple[float, ...] = (0.0,) * len(SCORED_FEATURES)
+    parallel_compaction_coef: tuple[float, ...] = (0.0,) * len(PARALLEL_COMPACTION_FEATURES)
     # the terms the file it was read from had fitted (the first of `ALL_FEATURES`: the rest read zero), not a
     # difference between two models; a refit fits them all (`HardwareProfile.fitted_before_current_terms`)
     fitted_terms: int = field(default=len(ALL_FEATURES), compare=False)
 
     def __post_init__(self) -> None:
         counts = tuple(len(c) for c in (self.coef, self.quant_coef, self.evict_coef, self.table_coef,
-                                        self.parallel_coef, self.mixed_coef, self.packing_coef))
+                                        self.parallel_coef, self.mixed_coef, self.packing_coef, self.scored_coef,
+                                        self.parallel_compaction_coef))
         if counts != tuple(len(g) for g in GROUPS):
             raise ValueError(f"step cost model: needs {' + '.join(str(len(g)) for g in GROUPS)} coefficients, "
                              f"got {' + '.join(map(str, counts))}")
@@ -328,16 +362,17 @@ class StepCostModel:
             groups.append(values[start:start + len(group)])
             start += len(group)
         return cls(groups[0], knee, groups[1], rows, small_rows, groups[2], groups[3], table, groups[4],
-                   tuple(parallel), groups[5], groups[6])
+                   tuple(parallel), groups[5], groups[6], groups[7], groups[8])
 
     @cached_property  # `predict_s` reads it every call (the fields are frozen: it cannot go stale)
     def all_coef(self) -> tuple[float, ...]:
         return (self.coef + self.quant_coef + self.evict_coef + self.table_coef + self.parallel_coef + self.mixed_coef
-                + self.packing_coef)
+                + self.packing_coef + self.scored_coef + self.parallel_compaction_coef)
 
-    def compaction_s(self, kv_slots: int) -> float:
-        """What one compaction of a sequence holding ``kv_slots`` KV slots adds to its step."""
-        return self.evict_coef[0] + self.evict_coef[1] * kv_slots
+    def compaction_s(self, kv_slots: int, kept_slots: int) -> float:
+        """What one compaction of a sequence holding ``kv_slots`` KV slots, down to ``kept_slots``, adds to its step."""
+        past_grain = bool(self.parallel_rows) and kept_slots > self.parallel_rows[0]
+        return self.evict_coef[0] + self.evict_coef[1] * kv_slots + self.parallel_compaction_coef[0] * past_grain
 
     def packing_s(self, blocks: np.ndarray) -> np.ndarray:
         """What packing ``blocks[j]`` completed blocks adds to step j (the simulator's decode runs: their
@@ -417,8 +452,8 @@ class ScaledStepCost:
     def predict_s(self, shape: StepShape) -> float:
         return self.base.predict_s(shape) * self.factor(step_kind(shape))
 
-    def compaction_s(self, kv_slots: int) -> float:
-        return self.base.compaction_s(kv_slots) * self.other
+    def compaction_s(self, kv_slots: int, kept_slots: int) -> float:
+        return self.base.compaction_s(kv_slots, kept_slots) * self.other
 
     def packing_s(self, blocks: np.ndarray) -> np.ndarray:
         return self.base.packing_s(blocks) * self.factor("decode")  # (the decode runs' steps)
@@ -534,6 +569,7 @@ def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:
             pairs += new * context
         samples += s.samples
     q, u, bs = kv.quantized_elements_per_token, kv.unpacked_elements_per_token, kv.block_size
+    scored = kv.scored_prefill  # (a chunk of one token runs the decode path, as it is counted here)
     return StepShape(num_tokens=tokens, num_seqs=len(out.scheduled),
                      decode_kv_bytes=decode_tokens * kv.bytes_per_token + decode_seqs * kv.ring_bytes_per_seq,
                      prefill_pairs=pairs, num_samples=samples,
@@ -542,7 +578,10 @@ def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:
                      quantize_elements=tokens * q, decode_unpack_elements=decode_tokens * u,
                      prefill_unpack_elements=prefill_tokens * u, compactions=len(out.compactions),
                      compacted_slots=sum(c.kv_len for c in out.compactions),
-                     packed_blocks=completed_blocks(out, bs) if bs else 0)
+                     compacted_kept_slots=sum(c.new_num_kv_tokens for c in out.compactions),
+                     packed_blocks=completed_blocks(out, bs) if bs else 0,
+                     scored_prefill_tokens=tokens - decode_seqs if scored else 0,
+                     scored_prefill_pairs=pairs if scored else 0)
 
 
 def completed_blocks(out: "SchedulerOutput", block_size: int) -> int:

@@ -84,6 +84,9 @@ class Grid:
     # eviction: decode steps that also compact every sequence, at (batch, budget in tokens), with this policy
     compaction: tuple[tuple[int, int], ...] = ()
     compaction_policy: str = "h2o"
+    # ... and prefill chunks at (chunk, cached) under that policy, which scores by attention, at a budget no prompt
+    # reaches (`cost.SCORED_FEATURES`)
+    scored_prefill: tuple[tuple[int, int], ...] = ()
     # the projections alone: one pass over the layers' weights and one over the LM head at these rows
     # (`cost.ProjectionTimes`), median of this many rounds
     projection_rows: tuple[int, ...] = ()
@@ -99,7 +102,7 @@ class Grid:
     idle_wake_rounds: int = 3
 
     def __post_init__(self) -> None:
-        for chunk, cached in self.prefill + self.quant_prefill:
+        for chunk, cached in self.prefill + self.quant_prefill + self.scored_prefill:
             if cached % chunk:
                 raise ValueError(f"prefill point ({chunk}, {cached}): cached tokens must be a multiple of the chunk")
         for bits in self.step_bits + self.kernel_bits:
@@ -118,7 +121,8 @@ class Grid:
         """Progress units: one per grid point, kernel case, transfer stage, the idle wake-up and the power figure."""
         plain = len(self.decode()) + len(self.prefill)
         quant = len(self.quant_decode) + len(self.quant_prefill)
-        steps = plain + len(self.mixed) + len(self.step_bits) * (quant + len(self.quant_packing)) + len(self.compaction)
+        steps = (plain + len(self.mixed) + len(self.step_bits) * (quant + len(self.quant_packing))
+                 + len(self.compaction) + len(self.scored_prefill))
         kernels = (len(self.kernel_decode()) + len(self.prefill)
                    + len(self.kernel_bits) * (quant + len(self.quantize_blocks)))
         return steps + len(self.overhead_batches) + kernels + 2 + 1 + 1 + bool(self.projection_rows)
@@ -164,7 +168,9 @@ FULL_GRID = Grid(
     quant_decode=((1, 512), (4, 2048), (16, 128), (16, 1024), (64, 512)),
     quant_prefill=((64, 0), (512, 0), (64, 1536), (256, 512)),
     step_bits=(8, 4), kernel_bits=QUANT_BITS, quantize_blocks=(1, 16, 64, 256, 1024),
-    compaction=((1, 256), (1, 1024), (8, 256), (8, 1024), (32, 256)),
+    # (on each side of the KV rows' grain, `cost.PARALLEL_COMPACTION_FEATURES`: 170 slots for SmolLM2)
+    compaction=((1, 32), (4, 64), (1, 128), (1, 192), (1, 256), (1, 1024), (8, 256), (8, 1024), (32, 256)),
+    scored_prefill=((9, 0), (37, 0), (131, 0), (256, 0), (512, 0), (64, 512), (256, 512)),
     projection_rows=PROJECTION_ROWS, quant_packing=((1, 512), (4, 512), (16, 128)), idle_wake_rounds=16)
 
 QUICK_GRID = Grid(
@@ -182,7 +188,7 @@ QUICK_GRID = Grid(
     quant_decode=((4, 2048), (16, 512)), quant_prefill=((64, 512), (128, 0)), step_bits=(8, 4), kernel_bits=(),
     # (two sequences at the larger budget: the point's setup prefills every prompt in one step, and 8 x 1,024
     # tokens took 4 s of it)
-    quantize_blocks=(), compaction=((1, 256), (2, 1024)),
+    quantize_blocks=(), compaction=((1, 64), (1, 256), (2, 1024)), scored_prefill=((32, 0), (256, 0), (128, 256)),
     # the attention kernel alone at the corners and the middle of the decode grid (it explains the steps;
     # the step fit does not read it): at all 21 decode points it took 8 s on a 2-core EPYC
     attention_decode=((1, 64), (1, 2048), (4, 512), (8, 2048), (16, 512), (64, 64)),
@@ -268,6 +274,14 @@ def _measure_steps(bench: StepBench, grid: Grid, tick: _Tracker) -> list[StepPoi
         points.append(_bench(evicting, grid).compaction(batch, budget))
         tick(f"decode step with compactions: batch {batch}, budget {budget} ({grid.compaction_policy})")
         del evicting
+    if grid.scored_prefill:
+        scoring = bench.runtime.with_config(scoring_pool(bench.runtime, grid))
+        fill_kv(scoring)
+        sbench = _bench(scoring, grid)
+        for chunk, cached in grid.scored_prefill:
+            points.append(sbench.prefill(chunk, cached, kind="scored"))
+            tick(f"prefill step scored by attention: chunk {chunk}, cached {cached} ({grid.compaction_policy})")
+        del scoring, sbench
     mask = held_out_mask(points)
     return [StepPoint(p.kind, p.grid, p.shape, p.timing, held) for p, held in zip(points, mask)]
 
@@ -294,6 +308,16 @@ def compaction_pool(runtime: Runtime, grid: Grid, batch: int, budget: int) -> KV
     spec, bs, itemsize = runtime.spec, runtime.store.block_size, runtime.model.dtype.itemsize
     config = runtime.config.with_knobs({"eviction.policy": grid.compaction_policy, "eviction.budget_tokens": budget})
     blocks = batch * (-(-budget // bs) + 3) + 64
+    return config.with_knobs({"offload.device_kv_bytes": blocks * kv_block_bytes(spec, bs, itemsize, config)})
+
+
+def scoring_pool(runtime: Runtime, grid: Grid) -> KVConfig:
+    """``runtime``'s config with the grid's eviction policy at a budget of the longest scored prefill point's prompt
+    (a sequence is compacted once it holds a block more: none is) and a device pool that holds two such prompts."""
+    spec, bs, itemsize = runtime.spec, runtime.store.block_size, runtime.model.dtype.itemsize
+    longest = max(chunk + cached for chunk, cached in grid.scored_prefill)
+    config = runtime.config.with_knobs({"eviction.policy": grid.compaction_policy, "eviction.budget_tokens": longest})
+    blocks = 2 * -(-(longest + 1) // bs) + 64
     return config.with_knobs({"offload.device_kv_bytes": blocks * kv_block_bytes(spec, bs, itemsize, config)})
 
 

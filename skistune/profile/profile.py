@@ -481,7 +481,9 @@ def _step_text(p: StepPoint) -> str:
                                f"{g['chunk']}-token prefill chunk"),
              "compaction": lambda: f"a decode step of {seqs(g['batch'])} compacted to {g['budget']} tokens",
              "packing": lambda: (f"a decode step of {seqs(g['batch'])} at {g['context']} tokens of context that "
-                                 f"packs a completed block each")}
+                                 f"packs a completed block each"),
+             "scored": lambda: (f"a prefill chunk of {g['chunk']} tokens after {g['cached']} cached, scored by "
+                                "attention for eviction")}
     try:
         return texts[p.kind]()
     except KeyError:  # (a grid without the usual coordinates)
@@ -748,8 +750,10 @@ def cache_dir() -> Path:
 
 
 # 2: steps measured with this machine's own projection rule (1: with a fixed one); 3: device <-> host copies
-# timed split into the runtime's part tensors too (their per-call latency), and the disk tier's block conversions
-QUICK_CACHE_FORMAT = 3
+# timed split into the runtime's part tensors too (their per-call latency), and the disk tier's block conversions;
+# 4: prefill chunks scored by attention for eviction (`cost.SCORED_FEATURES`), which a cached profile of format 3
+# lacks (its predictions would leave out what H2O, TOVA and SnapKV add to every prefill)
+QUICK_CACHE_FORMAT = 4
 
 
 def cached_profile_path(model: str, device: str, fingerprint: Fingerprint, folder: Path | None = None) -> Path:

@@ -38,8 +38,9 @@ class Timing:
                    integer(data, "repeats", where, minimum=1))
 
 
-# compaction: decode steps that also compact; packing: quantized decode steps that complete a block each
-STEP_KINDS = ("decode", "prefill", "mixed", "compaction", "packing")
+# compaction: decode steps that also compact; packing: quantized decode steps that complete a block each; scored:
+# prefill chunks under an eviction policy that scores by attention
+STEP_KINDS = ("decode", "prefill", "mixed", "compaction", "packing", "scored")
 
 
 def kv_bits(grid: dict[str, int]) -> int:

@@ -171,10 +171,11 @@ class StepBench:
                                     and out.num_batched_tokens == batch and completed_blocks(out, block) == batch)
         return self._point("packing", {"batch": batch, "context": context, "bits": self.bits}, times_s, shapes)
 
-    def prefill(self, chunk: int, cached: int, idle_s: float = 0.0) -> StepPoint:
+    def prefill(self, chunk: int, cached: int, idle_s: float = 0.0, kind: str = "prefill") -> StepPoint:
         """A ``chunk``-token prefill chunk after ``cached`` tokens of the same prompt (a multiple of
         ``chunk``: the scheduler cuts prompts into whole chunks), ending the prompt, so it samples. With
-        ``idle_s`` (and ``cached`` 0), each such step follows that long an idle engine (`idle_wake`)."""
+        ``idle_s`` (and ``cached`` 0), each such step follows that long an idle engine (`idle_wake`).
+        ``kind``: the point's (``scored``: the runtime's eviction policy scores by attention)."""
         engine = self._engine(chunk_size=chunk, budget_tokens=max(chunk, SETUP_TOKENS))
 
         def one_request_at_a_time(engine: Engine) -> None:
@@ -186,7 +187,7 @@ class StepBench:
         times_s, shapes = self._run(
             engine, lambda out: len(out.scheduled) == 1 and out.scheduled[0].start == cached
             and out.scheduled[0].num_new_tokens == chunk, one_request_at_a_time)
-        return self._point("prefill", {"chunk": chunk, "cached": cached, "bits": self.bits}, times_s, shapes)
+        return self._point(kind, {"chunk": chunk, "cached": cached, "bits": self.bits}, times_s, shapes)
 
     def after_idle(self, chunk: int, steps: int, idles_s: tuple[float, ...], rounds: int) -> np.ndarray:
         """[idles, rounds, steps] seconds: the steps of one request (a ``chunk``-token prompt, then decodes:

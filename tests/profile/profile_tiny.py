@@ -19,7 +19,8 @@ TINY_GRID = Grid(
     warmup=1, repeats=3, max_repeats=6, min_time_s=0.01, overhead_batches=(1, 8, 32), overhead_repeats=5,
     kernel_repeats=3, copy_blocks=(1, 4), disk_bytes=(4096, 65536), transfer_repeats=2, idle_s=0.1,
     quant_decode=((2, 64), (4, 128)), quant_prefill=((32, 0), (16, 32)), step_bits=(8, 4), kernel_bits=(8, 4, 2),
-    quantize_blocks=(1, 4), compaction=((1, 32), (4, 64)), projection_rows=(1, 2, 3, 4, 8, 16, 64),
+    quantize_blocks=(1, 4), compaction=((1, 32), (4, 64)), scored_prefill=((8, 0), (16, 32)),
+    projection_rows=(1, 2, 3, 4, 8, 16, 64),
     projection_rounds=1, quant_packing=((1, 32), (4, 16)), idle_wake_rounds=2)
 
 

@@ -161,6 +161,6 @@ def test_the_step_costs_at_a_checked_speed_scale_each_kind_of_step_by_its_own_fa
     assert scaled.predict_s(decode) == pytest.approx(4.0 * base.predict_s(decode))  # sqrt(2 x 8)
     assert scaled.predict_s(prefill) == pytest.approx(0.5 * base.predict_s(prefill))  # one check timed prefills
     assert scaled.predict_s(mixed) == pytest.approx(3.0 * base.predict_s(mixed))  # none: sqrt(1.5 x 6)
-    assert scaled.compaction_s(100) == pytest.approx(3.0 * base.compaction_s(100))
+    assert scaled.compaction_s(100, 80) == pytest.approx(3.0 * base.compaction_s(100, 80))
     with pytest.raises(ValueError, match="no speed check"):
         cost_at_speed(base, [])

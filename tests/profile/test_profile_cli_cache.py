@@ -236,8 +236,10 @@ def _before_the_mixed_term(profile, path):
     """``profile`` written as a version before the mixed term (`cost.MIXED_FEATURES`) wrote it: without it."""
     data = json.loads(profile.save(path).read_text())
     model = data["step"]["cost_model"]
-    assert model["features"][-3:] == ["mixed_paths", "packing_steps", "packed_blocks"]  # (the packing terms after)
-    model["features"], model["coef"] = model["features"][:-3], model["coef"][:-3]
+    # (the packing, scored-prefill and parallel-compaction terms came after)
+    assert model["features"][-6:] == ["mixed_paths", "packing_steps", "packed_blocks", "scored_prefill_tokens",
+                                      "scored_prefill_pairs", "parallel_compactions"]
+    model["features"], model["coef"] = model["features"][:-6], model["coef"][:-6]
     path.write_text(json.dumps(data))
     return path
 

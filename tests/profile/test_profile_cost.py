@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 import numpy as np
 import pytest
 
+from skistune.config import KVConfig
 from skistune.kernels.rows import LEGACY_RULE
 from skistune.profile.cost import (ALL_FEATURES, ProjectionTimes, StepCostModel, StepShape, decode_shape,
                                    step_shape)
@@ -48,15 +49,17 @@ def test_the_scalar_prediction_is_the_features_times_the_coefficients(name):
 
 
 def test_each_feature_is_the_one_its_name_says():
-    shape = StepShape(13, 5, 1003, 1004, 3, 1006, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014)
+    shape = StepShape(13, 5, 1003, 1004, 3, 1006, 1007, 1008, 1009, 1010, 1011, 4, 1013, 1014, 1015, 1016, 81)
     expected = {"fixed": 1.0, "seqs": 5, "tokens": 16, "tokens_past_knee": 6, "multi_token": 1.0,
                 "decode_kv_bytes": 1003, "prefill_kv_bytes": 1006, "prefill_pairs": 1004, "samples": 3,
                 "decode_dequant_elements": 1007, "prefill_dequant_elements": 1008, "quantize_elements": 1009,
-                "decode_unpack_elements": 1010, "prefill_unpack_elements": 1011, "compactions": 1012,
+                "decode_unpack_elements": 1010, "prefill_unpack_elements": 1011, "compactions": 4,
                 "compacted_slots": 1013, "projections_s": TABLE.layers(13), "lm_head_s": TABLE.head(3),
                 "parallel_kv_rows": 0.0, "parallel_hidden_rows": 1.0, "parallel_mlp_rows": 0.0,
                 "mixed_paths": 1.0,  # (decode KV read and prefill pairs: decode rows beside a chunk)
-                "packing_steps": 1.0, "packed_blocks": 1014}
+                "packing_steps": 1.0, "packed_blocks": 1014, "scored_prefill_tokens": 1015,
+                "scored_prefill_pairs": 1016,
+                "parallel_compactions": 4.0}  # (81 slots kept by 4 compactions: more than 20 each, the KV grain)
     assert list(expected) == list(ALL_FEATURES)
     parallel = (20, 12, 13)  # 13 tokens are past 12, not past 13: the tokens count, not the 16 rows they pad to
     x = shape.features(10, LEGACY_RULE, 12, TABLE, parallel)  # 13 tokens: 16 rows under the legacy rule
@@ -85,7 +88,7 @@ def test_a_model_reads_its_parallel_rows_back_and_older_files_have_none():
     model = MODELS["sparse"]
     assert StepCostModel.from_dict(model.to_dict()) == model
     older = model.to_dict()
-    older["features"], older["coef"] = older["features"][:-6], older["coef"][:-6]  # (mixed, packing came later)
+    older["features"], older["coef"] = older["features"][:-9], older["coef"][:-9]  # (the parallel terms and later)
     del older["parallel_rows"]
     read = StepCostModel.from_dict(older)
     assert read.parallel_rows == () and read.parallel_coef == (0.0, 0.0, 0.0)
@@ -122,14 +125,16 @@ def test_a_file_written_before_the_mixed_term_reads_it_as_zero_and_says_it_fitte
     model = MODELS["table-legacy-rule"]
     assert StepCostModel.from_dict(model.to_dict()).fitted_terms == len(ALL_FEATURES)
     older = model.to_dict()
-    older["features"], older["coef"] = older["features"][:-3], older["coef"][:-3]  # (the packing terms came after)
+    later = {"packing_coef": (0.0, 0.0), "scored_coef": (0.0, 0.0), "parallel_compaction_coef": (0.0,)}  # (in order)
+    older["features"], older["coef"] = older["features"][:-6], older["coef"][:-6]  # (the terms after mixed)
     read = StepCostModel.from_dict(older)
-    assert read.mixed_coef == (0.0,) and read.fitted_terms == len(ALL_FEATURES) - 3
+    assert read.mixed_coef == (0.0,) and read.fitted_terms == len(ALL_FEATURES) - 6
     # (how many terms a file had is not part of the model)
-    assert read == replace(model, mixed_coef=(0.0,), packing_coef=(0.0, 0.0))
-    older["features"], older["coef"] = model.to_dict()["features"][:-2], model.to_dict()["coef"][:-2]
-    read = StepCostModel.from_dict(older)
-    assert read == replace(model, packing_coef=(0.0, 0.0)) and read.mixed_coef == model.mixed_coef != (0.0,)
+    assert read == replace(model, mixed_coef=(0.0,), **later)
+    for dropped, zeroed in ((5, list(later)), (3, list(later)[1:]), (1, list(later)[2:])):
+        older["features"], older["coef"] = model.to_dict()["features"][:-dropped], model.to_dict()["coef"][:-dropped]
+        read = StepCostModel.from_dict(older)
+        assert read == replace(model, **{k: later[k] for k in zeroed}) and read.mixed_coef == model.mixed_coef
 
 
 def test_the_packing_terms_count_the_blocks_a_quantized_step_completes():
@@ -146,6 +151,49 @@ def test_the_packing_terms_count_the_blocks_a_quantized_step_completes():
     assert packing.predict_s(step_shape(out, kv)) == pytest.approx(0.005 + 3 * 0.001)
     assert packing.predict_s(step_shape(SchedulerOutput(scheduled=[_seq(1, 9, True)]), kv)) == 0.0
     assert packing.packing_s(np.array([0, 1, 4])) == pytest.approx([0.0, 0.006, 0.009])
+
+
+def test_the_scored_prefill_terms_count_the_chunks_of_a_policy_that_scores_by_attention():
+    from skistune.runtime.eviction import POLICIES
+    from skistune.runtime.eviction_budget import SCORING_POLICIES
+    from skistune.runtime.kv_layout import kv_traffic
+    from skistune.runtime.presets import get_preset
+
+    assert SCORING_POLICIES == {name for name, policy in POLICIES.items() if policy.needs_attention}
+    spec = get_preset("smollm2-135m")
+    traffic = {p: kv_traffic(KVConfig().with_knobs({"eviction.policy": p, "eviction.budget_tokens": 64}
+                                                   if p != "none" else {}), spec, 2).scored_prefill
+               for p in ("none", "streaming", "h2o", "tova", "snapkv")}
+    assert traffic == {"none": False, "streaming": False, "h2o": True, "tova": True, "snapkv": True}
+    scored = KVTraffic(bytes_per_token=100, scored_prefill=True)
+    # two decodes (a one-token chunk runs the decode path), chunks of 37 tokens after 10 and of 5 from the start
+    out = SchedulerOutput(scheduled=[_seq(1, 15, True), _seq(1, 9, True), _seq(37, 10, False), _seq(5, 0, True)])
+    shape = step_shape(out, scored)
+    assert (shape.scored_prefill_tokens, shape.scored_prefill_pairs) == (42, 37 * 47 + 5 * 5)
+    assert shape.prefill_pairs == 37 * 47 + 5 * 5
+    plain = step_shape(out, replace(scored, scored_prefill=False))
+    assert (plain.scored_prefill_tokens, plain.scored_prefill_pairs) == (0, 0)
+    assert plain == shape._replace(scored_prefill_tokens=0, scored_prefill_pairs=0)
+    terms = StepCostModel.of([{"scored_prefill_tokens": 1e-4, "scored_prefill_pairs": 1e-7}.get(f, 0.0)
+                              for f in ALL_FEATURES], knee=8)
+    assert terms.predict_s(shape) == pytest.approx(42e-4 + (37 * 47 + 5 * 5) * 1e-7)
+    assert terms.predict_s(step_shape(SchedulerOutput(scheduled=[_seq(1, 9, True)]), scored)) == 0.0  # decodes
+
+
+def test_a_compaction_whose_kept_slots_pass_the_kv_rows_grain_costs_the_parallel_term():
+    term = StepCostModel.of([{"compactions": 0.01, "compacted_slots": 1e-5, "parallel_compactions": 0.015}.get(f, 0.0)
+                             for f in ALL_FEATURES], knee=8, parallel=PARALLEL)  # KV rows past 170 go parallel
+    out = SchedulerOutput(scheduled=[_seq(1, 175, True)], compactions=[Compaction("a", 176, 160, (), (), ())])
+    assert step_shape(out, 100).compacted_kept_slots == 160
+    assert term.predict_s(step_shape(out, 100)) == pytest.approx(0.01 + 176e-5) == term.compaction_s(176, 160)
+    out = SchedulerOutput(scheduled=[_seq(1, 191, True)], compactions=[Compaction("a", 192, 176, (), (), ())])
+    assert term.predict_s(step_shape(out, 100)) == pytest.approx(0.025 + 192e-5) == term.compaction_s(192, 176)
+    # two compactions of a step count as past the grain when their mean kept slots are
+    both = SchedulerOutput(scheduled=[_seq(1, 191, True), _seq(1, 175, True)],
+                           compactions=[Compaction("a", 192, 176, (), (), ()), Compaction("b", 176, 160, (), (), ())])
+    assert term.predict_s(step_shape(both, 100)) == pytest.approx(0.02 + 368e-5)  # mean 168: neither
+    assert replace(term, parallel_rows=(), parallel_coef=(0.0,) * 3).compaction_s(192, 176) == pytest.approx(
+        0.01 + 192e-5)  # (no grain: a GPU's profile)
 
 
 def test_the_cached_coefficients_leave_equality_hash_and_files_alone():
@@ -177,7 +225,7 @@ def test_a_scheduled_step_counts_its_tokens_contexts_and_compactions():
         prefill_pairs=37 * 47 + 5 * 5, num_samples=3, prefill_kv_bytes=prefill * 100 + 2 * 50,
         decode_dequant_elements=decode * 7, prefill_dequant_elements=prefill * 7, quantize_elements=44 * 7,
         decode_unpack_elements=decode * 3, prefill_unpack_elements=prefill * 3, compactions=2,
-        compacted_slots=272 + 40)
+        compacted_slots=272 + 40, compacted_kept_slots=256 + 32)
     assert out.num_batched_tokens == 44
     decodes = SchedulerOutput(scheduled=[_seq(1, 99, True), _seq(1, 9, True), _seq(1, 500, True)])
     assert step_shape(decodes, kv) == decode_shape(3, 100 + 10 + 501, kv)

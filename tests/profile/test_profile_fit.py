@@ -120,7 +120,7 @@ def test_the_fit_recovers_what_a_compaction_costs():
                           for b in (1, 8, 32) for n in (256, 1024)]
     fit = fit_step_cost(shapes, [truth.predict_s(s) for s in shapes], [False] * len(shapes))
     np.testing.assert_allclose(fit.model.evict_coef, truth.evict_coef, rtol=1e-3)
-    assert fit.model.compaction_s(272) == pytest.approx(9e-3 + 272 * 2e-6)
+    assert fit.model.compaction_s(272, 256) == pytest.approx(9e-3 + 272 * 2e-6)
     old = fit.model.to_dict()
     kept = len(FEATURES) + len(QUANT_FEATURES)  # the features of profiles written before compactions were timed
     old["features"], old["coef"] = old["features"][:kept], old["coef"][:kept]

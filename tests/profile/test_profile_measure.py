@@ -32,6 +32,7 @@ def test_every_grid_point_is_measured_in_order(tiny_profile: HardwareProfile):
         expected += [("prefill", {"chunk": n, "cached": k, "bits": bits}) for n, k in TINY_GRID.quant_prefill]
         expected += [("packing", {"batch": b, "context": c, "bits": bits}) for b, c in TINY_GRID.quant_packing]
     expected += [("compaction", {"batch": b, "budget": n, "bits": 16}) for b, n in TINY_GRID.compaction]
+    expected += [("scored", {"chunk": n, "cached": k, "bits": 16}) for n, k in TINY_GRID.scored_prefill]
     assert grids == expected
     assert tiny_profile.kv_bytes_per_token == TINY_KV_BYTES_PER_TOKEN
     assert tiny_profile.block_size == 16 and tiny_profile.dtype == "float32" and tiny_profile.device == "cpu"
@@ -56,14 +57,15 @@ def test_measured_steps_have_the_shape_of_their_grid_point(tiny_profile: Hardwar
             assert (s.num_seqs, s.num_tokens, s.packed_blocks, s.quantize_elements) == (b, b, b, b * q)
             assert s.decode_dequant_elements % (b * TINY_GRID_BLOCK * q) == 0 < s.decode_dequant_elements
             assert s.decode_dequant_elements >= b * (g["context"] + 1) * q
-        elif p.kind == "prefill":
-            context = g["cached"] + g["chunk"]
+        elif p.kind in ("prefill", "scored"):  # scored: under H2O at a budget it never reaches
+            context, scored = g["cached"] + g["chunk"], p.kind == "scored"
             assert s == StepShape(num_tokens=g["chunk"], num_seqs=1, decode_kv_bytes=0,
                                   prefill_pairs=g["chunk"] * context, num_samples=1,
                                   prefill_kv_bytes=context * kvb + ring, prefill_dequant_elements=context * q,
                                   quantize_elements=g["chunk"] * q, prefill_unpack_elements=context * u,
                                   packed_blocks=context // TINY_GRID_BLOCK - g["cached"] // TINY_GRID_BLOCK
-                                  if q else 0)
+                                  if q else 0, scored_prefill_tokens=g["chunk"] if scored else 0,
+                                  scored_prefill_pairs=g["chunk"] * context if scored else 0)
         elif p.kind == "compaction":  # every sequence at its budget plus the block it grew by, compacted
             b, grown = g["batch"], g["budget"] + TINY_GRID_BLOCK
             assert (s.num_seqs, s.num_tokens, s.compactions, s.compacted_slots) == (b, b, b, b * grown)
