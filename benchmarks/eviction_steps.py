@@ -1,4 +1,5 @@
-"""What eviction adds to a step, measured as the profiler measures steps (`skistune.profile.steps.StepBench`):
+"""What eviction adds to a step: prefill chunks scored by attention and decode steps that compact, each against the
+same step without eviction, timed as the profiler times steps (`skistune.profile.steps.StepBench`).
 
 - prefill chunks of ``--tokens`` under ``--policy`` (one that scores by attention: its statistics make every
   prefill chunk run attention with its probabilities materialized) at a budget no prompt reaches, against the
@@ -17,14 +18,16 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from bench_args import add_json, check_runtime, description, hardware_profile, positive_int, print_json
+from bench_args import add_json, check_runtime, description, fail, hardware_profile, positive_int, print_json
 
 from skistune.config import EVICTION_POLICIES, KVConfig
 from skistune.profile import load_profile
 from skistune.profile.measure import QUICK_GRID, compaction_pool, scoring_pool
 from skistune.profile.steps import StepBench, fill_kv
 from skistune.runtime.eviction_budget import SCORING_POLICIES
+from skistune.runtime.kv_layout import kv_block_bytes
 from skistune.runtime.llm import Runtime
+from skistune.runtime.presets import PRESETS
 
 MODEL = "smollm2-135m"
 
@@ -44,16 +47,26 @@ def main() -> None:
                     help="also print what this profile's step model adds for each row")
     add_json(ap)
     args = ap.parse_args()
-    check_runtime(MODEL, "cpu")
     grid = replace(QUICK_GRID, compaction_policy=args.policy, scored_prefill=tuple((n, 0) for n in args.tokens),
                    prefill=tuple((n, 0) for n in args.tokens))
-    base = Runtime.from_preset(MODEL, KVConfig().with_knobs({"offload.device_kv_bytes": 256 << 20}))
+    context, block = PRESETS[MODEL].max_context, KVConfig().prefix_reuse.block_size
+    if max(args.tokens) >= context:
+        fail(f"--tokens {max(args.tokens)}: a prefill of at most {context - 1} tokens fits {MODEL}'s context of "
+             f"{context}")
+    # (a compaction point decodes a block's worth of steps per measured one, from the budget on)
+    grown = block * (grid.warmup + grid.max_repeats + 4)
+    if max(args.budgets) + grown > context:
+        fail(f"--budgets {max(args.budgets)}: at most {context - grown} ({MODEL}'s context of {context} less the "
+             f"{grown} tokens a compaction point decodes)")
+    check_runtime(MODEL, "cpu")
+    tokens = max(2 * max(args.tokens), args.batch * (max(args.budgets) + grown))  # (the plain points' pool)
+    base = Runtime.from_preset(MODEL, KVConfig().with_knobs(
+        {"offload.device_kv_bytes": kv_block_bytes(PRESETS[MODEL], block, 4, KVConfig()) * (tokens // block + 64)}))
     model = None
     if args.profile is not None:
         profile = load_profile(args.profile, check_fingerprint=False)
         profile.run_as_measured(base)
         model = profile.step_cost
-    block = base.store.block_size
     plain = bench(base, grid)
     scoring = base.with_config(scoring_pool(base, grid))
     fill_kv(scoring)

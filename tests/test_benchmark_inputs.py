@@ -55,6 +55,10 @@ def load(name: str, monkeypatch):
      "error: --prompt-tokens 3000: the prompt text gives at most"),
     # a prompt and its sampled token beyond the context: "scheduler made no progress" after the model loaded
     ("block_fill_steps.py", ["--steps", "8"], "error: --steps 8: fewer than a block (16 tokens)"),
+    ("eviction_steps.py", ["--tokens", "64", "8192"],
+     "error: --tokens 8192: a prefill of at most 8191 tokens fits smollm2-135m's context of 8192"),
+    ("eviction_steps.py", ["--budgets", "32", "8000"], "error: --budgets 8000: at most 7952"),
+    ("eviction_steps.py", ["--policy", "streaming"], "argument --policy: invalid choice: 'streaming'"),
     ("block_fill_steps.py", ["--prompt", "8000", "--steps", "500"], "error: --prompt 8000 --steps 500: more tokens"),
     ("step_tokens.py", ["--tokens", "8192", "--rounds", "1"],
      "error: --tokens 8192: a prefill of at most 8191 tokens fits smollm2-135m's context of 8192"),
