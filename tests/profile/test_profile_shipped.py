@@ -30,8 +30,21 @@ def test_shipped_profile_describes_smollm2_on_the_cpu(shipped: HardwareProfile):
         "cpu-smollm2-135m", "smollm2-135m", "cpu", "float32")
     assert not shipped.quick
     assert shipped.kv_bytes_per_token == 30 * 2 * 3 * 64 * 4  # layers x (K, V) x KV heads x head_dim x fp32
-    assert {p.kind for p in shipped.steps} == {"decode", "prefill", "mixed", "compaction", "packing"}
+    assert {p.kind for p in shipped.steps} == {"decode", "prefill", "mixed", "compaction", "packing", "scored"}
     assert (shipped.idle_wake.rounds, shipped.idle_wake.steps) == (FULL_GRID.idle_wake_rounds, IDLE_WAKE_STEPS)
+
+
+def test_eviction_steps_are_priced_on_both_sides_of_the_kv_rows_grain(shipped: HardwareProfile):
+    """Prefill chunks scored by attention and compactions to budgets below and above SmolLM2's 170-row grain
+    (`cost.SCORED_FEATURES`, `cost.PARALLEL_COMPACTION_FEATURES`): each such point within 10% of the model, and
+    the terms that tell them apart fitted (compactions past the grain: +13 ms on the Intel host)."""
+    points = [p for p in shipped.steps if p.kind in ("scored", "compaction")]
+    budgets = {p.grid["budget"] for p in points if p.kind == "compaction"}
+    assert min(budgets) < shipped.step_cost.parallel_rows[0] < max(budgets)
+    assert len([p for p in points if p.kind == "scored"]) >= 3
+    for p in points:
+        assert abs(shipped.step_cost.predict_s(p.shape) / p.timing.median_s - 1) <= 0.10, (p.kind, p.grid)
+    assert shipped.step_cost.parallel_compaction_coef[0] > 0 and any(shipped.step_cost.scored_coef)
 
 
 def test_held_out_grid_points_are_reproduced(shipped: HardwareProfile):
