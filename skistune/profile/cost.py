@@ -570,15 +570,17 @@ def step_shape(out: "SchedulerOutput", kv: KVTraffic | int) -> StepShape:
         samples += s.samples
     q, u, bs = kv.quantized_elements_per_token, kv.unpacked_elements_per_token, kv.block_size
     scored = kv.scored_prefill  # (a chunk of one token runs the decode path, as it is counted here)
+    compactions = out.compactions  # (most steps have none: no generators built for them)
+    compacted, kept = (sum(c.kv_len for c in compactions), sum(c.new_num_kv_tokens for c in compactions)) \
+        if compactions else (0, 0)
     return StepShape(num_tokens=tokens, num_seqs=len(out.scheduled),
                      decode_kv_bytes=decode_tokens * kv.bytes_per_token + decode_seqs * kv.ring_bytes_per_seq,
                      prefill_pairs=pairs, num_samples=samples,
                      prefill_kv_bytes=prefill_tokens * kv.bytes_per_token + prefill_seqs * kv.ring_bytes_per_seq,
                      decode_dequant_elements=decode_tokens * q, prefill_dequant_elements=prefill_tokens * q,
                      quantize_elements=tokens * q, decode_unpack_elements=decode_tokens * u,
-                     prefill_unpack_elements=prefill_tokens * u, compactions=len(out.compactions),
-                     compacted_slots=sum(c.kv_len for c in out.compactions),
-                     compacted_kept_slots=sum(c.new_num_kv_tokens for c in out.compactions),
+                     prefill_unpack_elements=prefill_tokens * u, compactions=len(compactions),
+                     compacted_slots=compacted, compacted_kept_slots=kept,
                      packed_blocks=completed_blocks(out, bs) if bs else 0,
                      scored_prefill_tokens=tokens - decode_seqs if scored else 0,
                      scored_prefill_pairs=pairs if scored else 0)
