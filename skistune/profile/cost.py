@@ -107,23 +107,24 @@ step: a profile's decode points time the median step, which completes none. Prof
 load with them at zero, and their points lack the blocks packed, so a refit cannot add them.
 
 The scored-prefill terms (`SCORED_FEATURES`, 2026-12-06) are eviction's: a policy that scores tokens by attention
-(H2O, TOVA, SnapKV: `eviction_budget.SCORING_POLICIES`) records attention statistics at every step, so each
-prefill chunk runs attention with its probabilities materialized (`kernels.attention._prefill_torch`) instead of
-the fused kernel, and files them layer by layer. On the Intel host a SmolLM2 prompt of 32, 128, 256 and 512 tokens
-took 6, 24, 41 and 120 ms more under H2O than without eviction (91-631 ms), where the model had them equal; on the
-Mooncake fidelity replay under H2O at half the context every prefill that compacted was predicted 12-21% short.
-The terms count the chunk's tokens and its query-key pairs. Decode rows record statistics too, from the decode
-kernel's own probabilities: 2 ms (3%) at 8 sequences of 512 tokens, not a term (see the eviction terms). Profiles
-written before the terms load with them at zero.
+(H2O, TOVA, SnapKV: `eviction_budget.SCORING_POLICIES`) records attention statistics at every step, so each prefill
+chunk runs attention with its probabilities materialized (`kernels.attention._prefill_torch`) instead of the fused
+kernel, and files them layer by layer. On the Intel host a SmolLM2 prompt of 32, 128, 256 and 512 tokens took 6, 17,
+27 and 73 ms more under H2O than without eviction (117-581 ms), where the model had them equal
+(`benchmarks/eviction_steps.py`, BENCHMARKS.md "Hardware profile"). The terms count the chunk's tokens and its
+query-key pairs. Decode rows record statistics too, from the decode kernel's own probabilities: 2 ms (3%) at 8
+sequences of 512 tokens, not a term (see the eviction terms). Profiles written before the terms load with them at
+zero.
 
 The parallel-compaction term (`PARALLEL_COMPACTION_FEATURES`, 2026-12-06) is a compaction whose kept slots, a tensor
 of ``kept x n_kv_heads x head_dim`` per layer and side, pass PyTorch's grain: the KV-row threshold of the parallel
-terms (`parallel_rows`). On the Intel host a SmolLM2 compaction to 32, 64, 128 and 160 slots added 11, 15, 17 and
-18 ms to its decode step, one to 176 and 256 slots 32 and 34 ms (170 KV rows of 192 elements fill the grain). A
-line through the profile's compactions to 256 and 1,024 slots had put 24 ms on one to 32 slots, which Mooncake's
-replays under H2O at half the context compact every block. A step's compactions count as past the grain when the
-mean kept slots are (the simulator's decode runs price each compaction on its own: `StepCostModel.compaction_s`).
-Profiles written before the term load with it at zero.
+terms (`parallel_rows`). On the Intel host a SmolLM2 compaction to 32, 64, 128 and 160 slots added 12, 14, 15 and 17
+ms to its decode step, one to 176 and 256 slots 26 and 36 ms (170 KV rows of 192 elements fill the grain;
+`benchmarks/eviction_steps.py`). A line through the profile's compactions to 256 and 1,024 slots had put 24 ms on
+one to 32 slots, which Mooncake's replays under H2O at half the context compact every block: their decode steps that
+compacted were predicted 14-16% long (`benchmarks/fidelity_steps.py`). A step's compactions count as past the grain
+when the mean kept slots are (the simulator's decode runs price each compaction on its own:
+`StepCostModel.compaction_s`). Profiles written before the term load with it at zero.
 
 Coefficients are fitted with non-negative least squares (a cost cannot be negative).
 """
@@ -370,7 +371,8 @@ class StepCostModel:
                 + self.packing_coef + self.scored_coef + self.parallel_compaction_coef)
 
     def compaction_s(self, kv_slots: int, kept_slots: int) -> float:
-        """What one compaction of a sequence holding ``kv_slots`` KV slots, down to ``kept_slots``, adds to its step."""
+        """What one compaction of a sequence holding ``kv_slots`` KV slots, down to ``kept_slots``, adds to its
+        step."""
         past_grain = bool(self.parallel_rows) and kept_slots > self.parallel_rows[0]
         return self.evict_coef[0] + self.evict_coef[1] * kv_slots + self.parallel_compaction_coef[0] * past_grain
 
