@@ -187,8 +187,10 @@ QUICK_GRID = Grid(
     # whole contexts); `skistune profile` (the full grid) also times the attention and quantize kernels
     quant_decode=((4, 2048), (16, 512)), quant_prefill=((64, 512), (128, 0)), step_bits=(8, 4), kernel_bits=(),
     # (two sequences at the larger budget: the point's setup prefills every prompt in one step, and 8 x 1,024
-    # tokens took 4 s of it)
-    quantize_blocks=(), compaction=((1, 64), (1, 256), (2, 1024)), scored_prefill=((32, 0), (256, 0), (128, 256)),
+    # tokens took 4 s of it; two budgets on each side of SmolLM2's grain of 170 KV rows, so that the jump past it,
+    # the fixed cost and the cost per slot are not all set by three points)
+    quantize_blocks=(), compaction=((1, 64), (1, 128), (1, 256), (2, 1024)),
+    scored_prefill=((32, 0), (256, 0), (128, 256)),
     # the attention kernel alone at the corners and the middle of the decode grid (it explains the steps;
     # the step fit does not read it): at all 21 decode points it took 8 s on a 2-core EPYC
     attention_decode=((1, 64), (1, 2048), (4, 512), (8, 2048), (16, 512), (64, 64)),
