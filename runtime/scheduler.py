@@ -661,11 +661,15 @@ class Scheduler:
         """Decode steps ``begin..end`` (of a run) of one sequence."""
         if end == begin:
             return
-        if self.kv.allocate_slots(seq, end - begin) is None:
+        kv = self.kv
+        if kv.allocate_slots(seq, end - begin) is None:
             raise RuntimeError(f"fast-forward to step {end} is not steady for {seq}: blocks ran out")
         seq.num_computed_tokens += end - begin
-        seq.append_tokens(new_tokens[begin:end])
-        self.kv.cache_full_blocks(seq)
+        seq.output_token_ids += new_tokens[begin:end]  # (`append_tokens`, inlined: once per sequence per run)
+        seq.num_tokens += end - begin
+        done = kv.num_cached_blocks.get(seq.seq_id, 0)
+        if seq.num_computed_tokens // kv.block_size > done and kv.private_from.get(seq.seq_id, done + 1) > done:
+            kv.cache_full_blocks(seq)  # (only when it may cache a block, as in `update`)
         seq.record.token_times_s.extend(step_end_s[begin:end])
 
     # ---- after the step ---------------------------------------------------------------------------
@@ -676,13 +680,16 @@ class Scheduler:
         compacted = {c.seq_id: c for c in out.compactions}
         cache_full_blocks, cached_blocks, block_size = (self.kv.cache_full_blocks, self.kv.num_cached_blocks,
                                                         self.kv.block_size)
-        prefix_reuse = self.kv.enable_prefix_reuse
+        prefix_reuse, private_from = self.kv.enable_prefix_reuse, self.kv.private_from
         for seq, start, num_new_tokens, samples, _ in out.scheduled:
             seq.num_computed_tokens = start + num_new_tokens
             if compacted:
                 self._apply_compaction(seq, compacted.get(seq.seq_id))
-            if prefix_reuse and (start + num_new_tokens) // block_size > cached_blocks.get(seq.seq_id, 0):
-                cache_full_blocks(seq)  # (only when a block filled: the call returns at once otherwise)
+            # only when a block filled that it may cache (the call returns at once otherwise): a sequence past its
+            # `private_from` caches no more, and in a replay most are (`private_prefixes`)
+            if prefix_reuse and (start + num_new_tokens) // block_size > (done := cached_blocks.get(seq.seq_id, 0)) \
+                    and private_from.get(seq.seq_id, done + 1) > done:
+                cache_full_blocks(seq)
             if not samples:
                 continue
             token = sampled[seq.seq_id]
