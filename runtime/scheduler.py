@@ -313,14 +313,15 @@ class Scheduler:
                 continue
             # a decode with room left in its last block skips the call: `allocate_slots` would return []
             # without a change (15 of 16 decode steps at 16-token blocks)
-            kv_end = (computed - evicted[seq.seq_id] if seq.seq_id in evicted else computed) + n
-            while kv_end > len(tables.get(seq.seq_id, ())) * block_size and allocate_slots(seq, n) is None:
+            seq_id = seq.seq_id
+            kv_start = computed - evicted[seq_id] if seq_id in evicted else computed  # (no victim's changes it)
+            kv_end = kv_start + n
+            while kv_end > len(tables.get(seq_id, ())) * block_size and allocate_slots(seq, n) is None:
                 victim = self._victim()
                 budget += self._preempt(victim, out)
                 if victim is seq:
                     break
             if seq.status is running:
-                kv_start = computed - evicted[seq.seq_id] if seq.seq_id in evicted else computed
                 out.scheduled.append(new_scheduled(ScheduledSeq, (seq, computed, n, computed + n == num_tokens, kv_start)))
                 budget -= n
         return budget
@@ -556,8 +557,9 @@ class Scheduler:
         prefill, no admission possible), else None."""
         if not self.running or len(self.running) > self.limits.max_num_batched_tokens:
             return None
-        if any(s.num_computed_tokens != s.num_tokens - 1 for s in self.running):
-            return None
+        for s in self.running:  # (a loop, not `any` of a generator: asked after every step)
+            if s.num_computed_tokens != s.num_tokens - 1:
+                return None
         if len(self.waiting) and len(self.running) < self.limits.max_num_seqs and self._might_admit():
             return None
         if self._would_prefetch():
@@ -570,7 +572,7 @@ class Scheduler:
         eviction or tiers the run stops before that step, which stays a normal one: a sequence is not
         compacted in the step it finishes (`plan_decode_run` does not model that), and a step's tier
         transfers and prefetches are its own (a run charges its transfers at its end and prefetches none)."""
-        left = min(s.request.max_new_tokens - s.num_output_tokens for s in seqs)
+        left = min([s.request.max_new_tokens - (s.num_tokens - s.num_prompt_tokens) for s in seqs])  # (inlined)
         return left if self._runs_may_finish() else left - 1
 
     def _runs_may_finish(self) -> bool:
@@ -638,8 +640,8 @@ class Scheduler:
         the simulator's engine has none.)"""
         k = len(step_end_s)
         last_step = k if self._runs_may_finish() else k + 1  # the run may end with finishes (`max_decode_run`)
-        for seq in self.running:
-            if seq.num_output_tokens + last_step > seq.request.max_new_tokens:
+        for seq in self.running:  # (`num_output_tokens`, inlined here and below: once per sequence per run)
+            if seq.num_tokens - seq.num_prompt_tokens + last_step > seq.request.max_new_tokens:
                 raise RuntimeError(f"fast-forward of {k} steps is not steady for {seq}: it would finish")
         done = [0] * len(self.running)
         events = sorted((e.step, i, e) for i, per_seq in enumerate(compactions) for e in per_seq)
@@ -651,7 +653,7 @@ class Scheduler:
             seq.kv_first_slot = event.first_slot
         for i, seq in enumerate(self.running):
             self._advance_decode(seq, done[i], k, step_end_s, new_tokens[i])
-        finished = [seq for seq in self.running if seq.num_output_tokens >= seq.request.max_new_tokens]
+        finished = [seq for seq in self.running if seq.num_tokens - seq.num_prompt_tokens >= seq.request.max_new_tokens]
         for seq in finished:  # after every allocation of the last step, in the order `update` finishes them
             self._finish(seq, step_end_s[-1])
         return finished

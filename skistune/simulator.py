@@ -304,8 +304,8 @@ class ProfileExecutor:
         step_s, compactions, used_blocks = run
         step_s = self._wake_run(step_s)
         now_s = self.clock.now()
-        end_s = now_s + np.cumsum(step_s)
-        k = int(np.searchsorted(end_s - step_s, next_arrival_s, side="left"))  # steps starting before it
+        end_s = now_s + step_s.cumsum()  # (the arrays' methods: numpy's functions add a Python wrapper per call)
+        k = int((end_s - step_s).searchsorted(next_arrival_s, side="left"))  # steps starting before it
         if k < 1:
             return False
         self._took_wake_run(k)
@@ -317,8 +317,9 @@ class ProfileExecutor:
                                                     [[e for e in per_seq if e.step <= k] for per_seq in compactions])
         if used_blocks is not None:  # blocks freed by compactions: the peak is that of the steps one at a time
             engine.kv.peak_used_blocks = max(engine.kv.peak_used_blocks, int(used_blocks[:k].max()))
-        self.clock.wait_until(float(end_s[k - 1]))
-        engine.busy_s += float(end_s[k - 1]) - now_s
+        last_end_s = float(end_s[k - 1])
+        self.clock.wait_until(last_end_s)
+        engine.busy_s += last_end_s - now_s
         if engine.kv.tiers is not None:  # demotions and write-through copies of the run, charged at its end
             moved_s = self.transfer_s(engine.kv.take_transfers())
             engine.kv.tiers.stats.transfer_s += moved_s
@@ -417,11 +418,12 @@ def _steps_with_blocks(engine: Engine, seqs: list, k_max: int) -> int:
     """The most decode steps (<= k_max) whose new blocks fit in the free pool."""
     kv = engine.kv
     size = kv.block_size
-    room = [len(kv.block_table(s.seq_id)) * size - s.num_computed_tokens for s in seqs]  # free slots held
+    tables = kv.tables  # (`block_table`, inlined: once per sequence per run)
+    room = [len(tables.get(s.seq_id, ())) * size - s.num_computed_tokens for s in seqs]  # free slots held
     free = kv.pool.num_free()
 
     def fits(k: int) -> bool:  # new blocks for k more tokens each: ceil((k - room) / size) where positive
-        return sum(-((r - k) // size) for r in room if k > r) <= free
+        return sum([-((r - k) // size) for r in room if k > r]) <= free
 
     lo, hi = 0, max(k_max, 0)
     if fits(hi):  # the common case: blocks enough for the whole run
