@@ -32,6 +32,7 @@ def main() -> None:
         # SIGTERM the parent process set to be ignored stays ignored. (Python's Ctrl-C handler is set already.)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, raise_terminated)
+        _signals_in_callbacks_raised_again()
         _test_delay()
         _drop_unusable_width()
         from skistune.cli import main as cli_main
@@ -48,6 +49,35 @@ def main() -> None:
         _ignore_signals()
         _forget_caught_interrupt()
         raise SystemExit(interrupted_exit_code(exc)) from None
+
+
+def _signals_in_callbacks_raised_again() -> None:
+    """A signal whose handler raised inside a callback that cannot raise (a weak reference's, a ``__del__``: the
+    import system's module locks have one) is sent again, so that it stops the program where it can, and nothing
+    is printed. CPython had written "Exception ignored in ... Traceback ... Terminated" and gone on as if no
+    signal had come (a SIGTERM 0.1 s into `python -m skistune --help`, once in a CI run). Other exceptions such a
+    callback raises are reported as before."""
+    import _thread
+
+    from skistune.signals import Terminated
+
+    report = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            report(unraisable)
+            return
+        signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+        # From a new thread, which runs once the main thread lets go of the interpreter, out of the callback by
+        # then: marked pending from here (`_thread.interrupt_main`, `signal.raise_signal`, `os.kill`), the handler
+        # runs at once, in this hook, and its exception is lost again; so would it in `threading.Thread.start`,
+        # which waits for the thread. One that lands in another such callback is sent again.
+        try:
+            _thread.start_new_thread(_thread.interrupt_main, (signum,))
+        except RuntimeError:  # (no new thread while the interpreter shuts down: it ends anyway)
+            pass
+
+    sys.unraisablehook = hook
 
 
 def _drop_unusable_width() -> None:

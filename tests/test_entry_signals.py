@@ -101,6 +101,45 @@ def test_with_json_a_signal_while_starting_ends_stdout_with_the_stop(tmp_path, s
     assert json.loads(out.strip().splitlines()[-1]) == {"stopped": stopped, "exit_code": code}
 
 
+CALLBACK_STOP = """
+import signal, sys, time
+from skistune.entry import _signals_in_callbacks_raised_again
+from skistune.signals import Terminated, raise_terminated
+
+signal.signal(signal.SIGTERM, raise_terminated)
+_signals_in_callbacks_raised_again()
+
+class Stopped:
+    def __del__(self):  # (a signal's handler that raised here: CPython can only report it)
+        raise {exc}
+
+class Failing:
+    def __del__(self):
+        raise ValueError("a callback's own error")
+
+try:
+    Failing()
+    Stopped()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # (the signal sent again lands here, out of the callback)
+        pass
+    print("went on")
+except KeyboardInterrupt as exc:
+    print(type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("exc", ["Terminated", "KeyboardInterrupt"])
+def test_a_signal_raised_in_a_callback_that_cannot_raise_is_sent_again_and_stops_the_program(exc):
+    """A SIGTERM 0.1 s into `python -m skistune --help` had landed in a module lock's weak-reference callback
+    during the import: "Exception ignored in ... Traceback ... Terminated" on stderr, and the program went on."""
+    r = subprocess.run([sys.executable, "-c", CALLBACK_STOP.format(exc=exc)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout.strip() == exc
+    assert "ValueError: a callback's own error" in r.stderr  # (other errors are reported as before)
+    assert "Terminated" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("after_s", [0.1, 0.3])
 @pytest.mark.parametrize("sig, code, stopped", SIGNALS)
 def test_a_signal_during_the_real_start_up_never_prints_a_traceback(tmp_path, sig, code, stopped, after_s):
