@@ -307,19 +307,21 @@ def _projection_times(runtime: Runtime, grid: Grid, tick: _Tracker) -> Projectio
 def compaction_pool(runtime: Runtime, grid: Grid, batch: int, budget: int) -> KVConfig:
     """``runtime``'s config with the grid's eviction policy at ``budget`` tokens and a device pool that holds
     ``batch`` sequences of a budget plus the block they grow by before each compaction, and room to spare."""
-    spec, bs, itemsize = runtime.spec, runtime.store.block_size, runtime.model.dtype.itemsize
-    config = runtime.config.with_knobs({"eviction.policy": grid.compaction_policy, "eviction.budget_tokens": budget})
-    blocks = batch * (-(-budget // bs) + 3) + 64
-    return config.with_knobs({"offload.device_kv_bytes": blocks * kv_block_bytes(spec, bs, itemsize, config)})
+    bs = runtime.store.block_size
+    return _evicting_pool(runtime, grid, budget, batch * (-(-budget // bs) + 3) + 64)
 
 
 def scoring_pool(runtime: Runtime, grid: Grid) -> KVConfig:
     """``runtime``'s config with the grid's eviction policy at a budget of the longest scored prefill point's prompt
     (a sequence is compacted once it holds a block more: none is) and a device pool that holds two such prompts."""
-    spec, bs, itemsize = runtime.spec, runtime.store.block_size, runtime.model.dtype.itemsize
     longest = max(chunk + cached for chunk, cached in grid.scored_prefill)
-    config = runtime.config.with_knobs({"eviction.policy": grid.compaction_policy, "eviction.budget_tokens": longest})
-    blocks = 2 * -(-(longest + 1) // bs) + 64
+    return _evicting_pool(runtime, grid, longest, 2 * -(-(longest + 1) // runtime.store.block_size) + 64)
+
+
+def _evicting_pool(runtime: Runtime, grid: Grid, budget: int, blocks: int) -> KVConfig:
+    """``runtime``'s config with the grid's eviction policy at ``budget`` tokens and a device pool of ``blocks``."""
+    spec, bs, itemsize = runtime.spec, runtime.store.block_size, runtime.model.dtype.itemsize
+    config = runtime.config.with_knobs({"eviction.policy": grid.compaction_policy, "eviction.budget_tokens": budget})
     return config.with_knobs({"offload.device_kv_bytes": blocks * kv_block_bytes(spec, bs, itemsize, config)})
 
 
