@@ -122,3 +122,13 @@ def test_the_host_tiers_peak_bytes_are_the_blocks_it_held_not_its_capacity():
     figures = tier_metrics(tiers, block_bytes=16, device_peak_blocks=5)
     assert figures.peak_bytes == {"device": 5 * 16, "host": 3 * 16, "disk": 0}
     assert figures.capacity_bytes["host"] == 8 * 16 and figures.demotions == 3
+
+
+def test_scratch_percentiles_equal_a_copys_and_only_they_reorder_the_values():
+    values = np.random.default_rng(3).exponential(0.05, 10_001)
+    kept = values.copy()
+    assert Percentiles.of(values) == Percentiles.of(kept.copy(), scratch=True)
+    np.testing.assert_array_equal(values, kept)  # (the default leaves the caller's array as it was)
+    scratch = kept.copy()
+    Percentiles.of(scratch, scratch=True)
+    assert not np.array_equal(scratch, kept)  # partitioned in place: no copy taken
