@@ -238,3 +238,20 @@ def test_highest_feasible_finds_the_same_lattice_point_from_every_start(threshol
 def test_highest_feasible_is_none_when_even_the_lowest_point_breaks():
     assert highest_feasible(lambda x: False, 0.0, 1.0, -10.0, 6.0, 1 / 8) is None
     assert highest_feasible(lambda x: True, 0.0, 1.0, -10.0, 6.0, 1 / 8) == 6.0
+
+
+def test_a_replay_predicts_each_step_shape_once_and_a_full_memo_starts_again(monkeypatch):
+    import skistune.simulator as sim
+
+    reqs = azure_requests(120)
+    calls = []
+    predict = StepCostModel.predict_s
+    monkeypatch.setattr(StepCostModel, "predict_s", lambda self, shape: calls.append(shape) or predict(self, shape))
+    model = target(cost(fixed=2e-3, seqs=1e-4, tokens=2e-5, kv=1e-12, samples=1e-5))
+    engine, _ = build_engine(KVConfig(), model)
+    kept = engine.replay(reqs)
+    assert len(calls) == len(set(calls))  # (the decode runs' lines too: two shapes per batch size)
+    monkeypatch.setattr(sim, "PREDICTED_SHAPES", 2)  # the memo emptied every two shapes: the same replay
+    calls.clear()
+    engine, _ = build_engine(KVConfig(), model)
+    assert engine.replay(reqs) == kept and len(calls) > len(set(calls))
