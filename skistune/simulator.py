@@ -170,6 +170,7 @@ class ProfileExecutor:
         self._tokens_drawn = 0
         self._decode_lines: dict[int, tuple[float, float]] = {}  # batch -> (step s at 0 KV tokens, s per token)
         self._predicted: dict[StepShape, float] = {}  # step shape -> its predicted time (`_predict_s`)
+        self._lone_chunks: dict[tuple[int, int, bool], float] = {}  # (start, tokens, samples) -> `_lone_chunk_s`
         # quantized KV whose packing the profile prices: a decode run's steps that complete blocks cost more
         self._packing = bool(kv.block_size) and float(step_cost.packing_s(np.ones(1))[0]) > 0
 
@@ -249,6 +250,19 @@ class ProfileExecutor:
             step_s = self._predicted[shape] = self.step_cost.predict_s(shape)
         return step_s
 
+    def _lone_chunk_s(self, seq, start: int, n: int) -> float:
+        """`_predict_s` of a step that computes tokens ``start..start + n`` of a lone sequence's prompt, by
+        those numbers (most lone chunks are a prompt's first ones, the same for every prompt: no step's
+        shape built for them)."""
+        key = (start, n, start + n == seq.num_tokens)
+        step_s = self._lone_chunks.get(key)
+        if step_s is None:
+            if len(self._lone_chunks) >= PREDICTED_SHAPES:
+                self._lone_chunks.clear()
+            shape = step_shape(SchedulerOutput([ScheduledSeq.of(seq, start, n, start)]), self.kv)
+            step_s = self._lone_chunks[key] = self._predict_s(shape)
+        return step_s
+
     def _wake_s(self, idle_s: float) -> float:
         """What a step adds for the idle engine it follows: after ``idle_s`` of idle (`IDLE_WAKE_GAP_S` or more),
         a round of the profile's wake-ups is drawn for this step and the few after it (`IdleWake.draw_s`); a
@@ -289,8 +303,7 @@ class ProfileExecutor:
         for n in chunks:
             if now_s >= next_arrival_s:
                 break
-            end_s = now_s + self._predict_s(step_shape(SchedulerOutput([ScheduledSeq.of(seq, start, n, start)]),
-                                                                self.kv))
+            end_s = now_s + self._lone_chunk_s(seq, start, n)
             if self.idle_wake is not None:  # (the first chunk may follow an idle engine, the rest back to back)
                 end_s += self._wake_s(now_s - self._last_end_s if not steps else 0.0)
             engine.busy_s += end_s - now_s
