@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 from typing import Sequence as PySequence
 
 import numpy as np
@@ -21,6 +21,11 @@ from .metrics import Metrics, TierMetrics, compute_metrics, tier_metrics
 from .request import Request, RequestRecord
 from .scheduler import Scheduler, SchedulerLimits, SchedulerOutput, Sequence
 from .tiers import TierManager
+
+# `Engine.replay`'s ``stop`` is asked STOP_CHECKS times over a replay's arrivals, and as often again over its
+# steps where it keeps up with them (at least STOP_CHECK_MIN_WORK loops or quarter arrivals apart)
+STOP_CHECKS = 32
+STOP_CHECK_MIN_WORK = 16
 
 
 class Executor(Protocol):
@@ -182,6 +187,7 @@ class Engine:
         # scheduler and block tables key sequences by it. So a finished request's id is not reused either.
         self.request_ids: set[str] = set()
         self.busy_s = 0.0  # clock time spent in steps (the rest of a replay is idle waiting for arrivals)
+        self.stopped = False  # a replay ended early, where its ``stop`` said so (`replay`)
 
     def _rejection(self, req: Request) -> str | None:
         """Why a request can never be served, or None."""
@@ -255,8 +261,11 @@ class Engine:
         while self.scheduler.has_work():
             self.step()
 
-    def replay(self, requests: Iterable[Request]) -> Metrics:
-        """Serve requests at their arrival times (relative to the clock's start) until all finish."""
+    def replay(self, requests: Iterable[Request], stop: Callable[[Engine], bool] | None = None) -> Metrics:
+        """Serve requests at their arrival times (relative to the clock's start) until all finish. ``stop``:
+        asked between steps, `STOP_CHECKS` to twice as many times over a replay, whether the rest of it can be
+        skipped; where it says so the replay ends there, `stopped` is set and the metrics are those of the
+        requests so far (the simulator's capacity search: a replay its SLOs are certain to miss)."""
         pending = sorted(requests, key=lambda r: r.arrival_s)
         ids = set(self.request_ids)
         for r in pending:  # all before serving any: a bad request arriving late would waste the run so far
@@ -265,10 +274,20 @@ class Engine:
         self._private_prefixes(pending)
         start = self.clock.now()
         i = 0
+        # ``stop`` is asked after so much work: a loop (a step, or a fast-forward) counts 1, an arrival 4 (a replay
+        # loops 2-10 times a request where it keeps up, and takes in many arrivals a loop where it does not)
+        check_every, work, checked_at = max(STOP_CHECK_MIN_WORK, 4 * len(pending) // STOP_CHECKS), 0, 0
         while i < len(pending) or self.scheduler.has_work():
             while i < len(pending) and start + pending[i].arrival_s <= self.clock.now():
                 self._queue(pending[i], start + pending[i].arrival_s)
                 i += 1
+            if stop is not None:
+                work += 1
+                if work + 4 * i - checked_at >= check_every:
+                    checked_at = work + 4 * i
+                    if stop(self):
+                        self.stopped = True
+                        break
             if self.scheduler.has_work():
                 self.step()
                 if self.fast_forward is not None:

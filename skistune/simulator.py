@@ -28,7 +28,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from skistune.profile.records import block_io_features
 from skistune.runtime.engine import Engine, VirtualClock, layerwise_depth
 from skistune.runtime.kv_layout import (KVTraffic, kv_pool_blocks, kv_traffic, layout_notes, part_tensors,
                                         quantized_sides, ring_bytes, ring_bytes_per_seq)
-from skistune.runtime.metrics import Metrics
+from skistune.runtime.metrics import PERCENTILE_NAMES, PERCENTILES, Metrics, Percentiles
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
 from skistune.runtime.scheduler import DecodeCompaction, ScheduledSeq, SchedulerOutput
@@ -564,6 +564,126 @@ def with_rate_scale(requests: Sequence[Request], scale: float) -> list[Request]:
     return out
 
 
+class CertainMiss:
+    """`Engine.replay`'s ``stop`` for `capacity`: whether a replay is already certain to miss its SLOs, so
+    that the rest of it can be skipped (past capacity, where a search spends most of its time, queues grow and
+    the replay slows down). Certain: a request refused or dropped (every request must finish), or a TTFT, E2E
+    or TBT percentile that already breaks its limit on lower bounds of every value the replay will have had:
+    a request's TTFT and E2E are at least what they are so far (its first token or finish if it has them, else
+    the time it has waited), a gap between tokens at least what it is (the open one: since its last token),
+    and those still to come at least 0. A percentile (as `Percentiles` computes it: linear between order
+    statistics), the max and the mean never fall when a value rises, so what breaks on the bounds breaks at
+    the replay's end. The count of TBT gaps is known before the end (a simulated request makes exactly its
+    ``max_new_tokens``, or the replay misses anyway): for TBT only the gaps over the limit are counted. (TPOT,
+    and SLO-like objects of other kinds, are left to the end.)"""
+
+    def __init__(self, slos: Sequence, requests: Sequence[Request]) -> None:
+        from skistune.objectives import QueueGuard
+        from skistune.slo import SLO
+
+        self.watched = [s for s in slos if isinstance(s, QueueGuard)
+                        or (isinstance(s, SLO) and s.metric in ("ttft", "e2e"))]
+        self.tbt = [s for s in slos if isinstance(s, SLO) and s.metric == "tbt"]
+        self.num_requests = len(requests)
+        self.num_gaps = sum(max(r.max_new_tokens - 1, 0) for r in requests)
+        self.final_ttft: list[float] = []  # of the finished requests
+        self.final_e2e: list[float] = []
+        self.final_gaps = _GapTally([s.limit_s for s in self.tbt])  # ... and their gaps between tokens
+        self.open: list = []  # the records of requests that arrived and have not finished
+        self.seen = 0  # the engine's records looked at so far
+
+    def __call__(self, engine: Engine) -> bool:
+        records = engine.records
+        self.open += records[self.seen:]
+        self.seen = len(records)
+        now_s = engine.clock.now()
+        ttft, e2e, still, finished = [], [], [], []
+        for r in self.open:
+            if r.rejected_reason is not None:
+                return True
+            if r.finish_s is not None:
+                self.final_ttft.append(r.token_times_s[0] - r.arrival_s)
+                self.final_e2e.append(r.finish_s - r.arrival_s)
+                finished.append(r.token_times_s)
+            else:
+                still.append(r)
+                ttft.append((r.token_times_s[0] if r.token_times_s else now_s) - r.arrival_s)
+                e2e.append(now_s - r.arrival_s)
+        self.open = still
+        self.final_gaps.add(finished)
+        open_gaps = _GapTally([s.limit_s for s in self.tbt])
+        open_gaps.add([r.token_times_s for r in still], now_s)
+        if self.tbt and self.num_gaps and any(self._tbt_certain(s, open_gaps) for s in self.tbt):
+            return True
+        if not self.watched:
+            return False
+        bounds = _LowerBounds(self._bounds(self.final_ttft, ttft), self._bounds(self.final_e2e, e2e))
+        # (a margin: a percentile's interpolation may round a last bit the other way)
+        return any(s.violation(bounds) > CERTAIN_MARGIN for s in self.watched)
+
+    def _bounds(self, final: list[float], so_far: list[float]) -> Percentiles:
+        values = np.zeros(self.num_requests)
+        values[:len(final)] = final
+        values[len(final):len(final) + len(so_far)] = so_far
+        return Percentiles.of(values, scratch=True)
+
+    def _tbt_certain(self, slo, open_gaps: "_GapTally") -> bool:
+        """Whether the replay's TBT at ``slo``'s percentile is certain to break its limit: of its `num_gaps`
+        gaps, more are already over the limit than the percentile's lower order statistic leaves (as numpy
+        places it), or the max or the mean already breaks it."""
+        n = self.num_gaps
+        over = self.final_gaps.over[slo.limit_s] + open_gaps.over[slo.limit_s]
+        if slo.percentile == "max":
+            return over > 0
+        if slo.percentile == "mean":
+            return (self.final_gaps.total_s + open_gaps.total_s) / n > slo.limit_s * (1 + CERTAIN_MARGIN)
+        lower = math.floor(PERCENTILE_Q[slo.percentile] / 100 * (n - 1))  # the order statistic below it
+        return over >= n - lower
+
+
+class _GapTally:
+    """Gaps between requests' tokens: how many are over each limit (by `CERTAIN_MARGIN`), and their sum."""
+
+    def __init__(self, limits_s: list[float]) -> None:
+        self.over = {limit: 0 for limit in limits_s}
+        self.total_s = 0.0
+
+    def add(self, token_times: list, now_s: float | None = None) -> None:
+        """The gaps of requests' token times (each its float64 array); ``now_s``: they still run, and each one's
+        open gap (since its last token) counts as it is now. (One numpy pass for them all: a replay finishes
+        thousands of requests between two looks.)"""
+        token_times = [t for t in token_times if t]
+        if not self.over or not token_times:
+            return
+        if now_s is not None:
+            tail = array("d", [now_s])
+            token_times = [part for t in token_times for part in (t, tail)]
+        times = np.frombuffer(b"".join(token_times), dtype=np.float64)
+        lengths = np.fromiter(map(len, token_times), dtype=np.int64, count=len(token_times))
+        if now_s is not None:  # (each request's times and its "now" are one run of times)
+            lengths = lengths[0::2] + 1
+        within = np.ones(max(len(times) - 1, 0), dtype=bool)
+        within[np.cumsum(lengths)[:-1] - 1] = False  # no gap from one request's last time to the next one's first
+        gaps = np.diff(times)[within]
+        self.total_s += float(gaps.sum())
+        for limit in self.over:
+            self.over[limit] += int(np.count_nonzero(gaps > limit * (1 + CERTAIN_MARGIN)))
+
+
+PERCENTILE_Q = dict(zip(PERCENTILE_NAMES, PERCENTILES))  # "p50" -> 50 ... "p99.9" -> 99.9: `Percentiles`' own
+CERTAIN_MARGIN = 1e-9  # relative excess over a limit that `CertainMiss` takes as certain
+
+
+class _LowerBounds(NamedTuple):
+    """What an SLO reads of `Metrics` (`SLO.value_s`, `QueueGuard.value_s`), for TTFT and E2E only."""
+
+    ttft_s: Percentiles
+    e2e_s: Percentiles
+
+    def latency(self, metric: str) -> Percentiles:
+        return getattr(self, f"{metric}_s")
+
+
 @dataclass(frozen=True)
 class Capacity:
     """The highest arrival-rate scale at which every SLO held (0 when none did at the lowest scale tried)."""
@@ -633,7 +753,7 @@ def spread_over_time(requests: Sequence[Request]) -> bool:
 
 def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Sequence,
              *, precision: float = 0.02, max_scale: float = MAX_RATE_SCALE, min_scale: float = 1 / 1024,
-             start: float | None = None, max_queue: str | float | None = "5s") -> Capacity:
+             start: float | None = None, max_queue: str | float | None = "5s", stop_early: bool = True) -> Capacity:
     """The highest arrival-rate scale at which every SLO holds, as Vidur-Search and AIConfigurator report
     capacity, to ``precision`` relative.
 
@@ -649,7 +769,9 @@ def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Seque
     (``--max-queue``, 5 s by default): TTFT p99 at most this much above that of the same requests served one
     at a time (a time such as ``"5s"``, seconds as a number, or None / ``"off"`` for none). Without it a
     TBT-only SLO holds at any rate for a config whose pool serves one sequence at a time while its queue grows
-    without end. Bad input raises ``ValueError`` or ``TypeError`` before anything is simulated."""
+    without end; ``stop_early``: a replay is cut where it is already certain to miss an SLO (`CertainMiss`),
+    which changes no answer (False: every replay runs to its end, slower). Bad input raises ``ValueError`` or
+    ``TypeError`` before anything is simulated."""
     from skistune.objectives import QueueGuard, parse_max_queue
     from skistune.slo import as_slos
 
@@ -659,6 +781,8 @@ def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Seque
     _check_target(target)
     if not requests:
         raise ValueError("capacity: no requests; give at least one")
+    if not isinstance(stop_early, bool):
+        raise TypeError(f"stop_early: expected True or False, got {stop_early!r}")
     if not spread_over_time(requests):  # (every scale gives the same schedule, shifted: no capacity to find)
         raise ValueError(f"capacity: a single request, or requests that all arrive at once (here at "
                          f"{requests[0].arrival_s:g} s), have no arrival rate to scale; give requests that arrive "
@@ -674,8 +798,10 @@ def capacity(config, requests: Sequence[Request], target: SimTarget, slos: Seque
 
     def check(x: float) -> Metrics | None:
         if x not in held:
-            m = simulate(config, with_rate_scale(requests, 2.0 ** x), target)
-            ok = m.num_finished == m.num_requests and all(s.met(m) for s in slos)
+            engine, _ = build_engine(config, target)
+            m = engine.replay(with_rate_scale(requests, 2.0 ** x),
+                              stop=CertainMiss(slos, requests) if stop_early else None)
+            ok = not engine.stopped and m.num_finished == m.num_requests and all(s.met(m) for s in slos)
             held[x] = m if ok else None
         return held[x]
 

@@ -68,3 +68,50 @@ def test_a_bad_queueing_guard_is_a_clear_error_before_any_simulation(setup, monk
     monkeypatch.setattr(simulator, "simulate", lambda *a, **k: pytest.fail("simulated before checking max_queue"))
     with pytest.raises(ValueError, match=message):
         capacity(KVConfig(), requests, target, "p99=200ms", max_queue=max_queue)
+
+
+CUT_CASES = [  # (workload, config knobs, SLOs): configs that preempt, quantize, evict and refuse requests; SLOs
+    # `CertainMiss` watches (TTFT, E2E, the queueing guard) and others
+    ("chat", {}, ["p99=200ms"]),
+    ("chat", {"batching.max_num_seqs": 8}, ["ttft:p90<=10s"]),
+    ("azure", {"offload.device_kv_bytes": 6000 * 46080}, ["e2e:mean<=40s", "ttft:max<=20s"]),  # (preempts)
+    ("azure", {"bitwidth.key_bits": 8, "bitwidth.value_bits": 8}, ["e2e:p50<=30s", "p99=300ms"]),
+    ("azure", {"eviction.policy": "h2o", "eviction.budget_fraction": 0.5}, ["ttft:p99<=10s"]),
+    ("chat", {}, ["tbt:max<=3s", "tbt:mean<=70ms"]),
+    ("chat", {"batching.chunk_size": 256}, ["tbt:p50<=60ms", "tbt:p99.9<=500ms"]),
+    ("azure", {"offload.device_kv_bytes": 3000 * 46080}, ["p99=300ms"]),  # refuses its longest requests: 0
+]
+
+
+@pytest.mark.parametrize("case", range(len(CUT_CASES)))
+def test_cutting_replays_certain_to_miss_changes_no_capacity(shipped_target, monkeypatch, case):
+    import skistune.simulator as simulator
+
+    name, knobs, slos = CUT_CASES[case]
+    spec = dict(spec="../shared/traces/azure_llm_2023_conv/AzureLLMInferenceTrace_conv.csv", first=150) \
+        if name == "azure" else dict(spec="chat", requests=150, seed=0)
+    requests = workload_requests(load_workload(**spec), "smollm2-135m")
+    config = KVConfig().with_knobs(knobs)
+    cuts = []
+    certain = simulator.CertainMiss.__call__
+    monkeypatch.setattr(simulator.CertainMiss, "__call__", lambda self, e: cuts.append(certain(self, e)) or cuts[-1])
+    cut = capacity(config, requests, shipped_target, slos, precision=0.1)
+    whole = capacity(config, requests, shipped_target, slos, precision=0.1, stop_early=False)
+    assert cut == whole  # the same scale, evaluations and metrics there
+    assert any(cuts)  # (replays were cut)
+    assert cut.rate_scale == 0 if case == len(CUT_CASES) - 1 else 0 < cut.rate_scale < 1024
+
+
+def test_a_replay_asked_to_stop_ends_there_and_says_so(shipped_target):
+    from skistune.simulator import build_engine
+
+    target = shipped_target
+    requests = workload_requests(load_workload("chat", requests=150, seed=0), "smollm2-135m")
+    asked = []
+    engine, _ = build_engine(KVConfig(), target)
+    m = engine.replay(requests, stop=lambda e: asked.append(e.clock.now()) or True)
+    assert engine.stopped and len(asked) == 1 and m.num_finished < len(requests)
+    engine, _ = build_engine(KVConfig(), target)
+    assert engine.replay(requests, stop=lambda e: False).num_finished == len(requests) and not engine.stopped
+    with pytest.raises(TypeError, match="stop_early: expected True or False"):
+        capacity(KVConfig(), requests, target, "p99=200ms", stop_early="no")
