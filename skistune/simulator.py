@@ -28,7 +28,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from skistune.profile.records import block_io_features
 from skistune.runtime.engine import Engine, VirtualClock, layerwise_depth
 from skistune.runtime.kv_layout import (KVTraffic, kv_pool_blocks, kv_traffic, layout_notes, part_tensors,
                                         quantized_sides, ring_bytes, ring_bytes_per_seq)
-from skistune.runtime.metrics import PERCENTILE_NAMES, PERCENTILES, Metrics, Percentiles
+from skistune.runtime.metrics import PERCENTILE_NAMES, PERCENTILES, Metrics
 from skistune.runtime.presets import ModelSpec
 from skistune.runtime.request import Request
 from skistune.runtime.scheduler import DecodeCompaction, ScheduledSeq, SchedulerOutput
@@ -568,27 +568,29 @@ class CertainMiss:
     """`Engine.replay`'s ``stop`` for `capacity`: whether a replay is already certain to miss its SLOs, so
     that the rest of it can be skipped (past capacity, where a search spends most of its time, queues grow and
     the replay slows down). Certain: a request refused or dropped (every request must finish), or a TTFT, E2E
-    or TBT percentile that already breaks its limit on lower bounds of every value the replay will have had:
-    a request's TTFT and E2E are at least what they are so far (its first token or finish if it has them, else
-    the time it has waited), a gap between tokens at least what it is (the open one: since its last token),
-    and those still to come at least 0. A percentile (as `Percentiles` computes it: linear between order
-    statistics), the max and the mean never fall when a value rises, so what breaks on the bounds breaks at
-    the replay's end. The count of TBT gaps is known before the end (a simulated request makes exactly its
-    ``max_new_tokens``, or the replay misses anyway): for TBT only the gaps over the limit are counted. (TPOT,
-    and SLO-like objects of other kinds, are left to the end.)"""
+    or TBT percentile (the queueing guard's too) that already breaks its limit on lower bounds of every value
+    the replay will have had: a request's TTFT and E2E are at least what they are so far (its first token or
+    finish if it has them, else the time it has waited), a gap between tokens at least what it is (the open
+    one: since its last token), and those still to come at least 0. A percentile (as `Percentiles` computes
+    it: linear between order statistics) is at least its lower order statistic, which is over a limit where
+    enough values are; the max and the mean never fall when a value rises; so what breaks on the bounds breaks
+    at the replay's end. How many values each metric will have is known before the end: one per request, and
+    a simulated request makes exactly its ``max_new_tokens`` (else the replay misses anyway). (TPOT, and
+    SLO-like objects of other kinds, are left to the end.)"""
 
     def __init__(self, slos: Sequence, requests: Sequence[Request]) -> None:
         from skistune.objectives import QueueGuard
         from skistune.slo import SLO
 
-        self.watched = [s for s in slos if isinstance(s, QueueGuard)
-                        or (isinstance(s, SLO) and s.metric in ("ttft", "e2e"))]
-        self.tbt = [s for s in slos if isinstance(s, SLO) and s.metric == "tbt"]
-        self.num_requests = len(requests)
-        self.num_gaps = sum(max(r.max_new_tokens - 1, 0) for r in requests)
-        self.final_ttft: list[float] = []  # of the finished requests
-        self.final_e2e: list[float] = []
-        self.final_gaps = _GapTally([s.limit_s for s in self.tbt])  # ... and their gaps between tokens
+        # (metric, percentile, the value over which it certainly breaks: a margin for a percentile's rounding)
+        self.rules = [("ttft", "p99", s.reference_s + s.limit_s * (1 + CERTAIN_MARGIN)) for s in slos
+                      if isinstance(s, QueueGuard)]
+        self.rules += [(s.metric, s.percentile, s.limit_s * (1 + CERTAIN_MARGIN)) for s in slos
+                       if isinstance(s, SLO) and s.metric in ("ttft", "e2e", "tbt")]
+        self.thresholds = {m: sorted({t for metric, _, t in self.rules if metric == m}) for m in ("ttft", "e2e", "tbt")}
+        self.counts = {"ttft": len(requests), "e2e": len(requests),
+                       "tbt": sum(max(r.max_new_tokens - 1, 0) for r in requests)}
+        self.final = {m: _Tally(t) for m, t in self.thresholds.items()}  # of the finished requests
         self.open: list = []  # the records of requests that arrived and have not finished
         self.seen = 0  # the engine's records looked at so far
 
@@ -597,91 +599,85 @@ class CertainMiss:
         self.open += records[self.seen:]
         self.seen = len(records)
         now_s = engine.clock.now()
-        ttft, e2e, still, finished = [], [], [], []
+        done: dict[str, list] = {"ttft": [], "e2e": [], "tbt": []}
+        so_far: dict[str, list] = {"ttft": [], "e2e": [], "tbt": []}
+        still = []
         for r in self.open:
             if r.rejected_reason is not None:
                 return True
             if r.finish_s is not None:
-                self.final_ttft.append(r.token_times_s[0] - r.arrival_s)
-                self.final_e2e.append(r.finish_s - r.arrival_s)
-                finished.append(r.token_times_s)
+                done["ttft"].append(r.token_times_s[0] - r.arrival_s)
+                done["e2e"].append(r.finish_s - r.arrival_s)
+                done["tbt"].append(r.token_times_s)
             else:
                 still.append(r)
-                ttft.append((r.token_times_s[0] if r.token_times_s else now_s) - r.arrival_s)
-                e2e.append(now_s - r.arrival_s)
+                so_far["ttft"].append((r.token_times_s[0] if r.token_times_s else now_s) - r.arrival_s)
+                so_far["e2e"].append(now_s - r.arrival_s)
+                so_far["tbt"].append(r.token_times_s)
         self.open = still
-        self.final_gaps.add(finished)
-        open_gaps = _GapTally([s.limit_s for s in self.tbt])
-        open_gaps.add([r.token_times_s for r in still], now_s)
-        if self.tbt and self.num_gaps and any(self._tbt_certain(s, open_gaps) for s in self.tbt):
-            return True
-        if not self.watched:
+        if not self.rules:
             return False
-        bounds = _LowerBounds(self._bounds(self.final_ttft, ttft), self._bounds(self.final_e2e, e2e))
-        # (a margin: a percentile's interpolation may round a last bit the other way)
-        return any(s.violation(bounds) > CERTAIN_MARGIN for s in self.watched)
+        now = {}
+        for metric in ("ttft", "e2e", "tbt"):
+            if not self.thresholds[metric]:
+                continue
+            tbt = metric == "tbt"
+            self.final[metric].add(_gaps(done[metric]) if tbt else np.array(done[metric]))
+            now[metric] = _Tally(self.thresholds[metric])
+            now[metric].add(_gaps(so_far[metric], now_s) if tbt else np.array(so_far[metric]))
+        return any(self._certain(metric, percentile, over_s, now[metric]) for metric, percentile, over_s in self.rules)
 
-    def _bounds(self, final: list[float], so_far: list[float]) -> Percentiles:
-        values = np.zeros(self.num_requests)
-        values[:len(final)] = final
-        values[len(final):len(final) + len(so_far)] = so_far
-        return Percentiles.of(values, scratch=True)
-
-    def _tbt_certain(self, slo, open_gaps: "_GapTally") -> bool:
-        """Whether the replay's TBT at ``slo``'s percentile is certain to break its limit: of its `num_gaps`
-        gaps, more are already over the limit than the percentile's lower order statistic leaves (as numpy
-        places it), or the max or the mean already breaks it."""
-        n = self.num_gaps
-        over = self.final_gaps.over[slo.limit_s] + open_gaps.over[slo.limit_s]
-        if slo.percentile == "max":
+    def _certain(self, metric: str, percentile: str, over_s: float, so_far: "_Tally") -> bool:
+        """Whether ``metric`` at ``percentile`` is certain to end over ``over_s``: of its values, more are over
+        it already than the percentile's lower order statistic leaves (as numpy places it), or the max or the
+        mean already is."""
+        n, final = self.counts[metric], self.final[metric]
+        if not n:
+            return False
+        over = final.over[over_s] + so_far.over[over_s]
+        if percentile == "max":
             return over > 0
-        if slo.percentile == "mean":
-            return (self.final_gaps.total_s + open_gaps.total_s) / n > slo.limit_s * (1 + CERTAIN_MARGIN)
-        lower = math.floor(PERCENTILE_Q[slo.percentile] / 100 * (n - 1))  # the order statistic below it
+        if percentile == "mean":
+            return (final.total_s + so_far.total_s) / n > over_s
+        lower = math.floor(PERCENTILE_Q[percentile] / 100 * (n - 1))  # the order statistic below the percentile
         return over >= n - lower
 
 
-class _GapTally:
-    """Gaps between requests' tokens: how many are over each limit (by `CERTAIN_MARGIN`), and their sum."""
+class _Tally:
+    """Values of a metric: how many are over each threshold, and their sum."""
 
-    def __init__(self, limits_s: list[float]) -> None:
-        self.over = {limit: 0 for limit in limits_s}
+    def __init__(self, thresholds_s: list[float]) -> None:
+        self.over = {t: 0 for t in thresholds_s}
         self.total_s = 0.0
 
-    def add(self, token_times: list, now_s: float | None = None) -> None:
-        """The gaps of requests' token times (each its float64 array); ``now_s``: they still run, and each one's
-        open gap (since its last token) counts as it is now. (One numpy pass for them all: a replay finishes
-        thousands of requests between two looks.)"""
-        token_times = [t for t in token_times if t]
-        if not self.over or not token_times:
-            return
-        if now_s is not None:
-            tail = array("d", [now_s])
-            token_times = [part for t in token_times for part in (t, tail)]
-        times = np.frombuffer(b"".join(token_times), dtype=np.float64)
-        lengths = np.fromiter(map(len, token_times), dtype=np.int64, count=len(token_times))
-        if now_s is not None:  # (each request's times and its "now" are one run of times)
-            lengths = lengths[0::2] + 1
-        within = np.ones(max(len(times) - 1, 0), dtype=bool)
-        within[np.cumsum(lengths)[:-1] - 1] = False  # no gap from one request's last time to the next one's first
-        gaps = np.diff(times)[within]
-        self.total_s += float(gaps.sum())
-        for limit in self.over:
-            self.over[limit] += int(np.count_nonzero(gaps > limit * (1 + CERTAIN_MARGIN)))
+    def add(self, values: np.ndarray) -> None:
+        if len(values):
+            self.total_s += float(values.sum())
+            for t in self.over:
+                self.over[t] += int(np.count_nonzero(values > t))
 
 
-PERCENTILE_Q = dict(zip(PERCENTILE_NAMES, PERCENTILES))  # "p50" -> 50 ... "p99.9" -> 99.9: `Percentiles`' own
+def _gaps(token_times: list, now_s: float | None = None) -> np.ndarray:
+    """The gaps between each request's tokens (each its float64 array of token times), in one numpy pass (a
+    replay finishes thousands of requests between two looks); ``now_s``: they still run, and each one's open
+    gap, since its last token, counts as it is now."""
+    token_times = [t for t in token_times if t]
+    if not token_times:
+        return np.zeros(0)
+    if now_s is not None:
+        tail = array("d", [now_s])
+        token_times = [part for t in token_times for part in (t, tail)]
+    times = np.frombuffer(b"".join(token_times), dtype=np.float64)
+    lengths = np.fromiter(map(len, token_times), dtype=np.int64, count=len(token_times))
+    if now_s is not None:  # (each request's times and its "now" are one run of times)
+        lengths = lengths[0::2] + 1
+    within = np.ones(max(len(times) - 1, 0), dtype=bool)
+    within[np.cumsum(lengths)[:-1] - 1] = False  # no gap from one request's last time to the next one's first
+    return np.diff(times)[within]
+
+
 CERTAIN_MARGIN = 1e-9  # relative excess over a limit that `CertainMiss` takes as certain
-
-
-class _LowerBounds(NamedTuple):
-    """What an SLO reads of `Metrics` (`SLO.value_s`, `QueueGuard.value_s`), for TTFT and E2E only."""
-
-    ttft_s: Percentiles
-    e2e_s: Percentiles
-
-    def latency(self, metric: str) -> Percentiles:
-        return getattr(self, f"{metric}_s")
+PERCENTILE_Q = dict(zip(PERCENTILE_NAMES, PERCENTILES))  # "p50" -> 50 ... "p99.9" -> 99.9: `Percentiles`' own
 
 
 @dataclass(frozen=True)
