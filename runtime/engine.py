@@ -22,8 +22,8 @@ from .request import Request, RequestRecord
 from .scheduler import Scheduler, SchedulerLimits, SchedulerOutput, Sequence
 from .tiers import TierManager
 
-# `Engine.replay`'s ``stop`` is asked STOP_CHECKS times over a replay's arrivals, and as often again over its
-# steps where it keeps up with them (at least STOP_CHECK_MIN_WORK loops or quarter arrivals apart)
+# `Engine.replay`'s ``stop`` is asked STOP_CHECKS times over a replay's arrivals and, where it keeps up with them,
+# about as often again over its steps (at least STOP_CHECK_MIN_WORK loops or quarter arrivals apart)
 STOP_CHECKS = 32
 STOP_CHECK_MIN_WORK = 16
 
@@ -274,6 +274,7 @@ class Engine:
         self._private_prefixes(pending)
         start = self.clock.now()
         i = 0
+        self.stopped = False
         # ``stop`` is asked after so much work: a loop (a step, or a fast-forward) counts 1, an arrival 4 (a replay
         # loops 2-10 times a request where it keeps up, and takes in many arrivals a loop where it does not)
         check_every, work, checked_at = max(STOP_CHECK_MIN_WORK, 4 * len(pending) // STOP_CHECKS), 0, 0
