@@ -36,7 +36,8 @@ CONFIGS = {  # a few of the search space's corners
 
 def workloads(requests: int) -> dict[str, dict]:
     return {"chat": dict(spec="chat", requests=requests, seed=0),
-            "azure-conv": dict(spec=TRACES / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv", first=requests),
+            "azure-conv": dict(spec=TRACES / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv",
+                               first=requests),
             "mooncake-conv": dict(spec=TRACES / "mooncake_conversation" / "conversation_trace.head.jsonl",
                                   first=requests)}
 
@@ -79,8 +80,8 @@ def main() -> None:
             print(f"{name:<14} {label:<9} {row['rate_scale']:>11.4g} {row['evaluations']:>6} {row['cut_s']:>7.2f} "
                   f"{row['whole_s']:>8.2f} {row['ratio']:>5.2f}x", flush=True)
     total_cut, total_whole = sum(r["cut_s"] for r in rows), sum(r["whole_s"] for r in rows)
-    print(f"all {len(rows)} searches: {total_cut:.1f} s cut, {total_whole:.1f} s whole: x{total_whole / total_cut:.2f} "
-          "faster, the same capacities")
+    print(f"all {len(rows)} searches: {total_cut:.1f} s cut, {total_whole:.1f} s whole: "
+          f"x{total_whole / total_cut:.2f} faster, the same capacities")
     if args.json:
         print_json({"benchmark": "capacity_speed", "model": MODEL, "slos": args.slo, "requests": args.requests,
                     "rows": rows, "cut_s": total_cut, "whole_s": total_whole, "speedup": total_whole / total_cut})

@@ -155,7 +155,8 @@ def compute_metrics(records: list[RequestRecord], *, duration_s: float, kv_peak_
     rate = (lambda x: x / duration_s if duration_s > 0 else 0.0)
     return Metrics(
         ttft_s=Percentiles.of(ttft, scratch=True), tbt_s=Percentiles.of(tbt, scratch=True),
-        e2e_s=Percentiles.of(e2e, scratch=True), tpot_s=Percentiles.of(tpot, scratch=True), duration_s=duration_s, num_requests=len(records),
+        e2e_s=Percentiles.of(e2e, scratch=True), tpot_s=Percentiles.of(tpot, scratch=True), duration_s=duration_s,
+        num_requests=len(records),
         num_finished=len(done), num_rejected=sum(r.rejected_reason is not None for r in records),
         output_tokens=output_tokens, throughput_tok_per_s=rate(output_tokens),
         throughput_req_per_s=rate(len(done)), kv_peak_bytes=kv_peak_bytes, kv_capacity_bytes=kv_capacity_bytes,

@@ -587,7 +587,8 @@ class CertainMiss:
                       if isinstance(s, QueueGuard)]
         self.rules += [(s.metric, s.percentile, s.limit_s * (1 + CERTAIN_MARGIN)) for s in slos
                        if isinstance(s, SLO) and s.metric in ("ttft", "e2e", "tbt")]
-        self.thresholds = {m: sorted({t for metric, _, t in self.rules if metric == m}) for m in ("ttft", "e2e", "tbt")}
+        self.thresholds = {m: sorted({t for metric, _, t in self.rules if metric == m})
+                           for m in ("ttft", "e2e", "tbt")}
         self.counts = {"ttft": len(requests), "e2e": len(requests),
                        "tbt": sum(max(r.max_new_tokens - 1, 0) for r in requests)}
         self.final = {m: _Tally(t) for m, t in self.thresholds.items()}  # of the finished requests
@@ -625,7 +626,8 @@ class CertainMiss:
             self.final[metric].add(_gaps(done[metric]) if tbt else np.array(done[metric]))
             now[metric] = _Tally(self.thresholds[metric])
             now[metric].add(_gaps(so_far[metric], now_s) if tbt else np.array(so_far[metric]))
-        return any(self._certain(metric, percentile, over_s, now[metric]) for metric, percentile, over_s in self.rules)
+        return any(self._certain(metric, percentile, over_s, now[metric])
+                   for metric, percentile, over_s in self.rules)
 
     def _certain(self, metric: str, percentile: str, over_s: float, so_far: "_Tally") -> bool:
         """Whether ``metric`` at ``percentile`` is certain to end over ``over_s``: of its values, more are over
