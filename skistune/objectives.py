@@ -29,7 +29,7 @@ import re
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -259,9 +259,17 @@ class QueueGuard:
 
     reference_s: float
     limit_s: float
+    # what it bounds: the queue shows in the TTFT tail (not named ``metric``: the report draws objects with one
+    # as SLO limits)
+    _BOUNDS: ClassVar[tuple[str, str]] = ("ttft", "p99")
 
     def value_s(self, metrics: Metrics) -> float:
-        return metrics.ttft_s.p99 - self.reference_s
+        metric, percentile = self._BOUNDS
+        return metrics.latency(metric).at(percentile) - self.reference_s
+
+    def breaks_above(self) -> tuple[str, str, float]:
+        """(metric, percentile, the value of it above which this breaks), as `SLO.breaks_above`."""
+        return *self._BOUNDS, self.reference_s + self.limit_s
 
     def violation(self, metrics: Metrics) -> float:
         v = self.value_s(metrics)

@@ -579,14 +579,10 @@ class CertainMiss:
     SLO-like objects of other kinds, are left to the end.)"""
 
     def __init__(self, slos: Sequence, requests: Sequence[Request]) -> None:
-        from skistune.objectives import QueueGuard
-        from skistune.slo import SLO
-
         # (metric, percentile, the value over which it certainly breaks: a margin for a percentile's rounding)
-        self.rules = [("ttft", "p99", s.reference_s + s.limit_s * (1 + CERTAIN_MARGIN)) for s in slos
-                      if isinstance(s, QueueGuard)]
-        self.rules += [(s.metric, s.percentile, s.limit_s * (1 + CERTAIN_MARGIN)) for s in slos
-                       if isinstance(s, SLO) and s.metric in ("ttft", "e2e", "tbt")]
+        bounds = [s.breaks_above() for s in slos if hasattr(s, "breaks_above")]  # (`SLO`, `QueueGuard`)
+        self.rules = [(metric, percentile, above_s * (1 + CERTAIN_MARGIN)) for metric, percentile, above_s in bounds
+                      if metric in ("ttft", "e2e", "tbt")]
         self.thresholds = {m: sorted({t for metric, _, t in self.rules if metric == m})
                            for m in ("ttft", "e2e", "tbt")}
         self.counts = {"ttft": len(requests), "e2e": len(requests),

@@ -38,6 +38,10 @@ class SLO:
     def met(self, m: Metrics) -> bool:
         return self.violation(m) <= 0
 
+    def breaks_above(self) -> tuple[str, str, float]:
+        """(metric, percentile, the value of it above which this breaks): what `simulator.CertainMiss` watches."""
+        return self.metric, self.percentile, self.limit_s
+
     def __str__(self) -> str:
         return f"{self.metric}:{self.percentile}<={self.limit_s * 1e3:g}ms"
 
