@@ -9,8 +9,16 @@ checkout's ``skistune/`` (inside which it links ``runtime``, ``kernels`` and ``s
 that resolves to the root is removed, so that folder stays."""
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+
+# The signal tests send SIGINT to the commands they start. A shell starts a background job (`cmd &`, `nohup`)
+# with SIGINT ignored, and a child inherits an ignored signal: run that way, every such test waited out its
+# timeout and failed (9 tests, 5.5 minutes). A handled signal is reset to its default in a child, so the test
+# process handles SIGINT as Python does by default, and its children get it as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
