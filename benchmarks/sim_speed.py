@@ -2,8 +2,9 @@
 
 The runtime replays a workload in real time, so it needs at least the workload's served duration; the
 simulator predicts that duration. The ratio of the two is how much faster than real time a prediction is.
-Each workload is replayed twice: the first replay hashes every prompt's blocks, the second finds them
-memoized (`block_manager.PROMPT_HASHES`), as a search's every trial after its first does.
+Each workload is replayed twice: the first replay hashes every prompt's blocks and predicts every step shape,
+the second finds them memoized (`block_manager.PROMPT_HASHES`, `StepCostModel.predicted`), as a search's every
+trial after its first does.
 
     python benchmarks/sim_speed.py [--profile profiles/cpu-smollm2-135m.json] [--json]
 """
@@ -30,7 +31,8 @@ WORKLOADS = {
 
 def time_simulation(requests, target) -> dict:
     walls = []
-    for _ in range(2):  # first replay, then a repeat with the prompts' block hashes memoized
+    target.step_cost.predicted.clear()  # the first replay predicts every step shape (none kept from other workloads)
+    for _ in range(2):  # first replay, then a repeat with the prompts' block hashes and step shapes memoized
         engine, executor = build_engine(KVConfig(), target)
         t0 = time.perf_counter()
         metrics = engine.replay(requests)

@@ -63,7 +63,7 @@ LOSSY_KNOBS = frozenset({
     "bitwidth.key_bits", "bitwidth.value_bits", "bitwidth.group_size", "bitwidth.full_precision_window",
     "bitwidth.layer_bits",
 })
-PREDICTED_SHAPES = 1 << 16  # step shapes whose predicted time a replay keeps at once (~25 MB at most)
+PREDICTED_SHAPES = 1 << 16  # step shapes whose predicted time a cost model keeps at once (~25 MB at most)
 PSEUDO_TOKEN_BASE = 3  # simulated tokens avoid the low special ids (BOS/EOS/pad)
 DECODE_LINE_SPAN = 1 << 20  # KV tokens between the two predictions a decode cost line is drawn through
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # profile dtype -> bytes of one KV element
@@ -169,7 +169,7 @@ class ProfileExecutor:
         self.num_fast_forwards = 0
         self._tokens_drawn = 0
         self._decode_lines: dict[int, tuple[float, float]] = {}  # batch -> (step s at 0 KV tokens, s per token)
-        self._predicted: dict[StepShape, float] = {}  # step shape -> its predicted time (`_predict_s`)
+        self._predicted = step_cost.predicted  # step shape -> its predicted time (`_predict_s`), shared by replays
         self._lone_chunks: dict[tuple[int, int, bool], float] = {}  # (start, tokens, samples) -> `_lone_chunk_s`
         # quantized KV whose packing the profile prices: a decode run's steps that complete blocks cost more
         self._packing = bool(kv.block_size) and float(step_cost.packing_s(np.ones(1))[0]) > 0
@@ -240,9 +240,9 @@ class ProfileExecutor:
         return dict(zip(sampling, self.next_tokens(len(sampling))))
 
     def _predict_s(self, shape: StepShape) -> float:
-        """The profile's time for a step of this shape, each shape predicted once: a replay's steps repeat
-        shapes (on Azure conv's sample 51,307 predictions were of 15,338 shapes: the chunks of prompts longer
-        than a chunk, the lone first steps of equal prompts)."""
+        """The profile's time for a step of this shape, each shape predicted once (`StepCostModel.predicted`, kept
+        across replays): a replay's steps repeat shapes (on Azure conv's sample 51,307 predictions were of 15,338
+        shapes: the chunks of prompts longer than a chunk, the lone first steps of equal prompts)."""
         step_s = self._predicted.get(shape)
         if step_s is None:
             if len(self._predicted) >= PREDICTED_SHAPES:  # (an overloaded replay's shapes rarely repeat)
@@ -404,8 +404,8 @@ class ProfileExecutor:
         if line is None:  # once per batch size: a run then needs no prediction of its own (two saved per run)
             # every step-cost term is constant or linear in the KV read at a fixed batch: two far-apart
             # reads give the line exactly (to float rounding, not the 1-token difference's cancellation)
-            zero = self.step_cost.predict_s(decode_shape(batch, 0, self.kv))
-            far = self.step_cost.predict_s(decode_shape(batch, DECODE_LINE_SPAN, self.kv))
+            zero = self._predict_s(decode_shape(batch, 0, self.kv))
+            far = self._predict_s(decode_shape(batch, DECODE_LINE_SPAN, self.kv))
             line = self._decode_lines[batch] = (zero, (far - zero) / DECODE_LINE_SPAN)
         zero, per_token = line
         return zero + per_token * c0, per_token * batch

@@ -241,6 +241,8 @@ def test_highest_feasible_is_none_when_even_the_lowest_point_breaks():
 
 
 def test_a_replay_predicts_each_step_shape_once_and_a_full_memo_starts_again(monkeypatch):
+    import dataclasses
+
     import skistune.simulator as sim
 
     reqs = azure_requests(120)
@@ -250,8 +252,18 @@ def test_a_replay_predicts_each_step_shape_once_and_a_full_memo_starts_again(mon
     model = target(cost(fixed=2e-3, seqs=1e-4, tokens=2e-5, kv=1e-12, samples=1e-5))
     engine, _ = build_engine(KVConfig(), model)
     kept = engine.replay(reqs)
-    assert len(calls) == len(set(calls))  # (the decode runs' lines too: two shapes per batch size)
+    assert calls and len(calls) == len(set(calls))  # (the decode runs' lines too: two shapes per batch size)
+    calls.clear()  # the model keeps its predictions: a second replay (a capacity search's next rate) makes none
+    engine, _ = build_engine(KVConfig(), model)
+    assert engine.replay(reqs) == kept and calls == []
+    # a model derived with other coefficients predicts for itself (none of the first model's times)
+    slower = dataclasses.replace(model, step_cost=dataclasses.replace(model.step_cost, knee=model.step_cost.knee,
+                                                                      coef=tuple(2 * c for c in model.step_cost.coef)))
+    assert slower.step_cost.predicted == {}
+    engine, _ = build_engine(KVConfig(), slower)
+    assert engine.replay(reqs).e2e_s.max > kept.e2e_s.max and calls
     monkeypatch.setattr(sim, "PREDICTED_SHAPES", 2)  # the memo emptied every two shapes: the same replay
     calls.clear()
+    model.step_cost.predicted.clear()
     engine, _ = build_engine(KVConfig(), model)
     assert engine.replay(reqs) == kept and len(calls) > len(set(calls))
