@@ -240,7 +240,7 @@ def test_highest_feasible_is_none_when_even_the_lowest_point_breaks():
     assert highest_feasible(lambda x: True, 0.0, 1.0, -10.0, 6.0, 1 / 8) == 6.0
 
 
-def test_a_replay_predicts_each_step_shape_once_and_a_full_memo_starts_again(monkeypatch):
+def test_a_cost_model_predicts_each_step_shape_once_across_replays_and_a_full_memo_starts_again(monkeypatch):
     import dataclasses
 
     import skistune.simulator as sim
@@ -257,8 +257,8 @@ def test_a_replay_predicts_each_step_shape_once_and_a_full_memo_starts_again(mon
     engine, _ = build_engine(KVConfig(), model)
     assert engine.replay(reqs) == kept and calls == []
     # a model derived with other coefficients predicts for itself (none of the first model's times)
-    slower = dataclasses.replace(model, step_cost=dataclasses.replace(model.step_cost, knee=model.step_cost.knee,
-                                                                      coef=tuple(2 * c for c in model.step_cost.coef)))
+    slower_cost = dataclasses.replace(model.step_cost, coef=tuple(2 * c for c in model.step_cost.coef))
+    slower = dataclasses.replace(model, step_cost=slower_cost)
     assert slower.step_cost.predicted == {}
     engine, _ = build_engine(KVConfig(), slower)
     assert engine.replay(reqs).e2e_s.max > kept.e2e_s.max and calls
