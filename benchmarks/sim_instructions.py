@@ -8,7 +8,7 @@ left out. With ``--replays 2`` the counted replay is a repeat, as a search's tri
 Needs valgrind; under it a replay runs about 50x slower, so keep ``--requests`` in the thousands.
 
     python benchmarks/sim_instructions.py --base HEAD~3 [--new WT] [--workload azure-conv] [--rate-scale 0.01]
-        [--requests 3000] [--replays 2] [--json]
+        [--requests 3000] [--replays 2] [--config FILE] [--json]
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench_args import add_json, description, fail, hardware_profile, positive_float, positive_int, print_json
+
+from skistune.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / ".." / "shared" / "traces"
@@ -43,10 +45,13 @@ from skistune.evaluate import sim_target, workload_requests
 from skistune.simulator import build_engine, with_rate_scale
 from skistune.workloads import load_workload
 path, scale, n, replays, profile = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+if sys.argv[6]:
+    from skistune.config import load_config
+config = load_config(sys.argv[6]) if sys.argv[6] else KVConfig()
 target = sim_target("smollm2-135m", profile)
 requests = with_rate_scale(workload_requests(load_workload(path), "smollm2-135m")[:n], scale)
 for i in range(replays):
-    engine, _ = build_engine(KVConfig(), target)
+    engine, _ = build_engine(config, target)
     last = i == replays - 1
     if last:
         subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True, check=True)
@@ -94,7 +99,7 @@ def count(rev: str, args, tmp: Path) -> dict:
     run = subprocess.run(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out_file}", sys.executable,
          "-c", REPLAY, str(WORKLOADS[args.workload]), str(args.rate_scale), str(args.requests), str(args.replays),
-         args.profile],
+         args.profile, args.config or ""],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(pythonpath)},
         cwd=tmp)  # (not the repository: ``-c`` puts the working folder, and its skistune/, first on the path)
     found = re.search(r"Collected : (\d+)", run.stderr)
@@ -131,9 +136,17 @@ def main() -> None:
     add_revision_args(ap, "azure-conv")
     ap.add_argument("--requests", type=positive_int, default=3000, help="the workload's first N requests")
     ap.add_argument("--replays", type=positive_int, default=2, help="the last is counted (2: a repeat)")
+    ap.add_argument("--config", metavar="FILE", help="a KV config file both revisions replay (default: every knob's "
+                    "default)")
     add_json(ap)
     args = ap.parse_args()
     check_revision_args(args)
+    if args.config:
+        try:
+            load_config(args.config)
+        except (OSError, ValueError) as exc:
+            fail(f"--config {args.config}: {exc}")
+        args.config = str(Path(args.config).resolve())  # (the revisions run in a temporary folder)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         fail("needs valgrind (callgrind and callgrind_control): apt-get install valgrind")
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as pool:  # both at once: counts are exact
@@ -141,14 +154,14 @@ def main() -> None:
     same = (base["simulated_duration_s"], base["output_tokens"]) == (new["simulated_duration_s"], new["output_tokens"])
     ratio = new["instructions"] / base["instructions"]
     print(f"{args.workload}, first {args.requests} requests at rate x{args.rate_scale:g}, replay {args.replays} "
-          f"of {args.replays} counted")
+          f"of {args.replays} counted" + (f", config {args.config}" if args.config else ""))
     for row in (base, new):
         print(f"  {row['rev']:<12} {row['instructions']:>16,} instructions   simulated {row['simulated_duration_s']:,.1f} s")
     print(f"  {args.new} / {args.base}: x{ratio:.3f} the instructions"
           + ("" if same else "  (the two predicted different runs: not the same work)"))
     if args.json:
         print_json({"benchmark": "sim_instructions", "workload": args.workload, "rate_scale": args.rate_scale,
-                    "requests": args.requests, "replays": args.replays, "base": base, "new": new,
+                    "requests": args.requests, "replays": args.replays, "config": args.config, "base": base, "new": new,
                     "ratio": ratio, "same_prediction": same})
 
 

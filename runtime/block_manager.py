@@ -434,8 +434,7 @@ class KVCacheManager:
         """Make full blocks findable in the prefix cache (and copy them down under write-through)."""
         self.pool.cache(blocks, block_hashes)
         if self.tiers is not None:
-            for b, h in zip(blocks, block_hashes):
-                self.tiers.write_back_copy(b, h)
+            self.tiers.write_through_copies(blocks, block_hashes)
 
     def free(self, seq: HasTokens, finished: bool = False) -> None:
         """Release a finished or preempted sequence's blocks, tail first (a preempted one's full blocks cached

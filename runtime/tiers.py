@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 DEVICE, HOST, DISK = "device", "host", "disk"
 # said of every run and prediction on a CPU whose config has a host or disk tier (a disk tier's blocks cross
@@ -81,6 +81,29 @@ class TierPool:
 
     def release(self, slot: int) -> None:
         self._released.append(slot)
+
+    def cache_all(self, block_hashes: Sequence[int]) -> list[tuple[int, int]]:
+        """Cache each hash not already here, in order, in a free slot or else in the least recently used cached
+        block's slot (that block is dropped: for a tier with none below it); a hash that finds neither (every
+        slot holds a swapped sequence) is left out. Returns (position in ``block_hashes``, slot) of those
+        cached. One loop for a run of blocks, no call per block: the simulator writes millions through."""
+        cached, released, stored = self.cached, self._released, []
+        for i, h in enumerate(block_hashes):
+            if h in cached:
+                continue
+            if self._fresh < self.capacity:  # (`take`, inlined)
+                slot = self._fresh
+                self._fresh += 1
+            elif released:
+                slot = released.popleft()
+            elif cached:
+                slot = cached.popitem(last=False)[1]
+            else:
+                continue
+            cached[h] = slot
+            stored.append((i, slot))
+        self.peak_used = max(self.peak_used, self.num_used())  # (slots in use only grew in the loop)
+        return stored
 
 
 @dataclass
@@ -146,6 +169,18 @@ class TierManager:
         else:
             self.pending.append(Transfer(src_tier, dst_tier, [src], [dst]))
 
+    def _emit_to_host(self, srcs: list[int], dsts: list[int]) -> None:
+        """`emit` of device -> host copies ``srcs[i]`` -> ``dsts[i]`` in turn, as two list extends (a write-through
+        run; no disk slot to track)."""
+        key = f"{DEVICE}->{HOST}"
+        self.stats.blocks_moved[key] = self.stats.blocks_moved.get(key, 0) + len(srcs)
+        last = self.pending[-1] if self.pending else None
+        if last is not None and (last.src_tier, last.dst_tier) == (DEVICE, HOST):
+            last.src_blocks += srcs
+            last.dst_blocks += dsts
+        else:
+            self.pending.append(Transfer(DEVICE, HOST, srcs, dsts))
+
     def take_transfers(self, since: int = 0) -> list[Transfer]:
         """The pending transfers from index ``since`` on, removed from the pending list."""
         out, self.pending = self.pending[since:], self.pending[:since]
@@ -165,10 +200,21 @@ class TierManager:
             self.stats.demotions += 1
             self._store(0, block_hash, DEVICE, block)
 
-    def write_back_copy(self, block: int, block_hash: int) -> None:
-        """Write-through: a block just filled and cached is copied to the host now."""
-        if self.write_through and block_hash not in self.host.cached:
-            self._store(0, block_hash, DEVICE, block)
+    def write_through_copies(self, blocks: Sequence[int], block_hashes: Sequence[int]) -> None:
+        """Write-through: blocks just filled and cached (``block_hashes[i]`` is ``blocks[i]``'s) are copied to
+        the host now, those it does not hold yet, in order. Block by block (`_store`) where taking the host's
+        least recently used blocks moves them down to the disk; else as one run (`TierPool.cache_all`)."""
+        if not self.write_through:
+            return
+        host = self.host
+        if len(self.levels) > 1 and host.num_free() < len(blocks):  # (the disk below takes what the host drops)
+            for b, h in zip(blocks, block_hashes):
+                if h not in host.cached:
+                    self._store(0, h, DEVICE, b)
+            return
+        stored = host.cache_all(block_hashes)
+        if stored:
+            self._emit_to_host([blocks[i] for i, _ in stored], [slot for _, slot in stored])
 
     def _store(self, level: int, block_hash: int, src_tier: str, src: int) -> None:
         """Put the block ``src`` of ``src_tier`` into tier ``levels[level]``, making room by moving that

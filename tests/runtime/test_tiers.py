@@ -77,6 +77,33 @@ def test_write_through_copies_full_blocks_once_and_demotion_is_free():
     assert kv.tiers.stats.demotions == 2
 
 
+@pytest.mark.parametrize("host, disk", [(5, 0), (5, 8), (40, 8)])
+def test_write_through_of_a_run_of_blocks_moves_them_as_block_by_block_stores(host, disk):
+    """`write_through_copies` takes the host's slots in one loop where no block goes down to the disk: the
+    same transfers, host order, counts and peak as storing each block in turn (`_store`, the demotion path)."""
+    import random
+
+    rng = random.Random(host * 100 + disk)
+    one_run, each = (TierManager(host, disk, write_through=True) for _ in range(2))
+    for _ in range(60):
+        hashes = rng.sample(range(30), rng.randint(1, 7))  # distinct in a batch, as a prefix chain's are
+        blocks = [rng.randint(1, 99) for _ in hashes]
+        one_run.write_through_copies(blocks, hashes)
+        for b, h in zip(blocks, hashes):
+            if h not in each.host.cached:
+                each._store(0, h, DEVICE, b)
+        if rng.random() < 0.2:  # a slot taken and given back (a swap in and out) goes to the released queue
+            for tiers in (one_run, each):
+                tiers.host.release(tiers.host.take()) if tiers.host.num_free() else None
+    assert [(t.src_tier, t.dst_tier, t.src_blocks, t.dst_blocks) for t in one_run.pending] == \
+        [(t.src_tier, t.dst_tier, t.src_blocks, t.dst_blocks) for t in each.pending]
+    assert list(one_run.host.cached.items()) == list(each.host.cached.items())
+    assert list(one_run.disk.cached.items()) == list(each.disk.cached.items())
+    assert one_run.stats == each.stats and one_run.host.peak_used == each.host.peak_used
+    # the small hosts filled and dropped or moved blocks down; the large one took all 30 hashes in free slots
+    assert sum(one_run.stats.blocks_moved.values()) > min(host, 29)
+
+
 def test_swap_out_and_in_moves_a_sequences_blocks():
     kv = new_kv(num_blocks=4, host=3, disk=0, swap=True)
     s = Seq("s", [1, 2, 3, 4, 5])
