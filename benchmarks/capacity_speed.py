@@ -95,8 +95,8 @@ def main() -> None:
             passes[mode].append(sum(timed(config, requests, target, args.slo, True, cold=mode == "cold")[0]
                                     for _, requests, _, config in cases))
     cold_s, kept_s = statistics.median(passes["cold"]), statistics.median(passes["kept"])
-    print(f"the {len(rows)} cut searches in one pass: {cold_s:.1f} s with no step predicted before each, {kept_s:.1f} s "
-          f"with the predictions kept from one to the next: x{cold_s / kept_s:.2f} faster")
+    print(f"the {len(rows)} cut searches in one pass: {cold_s:.1f} s with no step predicted before each, "
+          f"{kept_s:.1f} s with the predictions kept from one to the next: x{cold_s / kept_s:.2f} faster")
     if args.json:
         print_json({"benchmark": "capacity_speed", "model": MODEL, "slos": args.slo, "requests": args.requests,
                     "rows": rows, "cut_s": total_cut, "whole_s": total_whole, "speedup": total_whole / total_cut,

@@ -40,13 +40,11 @@ LAYOUT = {"skistune": "", "runtime": "runtime", "kernels": "kernels", "searchspa
 REPLAY = """
 import os, subprocess, sys, warnings
 warnings.simplefilter("ignore")
-from skistune.config import KVConfig
+from skistune.config import KVConfig, load_config
 from skistune.evaluate import sim_target, workload_requests
 from skistune.simulator import build_engine, with_rate_scale
 from skistune.workloads import load_workload
 path, scale, n, replays, profile = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-if sys.argv[6]:
-    from skistune.config import load_config
 config = load_config(sys.argv[6]) if sys.argv[6] else KVConfig()
 target = sim_target("smollm2-135m", profile)
 requests = with_rate_scale(workload_requests(load_workload(path), "smollm2-135m")[:n], scale)
