@@ -74,6 +74,8 @@ def load(name: str, monkeypatch):
     ("sim_instructions.py", ["--base", "nonexistentrev"], "error: --base nonexistentrev: not a git revision"),
     ("sim_instructions.py", ["--base", "HEAD", "--profile", "/nonexistent.json"],
      "argument --profile: /nonexistent.json: no such file"),
+    ("sim_instructions.py", ["--base", "HEAD", "--config", "/nonexistent.yaml"],
+     "error: --config /nonexistent.yaml: /nonexistent.yaml: cannot read config"),
     ("sim_memory.py", ["--base", "HEAD", "--new", "HEAD"], "error: --base and --new are both HEAD"),
     ("idle_wake.py", ["--rounds", "0"], "argument --rounds: '0': must be 1 or more"),
     ("token_gaps.py", ["--top", "0"], "argument --top: '0': must be 1 or more"),
