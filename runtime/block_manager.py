@@ -64,7 +64,7 @@ class BlockPool:
 
     COMPACT_AFTER = 4096  # taken entries the queue's front may hold before they are dropped
 
-    def __init__(self, num_blocks: int, on_drop: Callable[[int, int], None] | None = None) -> None:
+    def __init__(self, num_blocks: int, on_drop: Callable[[list[tuple[int, int]]], None] | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"KV pool: needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -76,7 +76,8 @@ class BlockPool:
         self.ghosts: dict[int, int] = {}  # block -> entries of it in the queue that a prefix hit took back
         self._num_ghosts = 0
         self.cached: dict[int, int] = {}  # block hash -> block id
-        # called with (block id, hash) when a findable cached block is reused: the tiers keep its KV below
+        # called with the (block id, hash) of the findable cached blocks an allocation reuses, in order: the tiers
+        # keep their KV below
         self.on_drop = on_drop
 
     def num_free(self) -> int:
@@ -155,6 +156,7 @@ class BlockPool:
             for b in out:
                 ref_cnt[b] = 1
             return out
+        dropped: list[tuple[int, int]] = []
         for b in out:  # (one loop per block, no call: the simulator allocates millions of them)
             ref_cnt[b] = 1
             h = block_hash[b]
@@ -163,7 +165,9 @@ class BlockPool:
                 if cached.get(h) == b:
                     del cached[h]
                     if on_drop is not None:
-                        on_drop(b, h)
+                        dropped.append((b, h))
+        if dropped:
+            on_drop(dropped)
         return out
 
     def free(self, block_ids: Sequence[int]) -> None:
@@ -333,7 +337,7 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_reuse: bool,
                  tiers: TierManager | None = None) -> None:
         self.tiers = tiers  # None: no host or disk tier, a reused cached block's KV is dropped
-        self.pool = BlockPool(num_blocks, tiers.demote if tiers is not None else None)
+        self.pool = BlockPool(num_blocks, tiers.demote_all if tiers is not None else None)
         self.block_size = block_size
         self.enable_prefix_reuse = enable_prefix_reuse
         self.tables: dict[str, list[int]] = {}

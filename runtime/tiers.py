@@ -82,14 +82,17 @@ class TierPool:
     def release(self, slot: int) -> None:
         self._released.append(slot)
 
-    def cache_all(self, block_hashes: Sequence[int]) -> list[tuple[int, int]]:
+    def cache_all(self, block_hashes: Sequence[int], refresh: bool = False) -> list[tuple[int, int]]:
         """Cache each hash not already here, in order, in a free slot or else in the least recently used cached
         block's slot (that block is dropped: for a tier with none below it); a hash that finds neither (every
-        slot holds a swapped sequence) is left out. Returns (position in ``block_hashes``, slot) of those
-        cached. One loop for a run of blocks, no call per block: the simulator writes millions through."""
+        slot holds a swapped sequence) is left out; one already here becomes the most recently used with
+        ``refresh``. Returns (position in ``block_hashes``, slot) of those cached. One loop for a run of blocks,
+        no call per block: the simulator writes and demotes millions."""
         cached, released, stored = self.cached, self._released, []
         for i, h in enumerate(block_hashes):
             if h in cached:
+                if refresh:
+                    cached.move_to_end(h)
                 continue
             if self._fresh < self.capacity:  # (`take`, inlined)
                 slot = self._fresh
@@ -170,8 +173,8 @@ class TierManager:
             self.pending.append(Transfer(src_tier, dst_tier, [src], [dst]))
 
     def _emit_to_host(self, srcs: list[int], dsts: list[int]) -> None:
-        """`emit` of device -> host copies ``srcs[i]`` -> ``dsts[i]`` in turn, as two list extends (a write-through
-        run; no disk slot to track)."""
+        """`emit` of device -> host copies ``srcs[i]`` -> ``dsts[i]`` in turn, as two list extends (a run written
+        through or demoted; no disk slot to track)."""
         key = f"{DEVICE}->{HOST}"
         self.stats.blocks_moved[key] = self.stats.blocks_moved.get(key, 0) + len(srcs)
         last = self.pending[-1] if self.pending else None
@@ -195,10 +198,24 @@ class TierManager:
         return None
 
     def demote(self, block: int, block_hash: int) -> None:
-        """The device is reusing ``block`` (cached, free): keep its KV one tier down."""
-        if self.levels:
-            self.stats.demotions += 1
-            self._store(0, block_hash, DEVICE, block)
+        """The device is reusing ``block`` (cached, free): keep its KV one tier down (`demote_all` of one)."""
+        self.demote_all([(block, block_hash)])
+
+    def demote_all(self, dropped: Sequence[tuple[int, int]]) -> None:
+        """The device is reusing these (block, hash) cached free blocks, in order: keep their KV one tier down.
+        As one run (`TierPool.cache_all`) where the host takes them all without moving any of its blocks down
+        to the disk; else block by block (`_store`)."""
+        if not self.levels:
+            return
+        self.stats.demotions += len(dropped)
+        host = self.levels[0]
+        if host is not self.host or (len(self.levels) > 1 and host.num_free() < len(dropped)):
+            for b, h in dropped:
+                self._store(0, h, DEVICE, b)
+            return
+        stored = host.cache_all([h for _, h in dropped], refresh=True)
+        if stored:
+            self._emit_to_host([dropped[i][0] for i, _ in stored], [slot for _, slot in stored])
 
     def write_through_copies(self, blocks: Sequence[int], block_hashes: Sequence[int]) -> None:
         """Write-through: blocks just filled and cached (``block_hashes[i]`` is ``blocks[i]``'s) are copied to

@@ -77,10 +77,11 @@ def test_write_through_copies_full_blocks_once_and_demotion_is_free():
     assert kv.tiers.stats.demotions == 2
 
 
-@pytest.mark.parametrize("host, disk", [(5, 0), (5, 8), (40, 8)])
-def test_write_through_of_a_run_of_blocks_moves_them_as_block_by_block_stores(host, disk):
-    """`write_through_copies` takes the host's slots in one loop where no block goes down to the disk: the
-    same transfers, host order, counts and peak as storing each block in turn (`_store`, the demotion path)."""
+@pytest.mark.parametrize("host, disk", [(5, 0), (5, 8), (40, 8), (0, 8)])
+@pytest.mark.parametrize("move", ["write_through", "demote"])
+def test_a_run_of_blocks_moves_down_as_block_by_block_stores(host, disk, move):
+    """`write_through_copies` and `demote_all` take the host's slots in one loop where no block goes down to the
+    disk: the same transfers, LRU order, counts and peak as storing each block in turn (`_store`)."""
     import random
 
     rng = random.Random(host * 100 + disk)
@@ -88,10 +89,16 @@ def test_write_through_of_a_run_of_blocks_moves_them_as_block_by_block_stores(ho
     for _ in range(60):
         hashes = rng.sample(range(30), rng.randint(1, 7))  # distinct in a batch, as a prefix chain's are
         blocks = [rng.randint(1, 99) for _ in hashes]
-        one_run.write_through_copies(blocks, hashes)
+        if move == "write_through":
+            one_run.write_through_copies(blocks, hashes)
+        else:
+            one_run.demote_all(list(zip(blocks, hashes)))
         for b, h in zip(blocks, hashes):
-            if h not in each.host.cached:
-                each._store(0, h, DEVICE, b)
+            if move == "demote":
+                each.stats.demotions += 1
+            elif h in each.host.cached or not each.write_through:
+                continue  # (write-through: what the host holds already is not copied again)
+            each._store(0, h, DEVICE, b)
         if rng.random() < 0.2:  # a slot taken and given back (a swap in and out) goes to the released queue
             for tiers in (one_run, each):
                 tiers.host.release(tiers.host.take()) if tiers.host.num_free() else None
@@ -100,8 +107,8 @@ def test_write_through_of_a_run_of_blocks_moves_them_as_block_by_block_stores(ho
     assert list(one_run.host.cached.items()) == list(each.host.cached.items())
     assert list(one_run.disk.cached.items()) == list(each.disk.cached.items())
     assert one_run.stats == each.stats and one_run.host.peak_used == each.host.peak_used
-    # the small hosts filled and dropped or moved blocks down; the large one took all 30 hashes in free slots
-    assert sum(one_run.stats.blocks_moved.values()) > min(host, 29)
+    # the small tiers filled and dropped or moved blocks down; the large host took all 30 hashes in free slots
+    assert host == 0 and move == "write_through" or sum(one_run.stats.blocks_moved.values()) > min(host or 8, 29)
 
 
 def test_swap_out_and_in_moves_a_sequences_blocks():
