@@ -202,34 +202,30 @@ class TierManager:
         self.demote_all([(block, block_hash)])
 
     def demote_all(self, dropped: Sequence[tuple[int, int]]) -> None:
-        """The device is reusing these (block, hash) cached free blocks, in order: keep their KV one tier down.
-        As one run (`TierPool.cache_all`) where the host takes them all without moving any of its blocks down
-        to the disk; else block by block (`_store`)."""
-        if not self.levels:
-            return
-        self.stats.demotions += len(dropped)
-        host = self.levels[0]
-        if host is not self.host or (len(self.levels) > 1 and host.num_free() < len(dropped)):
-            for b, h in dropped:
-                self._store(0, h, DEVICE, b)
-            return
-        stored = host.cache_all([h for _, h in dropped], refresh=True)
-        if stored:
-            self._emit_to_host([dropped[i][0] for i, _ in stored], [slot for _, slot in stored])
+        """The device is reusing these (block, hash) cached free blocks, in order: keep their KV one tier down."""
+        if self.levels:
+            self.stats.demotions += len(dropped)
+            blocks, block_hashes = zip(*dropped)
+            self._store_run(blocks, block_hashes, refresh=True)
 
     def write_through_copies(self, blocks: Sequence[int], block_hashes: Sequence[int]) -> None:
         """Write-through: blocks just filled and cached (``block_hashes[i]`` is ``blocks[i]``'s) are copied to
-        the host now, those it does not hold yet, in order. Block by block (`_store`) where taking the host's
-        least recently used blocks moves them down to the disk; else as one run (`TierPool.cache_all`)."""
-        if not self.write_through:
-            return
-        host = self.host
-        if len(self.levels) > 1 and host.num_free() < len(blocks):  # (the disk below takes what the host drops)
+        the host now, those it does not hold yet, in order."""
+        if self.write_through:
+            self._store_run(blocks, block_hashes, refresh=False)
+
+    def _store_run(self, blocks: Sequence[int], block_hashes: Sequence[int], refresh: bool) -> None:
+        """`_store` of each device block into the first tier, in order; with ``refresh`` a block that tier holds
+        already becomes its most recently used (else it is left as it is). As one run (`TierPool.cache_all`) where
+        that tier is the host and takes them all without moving any of its blocks down to the disk; else block
+        by block."""
+        first = self.levels[0]
+        if first is not self.host or (len(self.levels) > 1 and first.num_free() < len(blocks)):
             for b, h in zip(blocks, block_hashes):
-                if h not in host.cached:
+                if refresh or h not in first.cached:
                     self._store(0, h, DEVICE, b)
             return
-        stored = host.cache_all(block_hashes)
+        stored = first.cache_all(block_hashes, refresh)
         if stored:
             self._emit_to_host([blocks[i] for i, _ in stored], [slot for _, slot in stored])
 
