@@ -72,13 +72,19 @@ class StreamPrompt:
 
     dtype = np.dtype(np.int32)
     ndim = 1
+    # (no __dict__: a trace holds one per request; the weak reference: `PROMPT_HASHES`)
     __slots__ = ("source", "block_tokens", "from_blocks", "length", "block_keys", "block_chain", "own_key",
-                 "__weakref__")  # (no __dict__: a trace holds one per request; the weak reference: `PROMPT_HASHES`)
+                 "_tail", "__weakref__")
+    TAIL_MEMO_TOKENS = 256  # the longest tail kept (`_tail`): the largest KV block a config may have
 
     def __init__(self, source: TokenSource, block_keys: np.ndarray, block_chain: np.ndarray, block_tokens: int,
                  from_blocks: int, own_key: np.uint64, length: int) -> None:
         self.source, self.block_tokens, self.from_blocks, self.length = source, block_tokens, from_blocks, length
         self.block_keys, self.block_chain, self.own_key = block_keys, block_chain, own_key  # [blocks it reaches]
+        # (start, tokens start..length) of the last short tail read: the tokens a prompt's last partial KV block
+        # holds, read by every replay of the request when its first output block is hashed (a search replays the
+        # same prompts at many rates; computing the span cost ~10 array operations)
+        self._tail: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return self.length
@@ -98,7 +104,14 @@ class StreamPrompt:
     def __getitem__(self, index):
         if isinstance(index, slice):
             start, stop, step = index.indices(self.length)
-            return self._span(start, max(start, stop)) if step == 1 else self._span(0, self.length)[index]
+            if step != 1:
+                return self._span(0, self.length)[index]
+            if stop < self.length or self.length - start > self.TAIL_MEMO_TOKENS:
+                return self._span(start, max(start, stop))
+            tail = self._tail
+            if tail is None or tail[0] != start:
+                tail = self._tail = (start, self._span(start, self.length))
+            return tail[1].copy()  # (a copy: the caller may write to it)
         i = index.__index__()
         if not -self.length <= i < self.length:
             raise IndexError(f"prompt index {index} out of range for {self.length} tokens")

@@ -53,6 +53,22 @@ def test_reads_as_the_array_it_stands_for():
         assert (prompt.min(), prompt.max()) == (array.min(), array.max())
 
 
+def test_a_tail_read_again_is_the_same_and_a_write_to_it_stays_the_callers():
+    """The last short tail read is kept (each replay hashes a prompt's last partial block with its first outputs):
+    reading it again, or another tail after it, gives the array's tokens, whatever the caller did to a copy."""
+    workload = first_n(read_trace(MOONCAKE_CONV), 3)
+    lazy = to_requests(workload, vocab_size=49152, seed=1)
+    arrays = to_requests(workload, vocab_size=49152, seed=1, arrays=True)
+    for x, y in zip(lazy, arrays):
+        prompt, array = x.prompt_token_ids, y.prompt_token_ids
+        n = len(array)
+        for start in (n - 5, n - 5, n - 12, n - 5, n - StreamPrompt.TAIL_MEMO_TOKENS - 1, n - 5):
+            first = prompt[start:]
+            assert np.array_equal(first, array[start:]), start
+            first[:] = -1
+            assert np.array_equal(prompt[start:n + 3], array[start:]), start
+        assert np.array_equal(prompt[n - 12:n - 1], array[n - 12:n - 1])  # (not a tail: read as it is)
+
 def _prefix_pairs(prompts, block_size):
     """For every pair of prompts and every block both have in full: whether the chained token hashes and
     the structural hashes call it equal."""
