@@ -7,8 +7,8 @@ temporary folder and replays the workload under valgrind's callgrind, counting o
 left out. With ``--replays 2`` the counted replay is a repeat, as a search's trials after its first are.
 Needs valgrind; under it a replay runs about 50x slower, so keep ``--requests`` in the thousands.
 
-    python benchmarks/sim_instructions.py --base HEAD~3 [--new WT] [--workload azure-conv] [--rate-scale 0.01]
-        [--requests 3000] [--replays 2] [--config FILE] [--json]
+    python benchmarks/sim_instructions.py --base HEAD~3 [--new WT] [--workload azure-conv|mooncake-conv|chat]
+        [--rate-scale 0.01] [--requests 3000] [--replays 2] [--config FILE] [--json]
 """
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ from skistune.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / ".." / "shared" / "traces"
-WORKLOADS = {
+WORKLOADS: dict[str, Path | str] = {
     "azure-conv": TRACES / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv",
     "mooncake-conv": TRACES / "mooncake_conversation" / "conversation_trace.head.jsonl",
+    "chat": "chat",  # the preset `skistune optimize` searches by default: sessions whose turns share prefixes
 }
 # the repository's folders and where the installed package has them (pyproject.toml's package-dir)
 LAYOUT = {"skistune": "", "runtime": "runtime", "kernels": "kernels", "searchspace": "searchspaces",
@@ -124,7 +125,7 @@ def check_revision_args(args) -> None:
         fail(f"--base and --new are both {args.base}")
     for option, rev in (("--base", args.base), ("--new", args.new)):
         check_revision(option, rev)
-    if not WORKLOADS[args.workload].is_file():
+    if isinstance(WORKLOADS[args.workload], Path) and not WORKLOADS[args.workload].is_file():
         fail(f"--workload {args.workload}: no trace sample at {WORKLOADS[args.workload]}")
     args.profile = str(Path(args.profile).resolve())  # (the revisions run in a temporary folder)
 
