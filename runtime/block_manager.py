@@ -378,8 +378,11 @@ class KVCacheManager:
             return []
         if seq.seq_id not in self.hashes and self.private_from.get(seq.seq_id) == 0:
             return []  # never cached (nor hashed) and no other sequence's blocks can be its prefix
-        max_hit = (seq.num_tokens - 1) // self.block_size
-        hashes, lookup = self._hashes(seq), self.pool.cached.get
+        return self._device_hits(self._hashes(seq), (seq.num_tokens - 1) // self.block_size)
+
+    def _device_hits(self, hashes: list[int], max_hit: int) -> list[int]:
+        """The device blocks cached under ``hashes[:max_hit]``, up to the first hash that has none."""
+        lookup = self.pool.cached.get
         hits: list[int] = []
         # looked up a slice at a time without a Python loop per block (a waiting sequence is looked up at
         # every step); the first miss ends the hits
@@ -463,18 +466,19 @@ class KVCacheManager:
         if not prefetch:
             self._count_prefetch_hits(device_hits)
         limit = min(self.pool.num_free(), len(lower) if max_blocks is None else max_blocks)
-        pinned = []
+        hashes, found = [], []
         for h in lower[:limit]:
-            found = tiers.pin(h)
-            if found is None:
+            where = tiers.pin(h)
+            if where is None:
                 break  # a corrupt disk block: the rest of the chain is recomputed
-            pinned.append((h, found))
-        new_blocks = self.pool.allocate(len(pinned)) or []
-        for b, (h, (pool, slot)) in zip(new_blocks, pinned):
-            tiers.promote(pool, slot, b)
-            self.pool.cache((b,), (h,))
+            hashes.append(h)
+            found.append(where)
+        new_blocks = (self.pool.allocate(len(found)) or []) if found else []
+        if new_blocks:  # (a chain's hashes are distinct and none is on the device: cached as one run)
+            tiers.promote_all(found, new_blocks)
+            self.pool.cache(new_blocks, hashes)
             if prefetch:
-                tiers.prefetched.add(h)
+                tiers.prefetched.update(hashes)
         self.pool.free(device_hits[::-1] + new_blocks[::-1])
         if prefetch:
             tiers.stats.prefetched += len(new_blocks)
@@ -486,12 +490,15 @@ class KVCacheManager:
         """(device blocks, lower-tier hashes) of the sequence's leading cached blocks, up to the first
         lower-tier block missing from the device and after it, those found anywhere below or on it."""
         max_hit = (seq.num_tokens - 1) // self.block_size
-        device, lower = [], []
-        for h in self._hashes(seq)[:max_hit]:
-            b = self.pool.lookup(h)
+        hashes = self._hashes(seq)
+        device = self._device_hits(hashes, max_hit)  # (its leading run, as `get_computed_blocks` finds it)
+        lower: list[int] = []
+        on_device, below = self.pool.cached.get, self.tiers.lookup
+        for h in hashes[len(device):max_hit]:
+            b = on_device(h)
             if b is not None:
                 device.append(b)
-            elif self.tiers.lookup(h) is not None:
+            elif below(h) is not None:
                 lower.append(h)
             else:
                 break

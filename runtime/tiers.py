@@ -82,6 +82,9 @@ class TierPool:
     def release(self, slot: int) -> None:
         self._released.append(slot)
 
+    def release_all(self, slots: list[int]) -> None:
+        self._released += slots
+
     def cache_all(self, block_hashes: Sequence[int], refresh: bool = False) -> list[tuple[int, int]]:
         """Cache each hash not already here, in order, in a free slot or else in the least recently used cached
         block's slot (that block is dropped: for a tier with none below it); a hash that finds neither (every
@@ -172,17 +175,17 @@ class TierManager:
         else:
             self.pending.append(Transfer(src_tier, dst_tier, [src], [dst]))
 
-    def _emit_to_host(self, srcs: list[int], dsts: list[int]) -> None:
-        """`emit` of device -> host copies ``srcs[i]`` -> ``dsts[i]`` in turn, as two list extends (a run written
-        through or demoted; no disk slot to track)."""
-        key = f"{DEVICE}->{HOST}"
+    def _emit_run(self, src_tier: str, dst_tier: str, srcs: list[int], dsts: list[int]) -> None:
+        """`emit` of copies ``srcs[i]`` -> ``dsts[i]`` across one link in turn, as two list extends (a run written
+        through, demoted to the host or promoted; not to the disk, whose slots `emit` tracks)."""
+        key = f"{src_tier}->{dst_tier}"
         self.stats.blocks_moved[key] = self.stats.blocks_moved.get(key, 0) + len(srcs)
         last = self.pending[-1] if self.pending else None
-        if last is not None and (last.src_tier, last.dst_tier) == (DEVICE, HOST):
+        if last is not None and (last.src_tier, last.dst_tier) == (src_tier, dst_tier):
             last.src_blocks += srcs
             last.dst_blocks += dsts
         else:
-            self.pending.append(Transfer(DEVICE, HOST, srcs, dsts))
+            self.pending.append(Transfer(src_tier, dst_tier, srcs, dsts))
 
     def take_transfers(self, since: int = 0) -> list[Transfer]:
         """The pending transfers from index ``since`` on, removed from the pending list."""
@@ -227,7 +230,7 @@ class TierManager:
             return
         stored = first.cache_all(block_hashes, refresh)
         if stored:
-            self._emit_to_host([blocks[i] for i, _ in stored], [slot for _, slot in stored])
+            self._emit_run(DEVICE, HOST, [blocks[i] for i, _ in stored], [slot for _, slot in stored])
 
     def _store(self, level: int, block_hash: int, src_tier: str, src: int) -> None:
         """Put the block ``src`` of ``src_tier`` into tier ``levels[level]``, making room by moving that
@@ -300,11 +303,20 @@ class TierManager:
         self.lost_disk.add(slot)
         self.verify_disk(slot)  # (fails without a read, and drops the bytes the disk pool kept)
 
-    def promote(self, pool: TierPool, slot: int, block: int) -> None:
-        """Copy a pinned block up into device ``block`` and free its slot (after the copy is recorded)."""
-        self.emit(pool.name, DEVICE, slot, block)
-        pool.release(slot)
-        self.stats.promotions += 1
+    def promote_all(self, found: Sequence[tuple[TierPool, int]], blocks: Sequence[int]) -> None:
+        """Copy pinned blocks (``found[i]``: pool, slot) up into device ``blocks[i]``, in order, and free their
+        slots (after the copies are recorded): each run of blocks from one tier as one run of copies."""
+        start = 0
+        while start < len(blocks):
+            pool = found[start][0]
+            end = start + 1
+            while end < len(blocks) and found[end][0] is pool:
+                end += 1
+            slots = [slot for _, slot in found[start:end]]
+            self._emit_run(pool.name, DEVICE, slots, list(blocks[start:end]))
+            pool.release_all(slots)
+            start = end
+        self.stats.promotions += len(blocks)
 
     # ---- swapped sequences -------------------------------------------------------------------------
     def swap_out(self, seq_id: str, blocks: list[int]) -> bool:

@@ -111,6 +111,36 @@ def test_a_run_of_blocks_moves_down_as_block_by_block_stores(host, disk, move):
     assert host == 0 and move == "write_through" or sum(one_run.stats.blocks_moved.values()) > min(host or 8, 29)
 
 
+def test_a_promoted_chain_from_both_tiers_moves_up_as_block_by_block_copies():
+    """`promote_all`: each run of pinned blocks from one tier as one run of copies; the same transfers (a chain that
+    goes from the host to the disk and back is three), counts and freed slots, in order, as an `emit` and a
+    `release` per block."""
+    one_run, each = (TierManager(4, 4) for _ in range(2))
+    for tiers in (one_run, each):
+        for h in (1, 2):
+            tiers._store(0, h, DEVICE, 10 + h)
+        for h in (3, 4):  # (straight to the disk tier)
+            tiers._store(1, h, DEVICE, 10 + h)
+        tiers._store(0, 5, DEVICE, 15)
+        tiers.take_transfers()
+    chain = [1, 2, 3, 4, 5]
+    blocks = [7, 6, 9, 8, 3]
+    found = [one_run.pin(h) for h in chain]
+    assert [pool.name for pool, _ in found] == [HOST, HOST, DISK, DISK, HOST]
+    one_run.promote_all(found, blocks)
+    for h, b in zip(chain, blocks):
+        pool, slot = each.pin(h)
+        each.emit(pool.name, DEVICE, slot, b)
+        pool.release(slot)
+        each.stats.promotions += 1
+    assert [(t.src_tier, t.dst_tier, t.src_blocks, t.dst_blocks) for t in one_run.pending] == \
+        [(t.src_tier, t.dst_tier, t.src_blocks, t.dst_blocks) for t in each.pending] == \
+        [(HOST, DEVICE, [0, 1], [7, 6]), (DISK, DEVICE, [0, 1], [9, 8]), (HOST, DEVICE, [2], [3])]
+    assert one_run.stats == each.stats and one_run.stats.promotions == 5
+    for pool in ("host", "disk"):
+        assert list(getattr(one_run, pool)._released) == list(getattr(each, pool)._released)
+        assert getattr(one_run, pool).num_free() == 4
+
 def test_swap_out_and_in_moves_a_sequences_blocks():
     kv = new_kv(num_blocks=4, host=3, disk=0, swap=True)
     s = Seq("s", [1, 2, 3, 4, 5])
