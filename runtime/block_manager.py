@@ -486,9 +486,10 @@ class KVCacheManager:
             tiers.stats.prefetch_misses += len(new_blocks)
         return len(new_blocks)
 
-    def _prefix_chain(self, seq: HasTokens) -> tuple[list[int], list[int]]:
+    def _prefix_chain(self, seq: HasTokens, max_lower: int | None = None) -> tuple[list[int], list[int]]:
         """(device blocks, lower-tier hashes) of the sequence's leading cached blocks, up to the first
-        lower-tier block missing from the device and after it, those found anywhere below or on it."""
+        lower-tier block missing from the device and after it, those found anywhere below or on it (up to the
+        ``max_lower``-th lower-tier one)."""
         max_hit = (seq.num_tokens - 1) // self.block_size
         hashes = self._hashes(seq)
         device = self._device_hits(hashes, max_hit)  # (its leading run, as `get_computed_blocks` finds it)
@@ -500,15 +501,17 @@ class KVCacheManager:
                 device.append(b)
             elif below(h) is not None:
                 lower.append(h)
+                if len(lower) == max_lower:
+                    break
             else:
                 break
         return device, lower
 
-    def lower_prefix_blocks(self, seq: HasTokens) -> int:
-        """How many of the sequence's leading cached blocks sit in a lower tier."""
+    def lower_prefix_blocks(self, seq: HasTokens, at_most: int | None = None) -> int:
+        """How many of the sequence's leading cached blocks sit in a lower tier (counted up to ``at_most``)."""
         if self.tiers is None or not self.tiers.levels or not self.enable_prefix_reuse:
             return 0
-        return len(self._prefix_chain(seq)[1])
+        return len(self._prefix_chain(seq, at_most)[1])
 
     def _count_prefetch_hits(self, device_hits: Sequence[int]) -> None:
         prefetched = self.tiers.prefetched

@@ -586,7 +586,7 @@ class Scheduler:
         if self.kv.is_swapped(seq):
             n = self._chunk(seq, seq.num_computed_tokens, budget)
             return n > 0 and self.kv.can_swap_in(seq, n)
-        if self._takes_hits(seq) and self.kv.lower_prefix_blocks(seq):
+        if self._takes_hits(seq) and self.kv.lower_prefix_blocks(seq, at_most=1):
             return True  # a promotion may make room count differently: let the step decide
         hits = self._usable_hits(seq, self.kv.get_computed_blocks(seq))
         n = self._chunk(seq, len(hits) * self.kv.block_size, budget)

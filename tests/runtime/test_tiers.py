@@ -66,6 +66,14 @@ def test_prefix_hit_in_a_lower_tier_is_promoted():
     assert kv.tiers.stats.prefetch_misses == 2
 
 
+def test_lower_tier_prefix_blocks_are_counted_up_to_what_is_asked():
+    kv = new_kv(num_blocks=4, host=4, disk=0)
+    run_seq(kv, Seq("a", [1, 2, 3, 4, 5]))
+    run_seq(kv, Seq("b", [9, 8, 7, 6, 5, 4, 3, 2]))  # pushes a's two full blocks to the host
+    again = Seq("a2", [1, 2, 3, 4, 5])
+    assert kv.lower_prefix_blocks(again) == 2 and kv.lower_prefix_blocks(again, at_most=1) == 1
+    assert kv.lower_prefix_blocks(Seq("c", [7, 7, 7, 7, 7]), at_most=1) == 0
+
 def test_write_through_copies_full_blocks_once_and_demotion_is_free():
     kv = new_kv(num_blocks=4, host=4, disk=0, write_through=True)
     run_seq(kv, Seq("a", [1, 2, 3, 4, 5]))
