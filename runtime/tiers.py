@@ -200,10 +200,6 @@ class TierManager:
                 return pool, slot
         return None
 
-    def demote(self, block: int, block_hash: int) -> None:
-        """The device is reusing ``block`` (cached, free): keep its KV one tier down (`demote_all` of one)."""
-        self.demote_all([(block, block_hash)])
-
     def demote_all(self, dropped: Sequence[tuple[int, int]]) -> None:
         """The device is reusing these (block, hash) cached free blocks, in order: keep their KV one tier down."""
         if self.levels:

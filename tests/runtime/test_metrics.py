@@ -118,7 +118,7 @@ def test_the_host_tiers_peak_bytes_are_the_blocks_it_held_not_its_capacity():
 
     tiers = TierManager(host_blocks=8, disk_blocks=0)
     for block in range(3):  # three cached device blocks demoted: three of the eight host slots taken
-        tiers.demote(block, block_hash=100 + block)
+        tiers.demote_all([(block, 100 + block)])
     figures = tier_metrics(tiers, block_bytes=16, device_peak_blocks=5)
     assert figures.peak_bytes == {"device": 5 * 16, "host": 3 * 16, "disk": 0}
     assert figures.capacity_bytes["host"] == 8 * 16 and figures.demotions == 3
